@@ -1,0 +1,4 @@
+"""Engine adapters: the only code that knows an engine's internals.
+
+Installed as the package ``kvpolicy.adapters``.
+"""

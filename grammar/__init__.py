@@ -1,0 +1,1 @@
+"""The kvpolicy grammar, shipped as package data (kvpolicy.grammar)."""
