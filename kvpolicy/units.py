@@ -1,0 +1,83 @@
+"""Size, percent and duration literals: parsing, exact arithmetic and display.
+
+Everything is exact: sizes are integers of bytes, percentages are Fractions until
+they are resolved against a GPU's capacity (rounding down), durations are seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+
+BINARY_UNITS: dict[str, int] = {"B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "TiB": TiB}
+DECIMAL_UNITS: dict[str, int] = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+SIZE_UNITS: dict[str, int] = {**BINARY_UNITS, **DECIMAL_UNITS}
+DURATION_UNITS: dict[str, Fraction] = {
+    "ms": Fraction(1, 1000),
+    "s": Fraction(1),
+    "m": Fraction(60),
+    "h": Fraction(3600),
+}
+DECIMAL_TO_BINARY = {"KB": "KiB", "MB": "MiB", "GB": "GiB", "TB": "TiB"}
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def parse_number(text: str) -> Fraction:
+    """An exact value for a decimal literal such as ``12``, ``-3`` or ``1.25``."""
+    if not _NUMBER.fullmatch(text):
+        raise ValueError(f"not a number: {text!r}")
+    return Fraction(text)
+
+
+def size_bytes(number: Fraction, unit: str) -> int:
+    """Bytes for ``number unit`` (floor: a size is a whole number of bytes)."""
+    return math.floor(number * SIZE_UNITS[unit])
+
+
+def duration_seconds(number: Fraction, unit: str) -> float:
+    return float(number * DURATION_UNITS[unit])
+
+
+def percent_of(percent: Fraction, capacity: int) -> int:
+    """``percent`` % of ``capacity`` bytes, rounded down."""
+    return math.floor(percent * capacity / 100)
+
+
+def round_down(value: int, granule: int) -> int:
+    """The largest multiple of ``granule`` not above ``value`` (``value`` ≥ 0)."""
+    return value - value % granule if granule > 0 else value
+
+
+def format_bytes(n: int) -> str:
+    """A short human form: exact binary units when the value is whole, else 2 decimals.
+
+    >>> format_bytes(40 * GiB), format_bytes(3 * MiB // 2), format_bytes(123)
+    ('40 GiB', '1.50 MiB', '123 B')
+    """
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit in ("TiB", "GiB", "MiB", "KiB"):
+        scale = BINARY_UNITS[unit]
+        if n >= scale:
+            if n % scale == 0:
+                return f"{sign}{n // scale} {unit}"
+            return f"{sign}{n / scale:.2f} {unit}"
+    return f"{sign}{n} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """``90.0`` → ``'90s'``; ``0.25`` → ``'250ms'``; ``7200`` → ``'2h'``."""
+    for unit in ("h", "m", "s"):
+        scale = float(DURATION_UNITS[unit])
+        if seconds >= scale and seconds % scale == 0:
+            return f"{int(seconds // scale)}{unit}"
+    if seconds < 1 and (seconds * 1000).is_integer():
+        return f"{int(seconds * 1000)}ms"
+    return f"{seconds:g}s"
