@@ -1,0 +1,273 @@
+"""The vLLM plugin: sizes the KV cache from the policy and reports its pools to the ledger.
+
+Loaded by vLLM in every process through the ``vllm.general_plugins`` entry point
+(``register``). It does nothing unless ``KVPOLICY_ENABLE=1``; once enabled, a vLLM
+version other than the validated one, or a missing hook target, fails the start.
+
+Hooks (all installed in every process; each runs where its object lives):
+
+- ``Worker.determine_available_memory`` (worker process, one per GPU): admit the
+  policy's ``reserve`` in the ledger for this GPU, then set
+  ``cache_config.kv_cache_memory_bytes`` to the admitted bytes, vLLM's own switch
+  that bypasses memory profiling. vLLM then plans ``reserve // bytes_per_block`` blocks.
+- ``Executor.initialize_from_config`` (engine core): keep each rank's ``KVCacheConfig``.
+- ``EngineCore._initialize_kv_caches`` (engine core): report each rank's pools once the
+  buffers exist (all blocks free), then ``EngineCore.step`` / ``step_with_batch_queue``
+  report the live split at most every ``KVPOLICY_REPORT_INTERVAL`` seconds (default 1).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from importlib import metadata
+from typing import Any
+
+from kvpolicy.adapters.common import AdapterEnv, AdapterError, check_version, require_attr
+
+from .ledger import InstanceKey, VllmLedger
+from .plan import VALIDATED_VLLM
+from .policy import policy_reserve
+from .pools import PoolLayout, held_blocks_per_group, pool_facts
+
+ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
+ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
+HOOK_MARK = "__kvpolicy_hook__"
+
+_install_lock = threading.Lock()
+_installed = False
+_ledger: VllmLedger | None = None
+_admitted: dict[InstanceKey, int] = {}
+
+
+# ---------------------------------------------------------------- activation
+
+
+def register() -> None:
+    """Entry point (``vllm.general_plugins``): install the hooks if kvpolicy is enabled."""
+    env = AdapterEnv.from_environ()
+    if not env.enabled:
+        return
+    check_version("vLLM", vllm_version(), VALIDATED_VLLM)
+    # Children (engine core, workers) inherit the id, so all ranks share one engine id.
+    os.environ.setdefault(ENV_ENGINE_ID, f"vllm-{socket.gethostname()}-{os.getpid()}")
+    install_hooks()
+
+
+def vllm_version() -> str:
+    try:
+        return metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        raise AdapterError("kvpolicy: the vLLM adapter is enabled but vllm is not installed") from None
+
+
+def set_ledger(ledger: VllmLedger | None) -> None:
+    """Use ``ledger`` for admission and reports in this process (None: back to connect_ledger)."""
+    global _ledger
+    _ledger = ledger
+
+
+def connect_ledger(env: AdapterEnv) -> VllmLedger:
+    """The ledger this process talks to. The plug point for the shared-memory ledger client."""
+    try:
+        from kvpolicy.runtime.ledger import connect_vllm_ledger  # type: ignore[import-not-found]
+    except ImportError:
+        raise AdapterError(
+            f"kvpolicy: no ledger client in this install (kvpolicy.runtime.ledger), so the KV budget "
+            f"cannot be admitted on the GPU ({env.ledger_dir}). Update kvpolicy, or unset KVPOLICY_ENABLE."
+        ) from None
+    return connect_vllm_ledger(env)
+
+
+def ledger() -> VllmLedger:
+    global _ledger
+    if _ledger is None:
+        _ledger = connect_ledger(AdapterEnv.from_environ())
+    return _ledger
+
+
+def install_hooks() -> None:
+    """Wrap the hook targets once per process; a missing target is an AdapterError."""
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        from vllm.v1.engine.core import EngineCore
+        from vllm.v1.executor.abstract import Executor
+        from vllm.v1.worker.gpu_worker import Worker
+
+        _wrap(Worker, "determine_available_memory", "KV cache sizing", _sizing_hook)
+        _wrap(Executor, "initialize_from_config", "KV cache configs", _configs_hook)
+        _wrap(EngineCore, "_initialize_kv_caches", "pool report at start", _start_report_hook)
+        _wrap(EngineCore, "step", "live pool report", _step_report_hook)
+        _wrap(EngineCore, "step_with_batch_queue", "live pool report", _step_report_hook)
+        _installed = True
+
+
+def _wrap(owner: type, name: str, hook: str, make: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    original = require_attr(owner, name, hook)
+    if getattr(original, HOOK_MARK, False):
+        return
+    wrapper = functools.wraps(original)(make(original))  # type: ignore[arg-type]
+    setattr(wrapper, HOOK_MARK, True)
+    setattr(owner, name, wrapper)
+
+
+# ---------------------------------------------------------------- identity
+
+
+def served_model_name(vllm_config: Any) -> str:
+    name = getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model
+    return name[0] if isinstance(name, (list, tuple)) else str(name)
+
+
+def instance_key(vllm_config: Any, rank: int) -> InstanceKey:
+    env = AdapterEnv.from_environ()
+    engine_id = os.environ.get(ENV_ENGINE_ID) or f"vllm-{socket.gethostname()}-{os.getpid()}"
+    dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+    return InstanceKey(engine_id=engine_id, model=env.model or served_model_name(vllm_config), rank=rank, dp_rank=dp_rank)
+
+
+def gpu_of(local_rank: int, environ: dict[str, str] | None = None) -> str:
+    """The ledger's id of the GPU a worker uses: ``cuda:N`` with N the physical index
+    (through CUDA_VISIBLE_DEVICES), or the UUID that CUDA_VISIBLE_DEVICES names."""
+    env = os.environ if environ is None else environ
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if local_rank < len(visible):
+        device = visible[local_rank]
+        return f"cuda:{device}" if device.isdigit() else device
+    return f"cuda:{local_rank}"
+
+
+# ---------------------------------------------------------------- sizing (worker)
+
+
+def size_kv_cache(worker: Any, reserve_of: Callable[[AdapterEnv, str], int] | None = None) -> int:
+    """Admit this model's reserve on the worker's GPU and make vLLM size the KV cache from it.
+
+    Sets ``worker.cache_config.kv_cache_memory_bytes`` to the admitted bytes and returns
+    them. Refuses (AdapterError) settings that would bypass the budget.
+    """
+    cache = worker.cache_config
+    if cache.num_gpu_blocks_override is not None:
+        raise AdapterError(
+            f"kvpolicy: --num-gpu-blocks-override={cache.num_gpu_blocks_override} would size vLLM's KV "
+            "cache past the policy's reserve; remove it while KVPOLICY_ENABLE=1."
+        )
+    env = AdapterEnv.from_environ()
+    key = instance_key(worker.vllm_config, worker.rank)
+    if key in _admitted:  # profiling again (e.g. after sleep): the admission stands
+        cache.kv_cache_memory_bytes = _admitted[key]
+        return _admitted[key]
+    reserve = (reserve_of or (lambda e, m: policy_reserve(e.policy, m)))(env, key.model)
+    if cache.kv_cache_memory_bytes is not None and cache.kv_cache_memory_bytes != reserve:
+        raise AdapterError(
+            f"kvpolicy: --kv-cache-memory-bytes={cache.kv_cache_memory_bytes} disagrees with the policy's "
+            f"reserve of {reserve} bytes for {key.model!r}; remove the flag (the policy sizes the cache)."
+        )
+    admitted = ledger().admit(key, gpu_of(worker.local_rank), reserve)
+    _admitted[key] = admitted
+    cache.kv_cache_memory_bytes = admitted
+    return admitted
+
+
+def _sizing_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        size_kv_cache(self)
+        return original(self, *args, **kwargs)
+
+    return determine_available_memory
+
+
+# ---------------------------------------------------------------- reports (engine core)
+
+
+class EngineReporter:
+    """Reports every rank's pools of one engine: at start, then live from the block pool."""
+
+    def __init__(
+        self,
+        instances: Sequence[InstanceKey],
+        layouts: Sequence[PoolLayout],
+        sink: Callable[[], VllmLedger] = ledger,
+        interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if len(instances) != len(layouts):
+            raise ValueError(f"{len(instances)} instances for {len(layouts)} KV cache configs")
+        self.instances = list(instances)
+        self.layouts = list(layouts)
+        self._sink = sink
+        self.interval = interval
+        self._clock = clock
+        self._last = float("-inf")
+
+    @classmethod
+    def for_engine(cls, vllm_config: Any, kv_cache_configs: Sequence[Any]) -> EngineReporter:
+        interval = float(os.environ.get(ENV_REPORT_INTERVAL, "1") or 1)
+        layouts = [PoolLayout.from_kv_cache_config(c) for c in kv_cache_configs]
+        instances = [instance_key(vllm_config, rank) for rank in range(len(layouts))]
+        return cls(instances, layouts, interval=interval)
+
+    def report(self, held: Sequence[int], free: int) -> None:
+        sink = self._sink()
+        for key, layout in zip(self.instances, self.layouts):
+            sink.report_pools(key, pool_facts(layout, held, free))
+        self._last = self._clock()
+
+    def report_idle(self) -> None:
+        """At start: every block but the null block is free."""
+        self.report([0] * len(self.layouts[0].groups), self.layouts[0].num_blocks - 1)
+
+    def maybe_report(self, scheduler: Any) -> None:
+        if self._clock() - self._last < self.interval:
+            return
+        try:
+            coordinator = scheduler.kv_cache_manager.coordinator
+        except AttributeError as exc:
+            raise AdapterError(
+                f"kvpolicy: cannot read vLLM's block pool for pool facts ({exc}); this vLLM differs from "
+                f"the validated {', '.join(VALIDATED_VLLM)}"
+            ) from None
+        held, free = held_blocks_per_group(coordinator)
+        self.report(held, free)
+
+
+def _configs_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def initialize_from_config(self: Any, kv_cache_configs: Any, *args: Any, **kwargs: Any) -> Any:
+        self._kvpolicy_kv_cache_configs = list(kv_cache_configs)
+        return original(self, kv_cache_configs, *args, **kwargs)
+
+    return initialize_from_config
+
+
+def _start_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def _initialize_kv_caches(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, vllm_config, *args, **kwargs)
+        configs = getattr(self.model_executor, "_kvpolicy_kv_cache_configs", None)
+        if configs is None:
+            raise AdapterError(
+                "kvpolicy: vLLM initialized its KV cache without Executor.initialize_from_config; "
+                "the adapter cannot see the KV cache configs to report"
+            )
+        if any(c.kv_cache_tensors for c in configs):  # attention-free models have nothing to report
+            self._kvpolicy_reporter = EngineReporter.for_engine(vllm_config, configs)
+            self._kvpolicy_reporter.report_idle()
+        return result
+
+    return _initialize_kv_caches
+
+
+def _step_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        reporter = getattr(self, "_kvpolicy_reporter", None)
+        if reporter is not None:
+            reporter.maybe_report(self.scheduler)
+        return result
+
+    return step
