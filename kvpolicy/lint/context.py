@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from kvpolicy.evaluate.facts import Facts
 from kvpolicy.policy.errors import Diagnostic
-from kvpolicy.policy.model import Policy
+from kvpolicy.policy.model import Node, Policy
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,8 @@ class LintContext:
     @property
     def file(self) -> str:
         return self.policy.file
+
+    @cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node of the policy in source order (walked once, shared by the rules)."""
+        return tuple(self.policy.walk())

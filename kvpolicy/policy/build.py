@@ -74,14 +74,16 @@ def span_of(node: Tree | Token) -> Span:
 class _Quantity:
     """A QUANTITY token split into its exact number and its unit."""
 
-    __slots__ = ("token", "number_text", "number", "unit", "span")
+    __slots__ = ("token", "number_text", "number", "unit", "span", "unit_span")
 
-    def __init__(self, token: Token, number_text: str, number: Fraction, unit: str | None) -> None:
+    def __init__(self, token: Token, number_text: str, number: Fraction, unit: str | None, unit_start: int) -> None:
         self.token = token
         self.number_text = number_text
         self.number = number
         self.unit = unit
         self.span = span_of(token)
+        col = token.column + unit_start
+        self.unit_span = Span(line=token.line, col=col, end_line=token.line, end_col=token.end_column)
 
 
 class PolicyBuilder:
@@ -356,7 +358,7 @@ class PolicyBuilder:
         if q.unit in DURATION_UNITS:
             return self._duration(q)
         self.report(
-            UnknownUnit, token, f"unknown unit '{q.unit}'",
+            UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
             did_you_mean(q.unit, (*SIZE_UNITS, *DURATION_UNITS)),
         )
         return None
@@ -426,7 +428,7 @@ class PolicyBuilder:
 
             self.report(OutOfRange, token, f"the number {number_text[:12]}… is too large", "sizes stay below 8 EiB")
             return None
-        return _Quantity(token, number_text, Fraction(number_text), unit)
+        return _Quantity(token, number_text, Fraction(number_text), unit, match.start(2) if unit else 0)
 
     def integer(self, token: Token, setting: str) -> m.IntLit | None:
         q = self.quantity(token)
@@ -479,7 +481,7 @@ class PolicyBuilder:
             return None
         if q.unit not in SIZE_UNITS:
             units = (*SIZE_UNITS, "%") if percent_ok else tuple(SIZE_UNITS)
-            self.report(UnknownUnit, token, f"unknown unit '{q.unit}'", did_you_mean(q.unit, units))
+            self.report(UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'", did_you_mean(q.unit, units))
             return None
         return self._size(q)
 
@@ -504,7 +506,7 @@ class PolicyBuilder:
                 )
             else:
                 self.report(
-                    UnknownUnit, token, f"unknown unit '{q.unit}'",
+                    UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
                     did_you_mean(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
                 )
             return None

@@ -25,8 +25,7 @@ class Node(BaseModel):
 
     def children(self) -> Iterator[Node]:
         """Direct child nodes, in field order."""
-        for name in type(self).model_fields:
-            value = getattr(self, name)
+        for value in self.__dict__.values():
             if isinstance(value, Node):
                 yield value
             elif isinstance(value, tuple):

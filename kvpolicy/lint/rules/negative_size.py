@@ -35,7 +35,7 @@ class NegativeSize(Rule):
     suppressible = False
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
-        for node in ctx.policy.walk():
+        for node in ctx.nodes:
             if isinstance(node, SizeLit) and node.bytes < 0:
                 yield self.at(ctx.file, node.span, f"a size cannot be negative ({node.text})", f"write {node.text.lstrip('-')}")
             elif isinstance(node, PercentLit) and node.percent < 0:
