@@ -104,8 +104,15 @@ def layer_specs(case: Case) -> dict[str, Any]:
 
     cfg = vllm_config(case)
     _init_distributed(cfg)
+    from vllm.platforms import current_platform
+
     saved_event = torch.cuda.Event
     torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+    platform_cls = type(current_platform)
+    saved_family = platform_cls.__dict__.get("is_device_capability_family")
+    if case.indexer_kv_dtype == "mxfp4":
+        # The MXFP4 indexer cache needs a Blackwell datacenter GPU (sm_10x): say this is one.
+        platform_cls.is_device_capability_family = classmethod(lambda cls, family, device_id=0: family == 100)
     try:
         with set_current_vllm_config(cfg):
             model_cls, _ = get_model_architecture(cfg.model_config)
@@ -115,6 +122,11 @@ def layer_specs(case: Case) -> dict[str, Any]:
             specs = {name: layer.get_kv_cache_spec(cfg) for name, layer in layers.items()}
     finally:
         torch.cuda.Event = saved_event  # type: ignore[misc]
+        if case.indexer_kv_dtype == "mxfp4":
+            if saved_family is None:
+                del platform_cls.is_device_capability_family
+            else:
+                platform_cls.is_device_capability_family = saved_family
     return {name: spec for name, spec in specs.items() if spec is not None}
 
 
