@@ -173,3 +173,38 @@ def test_engine_reporter_reports_every_rank(allocated) -> None:
     live = ledger.reports[keys[1]]
     assert live != idle and ledger.reports[keys[0]] == live
     assert live[FREE_POOL].bytes < idle[FREE_POOL].bytes
+
+
+def test_engine_core_hooks_report_at_start_then_live(allocated, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hook wrappers around Executor.initialize_from_config, EngineCore._initialize_kv_caches
+    and EngineCore.step, driven with vLLM's real configs and block pool (no engine: no GPU)."""
+    from kvpolicy.adapters.vllm_adapter import plugin
+
+    _, plan, layout, buffer_bytes = allocated
+    monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
+    monkeypatch.setenv("KVPOLICY_MODEL", "m")
+    monkeypatch.setenv("KVPOLICY_REPORT_INTERVAL", "0")
+    ledger = InProcessLedger({})
+    plugin.set_ledger(ledger)
+    try:
+        executor = SimpleNamespace()
+        allocate = plugin._configs_hook(lambda self, configs: "allocated")
+        assert allocate(executor, [plan.kv_cache_config]) == "allocated"
+        manager = _manager(plan)
+        core = SimpleNamespace(model_executor=executor, scheduler=SimpleNamespace(kv_cache_manager=manager))
+        start = plugin._start_report_hook(lambda self, cfg: "scheduler config")
+        assert start(core, plan.config) == "scheduler config"
+        key = InstanceKey("eng", "m", rank=0)
+        idle = ledger.reports[key]
+        assert idle[FREE_POOL].tensor_bytes == buffer_bytes - layout.bytes_per_block
+
+        for group_manager in manager.coordinator.single_type_managers:
+            group_manager.allocate_new_blocks("r", 200, 200)
+        step = plugin._step_report_hook(lambda self: ("outputs", True))
+        assert step(core) == ("outputs", True)
+        live = ledger.reports[key]
+        held, _ = held_blocks_per_group(manager.coordinator)
+        assert live[FREE_POOL].tensor_bytes == idle[FREE_POOL].tensor_bytes - sum(held) * layout.bytes_per_block
+        assert sum(f.tensor_bytes for f in live.values()) == buffer_bytes
+    finally:
+        plugin.set_ledger(None)
