@@ -201,9 +201,9 @@ def pool_facts(
         f"{in_use} held + {free_blocks} free + 1 null block > {layout.num_blocks} blocks: a block was "
         "counted in two groups (is the block-pool snapshot taken off the scheduler thread?)"
     )
-    rounding = -(-layout.backing_bytes // allocator_granule) * allocator_granule - layout.backing_bytes if (
-        allocator_granule
-    ) else 0
+    rounding = 0
+    if allocator_granule:
+        rounding = -(-layout.backing_bytes // allocator_granule) * allocator_granule - layout.backing_bytes
     padding_parts = {"block_tails": tails, "null_block": bpb, "unattributed_blocks": unattributed * bpb}
     padding = sum(padding_parts.values())
     facts = {
