@@ -3,14 +3,18 @@
 Pure and deterministic: no I/O, no clock (time is ``facts.now``), GPUs and
 instances processed in id order so equal inputs give byte-identical JSON
 whatever order the facts list them in. All outputs are rounded down to the
-GPU's chunk; inputs are used as given. Where DESIGN §4 leaves a choice open,
+GPU's chunk; inputs are used as given, and every intermediate is exact (a
+proportional share is a Fraction): rounding happens once, on the way out, so
+it never compounds. Where DESIGN §4 leaves a choice open,
 the choice is documented in docs/semantics.md and marked "choice" here.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kvpolicy.evaluate.conditions import Condition, compile_condition
 from kvpolicy.evaluate.decision import (
@@ -84,6 +88,9 @@ def _prepared(policy: Policy) -> _Prepared:
 # ---- working state of one evaluation ----------------------------------------------------
 
 
+Exact = int | Fraction
+
+
 @dataclass(eq=False)
 class _Inst:
     facts: InstanceFacts
@@ -92,13 +99,13 @@ class _Inst:
     used: int
     min: int
     max: int
-    guarantee: int = 0
+    guarantee: Exact = 0
     guarantee_reason: str = "not_elastic"
-    limit: int = 0
+    limit: Exact = 0
     limit_bound: str = "not_elastic"
     target: int = 0
+    """Rounded: rules compare against it, as the engine sees it."""
     level: int = 0
-    tp_cap: int | None = None
     tp_size: int = 1
     actions: list[Action] = field(default_factory=list)
 
@@ -116,6 +123,7 @@ class _Gpu:
     reserved_by_pool: dict[str, int]
     reserved: int
     budget: int
+    """A, exact; the decision shows it rounded down to the chunk."""
     instances: list[_Inst] = field(default_factory=list)
 
     @property
@@ -131,9 +139,7 @@ def evaluate(policy: Policy, facts: Facts, state: State | None = None) -> tuple[
     for gpu in gpus:
         _guarantees(gpu)
         _limits(gpu)
-    if _tensor_parallel(gpus):
-        for gpu in gpus:
-            _limits(gpu)
+    _tensor_parallel(gpus)
     for gpu in gpus:
         _targets(gpu)
     new_memory: dict[str, dict[str, RuleMemory]] = {}
@@ -166,9 +172,9 @@ def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
             elif model.reserve:
                 reserved_by_pool[RESERVE_POOL] = reserved_by_pool.get(RESERVE_POOL, 0) + model.reserve
             elastic = inst_facts.elastic is not None
-            maximum = round_down(model.max_bytes(capacity), chunk) if elastic else 0
+            maximum = model.max_bytes(capacity) if elastic else 0
             # choice: a min above max is treated as max (lint reports it where it can)
-            minimum = round_down(min(model.min_bytes(capacity), model.max_bytes(capacity)), chunk) if elastic else 0
+            minimum = min(model.min_bytes(capacity), maximum) if elastic else 0
             members.append(
                 _Inst(
                     facts=inst_facts,
@@ -181,7 +187,7 @@ def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
             )
         reserved = sum(reserved_by_pool.values())
         headroom = settings.headroom_bytes(capacity)
-        budget = round_down(max(0, capacity - headroom - gpu_facts.other_used - reserved), chunk)
+        budget = max(0, capacity - headroom - gpu_facts.other_used - reserved)
         gpus.append(
             _Gpu(
                 facts=gpu_facts,
@@ -220,9 +226,8 @@ def _guarantees(gpu: _Gpu) -> None:
             remaining -= need
         else:
             for inst in members:
-                inst.guarantee = round_down(remaining * inst.min // need, gpu.chunk)
+                inst.guarantee = Fraction(remaining * inst.min, need)
                 inst.guarantee_reason = "shared"
-            remaining -= sum(i.guarantee for i in members)
             starved = True
 
 
@@ -234,35 +239,33 @@ def _limits(gpu: _Gpu) -> None:
     guaranteed = sum(i.guarantee for i in gpu.elastic)
     for inst in gpu.elastic:
         budget_room = gpu.budget - (guaranteed - inst.guarantee)
-        bounds = [(inst.max, "max"), (budget_room, "budget")]
-        if inst.tp_cap is not None:
-            bounds.append((inst.tp_cap, "tensor_parallel"))
-        value, bound = min(bounds, key=lambda b: b[0])
-        inst.limit, inst.limit_bound = round_down(max(0, value), gpu.chunk), bound
+        if inst.max <= budget_room:
+            inst.limit, inst.limit_bound = inst.max, "max"
+        else:
+            inst.limit, inst.limit_bound = max(0, budget_room), "budget"
 
 
-def _tensor_parallel(gpus: list[_Gpu]) -> bool:
+def _tensor_parallel(gpus: list[_Gpu]) -> None:
     """Instances sharing an engine id get the group's smallest limit everywhere.
 
     choice: a member's guarantee is capped at that limit too (it could not use
-    more), and what that frees is spare memory on its GPU. Returns whether any
-    group has more than one member (limits must then be recomputed).
+    more). What it cannot use is not handed to its neighbours' limits, which
+    were computed before: so a change on one GPU never raises a limit on another.
     """
     groups: dict[str, list[_Inst]] = {}
     for gpu in gpus:
         for inst in gpu.elastic:
             groups.setdefault(inst.facts.engine_group, []).append(inst)
-    changed = False
     for members in groups.values():
         if len(members) < 2:
             continue
-        changed = True
         cap = min(i.limit for i in members)
         for inst in members:
-            inst.tp_cap, inst.tp_size = cap, len(members)
+            inst.tp_size = len(members)
+            if inst.limit > cap:
+                inst.limit, inst.limit_bound = cap, "tensor_parallel"
             if inst.guarantee > cap:
                 inst.guarantee, inst.guarantee_reason = cap, "tensor_parallel"
-    return changed
 
 
 # ---- step 5: fair targets -------------------------------------------------------------------
@@ -274,16 +277,16 @@ def _targets(gpu: _Gpu) -> None:
     spare = gpu.budget - sum(i.guarantee for i in elastic)
     shares = waterfill(spare, [(i.settings.weight, i.limit - i.guarantee) for i in elastic])
     for inst, share in zip(elastic, shares):
-        inst.target = min(inst.limit, round_down(inst.guarantee + share, gpu.chunk))
+        inst.target = _out(min(inst.limit, inst.guarantee + share), gpu.chunk)
 
 
-def waterfill(amount: int, claims: list[tuple[int, int]]) -> list[int]:
+def waterfill(amount: Exact, claims: list[tuple[int, Exact]]) -> list[Exact]:
     """Split ``amount`` by weight among ``(weight, room)`` claims, none above its room.
 
     Whoever's fair share exceeds its room gets its room, and the rest is split
     again among the others, until everyone left can take a full share.
     """
-    shares = [0] * len(claims)
+    shares: list[Exact] = [0] * len(claims)
     active = [k for k, (weight, room) in enumerate(claims) if weight > 0 and room > 0]
     remaining = max(0, amount)
     while active and remaining > 0:
@@ -291,7 +294,7 @@ def waterfill(amount: int, claims: list[tuple[int, int]]) -> list[int]:
         full = [k for k in active if claims[k][1] * total <= remaining * claims[k][0]]
         if not full:
             for k in active:
-                shares[k] = remaining * claims[k][0] // total
+                shares[k] = Fraction(remaining * claims[k][0], total)
             break
         for k in full:
             shares[k] = claims[k][1]
@@ -409,17 +412,23 @@ def _apply_shrink(rule: Rule, index: int, inst: _Inst, gpu: _Gpu, file: str, use
         value = inst.target
     else:
         value = shrink.amount.resolve(gpu.capacity)
-    value = max(inst.guarantee, round_down(max(0, value), gpu.chunk))
+    value = max(inst.guarantee, max(0, value))
     if value < inst.limit:
         inst.limit, inst.limit_bound = value, "rule"
     # choice: targets are not redistributed by rules, but never exceed the limit
-    inst.target = min(inst.target, inst.limit)
-    inst.actions.append(Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=value))
-    used_now[inst.id] = min(used_now[inst.id], value)
-    return value
+    inst.target = min(inst.target, _out(inst.limit, gpu.chunk))
+    shown = _out(value, gpu.chunk)
+    inst.actions.append(Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=shown))
+    used_now[inst.id] = min(used_now[inst.id], math.floor(value))
+    return shown
 
 
 # ---- step 7 and the decision ------------------------------------------------------------------
+
+
+def _out(value: Exact, chunk: int) -> int:
+    """An output figure: rounded down to the chunk, never negative."""
+    return round_down(max(0, math.floor(value)), chunk)
 
 
 def _violations(inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
@@ -456,11 +465,11 @@ def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
                 headroom=gpu.headroom,
                 other_used=gpu.facts.other_used,
                 reserved=Reserved(total=gpu.reserved, by_pool=gpu.reserved_by_pool),
-                elastic_budget=gpu.budget,
-                free=round_down(max(0, gpu.budget - used), gpu.chunk),
+                elastic_budget=_out(gpu.budget, gpu.chunk),
+                free=_out(gpu.budget - used, gpu.chunk),
                 used=used,
                 chunk=gpu.chunk,
-                guaranteed=sum(i.guarantee for i in gpu.elastic),
+                guaranteed=sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic),
             )
         )
         for inst in gpu.instances:
@@ -472,8 +481,8 @@ def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
                     policy_model=settings.pattern,
                     engine=inst.facts.engine,
                     gpu=gpu.facts.id,
-                    guarantee=inst.guarantee,
-                    limit=inst.limit,
+                    guarantee=_out(inst.guarantee, gpu.chunk),
+                    limit=_out(inst.limit, gpu.chunk),
                     target=inst.target,
                     shortfall=inst.guarantee < inst.min,
                     elastic=inst.elastic,
