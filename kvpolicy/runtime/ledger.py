@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -260,6 +259,44 @@ def initialise_segment(seg: Segment) -> None:
     for slot in led._slots:
         for rec in slot:
             rec.initialise(seg.mm, seg.words, rec.zero())
+
+
+class _Change:
+    """The write lock around one change (a class, not a generator: it is on the admission path)."""
+
+    __slots__ = ("led", "engine")
+
+    def __init__(self, led: GpuLedger, engine: bool) -> None:
+        self.led = led
+        self.engine = engine
+
+    def __enter__(self) -> None:
+        led = self.led
+        led.seg.lock()
+        try:
+            words = led.seg.words
+            if words[_DIRTY]:
+                led._rebuild_totals()
+            words[_DIRTY] = led.seg.opened_by if led.seg.fd is not None else os.getpid()
+        except BaseException:
+            led.seg.unlock()
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        led = self.led
+        words = led.seg.words
+        try:
+            if exc_type is not None and not issubclass(exc_type, LedgerError):
+                led._rebuild_totals()  # a change that stopped half-way may have moved the totals
+            if self.engine:
+                words[_GENERATION] += 1
+            words[_DIRTY] = 0
+        finally:
+            led.seg.unlock()
+
+
+_DIRTY = L.OFF_DIRTY // 8
+_GENERATION = L.OFF_GENERATION // 8
 
 
 class GpuLedger:
@@ -498,27 +535,9 @@ class GpuLedger:
 
     # --- locked changes --------------------------------------------------------------------------
 
-    @contextmanager
-    def _change(self, *, engine: bool = True) -> Iterator[None]:
+    def _change(self, *, engine: bool = True) -> _Change:
         """Hold the write lock around a change; repair totals a dead writer left; bump the generation."""
-        words = self.seg.words
-        d = L.OFF_DIRTY // 8
-        with self.seg.locked():
-            if words[d]:
-                self._rebuild_totals()
-            words[d] = os.getpid()
-            try:
-                yield
-            except LedgerError:
-                raise  # refusals and checks happen before anything is written
-            except BaseException:
-                self._rebuild_totals()  # a change that stopped half-way may have moved the totals
-                raise
-            finally:
-                if engine:
-                    g = L.OFF_GENERATION // 8
-                    words[g] = words[g] + 1
-                words[d] = 0
+        return _Change(self, engine)
 
     def _rebuild_totals(self) -> Totals:
         """Σ over the slots, written as the totals record (under the lock)."""
@@ -543,13 +562,19 @@ class GpuLedger:
             (t.runtime_reserved, t.elastic_mapped, t.elastic_pending, t.guarantees, t.active),
         )
 
-    def _adjust_totals(self, **delta: int) -> Totals:
-        t = self.totals()
-        values = {k: getattr(t, k) + delta.get(k, 0) for k in ("runtime_reserved", "elastic_mapped", "elastic_pending", "guarantees", "active")}
-        assert all(v >= 0 for v in values.values()), f"totals went negative: {values} after {delta} (ledger bug)"
-        nt = Totals(**values)
-        self._write_totals(nt)
-        return nt
+    def _adjust_totals(
+        self, runtime_reserved: int = 0, elastic_mapped: int = 0, elastic_pending: int = 0, guarantees: int = 0, active: int = 0
+    ) -> None:
+        _, t = self._totals.read(self.seg.mm, self.seg.words)
+        values = (
+            t.runtime_reserved + runtime_reserved,
+            t.elastic_mapped + elastic_mapped,
+            t.elastic_pending + elastic_pending,
+            t.guarantees + guarantees,
+            t.active + active,
+        )
+        assert min(values) >= 0, f"totals went negative: {values} (ledger bug)"
+        self._totals.write(self.seg.mm, self.seg.words, values)
 
     def _own(self, claim: Claim) -> None:
         """The slot still belongs to ``claim`` (one word compared), else Detached."""

@@ -56,7 +56,9 @@ else:  # pragma: no cover - exercised on AArch64 hosts only
 class Record:
     """One record at a fixed offset of a segment: typed reads (lock-free) and writes (locked)."""
 
-    __slots__ = ("spec", "offset", "seq_index", "_copies", "_struct", "_crc_struct", "_crc_off", "_tuple", "where")
+    __slots__ = (
+        "spec", "offset", "seq_index", "_copies", "_struct", "_crc_struct", "_crc_off", "_tuple", "where", "_last"
+    )
 
     def __init__(self, spec: RecordSpec, offset: int, where: str) -> None:
         assert offset % 8 == 0, f"record {spec.name} at unaligned offset {offset}"
@@ -69,13 +71,21 @@ class Record:
         self._crc_off = spec.copy_size - CRC_SIZE  # the body padded to 8 bytes
         self._tuple = namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
         self.where = where
+        self._last: tuple[int, Any] = (-1, None)  # (seq, values) last read or written by this process
 
     def seq(self, words: memoryview) -> int:
         """The sequence word: changes exactly when a new copy becomes visible."""
         return words[self.seq_index]
 
     def read(self, mm: mmap.mmap, words: memoryview) -> tuple[int, Any]:
-        """``(seq, values)`` of the visible copy, consistent; CorruptSegment if its CRC is wrong."""
+        """``(seq, values)`` of the visible copy, consistent; CorruptSegment if its CRC is wrong.
+
+        While ``seq`` has not moved since this process last read or wrote the record, the values
+        are the ones it had then (every write moves ``seq``): one 8-byte load.
+        """
+        last = self._last
+        if words[self.seq_index] == last[0]:
+            return last
         crc_off = self._crc_off
         for _ in range(READ_RETRIES):
             seq = words[self.seq_index]
@@ -92,7 +102,8 @@ class Record:
                     f"{self.where}: the {self.spec.name} record (copy {seq & 1}, seq {seq}) fails its "
                     f"CRC check: the segment was changed by something other than kvpolicy, or is damaged"
                 )
-            return seq, self._tuple._make(self._struct.unpack_from(body))
+            last = self._last = (seq, self._tuple._make(self._struct.unpack_from(body)))
+            return last
         raise CorruptSegment(
             f"{self.where}: the {self.spec.name} record changed during {READ_RETRIES} reads in a row; "
             "a writer is stuck in a loop or the sequence word is being overwritten"
@@ -107,6 +118,7 @@ class Record:
         self._crc_struct.pack_into(mm, off + self._crc_off, zlib.crc32(body))
         fence()
         words[self.seq_index] = seq + 1
+        self._last = (seq + 1, values if type(values) is self._tuple else self._tuple._make(values))
         return seq + 1
 
     def make(self, **values: Any) -> Any:

@@ -163,6 +163,9 @@ def check_gpu_id(gpu: str) -> bytes:
 
 
 _open_segments: weakref.WeakSet[Segment] = weakref.WeakSet()
+_held: dict[int, int] = {}  # thread ident -> write locks it holds
+_LOCK_WRITE = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, L.LOCK_WRITE, 1, 0)
+_UNLOCK_WRITE = _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, L.LOCK_WRITE, 1, 0)
 _unlock_hooks: list[Callable[[], None]] = []
 
 
@@ -283,30 +286,43 @@ class Segment:
     def _ofd(self, cmd: int, kind: int, offset: int) -> bytes:
         return fcntl.fcntl(self._fd(), cmd, _FLOCK.pack(kind, os.SEEK_SET, offset, 1, 0))
 
-    @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the segment's write lock (thread lock, then the OFD lock on byte LOCK_WRITE)."""
+    def lock(self) -> None:
+        """Take the segment's write lock: the thread lock, then the OFD lock on byte LOCK_WRITE."""
         me = threading.get_ident()
         if self._holder == me:
             raise LedgerError("kvpolicy ledger: the write lock is not re-entrant (internal error)")
         self._tlock.acquire()
         try:
-            self._ofd(fcntl.F_OFD_SETLKW, fcntl.F_WRLCK, L.LOCK_WRITE)
+            fcntl.fcntl(self._fd(), fcntl.F_OFD_SETLKW, _LOCK_WRITE)
         except BaseException:
             self._tlock.release()
             raise
         self._holder = me
+        _held[me] = _held.get(me, 0) + 1
+
+    def unlock(self) -> None:
+        me = self._holder
+        self._holder = None
+        try:
+            if self.fd is not None:
+                fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _UNLOCK_WRITE)
+        finally:
+            self._tlock.release()
+            n = _held.pop(me, 1) - 1  # type: ignore[arg-type]
+            if n:
+                _held[me] = n  # type: ignore[index]
+            elif _unlock_hooks:
+                for hook in list(_unlock_hooks):
+                    hook()
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the segment's write lock for the block."""
+        self.lock()
         try:
             yield
         finally:
-            self._holder = None
-            try:
-                self._ofd(fcntl.F_OFD_SETLK, fcntl.F_UNLCK, L.LOCK_WRITE)
-            finally:
-                self._tlock.release()
-                if _unlock_hooks and not holds_any_lock():
-                    for hook in list(_unlock_hooks):
-                        hook()
+            self.unlock()
 
     @property
     def held_by_this_thread(self) -> bool:
@@ -350,11 +366,12 @@ class Segment:
             self.fd = None
         self._tlock = threading.Lock()
         self._holder = None
+        _held.clear()
 
 
 def holds_any_lock() -> bool:
     """Whether the current thread holds the write lock of any open segment."""
-    return any(seg.held_by_this_thread for seg in list(_open_segments))
+    return threading.get_ident() in _held
 
 
 def _after_fork() -> None:
