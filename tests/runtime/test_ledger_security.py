@@ -73,7 +73,7 @@ def test_segment_created_by_another_uid_is_refused(ledger_dir: Path) -> None:
     ledger_dir.mkdir()
     os.chown(ledger_dir, os.geteuid(), NOBODY)  # our directory, writable by the other user's group
     os.chmod(ledger_dir, 0o770)
-    _create_as(NOBODY, NOBODY, ledger_dir)
+    _create_as(NOBODY, NOBODY, ledger_dir, Access(group=NOBODY))
     assert os.stat(segment_path(ledger_dir, "cuda:0")).st_uid == NOBODY
     with pytest.raises(ForeignSegment) as err:
         GpuLedger.open(ledger_dir, "cuda:0")
