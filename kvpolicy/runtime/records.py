@@ -21,6 +21,7 @@ and a store-release followed by a load-acquire is a full barrier there.
 
 from __future__ import annotations
 
+import functools
 import mmap
 import platform
 import struct
@@ -53,6 +54,15 @@ else:  # pragma: no cover - exercised on AArch64 hosts only
         lock.acquire()
 
 
+_CRC = struct.Struct("<Q")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(spec: RecordSpec) -> tuple[struct.Struct, Any]:
+    """The body's Struct and value tuple class, built once per record kind."""
+    return struct.Struct(spec.body_format), namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
+
+
 class Record:
     """One record at a fixed offset of a segment: typed reads (lock-free) and writes (locked)."""
 
@@ -66,10 +76,9 @@ class Record:
         self.offset = offset
         self.seq_index = offset // 8
         self._copies = (offset + 8, offset + 8 + spec.copy_size)
-        self._struct = struct.Struct(spec.body_format)
-        self._crc_struct = struct.Struct("<Q")
+        self._struct, self._tuple = _compiled(spec)
+        self._crc_struct = _CRC
         self._crc_off = spec.copy_size - CRC_SIZE  # the body padded to 8 bytes
-        self._tuple = namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
         self.where = where
         self._last: tuple[int, Any] = (-1, None)  # (seq, values) last read or written by this process
 
