@@ -232,17 +232,25 @@ def encode_text(value: str, width: int, what: str) -> bytes:
     return raw
 
 
-def elastic_budget(f: GpuFigures, t: Totals) -> tuple[int, str]:
-    """B, the GPU's elastic budget now, and how it was found (for refusals and status)."""
+def elastic_budget(f: GpuFigures, t: Totals) -> int:
+    """B, the GPU's elastic budget now (docs/ledger.md, "Admission")."""
     if f.source == "none":
-        return 0, "no GPU figures yet: no controller published and no engine gave its capacity"
+        return 0
     live = max(0, f.capacity - f.headroom - f.other_used - t.runtime_reserved)
     if f.source == "provisional":
-        return live, f"provisional: C − H − U − R = {format_bytes(live)}"
+        return live
     assert f.elastic_budget is not None, "published figures without an elastic budget"
-    return min(f.elastic_budget, live), (
-        f"published A {format_bytes(f.elastic_budget)}, C − H − U − R now {format_bytes(live)}"
-    )
+    return min(f.elastic_budget, live)
+
+
+def explain_budget(f: GpuFigures, t: Totals) -> str:
+    """How B was found, in words (for refusals and status)."""
+    if f.source == "none":
+        return "no GPU figures yet: no controller published and no engine gave its capacity"
+    live = max(0, f.capacity - f.headroom - f.other_used - t.runtime_reserved)
+    if f.source == "provisional":
+        return f"provisional: C − H − U − R = {format_bytes(live)}"
+    return f"published A {format_bytes(f.elastic_budget or 0)}, C − H − U − R now {format_bytes(live)}"
 
 
 def _ns(seconds_ns: int) -> float:
@@ -296,6 +304,7 @@ class _Change:
 
 
 _DIRTY = L.OFF_DIRTY // 8
+_SOURCES = {L.FIGURES_NONE: "none", L.FIGURES_PROVISIONAL: "provisional", L.FIGURES_PUBLISHED: "published"}
 _GENERATION = L.OFF_GENERATION // 8
 
 
@@ -372,7 +381,7 @@ class GpuLedger:
         return self._figures(g)
 
     def _figures(self, g: Any) -> GpuFigures:
-        source = {L.FIGURES_NONE: "none", L.FIGURES_PROVISIONAL: "provisional", L.FIGURES_PUBLISHED: "published"}
+        source = _SOURCES
         if g.source not in source:
             raise CorruptSegment(f"{self.where}: the GPU record has an unknown source {g.source}")
         return GpuFigures(
@@ -859,9 +868,10 @@ class GpuLedger:
             if mine + nbytes > pub.limit:
                 return Refusal(nbytes, "limit", pub.limit, mine, 0, 0, "")
             t = self.totals()
-            budget, how = elastic_budget(self.figures(), t)
+            f = self.figures()
+            budget = elastic_budget(f, t)
             if t.elastic_committed + nbytes > budget:
-                return Refusal(nbytes, "budget", pub.limit, mine, budget, t.elastic_committed, how)
+                return Refusal(nbytes, "budget", pub.limit, mine, budget, t.elastic_committed, explain_budget(f, t))
             use_rec.write(mm, words, use._replace(pending=use.pending + nbytes, updated_at_ns=time.time_ns()))
             self._adjust_totals(elastic_pending=nbytes)
             return None
@@ -954,8 +964,10 @@ class GpuLedger:
                 if ident.state != L.SLOT_ACTIVE or ident.epoch != epoch:
                     skipped.append(f"{self.gpu} slot {index} (epoch {epoch}) changed hands")
                     continue
+                _, old = pub_rec.read(mm, words)
                 pub_rec.write(mm, words, pub_rec.make(
                     epoch=epoch, revision=revision, limit=lim.limit, target=lim.target,
                     guarantee=lim.guarantee, published_at_ns=now))
-            self._rebuild_totals()  # guarantees changed
+                if ident.flags & L.FLAG_ELASTIC and lim.guarantee != old.guarantee:
+                    self._adjust_totals(guarantees=lim.guarantee - old.guarantee)
         return skipped

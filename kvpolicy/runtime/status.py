@@ -169,7 +169,7 @@ def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, 
     gpus: list[GpuStatus] = []
     instances: list[InstanceStatus] = []
     for gpu, state in sorted(view.gpus.items()):
-        budget, _ = elastic_budget(state.figures, state.totals)
+        budget = elastic_budget(state.figures, state.totals)
         used = sum(v.used for v in state.instances if v.elastic)
         by_pool = state.reserved_by_pool
         gpus.append(
