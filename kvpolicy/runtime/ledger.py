@@ -971,3 +971,13 @@ class GpuLedger:
                 if ident.flags & L.FLAG_ELASTIC and lim.guarantee != old.guarantee:
                     self._adjust_totals(guarantees=lim.guarantee - old.guarantee)
         return skipped
+
+
+def __getattr__(name: str) -> Any:
+    # The engine adapters look their glue up here (``kvpolicy.runtime.ledger.attach_static`` /
+    # ``connect_vllm_ledger``); it lives in ``engines`` and loads on first use.
+    if name in ("attach_static", "connect_vllm_ledger"):
+        from kvpolicy.runtime import engines
+
+        return getattr(engines, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
