@@ -40,7 +40,33 @@ _EXPORTS = {
     "Detached": "kvpolicy.runtime.errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "DEFAULT_LEDGER_DIR",
+    "Access",
+    "AdmissionRefused",
+    "CorruptSegment",
+    "Detached",
+    "DuplicateInstance",
+    "ForeignSegment",
+    "GpuLedger",
+    "GpuLimits",
+    "GpuSample",
+    "Instance",
+    "InstanceLimits",
+    "LayoutVersionMismatch",
+    "LedgerDir",
+    "LedgerError",
+    "LedgerView",
+    "SlotView",
+    "SlotsFull",
+    "Status",
+    "UnsafeSegment",
+    "attach",
+    "detach_all",
+    "live_status",
+    "read_status",
+    "write_status",
+]
 
 
 def __getattr__(name: str) -> Any:

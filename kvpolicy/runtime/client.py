@@ -61,6 +61,16 @@ def resolve_access(group: str | int | None = None, allow_foreign_owner: bool | N
     return Access.from_options(group, allow_foreign_owner)
 
 
+class _DetachedWords:
+    """Stands in for the mapping after detach, so the hot path needs no check of its own."""
+
+    def __init__(self, inst_id: str, gpu: str) -> None:
+        self._what = f"kvpolicy ledger: instance {inst_id!r} on {gpu} is detached; attach again"
+
+    def __getitem__(self, index: int) -> int:
+        raise Detached(self._what)
+
+
 class Instance:
     """One engine process on one GPU, attached to the ledger. Thread-safe."""
 
@@ -191,6 +201,7 @@ class Instance:
             self._ledger.free(self._claim)
         finally:
             self._attached = False
+            self._words = _DetachedWords(self.id, self.gpu)  # read() now says why instead of reading freed memory
             self._ledger.close()
 
     def __enter__(self) -> Instance:
@@ -284,7 +295,8 @@ def _ids_on_other_gpus(directory: Path, gpu: str, access: Access) -> frozenset[s
 
 _registry: dict[int, Instance] = {}
 _handlers_lock = threading.Lock()
-_handlers_installed = False
+_atexit_installed = False
+_sigterm_installed = False
 _deferred_signal: int | None = None
 
 
@@ -298,16 +310,20 @@ def detach_all() -> None:
 
 
 def _install_exit_handlers(handle_signals: bool) -> None:
-    global _handlers_installed
+    global _atexit_installed, _sigterm_installed
     with _handlers_lock:
-        if _handlers_installed:
-            return
-        _handlers_installed = True
-        atexit.register(detach_all)
-        add_unlock_hook(_run_deferred_signal)
-        if handle_signals and threading.current_thread() is threading.main_thread():
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-                signal.signal(signal.SIGTERM, _on_sigterm)
+        if not _atexit_installed:
+            _atexit_installed = True
+            atexit.register(detach_all)
+            add_unlock_hook(_run_deferred_signal)
+        if (
+            handle_signals
+            and not _sigterm_installed
+            and threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        ):
+            _sigterm_installed = True
+            signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:

@@ -28,14 +28,21 @@ import os
 import struct
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
-from kvpolicy.runtime.ledger import GpuFigures, GpuLedger, GpuLimits, InstanceLimits, SlotView, Totals
+from kvpolicy.runtime.ledger import (
+    GpuFigures,
+    GpuLedger,
+    GpuLimits,
+    InstanceLimits,
+    SlotView,
+    Totals,
+)
 from kvpolicy.runtime.liveness import this_process
 from kvpolicy.runtime.segment import Access, check_owner, ensure_directory, list_gpus
 

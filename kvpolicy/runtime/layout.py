@@ -279,9 +279,11 @@ def layout_table() -> str:
             SLOT_OFF_RESERVATION,
             RESERVATION_RECORD.size,
             "reservation record",
-            f"epoch, static_admitted, reserve, pool_count, part_count, {MAX_POOLS} × pool "
-            f"(name {POOL_NAME_WIDTH}s, owner u8, bytes, tensor_bytes), {MAX_PARTS} × part "
-            f"(pool u32, name {PART_NAME_WIDTH}s, bytes)",
+            (
+                f"epoch, static_admitted, reserve, pool_count, part_count, {MAX_POOLS} × pool "
+                f"(name {POOL_NAME_WIDTH}s, owner u8, bytes, tensor_bytes), {MAX_PARTS} × part "
+                f"(pool u32, name {PART_NAME_WIDTH}s, bytes)"
+            ),
         ),
     ]
     lines = ["| area | offset | size | field | contents |", "| --- | ---: | ---: | --- | --- |"]

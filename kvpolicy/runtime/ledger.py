@@ -33,8 +33,20 @@ from typing import Any
 
 from kvpolicy.evaluate.facts import ElasticFacts, InstanceFacts, PoolFacts
 from kvpolicy.runtime import layout as L
-from kvpolicy.runtime.errors import AdmissionRefused, CorruptSegment, Detached, DuplicateInstance, LedgerError, SlotsFull
-from kvpolicy.runtime.liveness import ProcessIdentity, is_alive, pid_namespace, this_process
+from kvpolicy.runtime.errors import (
+    AdmissionRefused,
+    CorruptSegment,
+    Detached,
+    DuplicateInstance,
+    LedgerError,
+    SlotsFull,
+)
+from kvpolicy.runtime.liveness import (
+    ProcessIdentity,
+    is_alive,
+    pid_namespace,
+    this_process,
+)
 from kvpolicy.runtime.records import Record
 from kvpolicy.runtime.segment import Access, Segment, pack_header
 from kvpolicy.units import format_bytes
@@ -272,7 +284,7 @@ def initialise_segment(seg: Segment) -> None:
 class _Change:
     """The write lock around one change (a class, not a generator: it is on the admission path)."""
 
-    __slots__ = ("led", "engine")
+    __slots__ = ("engine", "led")
 
     def __init__(self, led: GpuLedger, engine: bool) -> None:
         self.led = led
@@ -615,17 +627,19 @@ class GpuLedger:
 
     def _reclaim_locked(self) -> list[SlotView]:
         gone: list[SlotView] = []
+        wiped = False
         for i in range(self.slot_count):
             try:
                 v = self.slot(i)
             except CorruptSegment:
                 if i not in self._held and not self.seg.slot_held_elsewhere(i):
-                    self._free_slot(i)
+                    self._free_slot(i)  # damaged and ownerless: safe to wipe
+                    wiped = True
                 continue
             if v is not None and not self.owner_alive(v):
                 self._free_slot(i)
                 gone.append(v)
-        if gone:
+        if gone or wiped:
             self._rebuild_totals()
         return gone
 

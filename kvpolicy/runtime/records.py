@@ -57,7 +57,7 @@ else:  # pragma: no cover - exercised on AArch64 hosts only
 _CRC = struct.Struct("<Q")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(spec: RecordSpec) -> tuple[struct.Struct, Any]:
     """The body's Struct and value tuple class, built once per record kind."""
     return struct.Struct(spec.body_format), namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
@@ -67,7 +67,16 @@ class Record:
     """One record at a fixed offset of a segment: typed reads (lock-free) and writes (locked)."""
 
     __slots__ = (
-        "spec", "offset", "seq_index", "_copies", "_struct", "_crc_struct", "_crc_off", "_tuple", "where", "_last"
+        "_copies",
+        "_crc_off",
+        "_crc_struct",
+        "_last",
+        "_struct",
+        "_tuple",
+        "offset",
+        "seq_index",
+        "spec",
+        "where"
     )
 
     def __init__(self, spec: RecordSpec, offset: int, where: str) -> None:

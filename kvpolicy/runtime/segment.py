@@ -253,7 +253,9 @@ class Segment:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             seg = cls(path, gpu, fd, mm, slot_count)
-            from kvpolicy.runtime.ledger import initialise_segment  # the records are the ledger's business
+            from kvpolicy.runtime.ledger import (
+                initialise_segment,  # the records are the ledger's business
+            )
 
             initialise_segment(seg)
             try:
@@ -312,7 +314,7 @@ class Segment:
             if n:
                 _held[me] = n  # type: ignore[index]
             elif _unlock_hooks:
-                for hook in list(_unlock_hooks):
+                for hook in _unlock_hooks:
                     hook()
 
     @contextmanager

@@ -6,16 +6,21 @@ import time
 from pathlib import Path
 
 import pytest
+from ledger_helpers import audit_locked
 
 from kvpolicy.alloc.limits import LimitReading
 from kvpolicy.evaluate.facts import Facts, PoolFacts
 from kvpolicy.runtime.client import Instance, attach
 from kvpolicy.runtime.directory import GpuSample, LedgerDir
-from kvpolicy.runtime.errors import AdmissionRefused, Detached, DuplicateInstance, LedgerError, SlotsFull
+from kvpolicy.runtime.errors import (
+    AdmissionRefused,
+    Detached,
+    DuplicateInstance,
+    LedgerError,
+    SlotsFull,
+)
 from kvpolicy.runtime.ledger import ADMITTED_POOL, GpuLedger, GpuLimits, InstanceLimits
 from kvpolicy.units import GiB, MiB
-
-from ledger_helpers import audit_locked
 
 CHUNK = 2 * MiB
 
@@ -54,6 +59,8 @@ def test_attach_registers_a_slot_and_detach_frees_it(make, ledger_dir: Path) -> 
     assert led.slots() == ([], []) and led.totals().active == 0
     with pytest.raises(Detached):
         inst.admit_static(1)
+    with pytest.raises(Detached, match="'qwen3-8b/1' on cuda:0 is detached"):
+        inst.read()
     led.close()
 
 
@@ -299,9 +306,8 @@ def test_heartbeat_and_staleness(ledger_dir: Path, make) -> None:
 
 def test_one_controller_per_ledger(ledger_dir: Path) -> None:
     ld = LedgerDir(ledger_dir, create=True)
-    with ld.claim_controller():
-        with pytest.raises(LedgerError, match=r"another controller \(pid \d+\) is running"):
-            LedgerDir(ledger_dir).claim_controller()
+    with ld.claim_controller(), pytest.raises(LedgerError, match=r"another controller \(pid \d+\) is running"):
+        LedgerDir(ledger_dir).claim_controller()
     LedgerDir(ledger_dir).claim_controller().release()  # free again once released
 
 

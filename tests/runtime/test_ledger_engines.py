@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from kvpolicy.adapters.common import AdapterEnv, AdapterError
+
 from kvpolicy.evaluate.facts import PoolFacts
 from kvpolicy.runtime import engines, ledger
 from kvpolicy.runtime.directory import LedgerDir
@@ -47,7 +47,7 @@ def publish_gpu(ledger_dir: Path, capacity: int) -> None:
 def test_adapters_find_their_glue_in_kvpolicy_runtime_ledger() -> None:
     from kvpolicy.runtime.ledger import connect_vllm_ledger
 
-    assert getattr(ledger, "attach_static") is engines.attach_static
+    assert ledger.attach_static is engines.attach_static
     assert connect_vllm_ledger is engines.connect_vllm_ledger
 
 

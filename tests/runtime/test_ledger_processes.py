@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 import pytest
+from ledger_helpers import audit_locked, slot_sums
 
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.client import attach
@@ -21,8 +22,6 @@ from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.errors import Detached
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits, Totals
 from kvpolicy.units import GiB, MiB
-
-from ledger_helpers import audit_locked, slot_sums
 
 CHUNK = 2 * MiB
 FORK = mp.get_context("fork")
@@ -72,7 +71,7 @@ def _worker(ledger_dir: Path, n: int, ops: int, start: mp.Event, out: mp.Queue) 
             done += 1
         inst.detach()
         out.put(("ok", n, done, admitted, refused))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a worker reports any failure to the test
         out.put(("error", n, traceback.format_exc()))
 
 
@@ -91,7 +90,7 @@ def _auditor(ledger_dir: Path, stop: mp.Event, out: mp.Queue) -> None:  # type: 
                 assert totals.elastic_committed <= BUDGET
                 locked += 1
         out.put(("ok", samples, locked, worst))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a worker reports any failure to the test
         out.put(("error", traceback.format_exc()))
 
 
@@ -176,7 +175,7 @@ def _survivor(ledger_dir: Path, n: int, stop, out) -> None:  # type: ignore[no-u
         v = inst.snapshot()
         inst.detach()
         out.put(("ok", n, v.static_admitted))
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a worker reports any failure to the test
         out.put(("error", n, traceback.format_exc()))
 
 
@@ -310,7 +309,7 @@ def _forked_child(inst, out) -> None:  # type: ignore[no-untyped-def]
         except Detached as exc:
             out.put(f"refused: {exc} | {reading.limit}")
         inst.detach()  # a no-op for the parent's slot
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a worker reports any failure to the test
         out.put(traceback.format_exc())
 
 
@@ -342,7 +341,7 @@ def test_threads_share_one_instance_safely(ledger_dir: Path) -> None:
                 if inst.admit(CHUNK):
                     inst.commit(CHUNK)
                     inst.release(CHUNK)
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - collected and asserted by the test
             errors.append(traceback.format_exc())
 
     threads = [threading.Thread(target=run) for _ in range(8)]

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import os
 import shutil
-import traceback
 import stat
 import struct
+import traceback
 import zlib
 from pathlib import Path
 
 import pytest
 
 from kvpolicy.runtime import layout as L
-from kvpolicy.runtime.errors import CorruptSegment, ForeignSegment, LayoutVersionMismatch, UnsafeSegment
+from kvpolicy.runtime.errors import (
+    CorruptSegment,
+    ForeignSegment,
+    LayoutVersionMismatch,
+    UnsafeSegment,
+)
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.segment import Access, segment_path
 
@@ -49,7 +54,7 @@ def test_group_makes_directory_2770_and_segment_0660_of_that_group(ledger_dir: P
         led.close()
 
 
-def _create_as(uid: int, gid: int, directory: Path, access: Access = Access()) -> None:
+def _create_as(uid: int, gid: int, directory: Path, access: Access | None = None) -> None:
     """Create the cuda:0 segment from a child process running as ``uid``."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
@@ -57,9 +62,9 @@ def _create_as(uid: int, gid: int, directory: Path, access: Access = Access()) -
         try:
             os.setgid(gid)
             os.setuid(uid)
-            GpuLedger.open(directory, "cuda:0", access).close()
+            GpuLedger.open(directory, "cuda:0", access or Access()).close()
             code = 0
-        except BaseException:
+        except BaseException:  # noqa: BLE001 - the child prints why, the parent asserts its exit code
             traceback.print_exc()
         finally:
             os._exit(code)
