@@ -6,7 +6,6 @@ import time
 from pathlib import Path
 
 import pytest
-from ledger_helpers import audit_locked
 
 from kvpolicy.alloc.limits import LimitReading
 from kvpolicy.evaluate.facts import Facts, PoolFacts
@@ -21,6 +20,7 @@ from kvpolicy.runtime.errors import (
 )
 from kvpolicy.runtime.ledger import ADMITTED_POOL, GpuLedger, GpuLimits, InstanceLimits
 from kvpolicy.units import GiB, MiB
+from tests.runtime.ledger_helpers import audit_locked
 
 CHUNK = 2 * MiB
 
@@ -320,3 +320,26 @@ def test_generation_moves_with_engine_changes_only(make, ledger_dir: Path) -> No
         assert ld.generations()["cuda:0"] == g0
         inst.admit(CHUNK)
         assert ld.generations()["cuda:0"] == g0 + 1
+
+
+def test_instance_implements_the_allocators_limit_source() -> None:
+    import inspect
+
+    from kvpolicy.alloc.limits import LimitSource
+
+    for name, member in inspect.getmembers(LimitSource, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        ours = getattr(Instance, name)
+        theirs = list(inspect.signature(member).parameters)
+        assert list(inspect.signature(ours).parameters) == theirs, name
+
+
+def test_limit_source_marks_the_slot_elastic_and_counts_its_guarantee(make, ledger_dir: Path) -> None:
+    inst = make(guarantee=GiB)
+    led = GpuLedger.open(ledger_dir, "cuda:0")
+    assert not inst.snapshot().elastic and led.totals().guarantees == 0
+    assert inst.limit_source() is inst
+    assert inst.snapshot().elastic and led.totals().guarantees == GiB
+    inst.admit_static(0, capacity=4 * GiB)  # the claim moved on; the instance still owns its slot
+    led.close()

@@ -7,24 +7,14 @@ from pathlib import Path
 
 import pytest
 from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.adapters.sglang_dsv4.ports import InstanceIdentity as SglangIdentity
+from kvpolicy.adapters.sglang_dsv4.ports import default_connector
 
 from kvpolicy.evaluate.facts import PoolFacts
 from kvpolicy.runtime import engines, ledger
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits
 from kvpolicy.units import GiB
-
-
-@dataclass(frozen=True)
-class SglangIdentity:  # the shape of adapters/sglang_dsv4/ports.py InstanceIdentity
-    model: str
-    gpu: str
-    rank: int
-    engine: str = "sglang"
-
-    @property
-    def instance_id(self) -> str:
-        return f"{self.model}/{self.rank}"
 
 
 @dataclass(frozen=True)
@@ -53,13 +43,15 @@ def test_adapters_find_their_glue_in_kvpolicy_runtime_ledger() -> None:
 
 def test_sglang_session_admits_and_reports(ledger_dir: Path) -> None:
     publish_gpu(ledger_dir, 100 * GiB)
-    session = ledger.attach_static(ledger_dir, SglangIdentity("deepseek-v4-flash", "cuda:0", 0))
+    # the DeepSeek-V4 adapter's own connector and identity, as its hooks use them
+    connect = default_connector(AdapterEnv(enabled=True, policy=None, model=None, ledger_dir=ledger_dir))
+    session = connect(SglangIdentity("deepseek-v4-flash", "cuda:0", 0))
     try:
         assert session.admit(40 * GiB) == 40 * GiB
         session.report_pools({"swa": PoolFacts(bytes=10 * GiB), "c4": PoolFacts(bytes=20 * GiB)})
         led = GpuLedger.open(ledger_dir, "cuda:0", create=False)
         assert led.totals().runtime_reserved == 30 * GiB
-        other = ledger.attach_static(ledger_dir, SglangIdentity("deepseek-v4-flash", "cuda:0", 1))
+        other = connect(SglangIdentity("deepseek-v4-flash", "cuda:0", 1))
         with pytest.raises(AdapterError, match="cannot admit 80 GiB .* unreserved = C − H − U − R − G"):
             other.admit(80 * GiB)
         other.instance.detach()

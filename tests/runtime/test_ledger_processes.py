@@ -14,7 +14,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-from ledger_helpers import audit_locked, slot_sums
 
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.client import attach
@@ -22,6 +21,7 @@ from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.errors import Detached
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits, Totals
 from kvpolicy.units import GiB, MiB
+from tests.runtime.ledger_helpers import audit_locked, slot_sums
 
 CHUNK = 2 * MiB
 FORK = mp.get_context("fork")
