@@ -272,16 +272,25 @@ def test_next_attach_reclaims_a_dead_instance(ledger_dir: Path) -> None:
 
 ENGINE = """
 import sys, time, kvpolicy
-inst = kvpolicy.attach(model="m", gpu="cuda:0", ledger_dir=sys.argv[1], capacity=1 << 40)
+inst = kvpolicy.attach(model="m", gpu="cuda:0", ledger_dir=sys.argv[1], capacity=1 << 40, guarantee=1 << 30)
 inst.admit_static(1 << 30)
 print("ready", flush=True)
 if sys.argv[2] == "exit":
     sys.exit(0)
+if sys.argv[2] == "busy":  # mostly inside ledger changes when the signal lands: the detach is deferred
+    src = inst.limit_source()
+    while True:
+        if src.admit(1 << 21):
+            src.commit(1 << 21)
+            src.release(1 << 21)
 time.sleep(60)
 """
 
 
-@pytest.mark.parametrize("how, code", [("exit", 0), ("SIGTERM", -signal.SIGTERM), ("SIGINT", None)])
+@pytest.mark.parametrize(
+    "how, code",
+    [("exit", 0), ("SIGTERM", -signal.SIGTERM), ("SIGINT", None)] + [("busy", -signal.SIGTERM)] * 3,
+)
 def test_engine_detaches_on_exit_and_signals(ledger_dir: Path, child_env: dict[str, str], how: str, code: int | None) -> None:
     proc = subprocess.Popen([sys.executable, "-c", ENGINE, str(ledger_dir), how], env=child_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -289,7 +298,9 @@ def test_engine_detaches_on_exit_and_signals(ledger_dir: Path, child_env: dict[s
     led = GpuLedger.open(ledger_dir, "cuda:0", create=False)
     if how != "exit":
         assert led.totals().active == 1
-        proc.send_signal(getattr(signal, how))
+        if how == "busy":
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM if how == "busy" else getattr(signal, how))
     proc.wait(timeout=30)
     if code is not None:
         assert proc.returncode == code, proc.stderr.read()
