@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from kvpolicy.adapters.common import AdapterError
+
 from kvpolicy.evaluate.facts import PoolFacts
 from kvpolicy.units import format_bytes
 

@@ -114,8 +114,9 @@ def model_family(config: Mapping[str, Any]) -> Family:
     return "standard"
 
 
-def model_specs(config: Mapping[str, Any], settings: SpecSettings = SpecSettings()) -> ModelSpecs:
+def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None) -> ModelSpecs:
     """The per-layer specs vLLM 0.33 builds for this config (one rank, CUDA backends)."""
+    settings = settings or SpecSettings()
     family = model_family(config)
     if family == "deepseek_v4":
         block = settings.block_size or 256
@@ -174,7 +175,9 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
     sw_block = s.sliding_window_block_size or block
     layers: dict[str, LayerSpec] = {}
     for i, kind in enumerate(kinds):
-        common = dict(num_kv_heads=kv_heads_per_rank, head_size=head_dim, head_size_v=head_dim, dtype_bytes=dtype_bytes)
+        common: dict[str, Any] = {
+            "num_kv_heads": kv_heads_per_rank, "head_size": head_dim, "head_size_v": head_dim, "dtype_bytes": dtype_bytes
+        }
         if kind == "sliding":
             if not isinstance(window, int) or window <= 0:
                 raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {window!r}")
@@ -261,15 +264,15 @@ def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) 
         index_bytes = index_head_dim // 2 + index_head_dim // MXFP4_BLOCK
     else:
         index_bytes = index_head_dim + index_head_dim // FP8_INDEXER_QUANT_BLOCK * 4
-    packed = dict(
-        num_kv_heads=1,
-        head_size=head_dim,
-        dtype_bytes=1,
-        state_content_bytes=V4_PACKED_BYTES_PER_TOKEN,
-        alignment=V4_FP8_DS_MLA_ALIGNMENT,
-        model_version="deepseek_v4",
-        cache_dtype="fp8_ds_mla",
-    )
+    packed: dict[str, Any] = {
+        "num_kv_heads": 1,
+        "head_size": head_dim,
+        "dtype_bytes": 1,
+        "state_content_bytes": V4_PACKED_BYTES_PER_TOKEN,
+        "alignment": V4_FP8_DS_MLA_ALIGNMENT,
+        "model_version": "deepseek_v4",
+        "cache_dtype": "fp8_ds_mla",
+    }
     layers: dict[str, LayerSpec] = {}
     for i, ratio in enumerate(deepseek_v4_ratios(config)):
         prefix = f"model.layers.{i}.attn"

@@ -170,4 +170,4 @@ def _pool_plans(groups: list[Group], s: PlanSettings) -> dict[str, PoolPlan]:
     return {name: PoolPlan(**entry) for name, entry in acc.items()}
 
 
-__all__ = ["PlanError", "PlanSettings", "VllmPlan", "make_plan", "VALIDATED_VLLM"]
+__all__ = ["VALIDATED_VLLM", "PlanError", "PlanSettings", "VllmPlan", "make_plan"]

@@ -27,7 +27,12 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError, check_version, require_attr
+from kvpolicy.adapters.common import (
+    AdapterEnv,
+    AdapterError,
+    check_version,
+    require_attr,
+)
 
 from .ledger import InstanceKey, VllmLedger
 from .plan import VALIDATED_VLLM

@@ -34,17 +34,26 @@ def parse_size(text: str | int) -> int:
     return size_bytes(parse_number(number), canonical)
 
 
-def _add(parser: argparse.ArgumentParser, *flags: str, **kwargs: Any) -> None:
+def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
     if any(flag in parser._option_string_actions for flag in flags):
         return
     parser.add_argument(*flags, **kwargs)
+
+
+def _amount_group(parser: argparse.ArgumentParser) -> Any:
+    """The mutually exclusive group that holds ``--budget`` (the dispatcher's), or the parser."""
+    budget = parser._option_string_actions.get("--budget")
+    for group in parser._mutually_exclusive_groups:
+        if budget is not None and budget in group._group_actions:
+            return group
+    return parser
 
 
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``plan --engine vllm`` (shared ones only if absent)."""
     _add(parser, "--model-config", metavar="CONFIG.json", help="the model's config.json (no weights needed)")
     _add(parser, "--budget", type=parse_size, metavar="SIZE", help="KV budget per GPU, e.g. 60GiB")
-    _add(parser, "--num-blocks", type=int, metavar="N", help="vLLM: a block count instead of a budget")
+    _add(_amount_group(parser), "--num-blocks", type=int, metavar="N", help="vLLM: a block count instead of a budget")
     _add(parser, "--max-model-len", type=int, metavar="L", help="--max-model-len of vLLM")
     _add(parser, "--format", choices=("text", "json"), default="text", help="output format (default: text)")
     group = parser.add_argument_group("vLLM options (names as vLLM's flags)")
@@ -104,14 +113,21 @@ def render_text(plan: Any) -> str:
     """The plan as a short table for people."""
     from kvpolicy.units import format_bytes
 
+    budget = f", from a budget of {format_bytes(plan.budget)}" if plan.budget is not None else ""
     lines = [
-        f"vLLM {plan.engine_version} KV cache plan ({plan.model}, layout {plan.kv_cache_layout}, "
-        f"max_model_len {plan.max_model_len:,})",
-        f"  {plan.num_blocks:,} blocks × {plan.bytes_per_block:,} B = {format_bytes(plan.total_bytes)} "
-        f"({plan.total_bytes:,} B) per GPU"
-        + (f", from a budget of {format_bytes(plan.budget)}" if plan.budget is not None else ""),
-        f"  one request at max_model_len: {plan.per_request.blocks:,} blocks ({format_bytes(plan.per_request.bytes)}); "
-        f"max concurrency {plan.max_concurrency:.2f}x, {plan.kv_cache_size_tokens:,} tokens",
+        (
+            f"vLLM {plan.engine_version} KV cache plan ({plan.model}, layout {plan.kv_cache_layout}, "
+            f"max_model_len {plan.max_model_len:,})"
+        ),
+        (
+            f"  {plan.num_blocks:,} blocks × {plan.bytes_per_block:,} B = {format_bytes(plan.total_bytes)} "
+            f"({plan.total_bytes:,} B) per GPU{budget}"
+        ),
+        (
+            f"  one request at max_model_len: {plan.per_request.blocks:,} blocks "
+            f"({format_bytes(plan.per_request.bytes)}); max concurrency {plan.max_concurrency:.2f}x, "
+            f"{plan.kv_cache_size_tokens:,} tokens"
+        ),
         "",
         f"  {'group':>5} {'kind':<19} {'block':>6} {'layers':>6} {'bytes/block':>12} {'padding':>10}  pools",
     ]

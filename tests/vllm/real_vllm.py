@@ -18,7 +18,7 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402
+import torch
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -149,7 +149,10 @@ class RealPlan:
 
 def real_plan(case: Case, budget: int) -> RealPlan:
     """vLLM's own plan for one rank with ``budget`` bytes (``kv_cache_memory_bytes``)."""
-    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
 
     cfg = vllm_config(case)
     specs = dict(layer_specs(case))

@@ -12,10 +12,10 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from kvpolicy.adapters.vllm_adapter.ledger import InProcessLedger, InstanceKey  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.plugin import EngineReporter  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.pools import (  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.ledger import InProcessLedger, InstanceKey
+from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.plugin import EngineReporter
+from kvpolicy.adapters.vllm_adapter.pools import (
     FREE_POOL,
     PADDING_POOL,
     VLLM_POOLS,
@@ -24,7 +24,8 @@ from kvpolicy.adapters.vllm_adapter.pools import (  # noqa: E402
     held_blocks_per_group,
     pool_facts,
 )
-from kvpolicy.units import MiB  # noqa: E402
+
+from kvpolicy.units import MiB
 
 # Small caches: max_model_len 1024, so a CPU allocation of a few hundred MiB suffices.
 FACT_CASES = [

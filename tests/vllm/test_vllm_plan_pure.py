@@ -14,10 +14,15 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import CONFIGS, POLICY_MODELS
-from kvpolicy.adapters.vllm_adapter.model_specs import ModelSpecError, SpecSettings, load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.model_specs import (
+    ModelSpecError,
+    SpecSettings,
+    load_config,
+    model_specs,
+)
 from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
+
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, parse_size, run_vllm
 from kvpolicy.units import GiB, MiB
 
@@ -214,6 +219,24 @@ def test_plan_imports_neither_torch_nor_vllm(tmp_path: Path) -> None:
         "print('HEAVY', heavy, 'RC', rc, file=sys.stderr)\n"
         "sys.exit(1 if heavy or rc else 0)\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["engine"] == "vllm"
+
+
+def test_options_join_the_plan_dispatcher() -> None:
+    """add_vllm_arguments on the real `kvpolicy plan` parser: no clashes, --num-blocks
+    excludes --budget like the dispatcher's other amounts, and run_vllm takes its args."""
+    from kvpolicy.commands import plan as plan_command
+
+    root = argparse.ArgumentParser()
+    plan_command.add_parser(root.add_subparsers(dest="command"))
+    parser = root._subparsers._group_actions[0].choices["plan"]  # type: ignore[union-attr]
+    add_vllm_arguments(parser)
+    engine = parser._option_string_actions["--engine"].choices[0]  # the dispatcher adds "vllm"
+    args = root.parse_args(
+        ["plan", "--engine", engine, "--model-config", str(V4_FLASH), "--budget", "60GiB", "--max-model-len", "65536", "--format", "json"]
+    )
+    assert json.loads(_run(args))["num_blocks"] == 64_280
+    with pytest.raises(SystemExit):
+        root.parse_args(["plan", "--engine", engine, "--model-config", str(V4_FLASH), "--budget", "1GiB", "--num-blocks", "5"])

@@ -12,10 +12,14 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from kvpolicy.adapters.vllm_adapter.model_specs import SpecSettings, load_config, model_specs  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan  # noqa: E402
-from kvpolicy.units import GiB, MiB  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.model_specs import (
+    SpecSettings,
+    load_config,
+    model_specs,
+)
+from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
 
+from kvpolicy.units import GiB, MiB
 
 CASES_SPEC = [
     # (name, block_size, layout, kv_cache_dtype, indexer, sliding-window block on vLLM's CPU backend)

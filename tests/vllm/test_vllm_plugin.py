@@ -19,13 +19,18 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from conftest import CONFIGS  # noqa: E402
-from kvpolicy.adapters.common import AdapterError  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.ledger import AdmissionRefused, InProcessLedger, InstanceKey  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan  # noqa: E402
-from kvpolicy.adapters.vllm_adapter import plugin  # noqa: E402
-from kvpolicy.adapters.vllm_adapter.model_specs import load_config  # noqa: E402
-from kvpolicy.units import GiB  # noqa: E402
+from conftest import CONFIGS
+from kvpolicy.adapters.common import AdapterError
+from kvpolicy.adapters.vllm_adapter import plugin
+from kvpolicy.adapters.vllm_adapter.ledger import (
+    AdmissionRefused,
+    InProcessLedger,
+    InstanceKey,
+)
+from kvpolicy.adapters.vllm_adapter.model_specs import load_config
+from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan
+
+from kvpolicy.units import GiB
 
 QWEN = CONFIGS / "qwen3-8b"
 POLICY = """\
@@ -84,7 +89,7 @@ def run_script(script: str, *args: str, env: dict[str, str] | None = None, pytho
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(script), *args],
-        capture_output=True, text=True, timeout=300, env=full_env,
+        capture_output=True, text=True, timeout=300, env=full_env, check=False,
     )
 
 

@@ -8,26 +8,33 @@ from __future__ import annotations
 import threading
 
 import pytest
+from conftest import CONFIGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from conftest import CONFIGS
 from kvpolicy.adapters.common import AdapterError
-from kvpolicy.adapters.vllm_adapter.ledger import AdmissionRefused, InProcessLedger, InstanceKey
+from kvpolicy.adapters.vllm_adapter.ledger import (
+    AdmissionRefused,
+    InProcessLedger,
+    InstanceKey,
+)
 from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs
-from kvpolicy.adapters.vllm_adapter.planning import KVCacheLayout, bytes_per_block, kv_cache_groups
+from kvpolicy.adapters.vllm_adapter.planning import (
+    KVCacheLayout,
+    bytes_per_block,
+    kv_cache_groups,
+)
 from kvpolicy.adapters.vllm_adapter.plugin import _wrap, gpu_of
 from kvpolicy.adapters.vllm_adapter.pools import (
     ACCOUNTING_POOLS,
     ALLOCATOR_GRANULE,
     DEEPSEEK_V4_POOLS,
-    FREE_POOL,
     PADDING_POOL,
     VLLM_ELASTIC_POOLS,
     VLLM_POOLS,
     PoolLayout,
     pool_facts,
 )
+
 from kvpolicy.units import GiB, MiB
 
 MODELS = ["deepseek-v4-flash", "deepseek-v4-pro", "qwen3-8b", "gemma-3-1b", "gpt-oss-20b", "deepseek-v2-lite"]
