@@ -4,21 +4,26 @@ Loaded by vLLM in every process through the ``vllm.general_plugins`` entry point
 (``register``). It does nothing unless ``KVPOLICY_ENABLE=1``; once enabled, a vLLM
 version other than the validated one, or a missing hook target, fails the start.
 
-Hooks (all installed in every process; each runs where its object lives):
+Hooks (installed in every process; each runs where its object lives):
 
 - ``Worker.determine_available_memory`` (worker process, one per GPU): admit the
   policy's ``reserve`` in the ledger for this GPU, then set
   ``cache_config.kv_cache_memory_bytes`` to the admitted bytes, vLLM's own switch
   that bypasses memory profiling. vLLM then plans ``reserve // bytes_per_block`` blocks.
-- ``Executor.initialize_from_config`` (engine core): keep each rank's ``KVCacheConfig``.
-- ``EngineCore._initialize_kv_caches`` (engine core): report each rank's pools once the
-  buffers exist (all blocks free), then ``EngineCore.step`` / ``step_with_batch_queue``
-  report the live split at most every ``KVPOLICY_REPORT_INTERVAL`` seconds (default 1).
+- ``Worker.initialize_from_config`` (worker): once vLLM has allocated the KV buffer,
+  report this rank's pools (all blocks free): the real buffer replaces the admission.
+- ``EngineCore._initialize_kv_caches``, ``EngineCore.step`` / ``step_with_batch_queue``
+  (engine core, which owns the scheduler's block pool): at most every
+  ``KVPOLICY_REPORT_INTERVAL`` seconds (default 1), and only when they changed, send
+  the blocks each group holds to the workers (a non-blocking ``collective_rpc``);
+  each worker reports its own pools. Reports come from the process that admitted,
+  as the ledger requires.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import threading
@@ -38,6 +43,8 @@ from .ledger import InstanceKey, VllmLedger
 from .plan import VALIDATED_VLLM
 from .policy import policy_reserve
 from .pools import PoolLayout, held_blocks_per_group, pool_facts
+
+logger = logging.getLogger(__name__)
 
 ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
 ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
@@ -79,7 +86,7 @@ def set_ledger(ledger: VllmLedger | None) -> None:
 def connect_ledger(env: AdapterEnv) -> VllmLedger:
     """The ledger this process talks to. The plug point for the shared-memory ledger client."""
     try:
-        from kvpolicy.runtime.ledger import connect_vllm_ledger  # type: ignore[import-not-found]
+        from kvpolicy.runtime.engines import connect_vllm_ledger
     except ImportError:
         raise AdapterError(
             f"kvpolicy: no ledger client in this install (kvpolicy.runtime.ledger), so the KV budget "
@@ -106,10 +113,11 @@ def install_hooks() -> None:
         from vllm.v1.worker.gpu_worker import Worker
 
         _wrap(Worker, "determine_available_memory", "KV cache sizing", _sizing_hook)
-        _wrap(Executor, "initialize_from_config", "KV cache configs", _configs_hook)
-        _wrap(EngineCore, "_initialize_kv_caches", "pool report at start", _start_report_hook)
+        _wrap(Worker, "initialize_from_config", "pool report at start", _allocated_hook)
+        _wrap(EngineCore, "_initialize_kv_caches", "live pool report", _start_report_hook)
         _wrap(EngineCore, "step", "live pool report", _step_report_hook)
         _wrap(EngineCore, "step_with_batch_queue", "live pool report", _step_report_hook)
+        require_attr(Executor, "collective_rpc", "live pool report")
         _installed = True
 
 
@@ -188,80 +196,92 @@ def _sizing_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     return determine_available_memory
 
 
+# ---------------------------------------------------------------- reports (worker)
+
+
+def report_worker_pools(worker: Any, held: Sequence[int] | None = None, free: int | None = None) -> None:
+    """Report this worker's pools: ``held`` blocks per group and ``free`` blocks of the
+    shared pool (default: nothing held, at start)."""
+    layout: PoolLayout | None = getattr(worker, "_kvpolicy_layout", None)
+    if layout is None:
+        raise AdapterError("kvpolicy: pool report before vLLM allocated this worker's KV cache")
+    if held is None:
+        held, free = [0] * len(layout.groups), layout.num_blocks - 1
+    assert free is not None
+    ledger().report_pools(instance_key(worker.vllm_config, worker.rank), pool_facts(layout, held, free))
+
+
+def report_on_worker(target: Any, held: Sequence[int], free: int) -> None:
+    """Run on every worker by the engine core's ``collective_rpc``; ``target`` is vLLM's
+    worker wrapper (or the worker). A ledger refusal must not stop serving: it is logged
+    with the reason and the last report stands."""
+    worker = getattr(target, "worker", target)
+    try:
+        report_worker_pools(worker, held, free)
+    except AdapterError as exc:  # logged, not swallowed: the ledger keeps the previous figures
+        logger.error("kvpolicy: pool report of rank %s failed: %s", getattr(worker, "rank", "?"), exc)
+
+
+def _allocated_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def initialize_from_config(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, kv_cache_config, *args, **kwargs)
+        if kv_cache_config.kv_cache_tensors:  # attention-free models have no KV buffer
+            self._kvpolicy_layout = PoolLayout.from_kv_cache_config(kv_cache_config)
+            report_worker_pools(self)
+        return result
+
+    return initialize_from_config
+
+
 # ---------------------------------------------------------------- reports (engine core)
 
 
 class EngineReporter:
-    """Reports every rank's pools of one engine: at start, then live from the block pool."""
+    """Sends the block pool's live split to the workers: throttled, and only when it changed."""
 
-    def __init__(
-        self,
-        instances: Sequence[InstanceKey],
-        layouts: Sequence[PoolLayout],
-        sink: Callable[[], VllmLedger] = ledger,
-        interval: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        if len(instances) != len(layouts):
-            raise ValueError(f"{len(instances)} instances for {len(layouts)} KV cache configs")
-        self.instances = list(instances)
-        self.layouts = list(layouts)
-        self._sink = sink
+    def __init__(self, interval: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
         self._clock = clock
-        self._last = float("-inf")
+        self._last_time = float("-inf")
+        self._last: tuple[tuple[int, ...], int] | None = None
 
     @classmethod
-    def for_engine(cls, vllm_config: Any, kv_cache_configs: Sequence[Any]) -> EngineReporter:
-        interval = float(os.environ.get(ENV_REPORT_INTERVAL, "1") or 1)
-        layouts = [PoolLayout.from_kv_cache_config(c) for c in kv_cache_configs]
-        instances = [instance_key(vllm_config, rank) for rank in range(len(layouts))]
-        return cls(instances, layouts, interval=interval)
-
-    def report(self, held: Sequence[int], free: int) -> None:
-        sink = self._sink()
-        for key, layout in zip(self.instances, self.layouts):
-            sink.report_pools(key, pool_facts(layout, held, free))
-        self._last = self._clock()
-
-    def report_idle(self) -> None:
-        """At start: every block but the null block is free."""
-        self.report([0] * len(self.layouts[0].groups), self.layouts[0].num_blocks - 1)
-
-    def maybe_report(self, scheduler: Any) -> None:
-        if self._clock() - self._last < self.interval:
-            return
+    def from_environ(cls) -> EngineReporter:
+        text = os.environ.get(ENV_REPORT_INTERVAL, "") or "1"
         try:
-            coordinator = scheduler.kv_cache_manager.coordinator
+            interval = float(text)
+        except ValueError:
+            raise AdapterError(f"kvpolicy: {ENV_REPORT_INTERVAL}={text!r}: expected seconds, e.g. 1 or 0.5") from None
+        return cls(interval)
+
+    def maybe_report(self, engine_core: Any) -> bool:
+        """Send the split if the interval passed and it changed; True if sent."""
+        now = self._clock()
+        if now - self._last_time < self.interval:
+            return False
+        self._last_time = now
+        try:
+            coordinator = engine_core.scheduler.kv_cache_manager.coordinator
         except AttributeError as exc:
             raise AdapterError(
                 f"kvpolicy: cannot read vLLM's block pool for pool facts ({exc}); this vLLM differs from "
                 f"the validated {', '.join(VALIDATED_VLLM)}"
             ) from None
         held, free = held_blocks_per_group(coordinator)
-        self.report(held, free)
-
-
-def _configs_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    def initialize_from_config(self: Any, kv_cache_configs: Any, *args: Any, **kwargs: Any) -> Any:
-        self._kvpolicy_kv_cache_configs = list(kv_cache_configs)
-        return original(self, kv_cache_configs, *args, **kwargs)
-
-    return initialize_from_config
+        snapshot = (tuple(held), free)
+        if snapshot == self._last:
+            return False
+        self._last = snapshot
+        # Non-blocking: the workers run it between steps; nothing waits for it.
+        engine_core.model_executor.collective_rpc(report_on_worker, args=(list(held), free), non_block=True)
+        return True
 
 
 def _start_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def _initialize_kv_caches(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, vllm_config, *args, **kwargs)
-        configs = getattr(self.model_executor, "_kvpolicy_kv_cache_configs", None)
-        if configs is None:
-            raise AdapterError(
-                "kvpolicy: vLLM initialized its KV cache without Executor.initialize_from_config; "
-                "the adapter cannot see the KV cache configs to report"
-            )
-        if any(c.kv_cache_tensors for c in configs):  # attention-free models have nothing to report
-            self._kvpolicy_reporter = EngineReporter.for_engine(vllm_config, configs)
-            self._kvpolicy_reporter.report_idle()
+        if result.kv_cache_groups:  # attention-free models have nothing to report
+            self._kvpolicy_reporter = EngineReporter.from_environ()
         return result
 
     return _initialize_kv_caches
@@ -272,7 +292,7 @@ def _step_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(self, *args, **kwargs)
         reporter = getattr(self, "_kvpolicy_reporter", None)
         if reporter is not None:
-            reporter.maybe_report(self.scheduler)
+            reporter.maybe_report(self)
         return result
 
     return step

@@ -14,7 +14,6 @@ pytestmark = pytest.mark.vllm
 
 from kvpolicy.adapters.vllm_adapter.ledger import InProcessLedger, InstanceKey
 from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs
-from kvpolicy.adapters.vllm_adapter.plugin import EngineReporter
 from kvpolicy.adapters.vllm_adapter.pools import (
     FREE_POOL,
     PADDING_POOL,
@@ -157,28 +156,12 @@ def test_live_split_follows_the_real_block_pool(allocated) -> None:
     assert sum(f.tensor_bytes for f in pool_facts(layout, held_after, free_after).values()) == buffer_bytes
 
 
-def test_engine_reporter_reports_every_rank(allocated) -> None:
-    _, plan, layout, _ = allocated
-    manager = _manager(plan)
-    for group_manager in manager.coordinator.single_type_managers:
-        group_manager.allocate_new_blocks("r", 300, 300)
-    ledger = InProcessLedger({"cuda:0": 0})
-    keys = [InstanceKey("e1", "m", rank=r) for r in range(2)]  # two replica ranks
-    clock = iter([0.0, 0.5, 2.0, 2.0])  # idle report, two checks, live report
-    reporter = EngineReporter(keys, [layout, layout], sink=lambda: ledger, interval=1.0, clock=lambda: next(clock))
-    reporter.report_idle()
-    idle = dict(ledger.reports[keys[0]])
-    reporter.maybe_report(SimpleNamespace(kv_cache_manager=manager))  # 0.5 s later: throttled
-    assert ledger.reports[keys[0]] == idle
-    reporter.maybe_report(SimpleNamespace(kv_cache_manager=manager))  # 2 s later: reported
-    live = ledger.reports[keys[1]]
-    assert live != idle and ledger.reports[keys[0]] == live
-    assert live[FREE_POOL].bytes < idle[FREE_POOL].bytes
+def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hooks around Worker.initialize_from_config, EngineCore._initialize_kv_caches and
+    EngineCore.step, with vLLM's real configs, block pool, UniProcExecutor.collective_rpc and
+    run_method; the engine core and worker objects stand in for ones that need a GPU."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-
-def test_engine_core_hooks_report_at_start_then_live(allocated, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hook wrappers around Executor.initialize_from_config, EngineCore._initialize_kv_caches
-    and EngineCore.step, driven with vLLM's real configs and block pool (no engine: no GPU)."""
     from kvpolicy.adapters.vllm_adapter import plugin
 
     _, plan, layout, buffer_bytes = allocated
@@ -188,24 +171,39 @@ def test_engine_core_hooks_report_at_start_then_live(allocated, monkeypatch: pyt
     ledger = InProcessLedger({})
     plugin.set_ledger(ledger)
     try:
-        executor = SimpleNamespace()
-        allocate = plugin._configs_hook(lambda self, configs: "allocated")
-        assert allocate(executor, [plan.kv_cache_config]) == "allocated"
-        manager = _manager(plan)
-        core = SimpleNamespace(model_executor=executor, scheduler=SimpleNamespace(kv_cache_manager=manager))
-        start = plugin._start_report_hook(lambda self, cfg: "scheduler config")
-        assert start(core, plan.config) == "scheduler config"
+        # Worker: vLLM allocated its buffer; the hook reports all blocks free.
+        worker = SimpleNamespace(vllm_config=plan.config, rank=0)
+        allocated_hook = plugin._allocated_hook(lambda self, config: None)
+        allocated_hook(worker, plan.kv_cache_config)
         key = InstanceKey("eng", "m", rank=0)
         idle = ledger.reports[key]
         assert idle[FREE_POOL].tensor_bytes == buffer_bytes - layout.bytes_per_block
 
+        # Engine core: the scheduler's block pool, and an executor whose worker is `worker`.
+        executor = SimpleNamespace(driver_worker=SimpleNamespace(worker=worker), sent=0)
+
+        def collective_rpc(method, timeout=None, args=(), kwargs=None, non_block=False):
+            executor.sent += 1
+            assert non_block, "the report must not wait for the workers"
+            return UniProcExecutor.collective_rpc(executor, method, timeout, args, kwargs, non_block)
+
+        executor.collective_rpc = collective_rpc
+        manager = _manager(plan)
+        core = SimpleNamespace(model_executor=executor, scheduler=SimpleNamespace(kv_cache_manager=manager))
+        start = plugin._start_report_hook(lambda self, cfg: manager.coordinator.kv_cache_config)
+        start(core, plan.config)
+        step = plugin._step_report_hook(lambda self: ("outputs", True))
+
         for group_manager in manager.coordinator.single_type_managers:
             group_manager.allocate_new_blocks("r", 200, 200)
-        step = plugin._step_report_hook(lambda self: ("outputs", True))
         assert step(core) == ("outputs", True)
         live = ledger.reports[key]
         held, _ = held_blocks_per_group(manager.coordinator)
         assert live[FREE_POOL].tensor_bytes == idle[FREE_POOL].tensor_bytes - sum(held) * layout.bytes_per_block
         assert sum(f.tensor_bytes for f in live.values()) == buffer_bytes
+        assert executor.sent == 1
+        step(core)  # nothing changed: nothing sent
+        assert executor.sent == 1
     finally:
         plugin.set_ledger(None)
+

@@ -174,6 +174,88 @@ def test_missing_hook_target_fails_loudly() -> None:
     assert "cannot install the KV cache sizing hook: Worker.determine_available_memory does not exist" in result.stderr
 
 
+# The whole start of one rank on a CPU, against the real shared-memory ledger: vLLM's
+# own Worker.determine_available_memory and Worker.initialize_from_config run (their
+# model runner allocates with vLLM's allocate_kv_cache on the CPU), vLLM plans in between.
+END_TO_END_SCRIPT = """
+import json, sys
+from types import SimpleNamespace
+import torch
+sys.path.insert(0, sys.argv[1])
+from real_vllm import Case, layer_specs, vllm_config
+from vllm.plugins import load_general_plugins
+from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+from vllm.v1.kv_cache_layout import KVCacheLayout
+from vllm.v1.worker.gpu_worker import Worker
+from vllm.v1.worker.utils import allocate_kv_cache
+from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
+from kvpolicy.runtime.ledger import GpuLedger
+
+load_general_plugins()
+# No CUDA driver on this machine: kvpolicy.runtime.engines.measure_gpu would raise from
+# cuda-python's driver loader (it only expects ImportError); hide cuda.bindings instead.
+sys.modules["cuda.bindings"] = None
+ledger = GpuLedger.open(resolve_ledger_dir(), "cuda:3", resolve_access())
+ledger.provide_figures(capacity=8 * 2**30, headroom=0, other_used=0)  # no GPU to measure here
+
+case = Case("qwen3-8b", 16, max_model_len=1024, max_num_batched_tokens=1024)
+cfg = vllm_config(case)
+specs = layer_specs(case)
+worker = Worker(cfg, local_rank=0, rank=0, distributed_init_method="tcp://127.0.0.1:1")
+
+class ModelRunner:  # stands in for the GPU model runner: profiles nothing, allocates on the CPU
+    def profile_run(self, **kwargs):
+        pass
+    def initialize_kv_cache(self, kv_cache_config, kv_cache_allocation_context=None):
+        layout = KVCacheLayout[kv_cache_config.kv_cache_layout]
+        self.kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout)
+worker.model_runner = ModelRunner()
+worker.init_snapshot = SimpleNamespace(free_memory=8 * 2**30)
+
+available = worker.determine_available_memory()
+cfg.cache_config.kv_cache_layout = "LBNHC"
+groups = get_global_kv_cache_groups(cfg, [dict(specs)])
+(kv_cache_config,) = get_kv_cache_configs(cfg, [dict(specs)], [available], groups)
+kv_cache_config.kv_cache_layout = "LBNHC"
+before = {v.id: v.runtime_reserved for v in ledger.slots()[0]}
+worker.initialize_from_config(kv_cache_config)
+storage = next(iter(worker.model_runner.kv_caches.values())).untyped_storage()
+views, _ = ledger.slots()
+(slot,) = views
+print(json.dumps({
+    "available": available,
+    "num_blocks": kv_cache_config.num_blocks,
+    "buffer": storage.nbytes(),
+    "reserved_before_report": before,
+    "slot": {"id": slot.id, "engine": slot.engine, "engine_id": slot.engine_id, "model": slot.model,
+             "static_admitted": slot.static_admitted, "runtime_reserved": slot.runtime_reserved,
+             "pools": {k: [p.bytes, p.tensor_bytes] for k, p in slot.pools.items()}},
+}))
+"""
+
+
+def test_end_to_end_on_the_real_ledger(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.kvp"
+    policy.write_text(POLICY.replace("reserve 3 GiB", "reserve 256 MiB"))
+    result = run_script(
+        END_TO_END_SCRIPT, str(Path(__file__).parent),
+        env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy), "KVPOLICY_MODEL": "qwen3-8b",
+             "KVPOLICY_ENGINE_ID": "qwen-e2e", "KVPOLICY_LEDGER_DIR": str(tmp_path / "ledger")},
+    )
+    out = last_json(result)
+    reserve = 256 * 2**20
+    assert out["available"] == reserve
+    assert out["reserved_before_report"] == {"qwen-e2e/0": reserve}  # the admission counts until the report
+    slot = out["slot"]
+    assert (slot["id"], slot["engine"], slot["engine_id"], slot["model"]) == ("qwen-e2e/0", "vllm", "qwen-e2e", "qwen3-8b")
+    pools = slot["pools"]
+    assert sum(tensor for _, tensor in pools.values()) == out["buffer"]  # the real CPU allocation
+    assert slot["static_admitted"] == 0  # the report replaced the admission
+    assert slot["runtime_reserved"] == sum(b for b, _ in pools.values()) <= reserve
+    assert set(pools) == {"full", "padding", "free_blocks"}
+    assert pools["full"] == [0, 0] and pools["free_blocks"][0] == out["buffer"] - out["buffer"] // out["num_blocks"]
+
+
 # ------------------------------------------------ sizing rules, in process, on a real CacheConfig
 
 

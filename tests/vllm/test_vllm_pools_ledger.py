@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 from conftest import CONFIGS
@@ -167,3 +168,23 @@ def test_missing_hook_target_names_it() -> None:
 
     with pytest.raises(AdapterError, match=r"cannot install the live pool report hook: .*Engine\.step does not exist"):
         _wrap(Engine, "step", "live pool report", lambda original: original)
+
+
+def test_reporter_is_throttled_and_sends_only_changes() -> None:
+    from kvpolicy.adapters.vllm_adapter.plugin import EngineReporter
+
+    
+    clock = iter([0.0, 0.4, 1.5])
+    reporter = EngineReporter(interval=1.0, clock=lambda: next(clock))
+    sent = []
+    pool = SimpleNamespace(get_num_free_blocks=lambda: 5)
+    coordinator = SimpleNamespace(block_pool=pool, single_type_managers=())
+    core = SimpleNamespace(
+        scheduler=SimpleNamespace(kv_cache_manager=SimpleNamespace(coordinator=coordinator)),
+        model_executor=SimpleNamespace(collective_rpc=lambda method, args, non_block: sent.append(args)),
+    )
+    assert reporter.maybe_report(core) is True
+    assert reporter.maybe_report(core) is False  # 0.4 s later
+    pool.get_num_free_blocks = lambda: 4
+    assert reporter.maybe_report(core) is True
+    assert sent == [([], 5), ([], 4)]
