@@ -160,9 +160,8 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
     """The hooks around Worker.initialize_from_config, EngineCore._initialize_kv_caches and
     EngineCore.step, with vLLM's real configs, block pool, UniProcExecutor.collective_rpc and
     run_method; the engine core and worker objects stand in for ones that need a GPU."""
-    from vllm.v1.executor.uniproc_executor import UniProcExecutor
-
     from kvpolicy.adapters.vllm_adapter import plugin
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
     _, plan, layout, buffer_bytes = allocated
     monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
