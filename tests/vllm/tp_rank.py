@@ -16,14 +16,16 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 def main(rank: int, world: int, port: int, config_dir: str, block_size: int, budget: int) -> None:
     import torch
+    from real_vllm import _CpuEvent
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
     from vllm.model_executor.model_loader import get_model_architecture
-    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
-
-    from real_vllm import _CpuEvent
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
 
     cfg = EngineArgs(
         model=config_dir, skip_tokenizer_init=True, load_format="dummy", max_model_len=4096,
