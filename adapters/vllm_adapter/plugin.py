@@ -28,7 +28,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import metadata
 from typing import Any
 
@@ -89,7 +89,7 @@ def connect_ledger(env: AdapterEnv) -> VllmLedger:
         from kvpolicy.runtime.engines import connect_vllm_ledger
     except ImportError:
         raise AdapterError(
-            f"kvpolicy: no ledger client in this install (kvpolicy.runtime.ledger), so the KV budget "
+            f"kvpolicy: no ledger client in this install (kvpolicy.runtime.engines), so the KV budget "
             f"cannot be admitted on the GPU ({env.ledger_dir}). Update kvpolicy, or unset KVPOLICY_ENABLE."
         ) from None
     return connect_vllm_ledger(env)
@@ -145,9 +145,22 @@ def instance_key(vllm_config: Any, rank: int) -> InstanceKey:
     return InstanceKey(engine_id=engine_id, model=env.model or served_model_name(vllm_config), rank=rank, dp_rank=dp_rank)
 
 
-def gpu_of(local_rank: int, environ: dict[str, str] | None = None) -> str:
-    """The ledger's id of the GPU a worker uses: ``cuda:N`` with N the physical index
-    (through CUDA_VISIBLE_DEVICES), or the UUID that CUDA_VISIBLE_DEVICES names."""
+def worker_gpu(worker: Any) -> str:
+    """The ledger's id of the GPU an initialized vLLM worker uses (see ``gpu_of``)."""
+    assigned = getattr(worker.parallel_config, "assigned_physical_gpu_ids", None)
+    if assigned is not None and worker.local_rank < len(assigned):
+        return f"cuda:{assigned[worker.local_rank]}"
+    return gpu_of(worker.local_rank)
+
+
+def gpu_of(local_rank: int, environ: Mapping[str, str] | None = None) -> str:
+    """The ledger's id of logical GPU ``local_rank``: ``cuda:N`` with N the physical index
+    (through CUDA_VISIBLE_DEVICES), or the UUID that CUDA_VISIBLE_DEVICES names.
+
+    (vLLM's ``Worker.init_device`` turns ``local_rank`` into the DP-adjusted logical
+    index before the KV cache is sized.) Physical indices match NVML's only with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    """
     env = os.environ if environ is None else environ
     visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
     if local_rank < len(visible):
@@ -182,7 +195,7 @@ def size_kv_cache(worker: Any, reserve_of: Callable[[AdapterEnv, str], int] | No
             f"kvpolicy: --kv-cache-memory-bytes={cache.kv_cache_memory_bytes} disagrees with the policy's "
             f"reserve of {reserve} bytes for {key.model!r}; remove the flag (the policy sizes the cache)."
         )
-    admitted = ledger().admit(key, gpu_of(worker.local_rank), reserve)
+    admitted = ledger().admit(key, worker_gpu(worker), reserve)
     _admitted[key] = admitted
     cache.kv_cache_memory_bytes = admitted
     return admitted

@@ -265,9 +265,12 @@ def worker():
 
     vllm_config = type("Cfg", (), {})()
     vllm_config.model_config = type("M", (), {"served_model_name": "qwen3-8b", "model": "/m"})()
-    vllm_config.parallel_config = type("P", (), {"data_parallel_rank": 0})()
+    vllm_config.parallel_config = type("P", (), {"data_parallel_rank": 0, "assigned_physical_gpu_ids": None})()
     cache = CacheConfig()
-    return type("W", (), {"cache_config": cache, "vllm_config": vllm_config, "rank": 1, "local_rank": 0})()
+    return type(
+        "W", (), {"cache_config": cache, "vllm_config": vllm_config, "parallel_config": vllm_config.parallel_config,
+                  "rank": 1, "local_rank": 0},
+    )()
 
 
 @pytest.fixture

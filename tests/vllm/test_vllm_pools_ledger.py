@@ -24,7 +24,7 @@ from kvpolicy.adapters.vllm_adapter.planning import (
     bytes_per_block,
     kv_cache_groups,
 )
-from kvpolicy.adapters.vllm_adapter.plugin import _wrap, gpu_of
+from kvpolicy.adapters.vllm_adapter.plugin import _wrap, gpu_of, worker_gpu
 from kvpolicy.adapters.vllm_adapter.pools import (
     ACCOUNTING_POOLS,
     ALLOCATOR_GRANULE,
@@ -160,6 +160,11 @@ def test_instance_ids() -> None:
 )
 def test_gpu_ids_follow_cuda_visible_devices(visible: str, local: int, gpu: str) -> None:
     assert gpu_of(local, {"CUDA_VISIBLE_DEVICES": visible}) == gpu
+
+
+def test_assigned_physical_gpus_win() -> None:
+    worker = SimpleNamespace(local_rank=1, parallel_config=SimpleNamespace(assigned_physical_gpu_ids=[6, 7]))
+    assert worker_gpu(worker) == "cuda:7"
 
 
 def test_missing_hook_target_names_it() -> None:
