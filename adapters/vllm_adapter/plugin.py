@@ -42,7 +42,7 @@ from kvpolicy.adapters.common import (
 from .ledger import InstanceKey, VllmLedger
 from .plan import VALIDATED_VLLM
 from .policy import policy_reserve
-from .pools import PoolLayout, held_blocks_per_group, pool_facts
+from .pools import ALLOCATOR_GRANULE, PoolLayout, held_blocks_per_group, pool_facts
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +175,9 @@ def gpu_of(local_rank: int, environ: Mapping[str, str] | None = None) -> str:
 def size_kv_cache(worker: Any, reserve_of: Callable[[AdapterEnv, str], int] | None = None) -> int:
     """Admit this model's reserve on the worker's GPU and make vLLM size the KV cache from it.
 
-    Sets ``worker.cache_config.kv_cache_memory_bytes`` to the admitted bytes and returns
-    them. Refuses (AdapterError) settings that would bypass the budget.
+    Sets ``worker.cache_config.kv_cache_memory_bytes`` to the admitted bytes (rounded down
+    to whole 2 MiB allocator granules) and returns them. Refuses (AdapterError) settings
+    that would bypass the budget.
     """
     cache = worker.cache_config
     if cache.num_gpu_blocks_override is not None:
@@ -196,9 +197,11 @@ def size_kv_cache(worker: Any, reserve_of: Callable[[AdapterEnv, str], int] | No
             f"reserve of {reserve} bytes for {key.model!r}; remove the flag (the policy sizes the cache)."
         )
     admitted = ledger().admit(key, worker_gpu(worker), reserve)
-    _admitted[key] = admitted
-    cache.kv_cache_memory_bytes = admitted
-    return admitted
+    # Whole allocator granules: the buffer PyTorch rounds up then still fits the admission.
+    budget = admitted - admitted % ALLOCATOR_GRANULE
+    _admitted[key] = budget
+    cache.kv_cache_memory_bytes = budget
+    return budget
 
 
 def _sizing_hook(original: Callable[..., Any]) -> Callable[..., Any]:

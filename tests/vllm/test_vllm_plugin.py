@@ -295,6 +295,14 @@ def test_size_kv_cache_admits_then_sets_the_switch(worker, enabled) -> None:
     assert enabled.unreserved("cuda:2") == 6 * GiB
 
 
+def test_budget_is_whole_allocator_granules(worker, enabled) -> None:
+    """An odd reserve: vLLM gets whole 2 MiB granules, so its rounded-up buffer fits the admission."""
+    odd = 3 * GiB + 12_345
+    assert plugin.size_kv_cache(worker, reserve_of=lambda env, model: odd) == 3 * GiB
+    assert worker.cache_config.kv_cache_memory_bytes == 3 * GiB
+    assert enabled.unreserved("cuda:2") == 10 * GiB - odd  # the ledger holds what it admitted
+
+
 def test_block_override_is_refused(worker, enabled) -> None:
     worker.cache_config.num_gpu_blocks_override = 1000
     with pytest.raises(AdapterError, match="--num-gpu-blocks-override=1000 would size"):
