@@ -206,9 +206,12 @@ class BlockPool:
                 if n == 0:
                     return []
                 raise ValueError(f"cannot allocate {n} blocks")
-            if n > self._n_free:
-                self._grow_for(n)
-            return self._take(n)
+            if n <= self._n_free:
+                return self._take(n)
+            self._grow_for(n)
+            out = self._take(n)
+            self._report()
+            return out
 
     def free(self, blocks: Iterable[int]) -> None:
         """Return live blocks to the pool; all or nothing (a bad id raises BlockError and frees none)."""
@@ -257,6 +260,7 @@ class BlockPool:
                         self._ensure_partial(ci)
             self._n_free -= len(ids)
             self._n_live += len(ids)
+            self._report()
 
     def ensure_mapped(self, blocks: Iterable[int]) -> list[int]:
         """Map the chunks holding ``blocks`` that are not mapped yet (under the limit); returns those chunk indices.
@@ -268,7 +272,10 @@ class BlockPool:
             self._check_open()
             for b in ids:
                 self._check_block(b)
-            return self._ensure_chunks(self._chunks_for(ids), requested=len(ids))
+            mapped = self._ensure_chunks(self._chunks_for(ids), requested=len(ids))
+            if mapped:
+                self._report()
+            return mapped
 
     # -- limits ------------------------------------------------------------------------
     def sync(self) -> PoolStats:
@@ -282,6 +289,8 @@ class BlockPool:
             reading = self._limit.read()
             self._reading = reading
             self._observe(reading)
+            if self._deferred:
+                self._continue_deferred(None)
             if self.held_bytes > reading.target:
                 self._release_down_to(reading.target)
             self._report()
@@ -544,7 +553,6 @@ class BlockPool:
             raise
         self._settle(held, creating)
         self._add_mapped(indices)
-        self._report()
 
     def _settle(self, before: int, admitted: int) -> None:
         """Tell the limit source what a grow really changed: commit what is held now, roll back the rest."""
@@ -666,7 +674,8 @@ class BlockPool:
             self._deferred = self.held_bytes > reading.limit
             self._limit.acknowledge(reading.revision, "deferred" if self._deferred else "applied")
 
-    def _continue_deferred(self, emptied: list[int]) -> None:
+    def _continue_deferred(self, emptied: list[int] | None) -> None:
+        """Release what became free (``emptied``, or anything when None) toward a deferred limit."""
         limit = self._reading.limit
         self._release_down_to(limit, emptied)
         if self.held_bytes <= limit:

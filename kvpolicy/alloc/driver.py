@@ -272,6 +272,11 @@ class CudaDriver(Driver):
         self._cuMemUnmap = cu.cuMemUnmap
         self._cuMemRelease = cu.cuMemRelease
 
+    @property
+    def bindings(self) -> Any:
+        """The cuda-python driver module in use (for callers that need a call this class does not wrap)."""
+        return self._cu
+
     def _check(self, call: str, err: Any, detail: str = "") -> None:
         if err:
             raise driver_error(call, _name(err), int(err), detail)
