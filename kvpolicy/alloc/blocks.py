@@ -30,9 +30,11 @@ was mapped and ``rollback()`` the rest; ``release()`` after unmapping;
 from __future__ import annotations
 
 import threading
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
+from itertools import compress
 
 from kvpolicy.alloc.arena import Arena, MapResult, _note
 from kvpolicy.alloc.driver import Driver
@@ -105,7 +107,13 @@ class BlockPool:
         self.block_bytes = stride * n_arenas
         # Blocks per chunk when no block straddles a chunk boundary (the fast path), else 0.
         self._bpc = chunk // stride if chunk % stride == 0 else 0
-        self._state = bytearray(num_blocks)  # 1 = live
+        # Live block ids. A set, not a per-block flag array: checking, adding and removing
+        # a batch of ids are then single C-level calls, which is most of alloc/free's cost.
+        self._live: set[int] = set()
+        # 1 for the blocks that span more than one chunk (their neighbours' counts need care).
+        self._straddles = bytearray(
+            0 if b * stride // chunk == ((b + 1) * stride - 1) // chunk else 1 for b in range(num_blocks)
+        ) if not self._bpc else bytearray(num_blocks)
         self._live_in = [0] * self.num_chunks  # live blocks touching each chunk
         self._free_in: list[list[int]] = [[] for _ in range(self.num_chunks)]  # allocatable free blocks by home chunk
         self._mapped = bytearray(self.num_chunks)  # 1 = mapped in every arena
@@ -166,7 +174,7 @@ class BlockPool:
 
     def is_live(self, block: int) -> bool:
         self._check_block(block)
-        return self._state[block] == 1
+        return block in self._live
 
     def is_chunk_mapped(self, index: int) -> bool:
         return self._mapped[index] == 1
@@ -201,13 +209,13 @@ class BlockPool:
         cannot be had; then nothing was allocated and nothing stays mapped for it.
         """
         with self._lock:
+            if 0 < n <= self._n_free and not self._closed:
+                return self._take(n)
             self._check_open()
             if n <= 0:
                 if n == 0:
                     return []
                 raise ValueError(f"cannot allocate {n} blocks")
-            if n <= self._n_free:
-                return self._take(n)
             self._grow_for(n)
             out = self._take(n)
             self._report()
@@ -216,16 +224,21 @@ class BlockPool:
     def free(self, blocks: Iterable[int]) -> None:
         """Return live blocks to the pool; all or nothing (a bad id raises BlockError and frees none)."""
         ids = blocks if type(blocks) is list else list(blocks)
+        if not ids:
+            return
         with self._lock:
             self._check_open()
-            st, nb = self._state, self.num_blocks
-            for i, b in enumerate(ids):
-                if not 0 <= b < nb or st[b] != 1:
-                    for u in ids[:i]:
-                        st[u] = 1
-                    why = "out of range" if not 0 <= b < nb else "not live (double free?)"
-                    raise BlockError(f"cannot free block {b}: {why}; pool {self.name!r} has {nb} blocks")
-                st[b] = 0
+            live = self._live
+            if not live.issuperset(ids):
+                bad = next(b for b in ids if b not in live)
+                nb = self.num_blocks
+                why = "out of range" if not 0 <= bad < nb else "not live (double free?)"
+                raise BlockError(f"cannot free block {bad}: {why}; pool {self.name!r} has {nb} blocks")
+            before = len(live)
+            live.difference_update(ids)
+            if len(live) != before - len(ids):
+                live.update(ids)
+                raise BlockError(f"block ids repeat in free: {sorted(ids)}")
             emptied = self._return(ids)
             if self._deferred and emptied:
                 try:
@@ -245,15 +258,15 @@ class BlockPool:
                 raise BlockError(f"block ids repeat in claim: {sorted(ids)}")
             for b in ids:
                 self._check_block(b)
-                if self._state[b]:
+                if b in self._live:
                     raise BlockError(f"cannot claim block {b}: it is already live")
             self._ensure_chunks(self._chunks_for(ids), requested=len(ids))
             s, c = self.block_stride, self.chunk
-            st, live, free_in = self._state, self._live_in, self._free_in
+            live, free_in = self._live_in, self._free_in
             for b in ids:
                 h = b * s // c
                 free_in[h].remove(b)
-                st[b] = 1
+                self._live.add(b)
                 for ci in range(h, ((b + 1) * s - 1) // c + 1):
                     live[ci] += 1
                     if free_in[ci]:
@@ -352,77 +365,89 @@ class BlockPool:
 
     # -- allocation internals ----------------------------------------------------------
     def _take(self, n: int) -> list[int]:
-        st, live, free_in = self._state, self._live_in, self._free_in
-        bpc = self._bpc
-        out: list[int] = []
+        free_in, live_in = self._free_in, self._live_in
+        out: list[int] | None = None
         need = n
         while need:
-            h = self._pick_home()
-            assert h >= 0, f"pool {self.name!r} counted {self._n_free} free blocks but found none"
+            partial = self._partial
+            if partial and free_in[partial[0]] and live_in[partial[0]]:
+                h = partial[0]  # the usual case, without a call
+            else:
+                h = self._pick_home()
+                assert h >= 0, f"pool {self.name!r} counted {self._n_free} free blocks but found none"
             lst = free_in[h]
-            k = len(lst) if len(lst) < need else need
-            cut = len(lst) - k
-            taken = lst[cut:]
-            del lst[cut:]
-            for b in taken:
-                st[b] = 1
-            live[h] += k
-            if not bpc:
-                self._count_straddlers(taken, h, 1)
-            if lst:
-                self._ensure_partial(h)
-            out += taken
+            k = len(lst)
+            if k <= need:
+                taken = lst
+                free_in[h] = []
+            else:
+                k = need
+                cut = len(lst) - k
+                taken = lst[cut:]
+                del lst[cut:]
+                if not self._in_partial[h]:
+                    heappush(partial, h)
+                    self._in_partial[h] = 1
+            self._live.update(taken)
+            live_in[h] += k
+            if not self._bpc:
+                self._count_straddlers(taken, h)
+            if out is None:
+                out = taken
+            else:
+                out += taken
             need -= k
         self._n_free -= n
         self._n_live += n
+        assert out is not None
         return out
 
     def _return(self, ids: list[int]) -> list[int]:
-        """Put freed blocks back in their home lists; returns the chunks that became fully free."""
-        live, free_in = self._live_in, self._free_in
-        in_partial, in_empty = self._in_partial, self._in_empty
-        emptied: list[int] = []
-        bpc = self._bpc
-        if bpc:
-            for b in ids:
-                h = b // bpc
-                free_in[h].append(b)
-                left = live[h] - 1
-                live[h] = left
-                if left:
-                    if not in_partial[h]:
-                        heappush(self._partial, h)
-                        in_partial[h] = 1
-                else:
-                    emptied.append(h)
-                    if not in_empty[h]:
-                        heappush(self._empty, h)
-                        in_empty[h] = 1
+        """Put freed blocks back in their home chunks' lists; returns the chunks that became fully free."""
+        free_in, live_in = self._free_in, self._live_in
+        stride, chunk = self.block_stride, self.chunk
+        ordered = sorted(ids)
+        n = len(ordered)
+        h = ordered[0] * stride // chunk
+        if ordered[-1] * stride // chunk == h:  # all in one home chunk: the usual case
+            free_in[h].extend(ordered)
+            live_in[h] -= n
+            touched = [h]
         else:
-            s, c = self.block_stride, self.chunk
-            for b in ids:
-                h = b * s // c
-                free_in[h].append(b)
-                for ci in range(h, ((b + 1) * s - 1) // c + 1):
-                    left = live[ci] - 1
-                    live[ci] = left
-                    if left == 0:
-                        emptied.append(ci)
-                    if free_in[ci]:
-                        if left:
-                            self._ensure_partial(ci)
-                        else:
-                            self._ensure_empty(ci)
-        self._n_free += len(ids)
-        self._n_live -= len(ids)
+            touched = []
+            i = 0
+            while i < n:  # one pass per home chunk, not per block
+                h = ordered[i] * stride // chunk
+                j = bisect_left(ordered, -(-(h + 1) * chunk // stride), i)  # first block of the next chunk
+                free_in[h].extend(ordered[i:j])
+                live_in[h] -= j - i
+                touched.append(h)
+                i = j
+        if not self._bpc:
+            for b in compress(ordered, map(self._straddles.__getitem__, ordered)):
+                for ci in range(b * stride // chunk + 1, ((b + 1) * stride - 1) // chunk + 1):
+                    live_in[ci] -= 1
+                    touched.append(ci)
+        emptied: list[int] = []
+        for ci in touched:
+            if live_in[ci]:
+                if free_in[ci] and not self._in_partial[ci]:
+                    heappush(self._partial, ci)
+                    self._in_partial[ci] = 1
+            else:
+                emptied.append(ci)
+                if free_in[ci] and not self._in_empty[ci]:
+                    heappush(self._empty, ci)
+                    self._in_empty[ci] = 1
+        self._n_free += n
+        self._n_live -= n
         return emptied
 
-    def _count_straddlers(self, taken: list[int], home: int, delta: int) -> None:
-        s, c, live, free_in = self.block_stride, self.chunk, self._live_in, self._free_in
-        for b in taken:
-            last = ((b + 1) * s - 1) // c
-            for ci in range(home + 1, last + 1):
-                live[ci] += delta
+    def _count_straddlers(self, taken: list[int], home: int) -> None:
+        stride, chunk, live_in, free_in = self.block_stride, self.chunk, self._live_in, self._free_in
+        for b in compress(taken, map(self._straddles.__getitem__, taken)):
+            for ci in range(home + 1, ((b + 1) * stride - 1) // chunk + 1):
+                live_in[ci] += 1
                 if free_in[ci]:
                     self._ensure_partial(ci)
 
@@ -481,7 +506,7 @@ class BlockPool:
             chosen.append(ci)
             chosen_set.add(ci)
             for b in range(ci * c // s, min(nb, ((ci + 1) * c - 1) // s + 1)):
-                if b in counted or self._state[b]:
+                if b in counted or b in self._live:
                     continue
                 if all(mapped[x] or x in chosen_set for x in range(b * s // c, ((b + 1) * s - 1) // c + 1)):
                     counted.add(b)
@@ -571,7 +596,7 @@ class BlockPool:
 
     def _add_mapped(self, indices: list[int]) -> None:
         s, c, nb = self.block_stride, self.chunk, self.num_blocks
-        st, mapped, free_in = self._state, self._mapped, self._free_in
+        live, mapped, free_in = self._live, self._mapped, self._free_in
         for ci in indices:
             mapped[ci] = 1
             self._orphans.discard(ci)
@@ -580,7 +605,7 @@ class BlockPool:
         seen: set[int] = set()
         for ci in indices:
             for b in range(ci * c // s, min(nb, ((ci + 1) * c - 1) // s + 1)):
-                if b in seen or st[b]:
+                if b in seen or b in live:
                     continue
                 seen.add(b)
                 home, last = b * s // c, ((b + 1) * s - 1) // c
@@ -629,7 +654,7 @@ class BlockPool:
 
     def _unmap_indices(self, indices: list[int]) -> None:
         """Unmap fully free chunk indices in every arena and release their handles."""
-        s, c, nb, free_in, st = self.block_stride, self.chunk, self.num_blocks, self._free_in, self._state
+        s, c, nb, free_in = self.block_stride, self.chunk, self.num_blocks, self._free_in
         for ci in indices:
             assert self._live_in[ci] == 0, f"pool {self.name!r} tried to unmap chunk {ci} with live blocks"
             self._orphans.add(ci)
@@ -643,7 +668,7 @@ class BlockPool:
                     kept = [b for b in lst if not first <= b <= last]
                     self._n_free -= len(lst) - len(kept)
                     lst[:] = kept
-            assert all(not st[b] for b in range(first, last + 1)), "a live block in a chunk being unmapped"
+            assert not any(b in self._live for b in range(first, last + 1)), "a live block in a chunk being unmapped"
             self._mapped[ci] = 0
             self._n_mapped -= 1
         before = self.held_bytes

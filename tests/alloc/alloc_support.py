@@ -81,8 +81,15 @@ class RecordingLimit(StaticLimit):
         return [arg for call, arg in self.log if call == name]
 
 
-def check_pool(pool: BlockPool, limit: StaticLimit, driver: Driver, base: tuple[int, int, int]) -> None:
-    """Recompute everything the pool keeps incrementally, from scratch, and compare."""
+def check_pool(
+    pool: BlockPool, limit: StaticLimit, driver: Driver, base: tuple[int, int, int], *, after_failure: bool = False
+) -> None:
+    """Recompute everything the pool keeps incrementally, from scratch, and compare.
+
+    ``after_failure``: a driver call failed since the last successful ``sync``, so a
+    deferral may still have memory it could not give back (a handle whose release
+    failed); everything else must hold regardless.
+    """
     nb, nc = pool.num_blocks, pool.num_chunks
     live = [b for b in range(nb) if pool.is_live(b)]
     assert pool.live_blocks == len(live)
@@ -109,7 +116,8 @@ def check_pool(pool: BlockPool, limit: StaticLimit, driver: Driver, base: tuple[
     in_force = pool.stats().limit  # the limit the pool has read; a newer one applies at the next sync or grow
     if held > in_force:
         assert pool.deferred, f"{held} bytes held over the limit {in_force} without a deferral"
-        assert not fully_free and all(a.pooled_handles == 0 for a in pool.arenas), "deferred with memory to give back"
+        if not after_failure:
+            assert not fully_free and all(a.pooled_handles == 0 for a in pool.arenas), "deferred with memory to give back"
     handles = sum(a.mapped_chunks + a.pooled_handles + a.stuck_chunks for a in pool.arenas)
     assert driver.live_handles - base[0] == handles
     assert driver.mapped_bytes - base[1] == sum((a.mapped_chunks + a.stuck_chunks) * a.chunk for a in pool.arenas)

@@ -51,6 +51,7 @@ class PoolMachine(RuleBasedStateMachine):
         num_blocks = chunks * CHUNK // geometry.block_stride
         self.pool = BlockPool(self.driver, geometry, num_blocks, chunk=CHUNK, limit=self.limit, grow_chunks=grow)
         self.live: set[int] = set()
+        self.failed = False  # a driver call failed since the last clean sync
 
     def _tag(self, block: int) -> tuple[int, bytes]:
         arena = self.pool.arenas[-1]
@@ -119,7 +120,8 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule()
     def sync(self) -> None:
-        stats = self.pool.sync()
+        stats = self.pool.sync()  # retries whatever a failure left behind
+        self.failed = False
         assert stats.revision == self.limit.read().revision
         assert self.limit.acked is not None and self.limit.acked[0] == stats.revision
         assert self.limit.acked[1] == ("deferred" if stats.deferred else "applied")
@@ -135,6 +137,7 @@ class PoolMachine(RuleBasedStateMachine):
     def fault(self, call: str, after: int, data: st.DataObject, shrink: bool) -> None:
         n = data.draw(st.integers(1, max(2, self.pool.num_blocks // 3)), label="n")
         self.driver.inject(call, "CUDA_ERROR_UNKNOWN", after=after)
+        swallowed = self.pool.last_error
         try:
             if shrink:
                 self.pool.free(sorted(self.live)[: n // 2])
@@ -142,17 +145,22 @@ class PoolMachine(RuleBasedStateMachine):
                 self.pool.shrink(0)
             else:
                 self._took(self.pool.alloc(n))
-        except (DriverError, OutOfBlocks):
-            pass  # the invariants below say whether the failure left the pool whole
+        except DriverError:
+            self.failed = True  # the invariants below say whether the failure left the pool whole
+        except OutOfBlocks as exc:
+            if isinstance(exc.__cause__, DriverError):
+                self.failed = True
         finally:
             self.driver.clear_faults()
+            if self.pool.last_error is not swallowed:  # free() completing a deferral hit the fault
+                self.failed = True
 
     @invariant()
     def consistent(self) -> None:
         if self.pool is None:
             return
         assert {b for b in range(self.pool.num_blocks) if self.pool.is_live(b)} == self.live
-        check_pool(self.pool, self.limit, self.driver, self.base)
+        check_pool(self.pool, self.limit, self.driver, self.base, after_failure=self.failed)
         for b in self.live:
             va, tag = self._tag(b)
             assert peek(self.driver, va, len(tag)) == tag, f"block {b} lost its data"
