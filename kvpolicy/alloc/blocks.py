@@ -485,10 +485,12 @@ class BlockPool:
     # -- growth ------------------------------------------------------------------------
     def _grow_for(self, n: int) -> None:
         """Map the fewest lowest unmapped chunks that give ``n - free`` more blocks (at least ``grow_chunks``)."""
-        missing = n - self._n_free
         reading = self._limit.read()
         self._reading = reading
-        self._observe(reading)
+        self._observe(reading)  # may release free chunks (a lowered limit): count what is missing after
+        missing = n - self._n_free
+        if missing <= 0:
+            return
         s, c, nb, mapped = self.block_stride, self.chunk, self.num_blocks, self._mapped
         chosen: list[int] = []
         chosen_set: set[int] = set()

@@ -236,7 +236,8 @@ class CudaDriver(Driver):
             raise DriverUnavailable(f"CUDA device {device} does not support virtual memory management")
         err, raw_name = cu.cuDeviceGetName(256, dev)
         self._check("cuDeviceGetName", err)
-        self.name = raw_name.split(b"\0", 1)[0].decode(errors="replace")
+        text = raw_name.decode(errors="replace") if isinstance(raw_name, bytes) else str(raw_name)
+        self.name = text.split("\0", 1)[0].strip() or f"CUDA device {device}"
         err, ctx = cu.cuDevicePrimaryCtxRetain(dev)
         self._check("cuDevicePrimaryCtxRetain", err)
         self.device = device
