@@ -39,7 +39,7 @@ def raw_grow(driver: Driver, va: int, chunk: int, n: int) -> tuple[float, list[A
     if driver.kind == "cuda":
         cu = driver.bindings  # type: ignore[attr-defined]
         create, map_, access = cu.cuMemCreate, cu.cuMemMap, cu.cuMemSetAccess
-        prop, desc = driver._prop, driver._access  # type: ignore[attr-defined]
+        prop, desc = driver.allocation_prop, driver.access_descriptors  # type: ignore[attr-defined]
         handles = []
         t0 = time.perf_counter()
         for i in range(n):

@@ -212,9 +212,10 @@ class CudaDriver(Driver):
 
     kind = "cuda"
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, *, bindings: Any = None) -> None:
+        """Start on CUDA device ``device``; ``bindings`` replaces the imported cuda-python module (tests)."""
         super().__init__()
-        cu = import_cuda_bindings()
+        cu = import_cuda_bindings() if bindings is None else bindings
         self._cu = cu
         try:
             (err,) = cu.cuInit(0)
@@ -277,6 +278,16 @@ class CudaDriver(Driver):
     def bindings(self) -> Any:
         """The cuda-python driver module in use (for callers that need a call this class does not wrap)."""
         return self._cu
+
+    @property
+    def allocation_prop(self) -> Any:
+        """The CUmemAllocationProp every cuMemCreate uses (pinned device memory on ``device``)."""
+        return self._prop
+
+    @property
+    def access_descriptors(self) -> list[Any]:
+        """The CUmemAccessDesc list every cuMemSetAccess uses (read-write for ``device``)."""
+        return self._access
 
     def _check(self, call: str, err: Any, detail: str = "") -> None:
         if err:

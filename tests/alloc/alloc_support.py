@@ -8,9 +8,11 @@ from kvpolicy.alloc import BlockPool, CudaDriver, Driver, DriverUnavailable, Hos
 from kvpolicy.alloc.limits import AckStatus
 from kvpolicy.units import GiB
 
-# Every test that takes a driver runs on the host simulation, and on the real GPU
-# when there is one (``pytest -m gpu`` runs only the GPU half).
-DRIVER_KINDS = ["host", pytest.param("cuda", marks=pytest.mark.gpu)]
+# Every test that takes a driver runs on the host simulation; on a machine without a
+# GPU also through the CudaDriver code over simulated bindings ("simcuda", see
+# simulated_cuda.py); and on the real GPU when there is one (``pytest -m gpu`` runs
+# only the GPU part).
+DRIVER_KINDS = ["host", "simcuda", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 _cuda: CudaDriver | None = None
 _cuda_missing: str | None = None
@@ -30,7 +32,26 @@ def cuda_driver() -> CudaDriver:
 
 
 def make_driver(kind: str, host_capacity: int = 4 * GiB) -> Driver:
-    return HostDriver(capacity=host_capacity) if kind == "host" else cuda_driver()
+    """A fresh host driver, a fresh CudaDriver over simulated bindings, or the process's real CudaDriver."""
+    if kind == "host":
+        return HostDriver(capacity=host_capacity)
+    if kind == "simcuda":
+        from simulated_cuda import simulated_cuda_driver
+
+        d = simulated_cuda_driver(host_capacity)
+        if d is None:
+            pytest.skip("cuda-python is missing, or a real CUDA driver is here (the real tests run)")
+        return d
+    return cuda_driver()
+
+
+def close_driver(driver: Driver) -> None:
+    """Close a driver made by make_driver for one test (the real GPU's driver stays for the session)."""
+    if isinstance(driver, HostDriver):
+        driver.close()
+    elif hasattr(driver, "simulation"):
+        driver.close()
+        driver.simulation.close()
 
 
 def resources(driver: Driver) -> tuple[int, int, int]:

@@ -206,3 +206,44 @@ def test_driver_error_pickles():
 
     err = pickle.loads(pickle.dumps(DeviceOutOfMemory("cuMemCreate", "CUDA_ERROR_OUT_OF_MEMORY", 2, "2 MiB")))
     assert isinstance(err, DeviceOutOfMemory) and err.call == "cuMemCreate" and err.code == 2
+
+
+def test_cuda_driver_calls_fit_the_installed_bindings():
+    """The CudaDriver code, over bindings that check every argument with the real cuda-python."""
+    from alloc_support import close_driver, make_driver
+
+    from kvpolicy.alloc import Arena
+
+    d = make_driver("simcuda", host_capacity=8 * MiB)
+    try:
+        assert d.kind == "cuda" and d.name == "Simulated GPU" and d.granularity == 2 * MiB
+        with Arena(d, 16 * MiB, 2 * MiB, keep_handles=1) as arena:
+            arena.grow(3)
+            arena.shrink(2)
+            with pytest.raises(DeviceOutOfMemory) as err:
+                arena.grow(4)  # 8 MiB device: one pooled + one mapped + two more fit, not three
+            assert err.value.error == "CUDA_ERROR_OUT_OF_MEMORY" and err.value.code == 2
+            assert "cuMemCreate failed: CUDA_ERROR_OUT_OF_MEMORY (2)" in str(err.value)
+            assert d.mem_info() == (4 * MiB, 8 * MiB)
+        with pytest.raises(DriverError) as err:
+            d.unmap(0x200000, 2 * MiB)
+        assert (err.value.call, err.value.error, err.value.code) == ("cuMemUnmap", "CUDA_ERROR_INVALID_VALUE", 1)
+        checked = d.bindings.checked
+        assert {
+            "cuInit",
+            "cuDeviceGet",
+            "cuDevicePrimaryCtxRetain",
+            "cuCtxGetCurrent",
+            "cuCtxSetCurrent",
+            "cuMemGetAllocationGranularity",
+            "cuMemAddressReserve",
+            "cuMemCreate",
+            "cuMemMap",
+            "cuMemSetAccess",
+            "cuMemUnmap",
+            "cuMemRelease",
+            "cuMemAddressFree",
+            "cuMemGetInfo",
+        } <= checked
+    finally:
+        close_driver(d)

@@ -10,12 +10,12 @@ and at the end that closing the pool released every handle and reservation it cr
 from __future__ import annotations
 
 import pytest
-from alloc_support import RecordingLimit, check_pool, make_driver, peek, poke, resources
+from alloc_support import RecordingLimit, check_pool, close_driver, make_driver, peek, poke, resources
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from kvpolicy.alloc import BlockError, BlockPool, BlockSpec, DriverError, HostDriver, OutOfBlocks
+from kvpolicy.alloc import BlockError, BlockPool, BlockSpec, DriverError, OutOfBlocks
 from kvpolicy.units import MiB
 
 CHUNK = 2 * MiB
@@ -43,8 +43,10 @@ class PoolMachine(RuleBasedStateMachine):
         device_chunks=st.integers(3, 30),
     )
     def setup(self, geometry: BlockSpec, chunks: int, limit_groups: int, grow: int, device_chunks: int) -> None:
-        # On the host the simulated device is small, so running out of device memory happens too.
-        self.driver = HostDriver(capacity=device_chunks * CHUNK) if self.kind == "host" else make_driver(self.kind)
+        if self.kind == "cuda":
+            self.driver = make_driver("cuda")
+        else:  # a small simulated device, so running out of device memory happens too
+            self.driver = make_driver(self.kind, host_capacity=device_chunks * CHUNK)
         self.base = resources(self.driver)
         self.group = CHUNK * geometry.num_arenas
         self.limit = RecordingLimit(limit_groups * self.group)
@@ -171,14 +173,13 @@ class PoolMachine(RuleBasedStateMachine):
         self.pool.close()
         assert resources(self.driver) == self.base, "closing the pool left handles, mappings or reservations"
         assert self.limit.mapped == 0 and self.limit.pending == 0
-        if self.kind == "host":
-            self.driver.close()
+        close_driver(self.driver)
 
 
-@pytest.mark.parametrize("kind", ["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("kind", ["host", "simcuda", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_pool_state_machine(kind: str) -> None:
-    if kind == "cuda":
-        make_driver("cuda")  # skips without a GPU
+    if kind != "host":
+        close_driver(make_driver(kind))  # skips when that driver is not here
 
     class Machine(PoolMachine):
         pass
@@ -187,7 +188,7 @@ def test_pool_state_machine(kind: str) -> None:
     run_state_machine_as_test(
         Machine,
         settings=settings(
-            max_examples=250 if kind == "host" else 40,
+            max_examples={"host": 250, "simcuda": 60, "cuda": 40}[kind],
             stateful_step_count=50,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from alloc_support import resources
+from alloc_support import close_driver, make_driver, resources
 
 from kvpolicy.alloc import BlockPool, BlockSpec, KVCacheLayout, StaticLimit
 from kvpolicy.units import GiB, MiB
@@ -12,6 +14,17 @@ torch = pytest.importorskip("torch")
 from kvpolicy.alloc.tensors import arena_bytes, block_bytes, kv_view, kv_views  # noqa: E402
 
 CHUNK = 2 * MiB
+
+
+@pytest.fixture(params=["host", pytest.param("cuda", marks=pytest.mark.gpu)])
+def driver(request: pytest.FixtureRequest) -> Iterator:
+    """Host memory (CPU tensors) or the real GPU (CUDA tensors); the simulated bindings make no tensors."""
+    d = make_driver(request.param)
+    before = resources(d)
+    yield d
+    leaked = resources(d)
+    close_driver(d)
+    assert leaked == before
 
 
 def make(driver, layout, num_blocks):
