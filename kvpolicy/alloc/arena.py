@@ -51,7 +51,9 @@ class Arena:
     Not thread-safe: the block pool serialises calls.
     """
 
-    def __init__(self, driver: Driver, capacity: int, chunk: int, *, keep_handles: int = 0, name: str = "arena") -> None:
+    def __init__(
+        self, driver: Driver, capacity: int, chunk: int, *, keep_handles: int = 0, name: str = "arena"
+    ) -> None:
         g = driver.granularity
         if chunk <= 0 or chunk % g:
             raise ValueError(
@@ -338,7 +340,7 @@ class Arena:
 
     def _undo(self, done: list[int], fresh: list[bool]) -> list[DriverError]:
         failures: list[DriverError] = []
-        for i, new in zip(reversed(done), reversed(fresh)):
+        for i, new in zip(reversed(done), reversed(fresh), strict=True):
             handle = self._handles[i]
             self._handles[i] = None
             self._mapped -= 1

@@ -111,9 +111,11 @@ class BlockPool:
         # a batch of ids are then single C-level calls, which is most of alloc/free's cost.
         self._live: set[int] = set()
         # 1 for the blocks that span more than one chunk (their neighbours' counts need care).
-        self._straddles = bytearray(
-            0 if b * stride // chunk == ((b + 1) * stride - 1) // chunk else 1 for b in range(num_blocks)
-        ) if not self._bpc else bytearray(num_blocks)
+        self._straddles = (
+            bytearray(0 if b * stride // chunk == ((b + 1) * stride - 1) // chunk else 1 for b in range(num_blocks))
+            if not self._bpc
+            else bytearray(num_blocks)
+        )
         self._live_in = [0] * self.num_chunks  # live blocks touching each chunk
         self._free_in: list[list[int]] = [[] for _ in range(self.num_chunks)]  # allocatable free blocks by home chunk
         self._mapped = bytearray(self.num_chunks)  # 1 = mapped in every arena
@@ -549,7 +551,7 @@ class BlockPool:
         """Map chunk ``indices`` in every arena under the limit, all or nothing, then make their blocks allocatable."""
         reading = self._reading
         todo = [[i for i in indices if not a.is_mapped(i)] for a in self.arenas]
-        creating = sum(max(0, len(t) - a.pooled_handles) for a, t in zip(self.arenas, todo)) * self.chunk
+        creating = sum(max(0, len(t) - a.pooled_handles) for a, t in zip(self.arenas, todo, strict=True)) * self.chunk
         held = self.held_bytes
         if held + creating > reading.limit:
             raise OutOfBlocks(
@@ -565,7 +567,7 @@ class BlockPool:
             raise OutOfBlocks(requested, self._n_free, "admission", held=held, limit=reading.limit, needed=creating)
         done: list[tuple[Arena, MapResult]] = []
         try:
-            for arena, t in zip(self.arenas, todo):
+            for arena, t in zip(self.arenas, todo, strict=True):
                 if t:
                     done.append((arena, arena.map_chunks(t)))
         except DriverError as exc:

@@ -158,10 +158,10 @@ class Driver(ABC):
             self._fault("cuMemGetInfo")
         return self._mem_info()
 
-    def activate(self) -> None:
+    def activate(self) -> None:  # noqa: B027 - a no-op unless the driver has a context to make current
         """Make this driver's device current on the calling thread (cheap when it already is)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op unless the driver holds resources of its own
         """Let go of the driver's own resources (not the caller's handles or reservations)."""
 
     def __enter__(self) -> Driver:

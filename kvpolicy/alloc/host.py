@@ -91,7 +91,9 @@ class HostDriver(Driver):
     def __init__(self, capacity: int = 16 * GiB, *, granularity: int = 2 * MiB, device: int = 0) -> None:
         super().__init__()
         if granularity <= 0 or granularity % mmap.PAGESIZE:
-            raise ValueError(f"granularity must be a positive multiple of the page size {mmap.PAGESIZE}, got {granularity}")
+            raise ValueError(
+                f"granularity must be a positive multiple of the page size {mmap.PAGESIZE}, got {granularity}"
+            )
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
         self.capacity = capacity

@@ -52,7 +52,9 @@ class BlockSpec:
 
     def __post_init__(self) -> None:
         if self.block_stride <= 0 or self.num_arenas <= 0:
-            raise ValueError(f"block_stride and num_arenas must be positive, got {self.block_stride}, {self.num_arenas}")
+            raise ValueError(
+                f"block_stride and num_arenas must be positive, got {self.block_stride}, {self.num_arenas}"
+            )
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,9 @@ _exported: dict[int, tuple[Any, ...]] = {}
 
 @_Deleter
 def _release_export(managed: Any) -> None:
-    _exported.pop(ctypes.cast(managed, ctypes.c_void_p).value, None)
+    address = ctypes.cast(managed, ctypes.c_void_p).value
+    if address is not None:
+        _exported.pop(address, None)
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New

@@ -138,7 +138,8 @@ def check_pool(
     if held > in_force:
         assert pool.deferred, f"{held} bytes held over the limit {in_force} without a deferral"
         if not after_failure:
-            assert not fully_free and all(a.pooled_handles == 0 for a in pool.arenas), "deferred with memory to give back"
+            pooled = sum(a.pooled_handles for a in pool.arenas)
+            assert not fully_free and not pooled, "deferred with memory to give back"
     handles = sum(a.mapped_chunks + a.pooled_handles + a.stuck_chunks for a in pool.arenas)
     assert driver.live_handles - base[0] == handles
     assert driver.mapped_bytes - base[1] == sum((a.mapped_chunks + a.stuck_chunks) * a.chunk for a in pool.arenas)

@@ -86,7 +86,8 @@ def step(name: str, cmd: list[str], timeout: int, env: dict[str, str]) -> dict[s
         rc, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as exc:
         rc = 124
-        output = f"{(exc.stdout or b'').decode(errors='replace') if isinstance(exc.stdout, bytes) else exc.stdout or ''}"
+        partial = exc.stdout or b""
+        output = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
         output += f"\n[timed out after {timeout} s]"
     tail = output[-6000:]
     print(tail, flush=True)

@@ -80,7 +80,7 @@ def test_injected_failure_fires_once_after_n_and_changes_nothing(driver, call):
     driver.inject(call, "CUDA_ERROR_UNKNOWN", after=1)
     handles, failed = [], 0
     for i in range(2):
-        for attempt in range(2):
+        for _attempt in range(2):
             try:
                 h = driver.create(g)
             except DriverError as exc:

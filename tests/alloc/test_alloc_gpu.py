@@ -62,9 +62,7 @@ def test_host_driver_matches_the_cuda_driver():
     assert simulated == real, f"host simulation differs from {cuda.name}:\n host: {simulated}\n cuda: {real}"
 
 
-@pytest.mark.parametrize(
-    ("kind", "cycles"), [("host", 2_000), pytest.param("cuda", 10_000, marks=pytest.mark.gpu)]
-)
+@pytest.mark.parametrize(("kind", "cycles"), [("host", 2_000), pytest.param("cuda", 10_000, marks=pytest.mark.gpu)])
 def test_no_leak_after_many_grow_shrink_cycles(kind, cycles):
     d = make_driver(kind)
     base = resources(d)
