@@ -1,0 +1,54 @@
+"""What kvpolicy knows of each engine by name: the pools its adapter reports and
+which of them it can run elastically. The linter checks policies against this;
+the adapters' tests check that what they report stays inside it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineVocabulary:
+    name: str
+    pools: frozenset[str]
+    """Pool names the adapter reports (and a policy may name)."""
+    elastic_pools: frozenset[str]
+    """Pools the adapter can back with the elastic allocator (``owner elastic``)."""
+
+    @property
+    def supports_elastic(self) -> bool:
+        return bool(self.elastic_pools)
+
+
+DEEPSEEK_V4_POOLS = frozenset({"swa", "c4", "c128", "indexer", "compressor_state"})
+
+ENGINES: dict[str, EngineVocabulary] = {
+    "sglang": EngineVocabulary(
+        name="sglang",
+        # DeepSeek-V4's runtime-owned pools; `other` holds buffers the adapter does not recognise.
+        pools=DEEPSEEK_V4_POOLS | {"other"},
+        elastic_pools=frozenset(),
+    ),
+    "vllm": EngineVocabulary(
+        name="vllm",
+        # DeepSeek-V4's five pools, and one pool per KV spec type for other models.
+        pools=DEEPSEEK_V4_POOLS | {"full", "mla", "sliding_window", "mamba"},
+        elastic_pools=frozenset(),
+    ),
+}
+
+ANY_ENGINE = "any"
+"""A model block without ``engine`` binds instances of any engine."""
+
+
+def pool_vocabulary(engine: str | None) -> frozenset[str]:
+    """Pool names valid for ``engine`` (all known pools when the engine is not given)."""
+    if engine is None or engine == ANY_ENGINE or engine not in ENGINES:
+        return frozenset().union(*(e.pools for e in ENGINES.values()))
+    return ENGINES[engine].pools
+
+
+def elastic_pools(engine: str | None) -> frozenset[str]:
+    if engine is None or engine == ANY_ENGINE or engine not in ENGINES:
+        return frozenset().union(*(e.elastic_pools for e in ENGINES.values()))
+    return ENGINES[engine].elastic_pools

@@ -1,0 +1,30 @@
+"""What a check-phase rule sees: the policy, and what is known of the GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from kvpolicy.evaluate.facts import Facts
+from kvpolicy.policy.errors import Diagnostic
+from kvpolicy.policy.model import Node, Policy
+
+
+@dataclass(frozen=True)
+class LintContext:
+    policy: Policy
+    gpu_capacity: int | None = None
+    """``--gpu-capacity``: every GPU has this capacity (and hosts one instance per model)."""
+    facts: Facts | None = None
+    """``--facts``: the GPUs and instances to check the policy against."""
+    parse_diagnostics: tuple[Diagnostic, ...] = ()
+    """What parsing and building already reported (so rules don't report it again)."""
+
+    @property
+    def file(self) -> str:
+        return self.policy.file
+
+    @cached_property
+    def nodes(self) -> tuple[Node, ...]:
+        """Every node of the policy in source order (walked once, shared by the rules)."""
+        return tuple(self.policy.walk())

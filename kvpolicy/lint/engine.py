@@ -1,0 +1,94 @@
+"""Lint one policy text: parse, build, run every check rule, apply suppressions."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpolicy.evaluate.facts import Facts
+from kvpolicy.lint.context import LintContext
+from kvpolicy.lint.registry import all_rules
+from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
+from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
+from kvpolicy.policy.build import PolicyBuilder
+from kvpolicy.policy.errors import Diagnostic, PolicyError, Span
+from kvpolicy.policy.model import Policy
+from kvpolicy.policy.syntax import parse_tree
+
+
+@dataclass(frozen=True)
+class LintResult:
+    file: str
+    policy: Policy | None
+    """The built policy; None when the text has errors (it must not be used)."""
+    diagnostics: tuple[Diagnostic, ...]
+
+    @property
+    def errors(self) -> tuple[Diagnostic, ...]:
+        return tuple(d for d in self.diagnostics if d.is_error)
+
+    @property
+    def warnings(self) -> tuple[Diagnostic, ...]:
+        return tuple(d for d in self.diagnostics if not d.is_error)
+
+
+def lint_text(
+    text: str,
+    file: str = "<policy>",
+    *,
+    sha256: str | None = None,
+    gpu_capacity: int | None = None,
+    facts: Facts | None = None,
+) -> LintResult:
+    """Every diagnostic for ``text``; ``policy`` is set only when there is no error."""
+    lines = text.split("\n")
+    syntax = parse_tree(text, file)
+    diagnostics = list(syntax.diagnostics)
+    policy: Policy | None = None
+    if syntax.tree is not None:
+        builder = PolicyBuilder(file)
+        end = Span.point(len(lines), len(lines[-1]) + 1)
+        digest = sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest()
+        policy = builder.policy(syntax.tree, digest, end)
+        diagnostics.extend(builder.diagnostics)
+        if not syntax.diagnostics:  # other checks once the file parses
+            ctx = LintContext(policy, gpu_capacity=gpu_capacity, facts=facts, parse_diagnostics=tuple(diagnostics))
+            for rule in all_rules():
+                diagnostics.extend(rule().check(ctx))
+        suppressions, problems = find_suppressions(syntax.comments, lines, file)
+        diagnostics = apply_suppressions(diagnostics, suppressions, file) + problems
+    diagnostics.sort(key=Diagnostic.sort_key)
+    has_errors = any(d.is_error for d in diagnostics)
+    return LintResult(file, None if has_errors else policy, tuple(diagnostics))
+
+
+def decode_policy(data: bytes, file: str) -> str:
+    """The policy text; non-UTF-8 bytes are a syntax error at their line and column."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        before = data[: exc.start]
+        line = before.count(b"\n") + 1
+        col = len(before) - (before.rfind(b"\n") + 1) + 1
+        raise PolicyError(
+            [
+                SyntaxErrorRule.at(
+                    file, Span.point(line, col),
+                    f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})",
+                    "save the policy as UTF-8",
+                )
+            ]
+        ) from None
+
+
+def lint_file(path: Path | str, *, display_name: str | None = None, **context) -> LintResult:
+    """Read and lint a policy file; unreadable bytes become a diagnostic, not an exception."""
+    path = Path(path)
+    name = display_name or str(path)
+    data = path.read_bytes()
+    try:
+        text = decode_policy(data, name)
+    except PolicyError as exc:
+        return LintResult(name, None, exc.diagnostics)
+    return lint_text(text, name, sha256=hashlib.sha256(data).hexdigest(), **context)

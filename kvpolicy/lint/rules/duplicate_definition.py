@@ -1,0 +1,62 @@
+from collections.abc import Iterator
+
+from kvpolicy.lint.context import LintContext
+from kvpolicy.lint.registry import Rule, register
+from kvpolicy.policy.errors import Diagnostic, Severity
+
+
+@register
+class DuplicateDefinition(Rule):
+    """The same model, pool, rule, GPU id or setting defined twice.
+
+    ## What it does
+    Reports a second `model` block with the same name, a second `pool` of a name
+    in one model, a second `rule` of a name, a GPU id named in two `gpu` blocks
+    (or `gpu *` twice), a second `defaults` block, and a setting given twice in
+    one block.
+
+    ## Why is this bad?
+    Which of the two would win is not obvious to a reader; kvpolicy makes you
+    say it once.
+
+    ## Example
+    ```
+    gpu "cuda:0" { headroom 4 GiB }
+    gpu "cuda:0", "cuda:1" { headroom 2 GiB }
+    ```
+
+    ## Use instead
+    ```
+    gpu "cuda:0" { headroom 4 GiB }
+    gpu "cuda:1" { headroom 2 GiB }
+    ```
+    """
+
+    code = "KV011"
+    name = "duplicate-definition"
+    severity = Severity.ERROR
+    suppressible = False
+
+    def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
+        policy = ctx.policy
+        seen: dict[str, int] = {}
+
+        def once(key: str, what: str, node) -> Iterator[Diagnostic]:
+            if key in seen:
+                yield self.at(ctx.file, node.span, f"{what} is defined twice", f"the first is on line {seen[key]}")
+            else:
+                seen[key] = node.span.line
+
+        for block in policy.defaults:
+            yield from once("defaults", "'defaults'", block)
+        for gpu in policy.gpus:
+            if gpu.is_wildcard:
+                yield from once("gpu *", "'gpu *'", gpu)
+            for gpu_id in gpu.ids:
+                yield from once(f"gpu {gpu_id.value}", f"GPU {gpu_id.value!r}", gpu_id)
+        for model in policy.models:
+            yield from once(f"model {model.name.value}", f"model {model.name.value!r}", model.name)
+            for pool in model.pools:
+                yield from once(f"pool {model.name.value} {pool.name.value}", f"pool '{pool.name.value}' of model {model.name.value!r}", pool.name)
+        for rule in policy.rules:
+            yield from once(f"rule {rule.name.value}", f"rule {rule.name.value!r}", rule.name)

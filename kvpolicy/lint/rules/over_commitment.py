@@ -1,0 +1,108 @@
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvpolicy.engines import ENGINES
+from kvpolicy.lint.context import LintContext
+from kvpolicy.lint.registry import Rule, register
+from kvpolicy.policy.errors import Diagnostic, Severity, Span
+from kvpolicy.policy.model import ModelBlock
+from kvpolicy.units import format_bytes
+
+
+@dataclass(frozen=True)
+class _Demand:
+    block: ModelBlock | None
+    min: int
+    reserve: int
+
+
+@register
+class OverCommitment(Rule):
+    """Guarantees and reservations that do not fit on a GPU.
+
+    ## What it does
+    With `--gpu-capacity SIZE` (every GPU has that capacity and hosts one
+    instance of each model) or `--facts FILE` (the GPUs and instances in the
+    facts), checks on every GPU that Σ min + Σ reserve + headroom ≤ capacity −
+    other use. An instance that reports its runtime-owned pools counts their
+    bytes instead of its model's `reserve`, as the evaluator does.
+
+    ## Why is this bad?
+    Some guarantee would not be honoured (a `shortfall`), or an engine would fail
+    its static admission at start.
+
+    ## Example
+    ```
+    model "a" { reserve 100 GiB }
+    model "b" { reserve 60 GiB }
+    ```
+    checked with `--gpu-capacity 141GiB`.
+
+    ## Use instead
+    ```
+    model "a" { reserve 80 GiB }
+    model "b" { reserve 50 GiB }
+    ```
+    """
+
+    code = "KV017"
+    name = "over-commitment"
+    severity = Severity.ERROR
+
+    def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
+        policy = ctx.policy
+        for gpu_id, capacity, other, demands in _gpus(ctx):
+            settings = policy.gpu_settings(gpu_id)
+            if settings.capacity is not None:
+                capacity = settings.capacity
+            headroom = settings.headroom_bytes(capacity)
+            total = headroom
+            for demand in demands:
+                total += demand.min + demand.reserve
+                if total > capacity - other:
+                    mins = sum(d.min for d in demands)
+                    reserves = sum(d.reserve for d in demands)
+                    span = demand.block.name.span if demand.block else Span.point(1, 1)
+                    yield self.at(
+                        ctx.file, span,
+                        f"over-committed on {gpu_id}: min {format_bytes(mins)} + reserve "
+                        f"{format_bytes(reserves)} + headroom {format_bytes(headroom)} = "
+                        f"{format_bytes(mins + reserves + headroom)} > capacity {format_bytes(capacity)}"
+                        + (f" - other use {format_bytes(other)}" if other else ""),
+                        "lower reserve or min, lower the headroom, or place fewer models on this GPU",
+                    )
+                    break
+
+
+def _may_be_elastic(model: ModelBlock) -> bool:
+    """Whether instances of this model can hold elastic memory (so their min counts)."""
+    engine = model.engine.value if model.engine else None
+    return engine not in ENGINES or ENGINES[engine].supports_elastic
+
+
+def _gpus(ctx: LintContext):
+    """(gpu id, capacity, other use, demands) for each GPU the context knows of."""
+    policy = ctx.policy
+    if ctx.facts is not None:
+        for gpu in ctx.facts.gpus:
+            demands = []
+            for inst in (i for i in ctx.facts.instances if i.gpu == gpu.id):
+                settings = policy.model_settings(inst.model)
+                capacity = policy.gpu_settings(gpu.id).capacity or gpu.capacity
+                reserve = inst.runtime_bytes if inst.reports_runtime_pools else (settings.reserve or 0)
+                minimum = settings.min_bytes(capacity) if inst.elastic is not None else 0
+                demands.append(_Demand(settings.block, minimum, reserve))
+            yield gpu.id, gpu.capacity, gpu.other_used, demands
+    elif ctx.gpu_capacity is not None:
+        ids = sorted({i.value for g in policy.gpus for i in g.ids}) or ["*"]
+        for gpu_id in ids:
+            capacity = policy.gpu_settings(gpu_id).capacity or ctx.gpu_capacity
+            demands = [
+                _Demand(
+                    m,
+                    m.min.resolve(capacity) if m.min is not None and _may_be_elastic(m) else 0,
+                    m.reserve.bytes if m.reserve is not None else 0,
+                )
+                for m in policy.models
+            ]
+            yield gpu_id, ctx.gpu_capacity, 0, demands

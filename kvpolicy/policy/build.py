@@ -1,0 +1,548 @@
+"""Parse tree → typed Policy, checking every value on the way.
+
+The builder is an explicit function per tree node (no ``children[n]`` guessing
+in the checks that follow): it classifies each QUANTITY token by its unit,
+resolves attributes, types comparisons, and reports what cannot be built
+(unknown units, fields and attributes, values of the wrong kind, settings given
+twice). What it cannot build it leaves out, so later checks see a valid model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from decimal import Decimal
+from fractions import Fraction
+
+from lark import Token, Tree
+
+from kvpolicy.lint.rules.duplicate_definition import DuplicateDefinition
+from kvpolicy.lint.rules.invalid_duration import InvalidDuration
+from kvpolicy.lint.rules.invalid_value import InvalidValue
+from kvpolicy.lint.rules.unknown_attribute import UnknownAttribute
+from kvpolicy.lint.rules.unknown_field import UnknownField
+from kvpolicy.lint.rules.unknown_unit import UnknownUnit
+from kvpolicy.policy import model as m
+from kvpolicy.policy import vocabulary as v
+from kvpolicy.policy.errors import Diagnostic, Span
+from kvpolicy.policy.suggest import closest, did_you_mean
+from kvpolicy.policy.syntax import RECOVERED
+from kvpolicy.units import DURATION_UNITS, SIZE_UNITS, duration_seconds, size_bytes
+
+_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*(%|[A-Za-z_][A-Za-z0-9_]*)?")
+MAX_DIGITS = 30
+"""Longer numbers are refused before conversion (no size needs 30 digits)."""
+
+_BLOCK_NAMES = {
+    "defaults": "defaults",
+    "gpu": "gpu",
+    "model": "model",
+    "pool": "pool",
+    "rule": "rule",
+}
+
+
+VALUE_TOKENS = frozenset({"QUANTITY", "STRING", "NAME", "ATTRIBUTE", "COMPARE", "STAR"})
+
+
+def args(tree: Tree) -> list[Tree | Token]:
+    """A node's operands: subtrees and value tokens, without keywords, braces and separators."""
+    return [c for c in tree.children if isinstance(c, Tree) or c.type in VALUE_TOKENS]
+
+
+def first_token(node: Tree | Token) -> Token:
+    while isinstance(node, Tree):
+        node = node.children[0]
+    return node
+
+
+def last_token(node: Tree | Token) -> Token:
+    while isinstance(node, Tree):
+        node = node.children[-1]
+    return node
+
+
+def span_of(node: Tree | Token) -> Span:
+    """From the first token of ``node`` to the end of its last (separators excluded)."""
+    if isinstance(node, Token):
+        return Span(line=node.line, col=node.column, end_line=node.end_line, end_col=node.end_column)
+    first = first_token(node)
+    last = last_token(node)
+    return Span(line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column)
+
+
+class _Quantity:
+    """A QUANTITY token split into its exact number and its unit."""
+
+    __slots__ = ("token", "number_text", "number", "unit", "span", "unit_span")
+
+    def __init__(self, token: Token, number_text: str, number: Fraction, unit: str | None, unit_start: int) -> None:
+        self.token = token
+        self.number_text = number_text
+        self.number = number
+        self.unit = unit
+        self.span = span_of(token)
+        col = token.column + unit_start
+        self.unit_span = Span(line=token.line, col=col, end_line=token.line, end_col=token.end_column)
+
+
+class PolicyBuilder:
+    """Builds one Policy; ``diagnostics`` collects what could not be built."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.diagnostics: list[Diagnostic] = []
+
+    def report(self, rule, node: Tree | Token | Span, message: str, hint: str | None = None) -> None:
+        span = node if isinstance(node, Span) else span_of(node)
+        self.diagnostics.append(rule.at(self.file, span, message, hint))
+
+    # ---- top level --------------------------------------------------------------
+
+    def policy(self, tree: Tree, sha256: str, end: Span) -> m.Policy:
+        version: m.IntLit | None = None
+        statements: list[m.Statement] = []
+        for child in args(tree):
+            kind = child.data
+            if kind == "version":
+                built = self.integer(args(child)[0], "version")
+                if version is not None:
+                    self.report(
+                        DuplicateDefinition, child, "'version' is given twice",
+                        f"remove one (the first is on line {version.span.line})",
+                    )
+                elif built is not None:
+                    version = built
+            elif kind == "defaults":
+                statements.append(self.defaults(child))
+            elif kind == "gpu":
+                statements.append(self.gpu(child))
+            elif kind == "model":
+                statements.append(self.model(child))
+            elif kind == "rule":
+                statements.append(self.rule(child))
+            else:
+                self.unknown(child, v.TOP_LEVEL, None)
+        return m.Policy(
+            span=Span(line=1, col=1, end_line=end.line, end_col=end.col),
+            file=self.file,
+            sha256=sha256,
+            version=version,
+            statements=tuple(statements),
+        )
+
+    def unknown(self, tree: Tree, allowed: tuple[str, ...], block: str | None) -> None:
+        word: Token = args(tree)[0]
+        if word.value == RECOVERED:
+            return  # stands in for a line that already has a syntax error
+        if block is not None and word.value in v.TOP_LEVEL:
+            self.report(
+                UnknownField, word, f"'{word.value}' cannot appear inside a {block} block",
+                "is a '}' missing before this line?",
+            )
+            return
+        where = f"in a {block} block" if block else "at the top level"
+        hint = did_you_mean(word.value, allowed)
+        if hint is None:
+            hint = "expected " + ", ".join(f"'{a}'" for a in allowed)
+        self.report(UnknownField, word, f"unknown keyword '{word.value}' {where}", hint)
+
+    def _fields(
+        self,
+        tree: Tree,
+        block: str,
+        allowed: tuple[str, ...],
+        build: dict[str, Callable[[Tree], object]],
+    ) -> dict[str, object]:
+        """Build a block's settings; each may be given once."""
+        values: dict[str, object] = {}
+        first_line: dict[str, int] = {}
+        for child in args(tree):
+            if not isinstance(child, Tree):
+                continue
+            key = child.data
+            if key == "unknown":
+                self.unknown(child, allowed, block)
+                continue
+            if key not in build:
+                continue  # e.g. the model name, handled by the caller
+            if key in first_line and key != "pool":
+                self.report(
+                    DuplicateDefinition, child, f"'{key}' is set twice in this {block} block",
+                    f"remove one (the first is on line {first_line[key]})",
+                )
+                continue
+            first_line[key] = first_token(child).line
+            value = build[key](child)
+            if key == "pool":
+                values.setdefault("pools", []).append(value)
+            elif value is not None:
+                values[key] = value
+        return values
+
+    def defaults(self, tree: Tree) -> m.Defaults:
+        fields = self._fields(
+            tree, "defaults", v.DEFAULTS_FIELDS,
+            {
+                "headroom": lambda t: self.amount(args(t)[0], "headroom"),
+                "chunk": lambda t: self.size(args(t)[0], "chunk"),
+                "capacity": lambda t: self._not_here(t, "capacity", "defaults", 'gpu * { capacity 141 GiB }'),
+            },
+        )
+        return m.Defaults(span=span_of(tree), **fields)
+
+    def _not_here(self, tree: Tree, key: str, block: str, example: str) -> None:
+        self.report(UnknownField, tree, f"'{key}' cannot be set in a {block} block", f"use `{example}`")
+
+    def gpu(self, tree: Tree) -> m.GpuBlock:
+        selector: Tree = args(tree)[0]
+        ids = () if selector.data == "all_gpus" else tuple(self.string(t) for t in args(selector))
+        fields = self._fields(
+            tree, "gpu", v.GPU_FIELDS,
+            {
+                "headroom": lambda t: self.amount(args(t)[0], "headroom"),
+                "capacity": lambda t: self.size(args(t)[0], "capacity"),
+                "chunk": lambda t: self.size(args(t)[0], "chunk"),
+            },
+        )
+        return m.GpuBlock(span=span_of(tree), ids=ids, **fields)
+
+    def model(self, tree: Tree) -> m.ModelBlock:
+        fields = self._fields(
+            tree, "model", v.MODEL_FIELDS,
+            {
+                "engine": lambda t: self.name(args(t)[0]),
+                "priority": lambda t: self.integer(args(t)[0], "priority"),
+                "reserve": lambda t: self.size(args(t)[0], "reserve"),
+                "min": lambda t: self.amount(args(t)[0], "min"),
+                "max": lambda t: self.amount(args(t)[0], "max"),
+                "weight": lambda t: self.integer(args(t)[0], "weight"),
+                "pool": self.pool,
+            },
+        )
+        pools = tuple(fields.pop("pools", ()))
+        return m.ModelBlock(span=span_of(tree), name=self.string(args(tree)[0]), pools=pools, **fields)
+
+    def pool(self, tree: Tree) -> m.PoolBlock:
+        fields = self._fields(
+            tree, "pool", v.POOL_FIELDS,
+            {
+                "owner": lambda t: self.owner(args(t)[0]),
+                "max": lambda t: self.amount(args(t)[0], "max"),
+            },
+        )
+        return m.PoolBlock(span=span_of(tree), name=self.name(args(tree)[0]), **fields)
+
+    def owner(self, token: Token) -> m.Name | None:
+        if token.value not in v.OWNERS:
+            self.report(
+                InvalidValue, token, f"unknown owner '{token.value}'",
+                did_you_mean(token.value, v.OWNERS) or "expected 'runtime' or 'elastic'",
+            )
+            return None
+        return self.name(token)
+
+    def rule(self, tree: Tree) -> m.Rule:
+        fields = self._fields(
+            tree, "rule", v.RULE_FIELDS,
+            {
+                "when": lambda t: self.expression(args(t)[0]),
+                "order": self.order,
+                "shrink": lambda t: self.shrink(args(t)[0]),
+                "grace": lambda t: self.duration(args(t)[0], "grace"),
+                "cooldown": lambda t: self.duration(args(t)[0], "cooldown"),
+            },
+        )
+        if "shrink" in fields:
+            fields["shrink_to"] = fields.pop("shrink")
+        return m.Rule(span=span_of(tree), name=self.string(args(tree)[0]), **fields)
+
+    def order(self, tree: Tree) -> tuple[m.OrderKey, ...] | None:
+        keys: list[m.OrderKey] = []
+        keys_given = [k for k in args(tree) if isinstance(k, Tree)]
+        for key in keys_given:
+            words = args(key)
+            attribute: Token = words[0]
+            ok = True
+            if attribute.value not in v.ORDER_KEYS:
+                full = f"model.{attribute.value}"
+                hint = did_you_mean(attribute.value, v.ORDER_KEYS)
+                if attribute.value.startswith(("model.", "gpu.")) or full in v.ATTRIBUTES:
+                    hint = hint or "order takes short names: `order priority asc, idle desc`"
+                self.report(
+                    UnknownAttribute, attribute,
+                    f"'{attribute.value}' is not an instance attribute to order by",
+                    hint or "expected one of " + ", ".join(v.ORDER_KEYS),
+                )
+                ok = False
+            descending = False
+            if len(words) > 1:
+                direction: Token = words[1]
+                if direction.value not in v.DIRECTIONS:
+                    self.report(
+                        InvalidValue, direction, f"unknown order direction '{direction.value}'",
+                        did_you_mean(direction.value, v.DIRECTIONS) or "expected 'asc' or 'desc'",
+                    )
+                    ok = False
+                descending = direction.value == "desc"
+            if ok:
+                keys.append(m.OrderKey(span=span_of(key), attribute=self.name(attribute), descending=descending))
+        return tuple(keys) if len(keys) == len(keys_given) else None
+
+    def shrink(self, token: Token) -> m.ShrinkTo | None:
+        span = span_of(token)
+        if token.type == "NAME":
+            if token.value in v.SHRINK_TARGETS:
+                return m.ShrinkTo(span=span, kind=token.value)
+            self.report(
+                InvalidValue, token, f"cannot shrink to '{token.value}'",
+                did_you_mean(token.value, v.SHRINK_TARGETS) or "expected min, target, a size or a percentage",
+            )
+            return None
+        amount = self.amount(token, "shrink to")
+        return None if amount is None else m.ShrinkTo(span=span, kind="amount", amount=amount)
+
+    # ---- expressions --------------------------------------------------------------
+
+    def expression(self, node: Tree) -> m.Expr | None:
+        kind = node.data
+        if kind == "comparison":
+            return self.comparison(node)
+        if kind == "group":
+            return self.expression(args(node)[0])
+        operands = [self.expression(c) for c in args(node)]
+        if any(o is None for o in operands):
+            return None
+        span = span_of(node)
+        if kind == "not_expr":
+            return m.Not(span=span, operand=operands[0])
+        if kind == "and_expr":
+            return m.And(span=span, operands=tuple(operands))
+        return m.Or(span=span, operands=tuple(operands))
+
+    def comparison(self, node: Tree) -> m.Compare | None:
+        left_token, op, right_token = args(node)
+        left = self.operand(left_token)
+        right = self.operand(right_token)
+        if left is None or right is None:
+            return None
+        if not self._comparable(left, op, right, left_token, right_token):
+            return None
+        return m.Compare(span=span_of(node), left=left, op=op.value, right=right)
+
+    def operand(self, token: Token) -> m.Operand | None:
+        span = span_of(token)
+        if token.type == "ATTRIBUTE":
+            kind = v.ATTRIBUTES.get(token.value)
+            if kind is None:
+                self.report(
+                    UnknownAttribute, token, f"unknown attribute '{token.value}'",
+                    did_you_mean(token.value, v.ATTRIBUTES)
+                    or "expected one of " + ", ".join(v.ATTRIBUTES),
+                )
+                return None
+            return m.Attr(span=span, name=token.value, kind=kind)
+        if token.type == "STRING":
+            return self.string(token)
+        if token.type == "NAME":
+            return self.name(token)
+        q = self.quantity(token)
+        if q is None:
+            return None
+        if q.unit is None:
+            return self._int(q)
+        if q.unit == "%":
+            return m.PercentLit(span=span, percent=Decimal(q.number_text))
+        if q.unit in SIZE_UNITS:
+            return self._size(q)
+        if q.unit in DURATION_UNITS:
+            return self._duration(q)
+        self.report(
+            UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+            did_you_mean(q.unit, (*SIZE_UNITS, *DURATION_UNITS)),
+        )
+        return None
+
+    def _comparable(self, left, op: Token, right, left_token: Token, right_token: Token) -> bool:
+        attrs = [o for o in (left, right) if isinstance(o, m.Attr)]
+        if not attrs:
+            self.report(
+                InvalidValue, op, "a comparison needs an attribute on at least one side",
+                "e.g. `gpu.free < 8 GiB`",
+            )
+            return False
+        for attr, other, token in ((left, right, right_token), (right, left, left_token)):
+            if not isinstance(attr, m.Attr):
+                continue
+            if attr.kind == "string" and op.value not in ("==", "!="):
+                self.report(InvalidValue, op, f"{attr.name} can only be compared with == or !=")
+                return False
+            if isinstance(other, m.Attr):
+                if other.kind != attr.kind:
+                    self.report(
+                        InvalidValue, op,
+                        f"cannot compare {attr.name} (a {attr.kind}) with {other.name} (a {other.kind})",
+                    )
+                    return False
+                continue
+            other_kind = _literal_kind(other)
+            if other_kind == attr.kind or (other_kind == "zero" and attr.kind in ("size", "duration", "int")):
+                continue
+            if isinstance(other, m.Name) and other.value in v.ORDER_KEYS:
+                self.report(
+                    UnknownAttribute, token, f"unknown attribute '{other.value}'",
+                    f"did you mean 'model.{other.value}'?",
+                )
+                return False
+            if isinstance(other, m.Name) and f"gpu.{other.value}" in v.ATTRIBUTES:
+                self.report(
+                    UnknownAttribute, token, f"unknown attribute '{other.value}'",
+                    f"did you mean 'gpu.{other.value}'?",
+                )
+                return False
+            hint = None
+            if other_kind in ("int", "zero") and attr.kind == "size":
+                hint = f"add a unit, e.g. `{token.value} GiB`"
+            elif other_kind in ("int", "zero") and attr.kind == "duration":
+                hint = f"add a unit, e.g. `{token.value}s`"
+            elif attr.kind == "string":
+                hint = 'compare with a name or a quoted string, e.g. `model.engine == vllm`'
+            self.report(
+                InvalidDuration if attr.kind == "duration" else InvalidValue,
+                token,
+                f"cannot compare {attr.name} (a {attr.kind}) with {token.value} (a {_kind_word(other_kind)})",
+                hint,
+            )
+            return False
+        return True
+
+    # ---- values -----------------------------------------------------------------------
+
+    def quantity(self, token: Token) -> _Quantity | None:
+        match = _QUANTITY.fullmatch(token.value)
+        assert match is not None, f"the lexer produced a QUANTITY the builder cannot read: {token.value!r}"
+        number_text, unit = match.group(1), match.group(2)
+        digits = number_text.lstrip("+-").replace(".", "")
+        if len(digits.lstrip("0")) > MAX_DIGITS:
+            from kvpolicy.lint.rules.out_of_range import OutOfRange
+
+            self.report(OutOfRange, token, f"the number {number_text[:12]}… is too large", "sizes stay below 8 EiB")
+            return None
+        return _Quantity(token, number_text, Fraction(number_text), unit, match.start(2) if unit else 0)
+
+    def integer(self, token: Token, setting: str) -> m.IntLit | None:
+        q = self.quantity(token)
+        if q is None:
+            return None
+        if q.unit is not None:
+            self.report(
+                InvalidValue, token, f"{setting} takes a whole number, not '{token.value}'",
+                f"write `{setting} {q.number_text}`",
+            )
+            return None
+        return self._int(q, setting)
+
+    def _int(self, q: _Quantity, setting: str | None = None) -> m.IntLit | None:
+        if q.number.denominator != 1:
+            self.report(InvalidValue, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}")
+            return None
+        return m.IntLit(span=q.span, value=int(q.number))
+
+    def size(self, token: Token, setting: str) -> m.SizeLit | None:
+        value = self.amount(token, setting, percent_ok=False)
+        assert value is None or isinstance(value, m.SizeLit)
+        return value
+
+    def amount(self, token: Token, setting: str, percent_ok: bool = True) -> m.SizeLit | m.PercentLit | None:
+        q = self.quantity(token)
+        if q is None:
+            return None
+        if q.unit == "%":
+            if percent_ok:
+                return m.PercentLit(span=q.span, percent=Decimal(q.number_text))
+            self.report(
+                InvalidValue, token, f"{setting} takes a size, not a percentage",
+                f"e.g. `{setting} 141 GiB`",
+            )
+            return None
+        if q.unit is None:
+            if q.number == 0:
+                return m.SizeLit(span=q.span, bytes=0, number=q.number_text, unit="B")
+            self.report(
+                InvalidValue, token, f"{setting} needs a unit: '{q.number_text}' alone is not a size",
+                f"did you mean `{q.number_text} GiB`?" + (" or a percentage" if percent_ok else ""),
+            )
+            return None
+        if q.unit in DURATION_UNITS:
+            self.report(
+                InvalidValue, token, f"{setting} takes a size, not a duration ('{token.value}')",
+                "sizes use B, KiB, MiB, GiB, TiB" + (" or %" if percent_ok else ""),
+            )
+            return None
+        if q.unit not in SIZE_UNITS:
+            units = (*SIZE_UNITS, "%") if percent_ok else tuple(SIZE_UNITS)
+            self.report(UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'", did_you_mean(q.unit, units))
+            return None
+        return self._size(q)
+
+    def _size(self, q: _Quantity) -> m.SizeLit:
+        return m.SizeLit(span=q.span, bytes=size_bytes(q.number, q.unit), number=q.number_text, unit=q.unit)
+
+    def duration(self, token: Token, setting: str) -> m.DurationLit | None:
+        q = self.quantity(token)
+        if q is None:
+            return None
+        if q.unit is None:
+            self.report(
+                InvalidDuration, token, f"{setting} needs a time unit: '{q.number_text}' alone is not a duration",
+                f"did you mean `{setting} {q.number_text}s`?",
+            )
+            return None
+        if q.unit not in DURATION_UNITS:
+            if q.unit in SIZE_UNITS or q.unit == "%":
+                self.report(
+                    InvalidDuration, token, f"{setting} takes a duration, not '{token.value}'",
+                    "durations use ms, s, m or h",
+                )
+            else:
+                self.report(
+                    UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+                    did_you_mean(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
+                )
+            return None
+        return self._duration(q)
+
+    def _duration(self, q: _Quantity) -> m.DurationLit | None:
+        if q.number < 0:
+            self.report(InvalidDuration, q.token, f"a duration cannot be negative ('{q.token.value}')")
+            return None
+        return m.DurationLit(
+            span=q.span, seconds=duration_seconds(q.number, q.unit), number=q.number_text, unit=q.unit
+        )
+
+    def string(self, token: Token) -> m.Str:
+        return m.Str(span=span_of(token), value=_unquote(token.value))
+
+    def name(self, token: Token) -> m.Name:
+        return m.Name(span=span_of(token), value=token.value)
+
+
+def _unquote(text: str) -> str:
+    return re.sub(r"\\(.)", r"\1", text[1:-1])
+
+
+def _literal_kind(node) -> str:
+    if isinstance(node, (m.SizeLit, m.PercentLit)):
+        return "size"
+    if isinstance(node, m.DurationLit):
+        return "duration"
+    if isinstance(node, m.IntLit):
+        return "zero" if node.value == 0 else "int"
+    return "string"
+
+
+def _kind_word(kind: str) -> str:
+    return {"zero": "number", "int": "number without a unit"}.get(kind, kind)
+
+
+__all__ = ["PolicyBuilder", "span_of", "closest"]

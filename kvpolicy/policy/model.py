@@ -1,0 +1,244 @@
+"""The typed, immutable policy: what a ``.kvp`` file says, with the span of every node.
+
+Sizes are bytes, durations seconds; percentages stay percentages until they are
+resolved against a GPU's capacity (``Amount.resolve``). Settings that a file does
+not give are ``None`` here; ``kvpolicy.policy.resolve`` applies the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from decimal import Decimal
+from fractions import Fraction
+from typing import Literal, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from kvpolicy.policy.errors import Span
+from kvpolicy.units import percent_of
+
+
+class Node(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    span: Span
+
+    def children(self) -> Iterator[Node]:
+        """Direct child nodes, in field order."""
+        for value in self.__dict__.values():
+            if isinstance(value, Node):
+                yield value
+            elif isinstance(value, tuple):
+                yield from (v for v in value if isinstance(v, Node))
+
+    def walk(self) -> Iterator[Node]:
+        """This node and every node below it, depth first, in source order."""
+        stack: list[Node] = [self]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(reversed(list(node.children())))
+
+
+# ---- literals ---------------------------------------------------------------
+
+
+class SizeLit(Node):
+    """``40 GiB``: ``bytes`` exact (floor for fractional bytes), ``unit`` as written."""
+
+    bytes: int
+    number: str
+    unit: str
+
+    def resolve(self, capacity: int) -> int:
+        return self.bytes
+
+    @property
+    def text(self) -> str:
+        return f"{self.number} {self.unit}"
+
+
+class PercentLit(Node):
+    """``40%`` of a GPU's capacity."""
+
+    percent: Decimal
+
+    def resolve(self, capacity: int) -> int:
+        return percent_of(Fraction(self.percent), capacity)
+
+    @property
+    def text(self) -> str:
+        return f"{self.percent}%"
+
+
+Amount = Union[SizeLit, PercentLit]
+
+
+class DurationLit(Node):
+    seconds: float
+    number: str
+    unit: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.number}{self.unit}"
+
+
+class IntLit(Node):
+    value: int
+
+
+class Name(Node):
+    """A bare word: an engine, a pool, an owner, an attribute's short name."""
+
+    value: str
+
+
+class Str(Node):
+    """A quoted string, unescaped."""
+
+    value: str
+
+
+# ---- settings blocks ----------------------------------------------------------
+
+
+class Defaults(Node):
+    headroom: Amount | None = None
+    chunk: SizeLit | None = None
+
+
+class GpuBlock(Node):
+    """``gpu * { ... }`` (``ids`` empty) or ``gpu "cuda:0", "cuda:1" { ... }``."""
+
+    ids: tuple[Str, ...] = ()
+    headroom: Amount | None = None
+    capacity: SizeLit | None = None
+    chunk: SizeLit | None = None
+
+    @property
+    def is_wildcard(self) -> bool:
+        return not self.ids
+
+
+class PoolBlock(Node):
+    name: Name
+    owner: Name | None = None
+    max: Amount | None = None
+
+
+class ModelBlock(Node):
+    """``model "pattern" { ... }``: the pattern is an exact name or a glob (``*``, ``?``)."""
+
+    name: Str
+    engine: Name | None = None
+    priority: IntLit | None = None
+    reserve: SizeLit | None = None
+    min: Amount | None = None
+    max: Amount | None = None
+    weight: IntLit | None = None
+    pools: tuple[PoolBlock, ...] = ()
+
+
+# ---- rules and expressions -----------------------------------------------------
+
+CompareOp = Literal["<", "<=", ">", ">=", "==", "!="]
+AttrKind = Literal["size", "duration", "int", "string"]
+
+
+class Attr(Node):
+    """``gpu.free``, ``model.idle``: ``name`` is the full dotted name."""
+
+    name: str
+    kind: AttrKind
+
+
+Operand = Union[Attr, SizeLit, PercentLit, DurationLit, IntLit, Str, Name]
+
+
+class Compare(Node):
+    left: Operand
+    op: CompareOp
+    right: Operand
+
+
+class Not(Node):
+    operand: Expr
+
+
+class And(Node):
+    operands: tuple[Expr, ...]
+
+
+class Or(Node):
+    operands: tuple[Expr, ...]
+
+
+Expr = Union[Compare, Not, And, Or]
+
+
+class OrderKey(Node):
+    """One key of ``order``: an instance attribute's short name and its direction."""
+
+    attribute: Name
+    descending: bool = False
+
+
+class ShrinkTo(Node):
+    """``shrink to min | target | SIZE | PERCENT``."""
+
+    kind: Literal["min", "target", "amount"]
+    amount: Amount | None = None
+
+
+class Rule(Node):
+    name: Str
+    when: Expr | None = None
+    order: tuple[OrderKey, ...] = ()
+    shrink_to: ShrinkTo | None = None
+    grace: DurationLit | None = None
+    cooldown: DurationLit | None = None
+
+
+Statement = Union[Defaults, GpuBlock, ModelBlock, Rule]
+
+
+class Policy(Node):
+    """A whole policy file. ``statements`` keeps blocks in file order."""
+
+    file: str
+    sha256: str
+    version: IntLit | None = None
+    statements: tuple[Statement, ...] = ()
+
+    @property
+    def defaults(self) -> tuple[Defaults, ...]:
+        return tuple(s for s in self.statements if isinstance(s, Defaults))
+
+    @property
+    def gpus(self) -> tuple[GpuBlock, ...]:
+        return tuple(s for s in self.statements if isinstance(s, GpuBlock))
+
+    @property
+    def models(self) -> tuple[ModelBlock, ...]:
+        return tuple(s for s in self.statements if isinstance(s, ModelBlock))
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return tuple(s for s in self.statements if isinstance(s, Rule))
+
+    def model_settings(self, name: str):
+        """The settings that bind an instance of model ``name`` (see ``policy.resolve``)."""
+        from kvpolicy.policy.resolve import model_settings
+
+        return model_settings(self, name)
+
+    def gpu_settings(self, gpu_id: str):
+        """The headroom, capacity override and chunk for GPU ``gpu_id``."""
+        from kvpolicy.policy.resolve import gpu_settings
+
+        return gpu_settings(self, gpu_id)
+
+
+for _model in (Not, And, Or, Compare, Rule):
+    _model.model_rebuild()

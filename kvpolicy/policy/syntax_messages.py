@@ -1,0 +1,279 @@
+"""Syntax errors in the user's words.
+
+The parser knows which token it did not expect and which it would have taken;
+this module turns that into a message about the policy ("'priority' needs a
+number"), never about the grammar (no terminal names), placed where the fix
+goes (a missing value: right after the keyword that needs it), and a hint.
+``ERROR_EXAMPLES`` pairs each kind of error with inputs that produce it; the
+tests check every example yields its kind.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from lark import Token
+from lark.exceptions import UnexpectedToken
+
+from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
+from kvpolicy.policy.errors import Diagnostic, Span
+from kvpolicy.policy.syntax import RECOVERED, BadCharacter, NestingTooDeep, _Session, parser
+
+_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+EXAMPLES = {
+    "version": "version 1",
+    "headroom": "headroom 2 GiB",
+    "capacity": "capacity 141 GiB",
+    "chunk": "chunk 2 MiB",
+    "engine": "engine vllm",
+    "priority": "priority 100",
+    "reserve": "reserve 40 GiB",
+    "min": "min 2 GiB",
+    "max": "max 40%",
+    "weight": "weight 100",
+    "owner": "owner runtime",
+    "pool": "pool swa { owner runtime }",
+    "when": "when gpu.free < 8 GiB and model.idle > 60s",
+    "order": "order priority asc, idle desc",
+    "shrink": "shrink to min",
+    "to": "shrink to min",
+    "grace": "grace 30s",
+    "cooldown": "cooldown 2m",
+    "model": 'model "qwen3-*" { ... }',
+    "rule": 'rule "idle-reclaim" { ... }',
+    "gpu": 'gpu "cuda:0" { ... }',
+    "defaults": "defaults { headroom 2 GiB }",
+}
+
+# Kinds of syntax error, each with inputs that produce it (checked by the tests).
+ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
+    "missing-value": ('version 1\nmodel "a" {\n  priority\n}\n', "version 1\ngpu * { headroom }\n"),
+    "missing-operand": ('version 1\nrule "r" {\n  when gpu.free <\n}\n',),
+    "missing-open-brace": ('version 1\nmodel "a"\n  priority 1\n',),
+    "unquoted-name": ("version 1\nmodel qwen {\n}\n", "version 1\nrule idle { }\n"),
+    "missing-selector": ("version 1\ngpu { headroom 1 GiB }\n",),
+    "quoted-word": ('version 1\nmodel "a" { engine "vllm" }\n',),
+    "missing-close-brace": ('version 1\nmodel "a" {\n  priority 1\n', 'version 1\nmodel "a" {\n  priority 1\nmodel "b" {}\n'),
+    "missing-close-paren": ('version 1\nrule "r" {\n  when (gpu.free < 8 GiB\n  shrink to min\n}\n',),
+    "unmatched-close-brace": ("version 1\n}\n",),
+    "two-statements": ('version 1\nmodel "a" { priority 1 weight 2 }\n', "version 1\nrule \"r\" { when gpu.free < 8 GiB gpu.used }\n"),
+    "missing-to": ('version 1\nrule "r" { shrink min }\n',),
+    "bad-character": ('version 1\nmodel "a" { reserve 40 @ }\n',),
+    "unterminated-string": ('version 1\nmodel "a\n',),
+    "too-deep": ("version 1\nrule \"r\" { when " + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n",),
+    "wrong-value": ('version 1\nmodel "a" { engine 5 }\n', 'version 1\nrule "r" { order , }\n'),
+    "unexpected": ('version 1\nrule "r" { when gpu.free 5 }\n',),
+}
+
+_TOKEN_WORDS = {
+    "QUANTITY": "a number",
+    "STRING": "a quoted string",
+    "NAME": "a name",
+    "ATTRIBUTE": "an attribute such as gpu.free",
+    "_SEP": "the end of the statement",
+    "COMPARE": "a comparison (<, <=, >, >=, ==, !=)",
+    "$END": "the end of the file",
+}
+_VALUE_TYPES = {"QUANTITY", "STRING", "NAME", "ATTRIBUTE", "STAR", "LPAR", "NOT"}
+_STATEMENT_END = {"_SEP", "RBRACE", "$END"}
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str
+    diagnostic: Diagnostic
+    recover_line: int | None
+    """The line to replace before parsing again; None: stop reporting."""
+    replacement: str | None = None
+    """What replaces that line; None: a placeholder that keeps its braces balanced."""
+
+
+def explain_failure(exc: Exception, session: _Session, lines: list[str], file: str) -> Failure:
+    if isinstance(exc, BadCharacter):
+        return _bad_character(exc, file)
+    if isinstance(exc, NestingTooDeep):
+        span = _span(exc.token)
+        return Failure("too-deep", SyntaxErrorRule.at(file, span, exc.what, "flatten the structure"), None)
+    assert isinstance(exc, UnexpectedToken)
+    return _Explainer(exc, session, lines, file).explain()
+
+
+class _Explainer:
+    def __init__(self, exc: UnexpectedToken, session: _Session, lines: list[str], file: str) -> None:
+        self.token: Token = exc.token
+        self.expected: set[str] = set(exc.accepts or exc.expected)
+        self.session = session
+        self.lines = lines
+        self.file = file
+        self.at_end = self.token.type == "$END"
+        self.history = session.history if self.at_end else session.history[:-1]
+        self.previous: Token | None = self.history[-1] if self.history else None
+
+    def fail(
+        self,
+        kind: str,
+        span: Span,
+        message: str,
+        hint: str | None = None,
+        recover: int | bool = True,
+        replacement: str | None = None,
+    ) -> Failure:
+        line = (None if self.at_end else self.token.line) if recover is True else (recover or None)
+        return Failure(kind, SyntaxErrorRule.at(self.file, span, message, hint), line, replacement)
+
+    def explain(self) -> Failure:
+        token, expected, previous = self.token, self.expected, self.previous
+        prev_word = previous.value if previous is not None else ""
+        example = EXAMPLES.get(prev_word)
+        eg = f"e.g. `{example}`" if example else None
+
+        if self.session.open_parens and "RPAR" in expected and not expected & _VALUE_TYPES:
+            paren = self.session.open_parens[-1]
+            return self.fail(
+                "missing-close-paren", self._after(previous) if previous else _span(token),
+                f"missing ')' to close the '(' at {paren.line}:{paren.column}",
+                "close every '(' with ')'", recover=paren.line,
+            )
+        if self.at_end and "RBRACE" in expected and self.session.open_braces:
+            return self._missing_brace()
+        if token.type in _STATEMENT_END and expected & _VALUE_TYPES and not expected & {"_SEP", "RBRACE"}:
+            if previous is not None and previous.type == "COMPARE":
+                return self.fail("missing-operand", self._after(previous), f"missing a value after '{prev_word}'", "e.g. `gpu.free < 8 GiB`")
+            if previous is not None and previous.type != "_SEP":
+                return self.fail("missing-value", self._after(previous), f"'{prev_word}' needs {self._words(expected)}", eg)
+        if expected == {"STRING", "STAR"}:
+            return self.fail(
+                "missing-selector", _span(token), f"'gpu' needs a selector, found {_found(token)}",
+                'use `gpu * { ... }` for every GPU, or `gpu "cuda:0", "cuda:1" { ... }`',
+            )
+        if previous is not None and prev_word in EXAMPLES and expected <= _VALUE_TYPES and token.type not in _STATEMENT_END:
+            if not (expected == {"STRING"} and token.type == "NAME") and not (expected == {"NAME"} and token.type == "STRING"):
+                return self.fail("wrong-value", _span(token), f"'{prev_word}' needs {self._words(expected)}, found {_found(token)}", eg)
+        if expected == {"STRING"} and token.type == "NAME":
+            return self.fail(
+                "unquoted-name", _span(token), f"names are quoted strings: write \"{token.value}\"",
+                f'e.g. `{prev_word} "{token.value}" {{ ... }}`',
+            )
+        if "LBRACE" in expected and not expected & (_VALUE_TYPES - {"STRING"}):
+            return self._missing_open_brace()
+        if expected == {"NAME"} and token.type == "STRING":
+            bare = token.value.strip('"')
+            return self.fail(
+                "quoted-word", _span(token), f"'{prev_word}' takes a bare name, not a quoted string",
+                f"write `{prev_word} {bare}`" if _WORD.fullmatch(bare) else eg,
+            )
+        if token.type == "RBRACE" and not self.session.open_braces:
+            return self.fail("unmatched-close-brace", _span(token), "unmatched '}'", "remove it, or look above for a '}' too many")
+        if prev_word == "shrink" and "TO" in expected:
+            return self.fail("missing-to", _span(token), f"expected 'to' after 'shrink', found {_found(token)}", "e.g. `shrink to min`")
+        if "_SEP" in expected and token.type not in _STATEMENT_END and previous is not None:
+            return self.fail(
+                "two-statements", _span(token),
+                f"expected the end of the statement after '{prev_word}', found {_found(token)}",
+                "put one statement per line, or separate statements with ';'",
+            )
+        return self.fail(
+            "unexpected", _span(token) if not self.at_end else _end_of_text(self.lines),
+            f"unexpected {_found(token)}; expected {self._words(expected)}",
+        )
+
+    def _missing_open_brace(self) -> Failure:
+        token, previous = self.token, self.previous
+        head = self._statement_head()
+        keyword = head.value if head is not None and head.type != "NAME" else None
+        header = " ".join(t.value for t in self.history[self.history.index(head):]) if head else ""
+        rest = "\n".join(self.lines[token.line :]) if not self.at_end else ""
+        # A block body follows (its '}' is below): parse it as a block, so its
+        # lines are not reported again as statements out of place.
+        body_follows = token.type == "_SEP" and rest.count("}") > rest.count("{")
+        return self.fail(
+            "missing-open-brace",
+            self._after(previous) if previous is not None and token.type in _STATEMENT_END else _span(token),
+            f"expected '{{' to open the {keyword} block, found {_found(token)}" if keyword
+            else f"expected '{{', found {_found(token)}",
+            f"e.g. `{header} {{`" if header else None,
+            replacement=f"{RECOVERED} {{" if body_follows else "",
+        )
+
+    def _missing_brace(self) -> Failure:
+        brace, head = self.session.open_braces[-1]
+        kind = head.value if head is not None and head.value != RECOVERED else "a"
+        indent = (head or brace).column
+        hint = f"add '}}' to close the block that starts at {brace.line}:{brace.column}"
+        # The first later line indented no deeper than the block's statement is where
+        # the '}' was probably forgotten; without one, it is missing at the end.
+        for number in range(brace.line + 1, len(self.lines) + 1):
+            text = self.lines[number - 1]
+            stripped = text.lstrip()
+            if not stripped or stripped.startswith(("#", "}")):
+                continue
+            if len(text) - len(stripped) + 1 <= indent:
+                message = f"missing '}}' before line {number} to close the {kind} block opened at line {brace.line}"
+                return self.fail("missing-close-brace", Span.point(number, 1), message, hint, recover=False)
+        message = f"missing '}}' at the end of the file to close the {kind} block opened at line {brace.line}"
+        return self.fail("missing-close-brace", _end_of_text(self.lines), message, hint, recover=False)
+
+    def _statement_head(self) -> Token | None:
+        """The first token of the statement being parsed (``model``, ``rule``...)."""
+        head = None
+        for token in reversed(self.history):
+            if token.type == "_SEP" or token.value in ("{", "}"):
+                break
+            head = token
+        return head
+
+    def _after(self, token: Token) -> Span:
+        """The point just after ``token``: where a missing value belongs."""
+        return Span.point(token.end_line or token.line, token.end_column or token.column + len(token.value))
+
+    def _words(self, types: set[str]) -> str:
+        if "ATTRIBUTE" in types and "COMPARE" not in types:
+            return "a condition such as `gpu.free < 8 GiB`"
+        terminals = {t.name: t.pattern.value for t in parser().terminals}
+        keywords = sorted(terminals[t] for t in types if t in terminals and _WORD.fullmatch(str(terminals[t])))
+        words: list[str] = []
+        if len(keywords) > 3:
+            words.append("a setting such as " + ", ".join(f"'{k}'" for k in keywords[:3]))
+        else:
+            words.extend(f"'{k}'" for k in keywords)
+        for t in sorted(types):
+            if t in _TOKEN_WORDS and not (t == "NAME" and len(keywords) > 3):
+                words.append(_TOKEN_WORDS[t])
+            elif t in terminals and not _WORD.fullmatch(str(terminals[t])):
+                words.append(f"'{terminals[t]}'")
+        if not words:
+            return "something else"
+        return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _found(token: Token) -> str:
+    if token.type == "$END":
+        return "the end of the file"
+    if token.type == "_SEP":
+        return "the end of the line" if token.value != ";" else "';'"
+    return f"'{token.value}'"
+
+
+def _span(token: Token) -> Span:
+    return Span(
+        line=token.line,
+        col=token.column,
+        end_line=token.end_line or token.line,
+        end_col=token.end_column or token.column + 1,
+    )
+
+
+def _end_of_text(lines: list[str]) -> Span:
+    return Span.point(len(lines), len(lines[-1]) + 1)
+
+
+def _bad_character(exc: BadCharacter, file: str) -> Failure:
+    span = Span.point(exc.line, exc.col)
+    if exc.char == '"':
+        diagnostic = SyntaxErrorRule.at(file, span, "unterminated string", 'close the string with " on the same line')
+        return Failure("unterminated-string", diagnostic, exc.line)
+    shown = repr(exc.char) if not exc.char.isprintable() or exc.char.isspace() else f"'{exc.char}'"
+    hint = "comments start with '#'" if exc.char in "/" else None
+    return Failure("bad-character", SyntaxErrorRule.at(file, span, f"unexpected character {shown}", hint), exc.line)

@@ -1,0 +1,40 @@
+"""The words of the language: keywords per block, attributes with their kinds, units."""
+
+from __future__ import annotations
+
+from kvpolicy.units import DURATION_UNITS, SIZE_UNITS
+
+TOP_LEVEL = ("version", "defaults", "gpu", "model", "rule")
+DEFAULTS_FIELDS = ("headroom", "chunk")
+GPU_FIELDS = ("headroom", "capacity", "chunk")
+MODEL_FIELDS = ("engine", "priority", "reserve", "min", "max", "weight", "pool")
+POOL_FIELDS = ("owner", "max")
+RULE_FIELDS = ("when", "order", "shrink", "grace", "cooldown")
+
+OWNERS = ("runtime", "elastic")
+DIRECTIONS = ("asc", "desc")
+SHRINK_TARGETS = ("min", "target")
+
+# Attribute → kind: what a comparison may put on the other side.
+GPU_ATTRIBUTES = {
+    "gpu.capacity": "size",
+    "gpu.free": "size",
+    "gpu.used": "size",
+    "gpu.reserved": "size",
+}
+MODEL_ATTRIBUTES = {
+    "model.used": "size",
+    "model.idle": "duration",
+    "model.priority": "int",
+    "model.weight": "int",
+    "model.min": "size",
+    "model.max": "size",
+    "model.target": "size",
+    "model.engine": "string",
+    "model.name": "string",
+}
+ATTRIBUTES = {**GPU_ATTRIBUTES, **MODEL_ATTRIBUTES}
+ORDER_KEYS = {name.split(".", 1)[1]: kind for name, kind in MODEL_ATTRIBUTES.items()}
+
+SIZE_UNIT_NAMES = tuple(SIZE_UNITS)
+DURATION_UNIT_NAMES = tuple(DURATION_UNITS)
