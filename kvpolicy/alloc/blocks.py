@@ -119,6 +119,7 @@ class BlockPool:
         self._live_in = [0] * self.num_chunks  # live blocks touching each chunk
         self._free_in: list[list[int]] = [[] for _ in range(self.num_chunks)]  # allocatable free blocks by home chunk
         self._mapped = bytearray(self.num_chunks)  # 1 = mapped in every arena
+        self._low_unmapped = 0  # every chunk below it is mapped: where growth starts looking
         self._partial: list[int] = []  # heap of home chunks with free blocks and live ones (lazy)
         self._empty: list[int] = []  # heap of home chunks with free blocks and no live ones (lazy)
         self._in_partial = bytearray(self.num_chunks)
@@ -498,7 +499,7 @@ class BlockPool:
         chosen_set: set[int] = set()
         counted: set[int] = set()
         gained = 0
-        for ci in range(self.num_chunks):
+        for ci in range(self._low_unmapped, self.num_chunks):
             if mapped[ci]:
                 continue
             if gained >= missing and len(chosen) >= self.grow_chunks:
@@ -605,6 +606,10 @@ class BlockPool:
             mapped[ci] = 1
             self._orphans.discard(ci)
         self._n_mapped += len(indices)
+        low = self._low_unmapped
+        while low < self.num_chunks and mapped[low]:
+            low += 1
+        self._low_unmapped = low
         added: dict[int, list[int]] = {}
         seen: set[int] = set()
         for ci in indices:
@@ -675,6 +680,7 @@ class BlockPool:
             assert not any(b in self._live for b in range(first, last + 1)), "a live block in a chunk being unmapped"
             self._mapped[ci] = 0
             self._n_mapped -= 1
+            self._low_unmapped = min(self._low_unmapped, ci)
         before = self.held_bytes
         try:
             for arena in self.arenas:
