@@ -21,6 +21,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -83,13 +84,17 @@ def find_sanitizer() -> str | None:
 def step(name: str, cmd: list[str], timeout: int, env: dict[str, str]) -> dict[str, object]:
     t0 = time.time()
     print(f"== {name}: {' '.join(cmd)}", flush=True)
+    # A session of its own, so a timeout ends the whole step (compute-sanitizer's target too).
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout, capture_output=True, text=True)
-        rc, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
+        output, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
         rc = 124
-        partial = exc.stdout or b""
-        output = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
         output += f"\n[timed out after {timeout} s]"
     tail = output[-6000:]
     print(tail, flush=True)
