@@ -57,6 +57,8 @@ class GpuSample:
     capacity: int
     used: int | None = None
     """Bytes in use on the whole GPU; other_used = used − what the ledger accounts for."""
+    other_used: int | None = None
+    """Memory no instance accounts for, when it is known directly (a facts file)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,12 @@ class LedgerView:
             sample = samples.get(gpu)
             if sample is not None:
                 capacity = sample.capacity
-                other = state.figures.other_used if sample.used is None else max(0, sample.used - state.accounted)
+                if sample.other_used is not None:
+                    other = sample.other_used
+                elif sample.used is not None:
+                    other = max(0, sample.used - state.accounted)
+                else:
+                    other = state.figures.other_used
             elif state.figures.known:
                 capacity, other = state.figures.capacity, state.figures.other_used
             else:
