@@ -230,7 +230,8 @@ class BlockPool:
         if not ids:
             return
         with self._lock:
-            self._check_open()
+            if self._closed:
+                self._check_open()  # raises, saying why
             live = self._live
             if not live.issuperset(ids):
                 bad = next(b for b in ids if b not in live)

@@ -64,6 +64,10 @@ class Driver(ABC):
         self.live_handles = 0
         self.mapped_bytes = 0
         self.reserved_bytes = 0
+        self._mappings: dict[int, int] = {}
+        """start → size of every mapping made through ``map``: checked by ``unmap``, because
+        the real driver accepts an unmap of memory that is not mapped (seen on an H200,
+        driver 580) and the counters would then go wrong."""
 
     # -- failure injection -------------------------------------------------------------
     def inject(self, call: str, error: str = OUT_OF_MEMORY, *, after: int = 0, times: int = 1) -> None:
@@ -137,14 +141,32 @@ class Driver(ABC):
         if self._faults:
             self._fault("cuMemMap")
         self._map(va, size, handle)
+        self._mappings[va] = size
         self.mapped_bytes += size
 
     def unmap(self, va: int, size: int) -> None:
         """Unmap whole mappings covering exactly ``[va, va + size)``."""
         if self._faults:
             self._fault("cuMemUnmap")
+        starts = self._mappings_covering(va, size)
         self._unmap(va, size)
+        for start in starts:
+            del self._mappings[start]
         self.mapped_bytes -= size
+
+    def _mappings_covering(self, va: int, size: int) -> list[int]:
+        """The starts of the mappings that tile ``[va, va + size)`` exactly, or a DriverError."""
+        if self._mappings.get(va) == size:
+            return [va]
+        inside = sorted(s for s in self._mappings if va <= s < va + size)
+        covered = sum(self._mappings[s] for s in inside)
+        straddles = inside and inside[-1] + self._mappings[inside[-1]] > va + size
+        if covered != size or straddles or (inside and inside[0] != va):
+            raise driver_error(
+                "cuMemUnmap", "CUDA_ERROR_INVALID_VALUE",
+                detail=f"{size:#x} bytes at {va:#x} are not exactly covered by mappings made with map()",
+            )
+        return inside
 
     def set_access(self, va: int, size: int) -> None:
         """Grant this device read-write access to a mapped range (needed after every map)."""
