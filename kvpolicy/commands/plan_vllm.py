@@ -9,44 +9,13 @@ only if the parser lacks them. Imports neither torch nor vllm.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from typing import Any
 
+from kvpolicy.commands.common import parse_size
+
 # Options whose flag another engine's part may already have added.
 SHARED_OPTIONS = ("--model-config", "--budget", "--num-blocks", "--max-model-len", "--format")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-
-
-def parse_size(text: str | int) -> int:
-    """``60GiB``, ``60 GiB``, ``64424509440`` → bytes (binary and decimal units, as the policy)."""
-    if isinstance(text, int):
-        return text
-    from kvpolicy.units import SIZE_UNITS, parse_number, size_bytes
-
-    m = _SIZE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (examples: 60GiB, 40 GiB, 64424509440)")
-    number, unit = m.group(1), m.group(2) or "B"
-    canonical = {u.lower(): u for u in SIZE_UNITS}.get(unit.lower())
-    if canonical is None:
-        raise argparse.ArgumentTypeError(f"unknown unit {unit!r} in {text!r}")
-    return size_bytes(parse_number(number), canonical)
-
-
-def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
-    if any(flag in parser._option_string_actions for flag in flags):
-        return
-    parser.add_argument(*flags, **kwargs)
-
-
-def _amount_group(parser: argparse.ArgumentParser) -> Any:
-    """The mutually exclusive group that holds ``--budget`` (the dispatcher's), or the parser."""
-    budget = parser._option_string_actions.get("--budget")
-    for group in parser._mutually_exclusive_groups:
-        if budget is not None and budget in group._group_actions:
-            return group
-    return parser
 
 
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +46,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     if not args.model_config or not args.max_model_len:
         print("kvpolicy plan --engine vllm: --model-config and --max-model-len are required", file=sys.stderr)
         return 2
-    budget = parse_size(args.budget) if args.budget is not None else None
+    budget = args.budget  # parsed by the option's type
     if (budget is None) == (args.num_blocks is None):
         print("kvpolicy plan --engine vllm: give exactly one of --budget or --num-blocks", file=sys.stderr)
         return 2

@@ -47,9 +47,10 @@ def measure_gpu() -> Measured | None:
         return Measured(capacity=int(total), used=int(total - free))
     try:
         from cuda.bindings import driver
-    except ImportError:
+
+        err, free, total = driver.cuMemGetInfo()
+    except Exception:  # no cuda-python, or no driver library on this machine (DynamicLibNotFoundError)
         return None
-    err, free, total = driver.cuMemGetInfo()
     if err != driver.CUresult.CUDA_SUCCESS:
         return None  # no current context: the controller's figures are needed
     return Measured(capacity=int(total), used=int(total - free))

@@ -101,7 +101,6 @@ def test_vocabulary_is_consistent_with_the_engine_table() -> None:
     assert ENGINES["vllm"].elastic_pools == set(VLLM_ELASTIC_POOLS)
 
 
-@pytest.mark.xfail(strict=True, reason="lead: mirror pools.VLLM_POOLS into kvpolicy/engines.py, then drop this mark")
 def test_engine_table_lists_every_reported_pool() -> None:
     from kvpolicy.engines import ENGINES
 
