@@ -18,6 +18,21 @@ from kvpolicy.commands.common import parse_size
 SHARED_OPTIONS = ("--model-config", "--budget", "--num-blocks", "--max-model-len", "--format")
 
 
+def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
+    if any(flag in parser._option_string_actions for flag in flags):
+        return
+    parser.add_argument(*flags, **kwargs)
+
+
+def _amount_group(parser: argparse.ArgumentParser) -> Any:
+    """The mutually exclusive group that holds ``--budget`` (the dispatcher's), or the parser."""
+    budget = parser._option_string_actions.get("--budget")
+    for group in parser._mutually_exclusive_groups:
+        if budget is not None and budget in group._group_actions:
+            return group
+    return parser
+
+
 def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``plan --engine vllm`` (shared ones only if absent)."""
     _add(parser, "--model-config", metavar="CONFIG.json", help="the model's config.json (no weights needed)")
