@@ -302,10 +302,10 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool) -> 
     finally:
         for child in children:
             child.stop()
-        logs = out / f"logs-{mode}"
-        logs.mkdir(exist_ok=True)
-        for child in children:
-            shutil.copyfile(child.log, logs / child.log.name)
+        with open(out / f"logs-{mode}.txt", "w") as logs:  # one file: the device returns few
+            for child in children:
+                logs.write(f"===== {child.name} (exit {child.proc.returncode}) =====\n")
+                logs.write(child.log.read_text(errors="replace"))
         if keep:
             print(f"run directory kept: {run_dir}", file=sys.stderr)
         else:
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--params", default=str(HERE / "default.toml"), help="parameter file (default: default.toml)")
     ap.add_argument("--mode", choices=("static", "kvpolicy"))
-    ap.add_argument("--out", help="directory for <mode>.json and the processes' logs")
+    ap.add_argument("--out", help="directory for <mode>.json and logs-<mode>.txt (every process's stderr)")
     ap.add_argument("--duration-scale", type=float, default=1.0, metavar="F", help="multiply every duration of the trace by F")
     ap.add_argument("--keep-run-dir", action="store_true", help="keep the ledger and policy copy of the run")
     ap.add_argument("--combine", metavar="DIR", help="build results.json and memory.png from DIR/static.json and DIR/kvpolicy.json")

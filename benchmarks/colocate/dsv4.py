@@ -124,7 +124,7 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str) -> dict[str, Any
     entry = state.admitted[kvc.gpu_id]
     return {
         "build": "sglang",
-        "sglang": sglang.__version__,
+        "sglang": getattr(sglang, "__version__", "unknown"),
         "build_seconds": round(seconds, 3),
         "reserve": reserve,
         "admitted": entry.admitted,

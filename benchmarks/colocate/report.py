@@ -102,7 +102,10 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
     }
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    plot(modes, dest / "memory.png")
+    try:
+        plot(modes, dest / "memory.png")
+    except ImportError as exc:  # the plot needs matplotlib (pip install 'kvpolicy[bench]'); the figures do not
+        print(f"colocate --combine: memory.png not written ({exc}); pip install matplotlib")
     table = markdown(results)
     (dest / "results.md").write_text(table)
     print(table)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch", reason="the benchmark's tenants run torch work over the pool's views")
+pytest.importorskip("numpy", reason="the tenants' block tables are numpy arrays")
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmarks" / "colocate"
@@ -196,4 +197,9 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
     assert results["tokens_ratio"] == pytest.approx(tokens["kvpolicy"] / tokens["static"])
     for mode in ("static", "kvpolicy"):
         assert all(t["oom"] == 0 for t in results["modes"][mode]["tenants"].values())
-    assert (out / "memory.png").stat().st_size > 10_000
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not (out / "memory.png").exists()  # the plot is optional; the figures are not
+    else:
+        assert (out / "memory.png").stat().st_size > 10_000
