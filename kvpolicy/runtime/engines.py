@@ -49,7 +49,10 @@ def measure_gpu() -> Measured | None:
         from cuda.bindings import driver
     except ImportError:
         return None
-    err, free, total = driver.cuMemGetInfo()
+    try:
+        err, free, total = driver.cuMemGetInfo()
+    except RuntimeError:  # cuda-python 13 loads the driver library on first call: none on this machine
+        return None
     if err != driver.CUresult.CUDA_SUCCESS:
         return None  # no current context: the controller's figures are needed
     return Measured(capacity=int(total), used=int(total - free))
