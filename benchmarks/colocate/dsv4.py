@@ -66,8 +66,12 @@ def planned(params: Params, reserve: int):
     return budget_for_reserve(geometry(params), plan_settings(params), reserve)
 
 
-def build_sglang(params: Params, policy: Path, ledger_dir: str) -> dict[str, Any]:
-    """A real SGLang V4 pool on cuda:0 with the adapter active, admitted and reported through the ledger."""
+def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "cuda") -> dict[str, Any]:
+    """A real SGLang V4 pool on cuda:0 with the adapter active, admitted and reported through the ledger.
+
+    ``device="cpu"`` builds the same pool in host memory (SGLang's CPU path, as the
+    adapter's CPU tests do): it checks this code path where there is no GPU.
+    """
     sys.path.append(str(REPO / "tests" / "sglang"))
     import sglang_standins
 
@@ -89,8 +93,10 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str) -> dict[str, Any
     from kvpolicy.runtime.engines import attach_static
 
     reserve, line = policy_reserve(params, policy)
-    torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
+    cuda = device == "cuda"
+    if cuda:
+        torch.zeros(1, device="cuda")
+        torch.cuda.synchronize()
     d = params.dsv4
     flags: dict[str, Any] = {"max_running_requests": d.max_running_requests}
     if d.swa_ratio is not None:
@@ -98,7 +104,7 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str) -> dict[str, Any
     parallel = get_parallel().override(world_group=NS(cpu_group=None))
     parallel.__enter__()
     args = get_context().override_server_args(
-        page_size=d.page_size, kv_cache_dtype="fp8_e4m3", device="cuda", mem_fraction_static=0.9,
+        page_size=d.page_size, kv_cache_dtype="fp8_e4m3", device=device, mem_fraction_static=0.9,
         cuda_graph_config=CudaGraphConfig(decode=PhaseConfig(backend=Backend.DISABLED), prefill=PhaseConfig(backend=Backend.DISABLED)),
         **flags,
     )
@@ -111,10 +117,11 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str) -> dict[str, Any
     hooks.install(state)
     try:
         kvc = kv_cache_configurator(geometry(params), server_args)
-        kvc.device = "cuda"
+        kvc.device = device
         started = time.perf_counter()
-        config, sizes, pool = build_pool_through_sglang(kvc, pre_model_load_memory_gb=140.0)
-        torch.cuda.synchronize()
+        config, sizes, pool = build_pool_through_sglang(kvc, pre_model_load_memory_gb=140.0 if cuda else 80.0)
+        if cuda:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - started
     except BaseException:
         for entry in state.admitted.values():  # a half-built engine leaves the ledger
@@ -183,14 +190,16 @@ def main() -> int:
     ap.add_argument("--capacity", type=int, required=True, help="provisional GPU capacity for the stand-in's admission")
     ap.add_argument("--headroom", type=int, default=0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--sglang-on-cpu", action="store_true", help="build the real SGLang pool in host memory (tests)")
     args = ap.parse_args()
     params = load_params(args.params)
     policy = Path(args.policy)
     started = time.time()
     built: dict[str, Any]
-    if params.dsv4.build in ("sglang", "auto") and params.device.driver == "cuda":
+    device = "cuda" if params.device.driver == "cuda" else "cpu"
+    if params.dsv4.build in ("sglang", "auto") and (device == "cuda" or args.sglang_on_cpu):
         try:
-            built = build_sglang(params, policy, args.ledger_dir)
+            built = build_sglang(params, policy, args.ledger_dir, device)
         except Exception as exc:
             if params.dsv4.build == "sglang":
                 raise
@@ -198,7 +207,7 @@ def main() -> int:
             why = f"stand-in: the real SGLang pool could not be built here ({type(exc).__name__}: {exc})"
             built = build_plan(params, policy, args.ledger_dir, args.capacity, args.headroom, why[:500])
     elif params.dsv4.build == "sglang":
-        raise SystemExit("dsv4: build = 'sglang' needs the cuda driver (a GPU)")
+        raise SystemExit("dsv4: build = 'sglang' needs the cuda driver (a GPU), or --sglang-on-cpu")
     else:
         built = build_plan(params, policy, args.ledger_dir, args.capacity, args.headroom, None)
     inst = built.pop("_instance")

@@ -98,9 +98,12 @@ class KVWork:
         valid = torch.arange(n_tokens, device=self.device)[None, :] < torch.from_numpy(lens).to(self.device)[:, None]
         mask = valid[:, None, None, :]
         q = self._q[: len(tables)]
+        # A CPU has no fast bfloat16 attention (the host driver's runs): it computes in float32.
+        compute = torch.float32 if self.device.type == "cpu" else q.dtype
+        q = q.to(compute)
         for k_view, v_view in self.layers:
-            k = k_view[idx].flatten(1, 2).transpose(1, 2)  # [B, heads, tokens, dim]
-            v = v_view[idx].flatten(1, 2).transpose(1, 2)
+            k = k_view[idx].flatten(1, 2).transpose(1, 2).to(compute)  # [B, heads, tokens, dim]
+            v = v_view[idx].flatten(1, 2).transpose(1, 2).to(compute)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             self.sink += out[:, :, 0, 0].float().sum()
 

@@ -203,3 +203,36 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
         assert not (out / "memory.png").exists()  # the plot is optional; the figures are not
     else:
         assert (out / "memory.png").stat().st_size > 10_000
+
+
+@pytest.mark.sglang
+def test_the_v4_tenant_builds_a_real_sglang_pool_into_the_ledger(tmp_path: Path) -> None:
+    """dsv4.py's SGLang path (the one the H200 run takes), on SGLang's CPU path: the adapter admits the
+    policy's reserve in the shared-memory ledger and reports the pool it measured."""
+    pytest.importorskip("sglang", reason="needs sglang 0.5.23 (requirements/sglang-cpu.txt)")
+    import kvpolicy
+
+    params = load_params(SMALL)
+    toml = SMALL.read_text().replace('build = "plan"', 'build = "sglang"').replace(
+        'policy = "policy-small.kvp"', f'policy = "{params.policy}"')
+    (tmp_path / "v4.toml").write_text(toml)
+    ledger = tmp_path / "ledger"
+    # No controller and no GPU to measure: another instance gives the GPU's provisional figures.
+    figures = kvpolicy.attach(model="figures", gpu="cuda:0", ledger_dir=ledger, capacity=1 << 30, headroom=0, other_used=0)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, str(BENCH / "dsv4.py"), "--params", str(tmp_path / "v4.toml"), "--policy", str(params.policy),
+             "--ledger-dir", str(ledger), "--capacity", str(1 << 30), "--out", str(tmp_path / "v4.json"), "--sglang-on-cpu"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        out, err = proc.communicate("stop\n", timeout=300)
+        assert proc.returncode == 0, err[-4000:]
+    finally:
+        figures.detach()
+    built = json.loads((tmp_path / "v4.json").read_text())
+    assert built["build"] == "sglang" and built["sglang"] == "0.5.23", built.get("note")
+    assert built["reserve"] == 64 << 20 and built["admitted"] == built["reserve"]
+    assert built["ledger_runtime_reserved"] == sum(p["bytes"] for p in built["pools"].values()) <= built["reserve"]
+    assert set(built["pools"]) >= {"swa", "c4", "c128", "indexer", "compressor_state"}
+    assert built["tensor_bytes"] == built["plan"]["tensor_bytes"]  # the closed forms match the real pool
+    assert built["cross_check_ok"]
