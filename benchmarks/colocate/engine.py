@@ -12,8 +12,8 @@ One ``step(now)`` is one engine iteration:
    their KV checked against the pattern written into it and their blocks freed;
 3. admission: waiting requests, oldest first, get the blocks of their prompt (and of
    the tokens they had generated before a preemption) while the step's prefill token
-   budget lasts; the first that cannot get its blocks stops admission (it is counted
-   as ``queued`` the first time that happens to it). Nothing is admitted in a step that
+   budget lasts; the first that cannot get its blocks stops admission (every request
+   then waiting counts as ``queued``, once). Nothing is admitted in a step that
    preempted, nor beyond a limit lowered below the pool's use (a deferred shrink: the
    running requests finish and the memory goes back);
 4. ``pool.sync()``: a new limit or target is applied, memory above the target that no
@@ -64,7 +64,7 @@ class Counters:
     completed: int = 0
     abandoned: int = 0
     queued: int = 0
-    """Requests that had to wait at least once because the pool could not give their blocks."""
+    """Requests that waited in the queue, at least once, while the pool could not give memory."""
     preempted: int = 0
     """Preemptions (a request preempted twice counts twice)."""
     tokens: int = 0
@@ -192,12 +192,12 @@ class Engine:
             n = -(-tokens // self.bt)
             if room is not None and n * self.pool.block_bytes > room:
                 self._refused("deferred")
-                self._waits(r)
+                self._blocked()
                 break
             try:
                 ids = self._alloc(n)
             except OutOfBlocks:
-                self._waits(r)
+                self._blocked()
                 break
             if room is not None:
                 room -= n * self.pool.block_bytes
@@ -214,10 +214,12 @@ class Engine:
             budget -= tokens
         self._guard(self.work.write, writes_b, writes_k)
 
-    def _waits(self, r: Live) -> None:
-        if not r.waited:
-            r.waited = True
-            self.c.queued += 1
+    def _blocked(self) -> None:
+        """Admission stopped for lack of memory: every request waiting now waits for memory."""
+        for r in self.waiting:
+            if not r.waited:
+                r.waited = True
+                self.c.queued += 1
 
     # -- helpers ----------------------------------------------------------------------------
     def _alloc(self, n: int) -> list[int]:

@@ -28,6 +28,8 @@ from kvpolicy.alloc.blocks import BlockPool
 from kvpolicy.alloc.tensors import block_bytes, kv_view
 
 KEY_BITS = 20
+ARENA_GROUP = 16
+"""Arenas whose patterns are made (and read back) together: fewer kernel launches, bounded temporaries."""
 
 
 def block_key(request_key: int, ordinal: int) -> int:
@@ -42,6 +44,7 @@ class KVWork:
         self.device = torch.device("cuda", pool.driver.device) if pool.driver.kind == "cuda" else torch.device("cpu")
         self.words = [block_bytes(pool, a).view(torch.int16) for a in range(len(pool.arenas))]
         self.arena_xor = [(a * 37 + 1) & 0x3FF for a in range(len(pool.arenas))]
+        self._xor = torch.tensor(self.arena_xor, dtype=torch.int16, device=self.device)[:, None, None]
         width = pool.block_stride // 2
         self._j = torch.arange(width, dtype=torch.int32, device=self.device)
         self.layers = [(kv_view(pool, layer, "k"), kv_view(pool, layer, "v")) for layer in range(min(attn_layers, layout.num_layers))]
@@ -59,14 +62,22 @@ class KVWork:
         slope = (k >> 10) | 1
         return ((self._j[None, :] * slope[:, None] + k[:, None]) & 0x3FF | 0x3C00).to(torch.int16)
 
+    def _groups(self):
+        """The arenas in groups, with their XOR constants as one tensor: one kernel makes a group's patterns."""
+        g = ARENA_GROUP
+        for start in range(0, len(self.words), g):
+            yield self.words[start : start + g], self._xor[start : start + g]
+
     def write(self, blocks: list[int], keys: list[int]) -> None:
         """Fill ``blocks`` (every arena) with the patterns of ``keys``."""
         if not blocks:
             return
         idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
         pattern = self._pattern(keys)
-        for words, x in zip(self.words, self.arena_xor):
-            words.index_copy_(0, idx, pattern ^ x)
+        for words, xor in self._groups():
+            patterns = pattern[None] ^ xor  # [arenas, blocks, words]
+            for w, p in zip(words, patterns):
+                w.index_copy_(0, idx, p)
 
     def check(self, blocks: list[int], keys: list[int]) -> list[int]:
         """Per block, how many 16-bit words differ from its pattern (0 everywhere: intact)."""
@@ -75,8 +86,9 @@ class KVWork:
         idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
         pattern = self._pattern(keys)
         bad = torch.zeros(len(blocks), dtype=torch.int64, device=self.device)
-        for words, x in zip(self.words, self.arena_xor):
-            bad += (words.index_select(0, idx) != (pattern ^ x)).sum(dim=1)
+        for words, xor in self._groups():
+            read = torch.stack([w.index_select(0, idx) for w in words])  # [arenas, blocks, words]
+            bad += ((read ^ xor) != pattern[None]).sum(dim=(0, 2))
         return bad.tolist()
 
     # -- attention ------------------------------------------------------------------------

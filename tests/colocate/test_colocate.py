@@ -131,14 +131,15 @@ def test_engine_accounting_with_queueing_and_preemption() -> None:
     engine = Engine(pool, work, reqs, block_tokens=16, max_request_blocks=p.max_request_blocks,
                     prefill_tokens_per_step=2048, max_running=256, patience_s=2.0)
     t = 0.0
-    while t < p.trace.duration_s:
+    while t < 6.0:  # tenant-a's busy phase (0-3 s) and its drain
         engine.step(t)
         t += 0.01
         live = sum(r.n_blocks for r in engine.running)
         assert pool.live_blocks == live  # the engine's block tables are exactly the pool's live blocks
     engine.finish()
     s = engine.summary()
-    assert s["arrived"] == len(reqs) == s["completed"] + s["abandoned"] + s["running_at_end"] + s["waiting_at_end"]
+    assert s["arrived"] == len([r for r in reqs if r.arrival <= t - 0.01])
+    assert s["arrived"] == s["completed"] + s["abandoned"] + s["running_at_end"] + s["waiting_at_end"]
     assert s["queued"] > 0 and s["preempted"] > 0 and s["abandoned"] > 0  # the paths under test ran
     assert s["corrupted"] == 0 and s["oom"] == 0
     assert s["checked"] == s["completed"] + s["running_at_end"]
@@ -225,7 +226,7 @@ def test_the_v4_tenant_builds_a_real_sglang_pool_into_the_ledger(tmp_path: Path)
              "--ledger-dir", str(ledger), "--capacity", str(1 << 30), "--out", str(tmp_path / "v4.json"), "--sglang-on-cpu"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        out, err = proc.communicate("stop\n", timeout=300)
+        _, err = proc.communicate("stop\n", timeout=300)
         assert proc.returncode == 0, err[-4000:]
     finally:
         figures.detach()
