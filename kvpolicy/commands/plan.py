@@ -11,9 +11,11 @@ import argparse
 import sys
 
 from kvpolicy.commands import add_format_option
-from kvpolicy.units import SIZE_UNITS, format_bytes, parse_number, size_bytes
+from kvpolicy.commands.common import parse_size
+from kvpolicy.commands.plan_vllm import add_vllm_arguments, run_vllm
+from kvpolicy.units import format_bytes
 
-ENGINES = ("sglang",)  # the vLLM part adds "vllm" here and a _run_vllm below
+ENGINES = ("sglang", "vllm")
 
 
 def add_parser(subparsers) -> None:
@@ -38,21 +40,8 @@ def add_parser(subparsers) -> None:
         help="sizes SWA in cap mode (--max-running-requests without --swa-ratio); default 8192 (H200)",
     )
     add_format_option(p)
+    add_vllm_arguments(p)
     p.set_defaults(run=run)
-
-
-def parse_size(text: str) -> int:
-    """``40GiB``, ``40 GiB``, ``1.5TiB`` or plain bytes."""
-    s = text.strip().replace(" ", "")
-    for unit in sorted(SIZE_UNITS, key=len, reverse=True):
-        if s.endswith(unit) and s[: -len(unit)]:
-            try:
-                return size_bytes(parse_number(s[: -len(unit)]), unit)
-            except ValueError:
-                break
-    if s.isdigit():
-        return int(s)
-    raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 40GiB, 512MiB, 1073741824)")
 
 
 def _positive_int(text: str) -> int:
@@ -66,10 +55,12 @@ def _positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    return {"sglang": _run_sglang}[args.engine](args)
+    return {"sglang": _run_sglang, "vllm": run_vllm}[args.engine](args)
 
 
 def _run_sglang(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
     from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, load_geometry
     from kvpolicy.adapters.sglang_dsv4.plan import (
         PlanError,
@@ -77,7 +68,6 @@ def _run_sglang(args: argparse.Namespace) -> int:
         plan_for_budget,
         plan_for_full_tokens,
     )
-    from pydantic import ValidationError
 
     try:
         geometry = load_geometry(args.model_config)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from lark import Token, Tree
 
+from kvpolicy.policy.build import first_token, last_token
 from kvpolicy.policy.errors import PolicyError
 from kvpolicy.policy.syntax import parse_tree
 from kvpolicy.units import DURATION_UNITS
@@ -103,10 +104,10 @@ class _Printer:
         return _render(self.lines)
 
     def statement(self, tree: Tree, indent: int) -> None:
-        first = _first(tree)
+        first = first_token(tree)
         self.flush_comments(first.line, indent)
         if not _has_block(tree):
-            last = _last(tree)
+            last = last_token(tree)
             # comments inside a statement that is joined onto one line go above it
             self.flush_comments_within(first.line, last.line, indent)
             self.emit(indent, _inline(tree), first.line, self.trailing_comment(last))
@@ -157,18 +158,6 @@ def _split_block(tree: Tree) -> tuple[list[Token | Tree], list[Tree], Token]:
     close = children[-1]
     items = [c for c in children[brace + 1 : -1] if isinstance(c, Tree)]
     return head, items, close
-
-
-def _first(node: Tree | Token) -> Token:
-    while isinstance(node, Tree):
-        node = node.children[0]
-    return node
-
-
-def _last(node: Tree | Token) -> Token:
-    while isinstance(node, Tree):
-        node = node.children[-1]
-    return node
 
 
 def _tokens(node: Tree | Token) -> list[Token]:

@@ -21,8 +21,8 @@ from functools import cache
 from importlib.resources import files
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedToken
 from lark.common import LexerConf
+from lark.exceptions import UnexpectedToken
 from lark.lexer import Lexer
 from lark.parsers.lalr_analysis import Shift
 

@@ -18,7 +18,13 @@ from lark.exceptions import UnexpectedToken
 
 from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
 from kvpolicy.policy.errors import Diagnostic, Span
-from kvpolicy.policy.syntax import RECOVERED, BadCharacter, NestingTooDeep, _Session, parser
+from kvpolicy.policy.syntax import (
+    RECOVERED,
+    BadCharacter,
+    NestingTooDeep,
+    _Session,
+    parser,
+)
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -47,11 +47,9 @@ def measure_gpu() -> Measured | None:
         return Measured(capacity=int(total), used=int(total - free))
     try:
         from cuda.bindings import driver
-    except ImportError:
-        return None
-    try:
+
         err, free, total = driver.cuMemGetInfo()
-    except RuntimeError:  # cuda-python 13 loads the driver library on first call: none on this machine
+    except Exception:  # no cuda-python, or no driver library on this machine (DynamicLibNotFoundError)
         return None
     if err != driver.CUresult.CUDA_SUCCESS:
         return None  # no current context: the controller's figures are needed

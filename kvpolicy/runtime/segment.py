@@ -169,6 +169,16 @@ _UNLOCK_WRITE = _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, L.LOCK_WRITE, 1, 0)
 _unlock_hooks: list[Callable[[], None]] = []
 
 
+def _leave(me: int) -> None:
+    """The thread is out of one ledger change; after the outermost, run the unlock hooks."""
+    n = _held.pop(me, 1) - 1
+    if n:
+        _held[me] = n
+    elif _unlock_hooks:
+        for hook in _unlock_hooks:
+            hook()
+
+
 def add_unlock_hook(hook: Callable[[], None]) -> None:
     """Run ``hook`` after the outermost write lock of the current thread is released (signal deferral)."""
     _unlock_hooks.append(hook)
@@ -293,14 +303,20 @@ class Segment:
         me = threading.get_ident()
         if self._holder == me:
             raise LedgerError("kvpolicy ledger: the write lock is not re-entrant (internal error)")
-        self._tlock.acquire()
+        # Counted before the first lock is taken: a SIGTERM from here on is deferred to the
+        # unlock, so its handler never tries to lock while this thread holds the thread lock.
+        _held[me] = _held.get(me, 0) + 1
         try:
-            fcntl.fcntl(self._fd(), fcntl.F_OFD_SETLKW, _LOCK_WRITE)
+            self._tlock.acquire()
+            try:
+                fcntl.fcntl(self._fd(), fcntl.F_OFD_SETLKW, _LOCK_WRITE)
+            except BaseException:
+                self._tlock.release()
+                raise
         except BaseException:
-            self._tlock.release()
+            _leave(me)
             raise
         self._holder = me
-        _held[me] = _held.get(me, 0) + 1
 
     def unlock(self) -> None:
         me = self._holder
@@ -310,12 +326,7 @@ class Segment:
                 fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _UNLOCK_WRITE)
         finally:
             self._tlock.release()
-            n = _held.pop(me, 1) - 1  # type: ignore[arg-type]
-            if n:
-                _held[me] = n  # type: ignore[index]
-            elif _unlock_hooks:
-                for hook in _unlock_hooks:
-                    hook()
+            _leave(me)  # type: ignore[arg-type]
 
     @contextmanager
     def locked(self) -> Iterator[None]:

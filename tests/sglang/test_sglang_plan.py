@@ -15,7 +15,6 @@ from kvpolicy.adapters.sglang_dsv4.plan import (
     PlanError,
     PlanSettings,
     budget_for_reserve,
-    plan_for_budget,
     plan_for_full_tokens,
 )
 from kvpolicy.cli import main
