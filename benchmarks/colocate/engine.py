@@ -27,6 +27,8 @@ do), so no token is counted twice.
 
 from __future__ import annotations
 
+import sys
+
 import time
 from collections import deque
 from collections.abc import Callable
@@ -229,6 +231,7 @@ class Engine:
             self._refused(exc.reason)
             if exc.reason == "device" or isinstance(exc.__cause__, DeviceOutOfMemory):
                 self.c.oom += 1
+                print(f"out of memory while growing the pool: {exc}", file=sys.stderr, flush=True)
             raise
 
     def _refused(self, reason: str) -> None:
@@ -254,6 +257,7 @@ class Engine:
         except Exception as exc:
             if self.is_oom(exc):
                 self.c.oom += 1
+                print(f"out of memory in the step's GPU work: {exc}", file=sys.stderr, flush=True)
                 return None
             raise
 

@@ -38,7 +38,9 @@ def block_key(request_key: int, ordinal: int) -> int:
 
 
 class KVWork:
-    def __init__(self, pool: BlockPool, *, attn_layers: int, max_batch: int, window: int, seed: int = 0) -> None:
+    def __init__(
+        self, pool: BlockPool, *, attn_layers: int, max_batch: int, window: int, max_tokens: int = 1 << 18, seed: int = 0
+    ) -> None:
         layout = pool.geometry
         self.pool = pool
         self.device = torch.device("cuda", pool.driver.device) if pool.driver.kind == "cuda" else torch.device("cpu")
@@ -50,6 +52,9 @@ class KVWork:
         self.layers = [(kv_view(pool, layer, "k"), kv_view(pool, layer, "v")) for layer in range(min(attn_layers, layout.num_layers))]
         self.block_tokens = layout.block_size
         self.window = window
+        self.max_tokens = max_tokens
+        """Tokens gathered per SDPA call (padded): bounds the step's temporary GPU memory, which
+        the caching allocator keeps, so the tenants' own work never crowds the KV pools out."""
         gen = torch.Generator(device="cpu").manual_seed(seed)
         dtype = getattr(torch, layout.dtype)
         self._q = torch.randn(max_batch, layout.num_heads, 1, layout.head_dim, generator=gen).to(self.device, dtype)
@@ -93,11 +98,24 @@ class KVWork:
 
     # -- attention ------------------------------------------------------------------------
     def attend(self, tables: list[np.ndarray], contexts: list[int]) -> None:
-        """One decode step over the batch: ``tables[i]`` is request i's block ids, ``contexts[i]`` its tokens."""
+        """One decode step over the batch: ``tables[i]`` is request i's block ids, ``contexts[i]`` its tokens.
+
+        The batch is attended in slices of at most ``max_tokens`` gathered (padded) tokens.
+        """
         if not self.layers or not tables:
             return
         bt, window = self.block_tokens, self.window
         widths = [len(t) if not window else min(window, len(t)) for t in tables]
+        start, width = 0, 0
+        for i, w in enumerate(widths):
+            if i > start and (i - start + 1) * max(width, w) * bt > self.max_tokens:
+                self._attend(tables[start:i], contexts[start:i], widths[start:i])
+                start, width = i, 0
+            width = max(width, w)
+        self._attend(tables[start:], contexts[start:], widths[start:])
+
+    def _attend(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
+        bt = self.block_tokens
         width = max(widths)
         table = np.empty((len(tables), width), dtype=np.int64)
         lens = np.empty(len(tables), dtype=np.int64)

@@ -73,6 +73,7 @@ class KV(Strict):
     chunk: Size = 2 << 20
     attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over (paged gather + SDPA)")
     attn_max_blocks: int = Field(default=0, ge=0, description="0: each request's whole context; else its last N blocks")
+    attn_max_tokens: int = Field(default=1 << 18, gt=0, description="gathered tokens per SDPA call (bounds temporaries)")
 
     @property
     def layout(self) -> KVCacheLayout:

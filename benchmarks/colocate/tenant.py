@@ -175,7 +175,8 @@ def main() -> int:
     started = time.time()
     driver, inst, pool = build_pool(params, args.mode, name, args.guarantee, args.ledger_dir)
     kv = params.kv
-    work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks, seed=args.index)
+    work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks,
+                  max_tokens=kv.attn_max_tokens, seed=args.index)
     warm_up(work, pool)
     engine = Engine(
         pool, work, requests,
