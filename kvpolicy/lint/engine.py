@@ -14,7 +14,7 @@ from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.policy.errors import Diagnostic, PolicyError, Span
 from kvpolicy.policy.model import Policy
-from kvpolicy.policy.syntax import parse_tree
+from kvpolicy.policy.syntax import gc_paused, parse_tree
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ def lint_text(
     facts: Facts | None = None,
 ) -> LintResult:
     """Every diagnostic for ``text``; ``policy`` is set only when there is no error."""
+    with gc_paused():
+        return _lint_text(text, file, sha256, gpu_capacity, facts)
+
+
+def _lint_text(text: str, file: str, sha256: str | None, gpu_capacity: int | None, facts: Facts | None) -> LintResult:
     lines = text.split("\n")
     syntax = parse_tree(text, file)
     diagnostics = list(syntax.diagnostics)

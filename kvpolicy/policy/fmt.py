@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from lark import Token, Tree
 
 from kvpolicy.policy.errors import PolicyError
-from kvpolicy.policy.syntax import parse_tree
+from kvpolicy.policy.syntax import gc_paused, parse_tree
 from kvpolicy.units import DURATION_UNITS
 
 INDENT = "  "
@@ -28,10 +28,11 @@ _SEPARATOR_TYPES = ("_SEP",)
 
 def format_text(text: str, file: str = "<policy>") -> str:
     """The canonical form of ``text``; raises PolicyError if it has syntax errors."""
-    syntax = parse_tree(text, file)
-    if syntax.diagnostics or syntax.tree is None:
-        raise PolicyError(syntax.diagnostics)
-    return _Printer(text, syntax.tree, syntax.comments).print()
+    with gc_paused():
+        syntax = parse_tree(text, file)
+        if syntax.diagnostics or syntax.tree is None:
+            raise PolicyError(syntax.diagnostics)
+        return _Printer(text, syntax.tree, syntax.comments).print()
 
 
 @dataclass
