@@ -122,7 +122,7 @@ class PolicyBuilder:
             elif kind == "rule":
                 statements.append(self.rule(child))
             else:
-                self.unknown(child, v.TOP_LEVEL, None)
+                self.unknown(child, None)
         return m.Policy(
             span=Span(line=1, col=1, end_line=end.line, end_col=end.col),
             file=self.file,
@@ -131,27 +131,17 @@ class PolicyBuilder:
             statements=tuple(statements),
         )
 
-    def unknown(self, tree: Tree, allowed: tuple[str, ...], block: str | None) -> None:
+    def unknown(self, tree: Tree, block: str | None) -> None:
         word: Token = args(tree)[0]
         if word.value == RECOVERED:
             return  # stands in for a line that already has a syntax error
-        if block is not None and word.value in v.TOP_LEVEL:
-            self.report(
-                UnknownField, word, f"'{word.value}' cannot appear inside a {block} block",
-                "is a '}' missing before this line?",
-            )
-            return
-        where = f"in a {block} block" if block else "at the top level"
-        hint = did_you_mean(word.value, allowed)
-        if hint is None:
-            hint = "expected " + ", ".join(f"'{a}'" for a in allowed)
-        self.report(UnknownField, word, f"unknown keyword '{word.value}' {where}", hint)
+        message, hint = unknown_keyword(word.value, block)
+        self.report(UnknownField, word, message, hint)
 
     def _fields(
         self,
         tree: Tree,
         block: str,
-        allowed: tuple[str, ...],
         build: dict[str, Callable[[Tree], object]],
     ) -> dict[str, object]:
         """Build a block's settings; each may be given once."""
@@ -162,7 +152,7 @@ class PolicyBuilder:
                 continue
             key = child.data
             if key == "unknown":
-                self.unknown(child, allowed, block)
+                self.unknown(child, block)
                 continue
             if key not in build:
                 continue  # e.g. the model name, handled by the caller
@@ -182,7 +172,7 @@ class PolicyBuilder:
 
     def defaults(self, tree: Tree) -> m.Defaults:
         fields = self._fields(
-            tree, "defaults", v.DEFAULTS_FIELDS,
+            tree, "defaults",
             {
                 "headroom": lambda t: self.amount(args(t)[0], "headroom"),
                 "chunk": lambda t: self.size(args(t)[0], "chunk"),
@@ -198,7 +188,7 @@ class PolicyBuilder:
         selector: Tree = args(tree)[0]
         ids = () if selector.data == "all_gpus" else tuple(self.string(t) for t in args(selector))
         fields = self._fields(
-            tree, "gpu", v.GPU_FIELDS,
+            tree, "gpu",
             {
                 "headroom": lambda t: self.amount(args(t)[0], "headroom"),
                 "capacity": lambda t: self.size(args(t)[0], "capacity"),
@@ -209,7 +199,7 @@ class PolicyBuilder:
 
     def model(self, tree: Tree) -> m.ModelBlock:
         fields = self._fields(
-            tree, "model", v.MODEL_FIELDS,
+            tree, "model",
             {
                 "engine": lambda t: self.name(args(t)[0]),
                 "priority": lambda t: self.integer(args(t)[0], "priority"),
@@ -225,7 +215,7 @@ class PolicyBuilder:
 
     def pool(self, tree: Tree) -> m.PoolBlock:
         fields = self._fields(
-            tree, "pool", v.POOL_FIELDS,
+            tree, "pool",
             {
                 "owner": lambda t: self.owner(args(t)[0]),
                 "max": lambda t: self.amount(args(t)[0], "max"),
@@ -244,7 +234,7 @@ class PolicyBuilder:
 
     def rule(self, tree: Tree) -> m.Rule:
         fields = self._fields(
-            tree, "rule", v.RULE_FIELDS,
+            tree, "rule",
             {
                 "when": lambda t: self.expression(args(t)[0]),
                 "order": self.order,
@@ -265,10 +255,13 @@ class PolicyBuilder:
             attribute: Token = words[0]
             ok = True
             if attribute.value not in v.ORDER_KEYS:
-                full = f"model.{attribute.value}"
-                hint = did_you_mean(attribute.value, v.ORDER_KEYS)
-                if attribute.value.startswith(("model.", "gpu.")) or full in v.ATTRIBUTES:
-                    hint = hint or "order takes short names: `order priority asc, idle desc`"
+                prefix, _, short = attribute.value.rpartition(".")
+                if prefix == "model" and short in v.ORDER_KEYS:
+                    hint = f"order takes the short name: did you mean '{short}'?"
+                elif prefix:
+                    hint = "order takes the short names of model attributes, e.g. `order priority asc, idle desc`"
+                else:
+                    hint = did_you_mean(attribute.value, v.ORDER_KEYS)
                 self.report(
                     UnknownAttribute, attribute,
                     f"'{attribute.value}' is not an instance attribute to order by",
@@ -366,6 +359,11 @@ class PolicyBuilder:
     def _comparable(self, left, op: Token, right, left_token: Token, right_token: Token) -> bool:
         attrs = [o for o in (left, right) if isinstance(o, m.Attr)]
         if not attrs:
+            for side, token in ((left, left_token), (right, right_token)):
+                full = _attribute_for(side.value) if isinstance(side, m.Name) else None
+                if full is not None:
+                    self.report(UnknownAttribute, token, f"unknown attribute '{side.value}'", f"did you mean '{full}'?")
+                    return False
             self.report(
                 InvalidValue, op, "a comparison needs an attribute on at least one side",
                 "e.g. `gpu.free < 8 GiB`",
@@ -525,6 +523,41 @@ class PolicyBuilder:
 
     def name(self, token: Token) -> m.Name:
         return m.Name(span=span_of(token), value=token.value)
+
+
+BLOCK_FIELDS: dict[str | None, tuple[str, ...]] = {
+    None: v.TOP_LEVEL,
+    "defaults": v.DEFAULTS_FIELDS,
+    "gpu": v.GPU_FIELDS,
+    "model": v.MODEL_FIELDS,
+    "pool": v.POOL_FIELDS,
+    "rule": v.RULE_FIELDS,
+}
+"""The statements each block accepts (None: the top level)."""
+
+
+def unknown_keyword(word: str, block: str | None) -> tuple[str, str]:
+    """Message and hint for a statement ``word`` that ``block`` (None: the top level) does not accept.
+
+    A keyword of another block says where it belongs; anything else gets the
+    closest keyword of this block, or the list of them.
+    """
+    if block is not None and word in v.TOP_LEVEL:
+        return f"'{word}' cannot appear inside a {block} block", "is a '}' missing before this line?"
+    where = f"in a {block} block" if block else "at the top level"
+    homes = [name for name, fields in BLOCK_FIELDS.items() if name is not None and word in fields]
+    if homes:
+        return f"'{word}' cannot appear {where}", f"'{word}' belongs in a {' or '.join(homes)} block"
+    allowed = BLOCK_FIELDS.get(block, ())
+    hint = did_you_mean(word, allowed) or "expected " + ", ".join(f"'{a}'" for a in allowed)
+    return f"unknown keyword '{word}' {where}", hint
+
+
+def _attribute_for(word: str) -> str | None:
+    """The attribute a bare word in a comparison probably means (``free`` → ``gpu.free``)."""
+    short_names = {name.split(".", 1)[1]: name for name in v.ATTRIBUTES}
+    short = word if word in short_names else closest(word, short_names)
+    return short_names[short] if short is not None else None
 
 
 def _unquote(text: str) -> str:
