@@ -32,6 +32,8 @@ from kvpolicy.policy.errors import Diagnostic
 
 MAX_ERRORS = 20
 MAX_NESTING = 32
+TOP_LEVEL_BLOCKS = frozenset({"defaults", "gpu", "model", "rule"})
+"""Statements that open a block only at the top level."""
 RECOVERED = "_kvpolicy_recovered_"
 """Name of the placeholder statement that stands in for a line with a syntax error."""
 
@@ -52,6 +54,13 @@ class _Session:
     open_braces: list[tuple[Token, Token]] = field(default_factory=list)
     """(the '{', the first token of the statement it opens), innermost last."""
     open_parens: list[Token] = field(default_factory=list)
+    blocks: list[tuple[Token, Token | None]] = field(default_factory=list)
+    """Every block opened so far: (its '{', the first token of its statement)."""
+    closed_by: dict[int, Token] = field(default_factory=dict)
+    """The '}' that closed each block, by the offset of its '{'."""
+    nested_heads: list[tuple[Token, tuple[tuple[Token, Token | None], ...]]] = field(default_factory=list)
+    """A top-level statement (``model``, ``rule``...) that opened a block inside
+    another block, with the blocks open around it: a sign of a forgotten '}'."""
 
 
 _SESSION: ContextVar[_Session] = ContextVar("kvpolicy_parse_session")
@@ -157,13 +166,16 @@ class PolicyLexer(Lexer):
             elif value == ")" and parens:
                 parens.pop()
             elif value == "{":
+                if session.open_braces and statement_head is not None and statement_head.value in TOP_LEVEL_BLOCKS:
+                    session.nested_heads.append((statement_head, tuple(session.open_braces)))
                 session.open_braces.append((token, statement_head))
+                session.blocks.append((token, statement_head))
                 if len(session.open_braces) > MAX_NESTING:
                     raise NestingTooDeep(token, f"blocks nested more than {MAX_NESTING} deep")
                 statement_head = None
             elif value == "}":
                 if session.open_braces:
-                    session.open_braces.pop()
+                    session.closed_by[session.open_braces.pop()[0].start_pos] = token
                 statement_head = None
             pos = end
             history.append(token)
@@ -254,6 +266,7 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
         if line in recovered:
             break  # the placeholder did not help: the first report stands
         diagnostics.append(failure.diagnostic)
+        diagnostics.extend(failure.also)
         if line is None:
             break
         recovered.add(line)
