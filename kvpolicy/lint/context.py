@@ -24,6 +24,12 @@ class LintContext:
     def file(self) -> str:
         return self.policy.file
 
+    def reported_within(self, node: Node) -> bool:
+        """Whether parsing already reported something inside ``node`` (a part that
+        failed to build is missing from the model: don't report it missing again)."""
+        span = node.span
+        return any(span.line <= d.line <= span.end_line for d in self.parse_diagnostics)
+
     @cached_property
     def nodes(self) -> tuple[Node, ...]:
         """Every node of the policy in source order (walked once, shared by the rules)."""
