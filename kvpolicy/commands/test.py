@@ -1,0 +1,53 @@
+"""``kvpolicy test [PATH...]``: run policy unit tests (``*.kvtest.json``, see docs/policy-tests.md).
+
+Exit 0 when every case passes, 1 when a case fails or a test file cannot be run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from kvpolicy.commands import add_format_option
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("test", help="run policy unit tests", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="test files or directories (default: .)")
+    add_format_option(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpolicy.evaluate.policytest import TestFileError, find_test_files, run_test_file
+
+    try:
+        files = find_test_files(args.paths)
+    except FileNotFoundError as exc:
+        print(f"kvpolicy test: {exc}: no such file or directory", file=sys.stderr)
+        return 2
+    results, errors = [], []
+    for path in files:
+        try:
+            results.extend(run_test_file(path))
+        except TestFileError as exc:
+            errors.append(str(exc))
+    failed = [r for r in results if not r.passed]
+    if args.format == "json":
+        print(json.dumps({
+            "schema": 1,
+            "results": [r.model_dump() for r in results],
+            "errors": errors,
+            "summary": {"files": len(files), "cases": len(results), "passed": len(results) - len(failed), "failed": len(failed)},
+        }, indent=2))
+    else:
+        for r in results:
+            print(f"{'PASS' if r.passed else 'FAIL'}  {r.file} :: {r.case}")
+            for failure in r.failures:
+                print(f"      {failure}")
+        for error in errors:
+            print(f"ERROR {error}")
+        print(f"{len(results) - len(failed)} passed, {len(failed)} failed, {len(errors)} file error(s) in {len(files)} file(s)")
+    return 1 if failed or errors or not files else 0

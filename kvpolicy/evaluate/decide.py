@@ -1,0 +1,500 @@
+"""``evaluate(policy, facts, state) -> (decision, state)``: DESIGN §4, exactly.
+
+Pure and deterministic: no I/O, no clock (time is ``facts.now``), GPUs and
+instances processed in id order so equal inputs give byte-identical JSON
+whatever order the facts list them in. All outputs are rounded down to the
+GPU's chunk; inputs are used as given. Where DESIGN §4 leaves a choice open,
+the choice is documented in docs/semantics.md and marked "choice" here.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from kvpolicy.evaluate.conditions import Condition, compile_condition
+from kvpolicy.evaluate.decision import (
+    Action,
+    Decision,
+    GpuDecision,
+    InstanceDecision,
+    PolicyRef,
+    Reasons,
+    Reserved,
+    RuleMemory,
+    State,
+    Violation,
+)
+from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
+from kvpolicy.policy.model import Policy, Rule
+from kvpolicy.policy.resolve import GpuSettings, ModelSettings, gpu_settings, model_settings
+from kvpolicy.units import round_down
+
+RESERVE_POOL = "reserve"
+"""``reserved.by_pool`` key for model reserves standing in for unreported pools."""
+
+
+# ---- per-policy preparation (cached: the controller evaluates one policy many times) ----
+
+
+class _Prepared:
+    """What does not depend on the facts: bindings, GPU settings, compiled conditions."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.rules: tuple[Rule, ...] = policy.rules
+        self._models: dict[str, ModelSettings] = {}
+        self._gpus: dict[str, GpuSettings] = {}
+        self._conditions: dict[tuple[int, int], Condition | None] = {}
+
+    def model(self, name: str) -> ModelSettings:
+        settings = self._models.get(name)
+        if settings is None:
+            settings = self._models[name] = model_settings(self.policy, name)
+        return settings
+
+    def gpu(self, gpu_id: str) -> GpuSettings:
+        settings = self._gpus.get(gpu_id)
+        if settings is None:
+            settings = self._gpus[gpu_id] = gpu_settings(self.policy, gpu_id)
+        return settings
+
+    def condition(self, index: int, capacity: int) -> Condition | None:
+        key = (index, capacity)
+        if key not in self._conditions:
+            when = self.rules[index].when
+            self._conditions[key] = None if when is None else compile_condition(when, capacity)
+        return self._conditions[key]
+
+
+_PREPARED: OrderedDict[int, _Prepared] = OrderedDict()
+_PREPARED_SIZE = 8
+
+
+def _prepared(policy: Policy) -> _Prepared:
+    entry = _PREPARED.get(id(policy))
+    if entry is None or entry.policy is not policy:
+        entry = _Prepared(policy)
+        _PREPARED[id(policy)] = entry
+        while len(_PREPARED) > _PREPARED_SIZE:
+            _PREPARED.popitem(last=False)
+    return entry
+
+
+# ---- working state of one evaluation ----------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Inst:
+    facts: InstanceFacts
+    settings: ModelSettings
+    elastic: bool
+    used: int
+    min: int
+    max: int
+    guarantee: int = 0
+    guarantee_reason: str = "not_elastic"
+    limit: int = 0
+    limit_bound: str = "not_elastic"
+    target: int = 0
+    level: int = 0
+    tp_cap: int | None = None
+    tp_size: int = 1
+    actions: list[Action] = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.facts.id
+
+
+@dataclass(eq=False)
+class _Gpu:
+    facts: GpuFacts
+    capacity: int
+    headroom: int
+    chunk: int
+    reserved_by_pool: dict[str, int]
+    reserved: int
+    budget: int
+    instances: list[_Inst] = field(default_factory=list)
+
+    @property
+    def elastic(self) -> list[_Inst]:
+        return [i for i in self.instances if i.elastic]
+
+
+def evaluate(policy: Policy, facts: Facts, state: State | None = None) -> tuple[Decision, State]:
+    """The decision for ``facts`` under ``policy``, and the state to pass next time."""
+    prepared = _prepared(policy)
+    state = state or State()
+    gpus = _gpus(prepared, facts)
+    for gpu in gpus:
+        _guarantees(gpu)
+        _limits(gpu)
+    if _tensor_parallel(gpus):
+        for gpu in gpus:
+            _limits(gpu)
+    for gpu in gpus:
+        _targets(gpu)
+    new_memory: dict[str, dict[str, RuleMemory]] = {}
+    for gpu in gpus:
+        _rules(prepared, gpu, facts.now, state, new_memory)
+    decision = _decision(prepared, facts, gpus)
+    return decision, State(rules=dict(sorted(new_memory.items())))
+
+
+# ---- steps 1-2: budgets -----------------------------------------------------------------
+
+
+def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
+    by_gpu: dict[str, list[InstanceFacts]] = {}
+    for inst in facts.instances:
+        by_gpu.setdefault(inst.gpu, []).append(inst)
+    gpus: list[_Gpu] = []
+    for gpu_facts in sorted(facts.gpus, key=lambda g: g.id):
+        settings = prepared.gpu(gpu_facts.id)
+        capacity = settings.capacity if settings.capacity is not None else gpu_facts.capacity
+        chunk = settings.chunk
+        reserved_by_pool: dict[str, int] = {}
+        members: list[_Inst] = []
+        for inst_facts in sorted(by_gpu.get(gpu_facts.id, ()), key=lambda i: i.id):
+            model = prepared.model(inst_facts.model)
+            if inst_facts.reports_runtime_pools:
+                for name, pool in inst_facts.pools.items():
+                    if pool.owner == "runtime":
+                        reserved_by_pool[name] = reserved_by_pool.get(name, 0) + pool.bytes
+            elif model.reserve:
+                reserved_by_pool[RESERVE_POOL] = reserved_by_pool.get(RESERVE_POOL, 0) + model.reserve
+            elastic = inst_facts.elastic is not None
+            maximum = round_down(model.max_bytes(capacity), chunk) if elastic else 0
+            # choice: a min above max is treated as max (lint reports it where it can)
+            minimum = round_down(min(model.min_bytes(capacity), model.max_bytes(capacity)), chunk) if elastic else 0
+            members.append(
+                _Inst(
+                    facts=inst_facts,
+                    settings=model,
+                    elastic=elastic,
+                    used=inst_facts.elastic.used if elastic else 0,
+                    min=max(0, minimum),
+                    max=max(0, maximum),
+                )
+            )
+        reserved = sum(reserved_by_pool.values())
+        headroom = settings.headroom_bytes(capacity)
+        budget = round_down(max(0, capacity - headroom - gpu_facts.other_used - reserved), chunk)
+        gpus.append(
+            _Gpu(
+                facts=gpu_facts,
+                capacity=capacity,
+                headroom=headroom,
+                chunk=chunk,
+                reserved_by_pool=dict(sorted(reserved_by_pool.items())),
+                reserved=reserved,
+                budget=budget,
+                instances=members,
+            )
+        )
+    return gpus
+
+
+# ---- step 3: guarantees ------------------------------------------------------------------
+
+
+def _guarantees(gpu: _Gpu) -> None:
+    """Priority levels from highest: a level whose mins fit gets them; the first that
+    does not shares what remains in proportion to its mins; lower levels get 0."""
+    elastic = gpu.elastic
+    remaining = gpu.budget
+    starved = False
+    for level, priority in enumerate(sorted({i.settings.priority for i in elastic}, reverse=True)):
+        members = [i for i in elastic if i.settings.priority == priority]
+        need = sum(i.min for i in members)
+        for inst in members:
+            inst.level = level
+        if starved:
+            for inst in members:
+                inst.guarantee, inst.guarantee_reason = 0, "lower_priority" if inst.min else "min"
+        elif need <= remaining:
+            for inst in members:
+                inst.guarantee, inst.guarantee_reason = inst.min, "min"
+            remaining -= need
+        else:
+            for inst in members:
+                inst.guarantee = round_down(remaining * inst.min // need, gpu.chunk)
+                inst.guarantee_reason = "shared"
+            remaining -= sum(i.guarantee for i in members)
+            starved = True
+
+
+# ---- step 4: limits, and tensor-parallel groups ---------------------------------------------
+
+
+def _limits(gpu: _Gpu) -> None:
+    """l_i = min(max_i, A − Σ_{j≠i} g_j): anything except what is guaranteed to others."""
+    guaranteed = sum(i.guarantee for i in gpu.elastic)
+    for inst in gpu.elastic:
+        budget_room = gpu.budget - (guaranteed - inst.guarantee)
+        bounds = [(inst.max, "max"), (budget_room, "budget")]
+        if inst.tp_cap is not None:
+            bounds.append((inst.tp_cap, "tensor_parallel"))
+        value, bound = min(bounds, key=lambda b: b[0])
+        inst.limit, inst.limit_bound = round_down(max(0, value), gpu.chunk), bound
+
+
+def _tensor_parallel(gpus: list[_Gpu]) -> bool:
+    """Instances sharing an engine id get the group's smallest limit everywhere.
+
+    choice: a member's guarantee is capped at that limit too (it could not use
+    more), and what that frees is spare memory on its GPU. Returns whether any
+    group has more than one member (limits must then be recomputed).
+    """
+    groups: dict[str, list[_Inst]] = {}
+    for gpu in gpus:
+        for inst in gpu.elastic:
+            groups.setdefault(inst.facts.engine_group, []).append(inst)
+    changed = False
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        changed = True
+        cap = min(i.limit for i in members)
+        for inst in members:
+            inst.tp_cap, inst.tp_size = cap, len(members)
+            if inst.guarantee > cap:
+                inst.guarantee, inst.guarantee_reason = cap, "tensor_parallel"
+    return changed
+
+
+# ---- step 5: fair targets -------------------------------------------------------------------
+
+
+def _targets(gpu: _Gpu) -> None:
+    """The spare A − Σ g water-filled by weight, each instance capped at its limit."""
+    elastic = gpu.elastic
+    spare = gpu.budget - sum(i.guarantee for i in elastic)
+    shares = waterfill(spare, [(i.settings.weight, i.limit - i.guarantee) for i in elastic])
+    for inst, share in zip(elastic, shares):
+        inst.target = min(inst.limit, round_down(inst.guarantee + share, gpu.chunk))
+
+
+def waterfill(amount: int, claims: list[tuple[int, int]]) -> list[int]:
+    """Split ``amount`` by weight among ``(weight, room)`` claims, none above its room.
+
+    Whoever's fair share exceeds its room gets its room, and the rest is split
+    again among the others, until everyone left can take a full share.
+    """
+    shares = [0] * len(claims)
+    active = [k for k, (weight, room) in enumerate(claims) if weight > 0 and room > 0]
+    remaining = max(0, amount)
+    while active and remaining > 0:
+        total = sum(claims[k][0] for k in active)
+        full = [k for k in active if claims[k][1] * total <= remaining * claims[k][0]]
+        if not full:
+            for k in active:
+                shares[k] = remaining * claims[k][0] // total
+            break
+        for k in full:
+            shares[k] = claims[k][1]
+            remaining -= claims[k][1]
+        active = [k for k in active if k not in full]
+    return shares
+
+
+# ---- step 6: rules ----------------------------------------------------------------------------
+
+_ORDER_VALUES = {
+    "priority": lambda i: i.settings.priority,
+    "idle": lambda i: i.facts.idle_seconds,
+    "used": lambda i: i.used,
+    "weight": lambda i: i.settings.weight,
+    "target": lambda i: i.target,
+    "min": lambda i: i.min,
+    "max": lambda i: i.max,
+    "engine": lambda i: i.facts.engine,
+    "name": lambda i: i.facts.model,
+}
+
+
+def _ordered(instances: list[_Inst], rule: Rule) -> list[_Inst]:
+    ordered = sorted(instances, key=lambda i: i.id)
+    for key in reversed(rule.order):  # stable sorts, last key first
+        ordered.sort(key=_ORDER_VALUES[key.attribute.value], reverse=key.descending)
+    return ordered
+
+
+def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dict[str, dict[str, RuleMemory]]) -> None:
+    elastic = gpu.elastic
+    if not elastic or not prepared.rules:
+        return
+    used_total = sum(i.used for i in elastic)
+    figures = {
+        "gpu.capacity": gpu.capacity,
+        "gpu.reserved": gpu.reserved,
+        "gpu.used": used_total,
+        "gpu.free": gpu.budget - used_total,
+    }
+    reported_gpu = dict(figures)
+    used_now = {inst.id: inst.used for inst in elastic}  # lowered by the shrinks decided so far
+    shrunk = False
+    file = prepared.policy.file
+    for index, rule in enumerate(prepared.rules):
+        condition = prepared.condition(index, gpu.capacity)
+        if condition is None or rule.shrink_to is None:
+            continue  # incomplete rules never load; kept safe for partial policies
+        grace = rule.grace.seconds if rule.grace else 0.0
+        cooldown = rule.cooldown.seconds if rule.cooldown else 0.0
+        rule_memory = memory.setdefault(rule.name.value, {})
+        in_force: list[_Inst] = []
+        candidates: list[tuple[_Inst, float, float | None]] = []
+        for inst in _ordered(elastic, rule):
+            _set_instance_figures(figures, inst, used=inst.used)
+            figures.update(reported_gpu)
+            holds = condition(figures)
+            old = state.memory(rule.name.value, inst.id)
+            since = (old.holding_since if old and old.holding_since is not None else now) if holds else None
+            cooldown_until = old.cooldown_until if old else None
+            if old is not None and old.shrink_to is not None and not holds:
+                cooldown_until = now + cooldown  # the shrink ends: its cooldown starts
+            if cooldown_until is not None and cooldown_until <= now:
+                cooldown_until = None
+            if holds and old is not None and old.shrink_to is not None:
+                in_force.append(inst)
+            elif holds:
+                candidates.append((inst, since, cooldown_until))
+            if since is not None or cooldown_until is not None:
+                rule_memory[inst.id] = RuleMemory(holding_since=since, cooldown_until=cooldown_until)
+        for inst in in_force:
+            value = _apply_shrink(rule, index, inst, gpu, file, used_now)
+            rule_memory[inst.id] = RuleMemory(holding_since=state.memory(rule.name.value, inst.id).holding_since or now, shrink_to=value)
+            shrunk = True
+        for inst, since, cooldown_until in candidates:
+            if cooldown_until is not None or now - since < grace:
+                continue
+            if shrunk:  # figures changed since the reported evaluation: ask again
+                _set_instance_figures(figures, inst, used=used_now[inst.id])
+                _set_gpu_used(figures, gpu, used_now)
+                if not condition(figures):
+                    continue
+            value = _apply_shrink(rule, index, inst, gpu, file, used_now)
+            rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
+            shrunk = True
+        if not rule_memory:
+            del memory[rule.name.value]
+
+
+def _set_instance_figures(figures: dict, inst: _Inst, used: int) -> None:
+    figures["model.used"] = used
+    figures["model.idle"] = inst.facts.idle_seconds
+    figures["model.priority"] = inst.settings.priority
+    figures["model.weight"] = inst.settings.weight
+    figures["model.min"] = inst.min
+    figures["model.max"] = inst.max
+    figures["model.target"] = inst.target
+    figures["model.engine"] = inst.facts.engine
+    figures["model.name"] = inst.facts.model
+
+
+def _set_gpu_used(figures: dict, gpu: _Gpu, used_now: dict[str, int]) -> None:
+    used = sum(used_now.values())
+    figures["gpu.used"] = used
+    figures["gpu.free"] = gpu.budget - used
+
+
+def _apply_shrink(rule: Rule, index: int, inst: _Inst, gpu: _Gpu, file: str, used_now: dict[str, int]) -> int:
+    """Lower the instance's limit to the rule's value (never below its guarantee)."""
+    shrink = rule.shrink_to
+    if shrink.kind == "min":
+        value = inst.min
+    elif shrink.kind == "target":
+        value = inst.target
+    else:
+        value = shrink.amount.resolve(gpu.capacity)
+    value = max(inst.guarantee, round_down(max(0, value), gpu.chunk))
+    if value < inst.limit:
+        inst.limit, inst.limit_bound = value, "rule"
+    # choice: targets are not redistributed by rules, but never exceed the limit
+    inst.target = min(inst.target, inst.limit)
+    inst.actions.append(Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=value))
+    used_now[inst.id] = min(used_now[inst.id], value)
+    return value
+
+
+# ---- step 7 and the decision ------------------------------------------------------------------
+
+
+def _violations(inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
+    found: list[Violation] = []
+    settings = inst.settings
+    for name in sorted(inst.facts.pools):
+        pool = inst.facts.pools[name]
+        if pool.owner != "runtime":
+            continue
+        limit = settings.pool_max_bytes(name, capacity)
+        if limit is not None and pool.bytes > limit:
+            line = settings.pools[name].span.line
+            found.append(Violation(kind="pool_over_max", pool=name, bytes=pool.bytes, max=limit, file=file, line=line))
+    block = settings.block
+    if settings.reserve is not None and block is not None and block.reserve is not None:
+        total = inst.facts.runtime_bytes
+        if total > settings.reserve:
+            found.append(
+                Violation(kind="reserve_exceeded", pool=None, bytes=total, max=settings.reserve, file=file, line=block.reserve.span.line)
+            )
+    return tuple(found)
+
+
+def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
+    policy = prepared.policy
+    gpu_out: list[GpuDecision] = []
+    inst_out: list[InstanceDecision] = []
+    for gpu in gpus:
+        used = sum(i.used for i in gpu.elastic)
+        gpu_out.append(
+            GpuDecision(
+                id=gpu.facts.id,
+                capacity=gpu.capacity,
+                headroom=gpu.headroom,
+                other_used=gpu.facts.other_used,
+                reserved=Reserved(total=gpu.reserved, by_pool=gpu.reserved_by_pool),
+                elastic_budget=gpu.budget,
+                free=round_down(max(0, gpu.budget - used), gpu.chunk),
+                used=used,
+                chunk=gpu.chunk,
+                guaranteed=sum(i.guarantee for i in gpu.elastic),
+            )
+        )
+        for inst in gpu.instances:
+            settings = inst.settings
+            inst_out.append(
+                InstanceDecision(
+                    id=inst.id,
+                    model=inst.facts.model,
+                    policy_model=settings.pattern,
+                    engine=inst.facts.engine,
+                    gpu=gpu.facts.id,
+                    guarantee=inst.guarantee,
+                    limit=inst.limit,
+                    target=inst.target,
+                    shortfall=inst.guarantee < inst.min,
+                    elastic=inst.elastic,
+                    actions=tuple(inst.actions),
+                    violations=_violations(inst, gpu.capacity, policy.file),
+                    reasons=Reasons(
+                        guarantee=inst.guarantee_reason,
+                        limit=inst.limit_bound,
+                        priority_level=inst.level,
+                        min=inst.min,
+                        max=inst.max,
+                        weight=settings.weight,
+                        engine_group=inst.facts.engine_group,
+                        tensor_parallel_size=inst.tp_size,
+                    ),
+                )
+            )
+    inst_out.sort(key=lambda d: d.id)
+    return Decision(
+        policy=PolicyRef(file=policy.file, sha256=policy.sha256),
+        now=facts.now,
+        gpus=tuple(gpu_out),
+        instances=tuple(inst_out),
+    )

@@ -1,0 +1,147 @@
+"""Decision (what the evaluator concludes, schema 1) and State (what it remembers).
+
+The decision's JSON is fixed by CONTRACTS.md (``kvpolicy explain --format json``);
+fields beyond it are additions. ``reasons`` say why each number is what it is.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DECISION_SCHEMA = 1
+STATE_SCHEMA = 1
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class PolicyRef(_Out):
+    file: str
+    sha256: str
+
+
+class Reserved(_Out):
+    total: int
+    by_pool: dict[str, int]
+    """Runtime-owned bytes per pool; ``reserve`` holds model reserves standing in
+    for instances that have not reported their pools yet."""
+
+
+class GpuDecision(_Out):
+    id: str
+    capacity: int
+    headroom: int
+    other_used: int
+    reserved: Reserved
+    elastic_budget: int
+    free: int
+    used: int
+    """Σ elastic bytes in use on this GPU."""
+    chunk: int
+    guaranteed: int
+    """Σ guarantees on this GPU."""
+
+
+class Action(_Out):
+    rule: str
+    file: str
+    line: int
+    shrink_to: int
+
+
+class Violation(_Out):
+    kind: Literal["pool_over_max", "reserve_exceeded"]
+    pool: str | None
+    bytes: int
+    max: int
+    file: str
+    line: int
+
+
+LimitBound = Literal["max", "budget", "tensor_parallel", "rule", "not_elastic"]
+GuaranteeReason = Literal["min", "shared", "lower_priority", "not_elastic", "tensor_parallel"]
+
+
+class Reasons(_Out):
+    guarantee: GuaranteeReason
+    limit: LimitBound
+    priority_level: int
+    min: int
+    """The instance's minimum as used here: min(min, max), rounded down to the chunk."""
+    max: int
+    weight: int
+    engine_group: str
+    tensor_parallel_size: int
+
+
+class InstanceDecision(_Out):
+    id: str
+    model: str
+    policy_model: str | None
+    engine: str
+    gpu: str
+    guarantee: int
+    limit: int
+    target: int
+    shortfall: bool
+    elastic: bool
+    actions: tuple[Action, ...] = ()
+    violations: tuple[Violation, ...] = ()
+    reasons: Reasons
+
+
+class Decision(_Out):
+    schema_: Literal[1] = Field(default=DECISION_SCHEMA, alias="schema")
+    policy: PolicyRef
+    now: float
+    gpus: tuple[GpuDecision, ...]
+    instances: tuple[InstanceDecision, ...]
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    def to_json(self) -> str:
+        """Deterministic JSON: equal decisions give byte-identical text."""
+        return self.model_dump_json(by_alias=True, indent=2)
+
+    def instance(self, instance_id: str) -> InstanceDecision:
+        for inst in self.instances:
+            if inst.id == instance_id:
+                return inst
+        raise KeyError(instance_id)
+
+    def gpu(self, gpu_id: str) -> GpuDecision:
+        for gpu in self.gpus:
+            if gpu.id == gpu_id:
+                return gpu
+        raise KeyError(gpu_id)
+
+
+class RuleMemory(BaseModel):
+    """One rule's memory of one instance."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    holding_since: float | None = None
+    """When the rule's condition started holding on the reported facts (None: it does not)."""
+    shrink_to: int | None = None
+    """The shrink in force, in bytes (None: none)."""
+    cooldown_until: float | None = None
+
+
+class State(BaseModel):
+    """What the evaluator carries from one evaluation to the next (JSON in and out)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_: Literal[1] = Field(default=STATE_SCHEMA, alias="schema")
+    rules: dict[str, dict[str, RuleMemory]] = Field(default_factory=dict)
+    """rule name → instance id → memory."""
+
+    def memory(self, rule: str, instance: str) -> RuleMemory | None:
+        return self.rules.get(rule, {}).get(instance)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)

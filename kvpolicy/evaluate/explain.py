@@ -1,0 +1,139 @@
+"""The decision as people read it: per GPU a stacked view of its capacity, per
+instance each number with the reason it is what it is."""
+
+from __future__ import annotations
+
+from kvpolicy.evaluate.decision import Decision, GpuDecision, InstanceDecision
+from kvpolicy.policy.model import Policy
+from kvpolicy.units import format_bytes
+
+BAR_WIDTH = 64
+_SEGMENTS = (("headroom", "#"), ("other use", "="))
+_RESERVED_MARK = "r"
+_GUARANTEED_MARK = "g"
+_UNGUARANTEED_MARK = "."
+
+
+def render_explain(policy: Policy, decision: Decision, facts_source: str) -> str:
+    out = [
+        f"policy {decision.policy.file} (sha256 {decision.policy.sha256[:12]}), "
+        f"facts {facts_source} (now {decision.now:g})",
+    ]
+    instances_by_gpu: dict[str, list[InstanceDecision]] = {}
+    for inst in decision.instances:
+        instances_by_gpu.setdefault(inst.gpu, []).append(inst)
+    for gpu in decision.gpus:
+        out.append("")
+        out.extend(_gpu_section(policy, gpu))
+        for inst in instances_by_gpu.get(gpu.id, ()):
+            out.append("")
+            out.extend(_instance_section(policy, gpu, inst))
+    if not decision.gpus:
+        out.append("")
+        out.append("no GPUs in the facts: nothing to decide")
+    return "\n".join(out) + "\n"
+
+
+def _gpu_section(policy: Policy, gpu: GpuDecision) -> list[str]:
+    settings = policy.gpu_settings(gpu.id)
+    capacity_from = f"policy line {settings.capacity_line}" if settings.capacity is not None else "facts"
+    headroom_from = f"policy line {settings.headroom_line}" if settings.headroom_line else "default (none)"
+    pieces = [("headroom", gpu.headroom, "#"), ("other use", gpu.other_used, "=")]
+    pieces += [(f"reserved {name}", size, _RESERVED_MARK) for name, size in gpu.reserved.by_pool.items()]
+    pieces += [
+        ("guaranteed", gpu.guaranteed, _GUARANTEED_MARK),
+        ("not guaranteed", max(0, gpu.elastic_budget - gpu.guaranteed), _UNGUARANTEED_MARK),
+    ]
+    lines = [
+        f"GPU {gpu.id}: capacity {format_bytes(gpu.capacity)} ({capacity_from}), chunk {format_bytes(gpu.chunk)}",
+        "  [" + _bar(pieces, gpu.capacity) + "]",
+        f"  {'headroom':<22}{format_bytes(gpu.headroom):>12}   {headroom_from}",
+        f"  {'other use':<22}{format_bytes(gpu.other_used):>12}   memory no instance accounts for",
+    ]
+    for name, size in gpu.reserved.by_pool.items():
+        why = "model reserves of instances that have not reported their pools" if name == "reserve" else "runtime-owned, as reported"
+        lines.append(f"  {'reserved ' + name:<22}{format_bytes(size):>12}   {why}")
+    lines += [
+        f"  {'elastic budget':<22}{format_bytes(gpu.elastic_budget):>12}   "
+        f"capacity - headroom - other use - reserved, rounded down to {format_bytes(gpu.chunk)}",
+        f"  {'  guaranteed':<22}{format_bytes(gpu.guaranteed):>12}",
+        f"  {'  in use':<22}{format_bytes(gpu.used):>12}",
+        f"  {'  free':<22}{format_bytes(gpu.free):>12}   budget - in use",
+        "  legend: # headroom  = other use  r reserved  g guaranteed  . elastic, not guaranteed",
+    ]
+    return lines
+
+
+def _bar(pieces: list[tuple[str, int, str]], capacity: int) -> str:
+    if capacity <= 0:
+        return " " * BAR_WIDTH
+    cells: list[str] = []
+    for _, size, mark in pieces:
+        width = round(size * BAR_WIDTH / capacity)
+        if size > 0:
+            width = max(1, width)
+        cells.append(mark * width)
+    text = "".join(cells)
+    return text[:BAR_WIDTH].ljust(BAR_WIDTH)
+
+
+def _instance_section(policy: Policy, gpu: GpuDecision, inst: InstanceDecision) -> list[str]:
+    settings = policy.model_settings(inst.model)
+    binding = (
+        f'policy model "{inst.policy_model}" (line {settings.line})'
+        if inst.policy_model is not None
+        else "no model block matches: defaults"
+    )
+    kind = "elastic" if inst.elastic else "runtime-owned pools only"
+    lines = [f"  {inst.id}: model {inst.model} -> {binding}; engine {inst.engine}; {kind}"]
+    r = inst.reasons
+    if inst.elastic:
+        lines.append(f"    {'guarantee':<10}{format_bytes(inst.guarantee):>12}   {_guarantee_reason(inst, settings)}")
+        lines.append(f"    {'limit':<10}{format_bytes(inst.limit):>12}   {_limit_reason(inst, settings, gpu)}")
+        lines.append(
+            f"    {'target':<10}{format_bytes(inst.target):>12}   guarantee + fair share of the spare "
+            f"by weight {r.weight}, at most the limit"
+        )
+    else:
+        lines.append("    guarantee, limit, target 0: it holds no elastic memory; its pools count as reserved")
+    for action in inst.actions:
+        lines.append(
+            f"    {'action':<10}{format_bytes(action.shrink_to):>12}   shrunk by rule \"{action.rule}\" "
+            f"({action.file}:{action.line})"
+        )
+    for v in inst.violations:
+        what = f"pool {v.pool} holds" if v.kind == "pool_over_max" else "runtime-owned pools hold"
+        limit_name = "its max" if v.kind == "pool_over_max" else "the model's reserve"
+        lines.append(
+            f"    {'VIOLATION':<10}{format_bytes(v.bytes):>12}   {v.kind}: {what} {format_bytes(v.bytes)} > "
+            f"{limit_name} {format_bytes(v.max)} ({v.file}:{v.line})"
+        )
+    if inst.shortfall:
+        lines.append(f"    {'SHORTFALL':<10}{format_bytes(r.min - inst.guarantee):>12}   its min {format_bytes(r.min)} is not guaranteed")
+    return lines
+
+
+def _guarantee_reason(inst: InstanceDecision, settings) -> str:
+    r = inst.reasons
+    level = f"priority {settings.priority}, level {r.priority_level + 1}"
+    return {
+        "min": f"its min ({level})" if r.min else "no min",
+        "shared": f"its share of what remained, in proportion to min ({level}: the mins did not all fit)",
+        "lower_priority": f"0: higher priorities took the budget ({level})",
+        "tensor_parallel": f"capped at its tensor-parallel group's limit ({r.tensor_parallel_size} ranks)",
+        "not_elastic": "no elastic pool",
+    }[r.guarantee]
+
+
+def _limit_reason(inst: InstanceDecision, settings, gpu: GpuDecision) -> str:
+    r = inst.reasons
+    if r.limit == "max":
+        where = f" (line {settings.block.max.span.line})" if settings.block and settings.block.max else " (default 100%)"
+        return f"its max {settings.max.text}{where}"
+    if r.limit == "budget":
+        return "the elastic budget minus the others' guarantees"
+    if r.limit == "tensor_parallel":
+        return f"the smallest limit of its tensor-parallel group ({r.engine_group}, {r.tensor_parallel_size} ranks)"
+    if r.limit == "rule":
+        return "lowered by a rule (below)"
+    return "no elastic pool"
