@@ -352,7 +352,8 @@ class PolicyBuilder:
             return self._duration(q)
         self.report(
             UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
-            did_you_mean(q.unit, (*SIZE_UNITS, *DURATION_UNITS)),
+            unit_hint(q.unit, (*SIZE_UNITS, *DURATION_UNITS))
+            or "sizes use B, KiB, MiB, GiB, TiB or %; durations use ms, s, m or h",
         )
         return None
 
@@ -373,13 +374,17 @@ class PolicyBuilder:
             if not isinstance(attr, m.Attr):
                 continue
             if attr.kind == "string" and op.value not in ("==", "!="):
-                self.report(InvalidValue, op, f"{attr.name} can only be compared with == or !=")
+                self.report(
+                    InvalidValue, op, f"{attr.name} can only be compared with == or !=",
+                    f"e.g. `{attr.name} == {_example_name(attr)}`",
+                )
                 return False
             if isinstance(other, m.Attr):
                 if other.kind != attr.kind:
                     self.report(
                         InvalidValue, op,
-                        f"cannot compare {attr.name} (a {attr.kind}) with {other.name} (a {other.kind})",
+                        f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {other.name} ({_ATTRIBUTE_KIND_WORDS[other.kind]})",
+                        _compare_hint(attr),
                     )
                     return False
                 continue
@@ -398,17 +403,15 @@ class PolicyBuilder:
                     f"did you mean 'gpu.{other.value}'?",
                 )
                 return False
-            hint = None
+            hint = _compare_hint(attr)
             if other_kind in ("int", "zero") and attr.kind == "size":
                 hint = f"add a unit, e.g. `{token.value} GiB`"
             elif other_kind in ("int", "zero") and attr.kind == "duration":
                 hint = f"add a unit, e.g. `{token.value}s`"
-            elif attr.kind == "string":
-                hint = 'compare with a name or a quoted string, e.g. `model.engine == vllm`'
             self.report(
                 InvalidDuration if attr.kind == "duration" else InvalidValue,
                 token,
-                f"cannot compare {attr.name} (a {attr.kind}) with {token.value} (a {_kind_word(other_kind)})",
+                f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {token.value} ({_kind_word(other_kind)})",
                 hint,
             )
             return False
@@ -442,7 +445,10 @@ class PolicyBuilder:
 
     def _int(self, q: _Quantity, setting: str | None = None) -> m.IntLit | None:
         if q.number.denominator != 1:
-            self.report(InvalidValue, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}")
+            self.report(
+                InvalidValue, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}",
+                f"did you mean `{setting} {round(q.number)}`?" if setting else "write a whole number",
+            )
             return None
         return m.IntLit(span=q.span, value=int(q.number))
 
@@ -468,7 +474,8 @@ class PolicyBuilder:
                 return m.SizeLit(span=q.span, bytes=0, number=q.number_text, unit="B")
             self.report(
                 InvalidValue, token, f"{setting} needs a unit: '{q.number_text}' alone is not a size",
-                f"did you mean `{q.number_text} GiB`?" + (" or a percentage" if percent_ok else ""),
+                f"did you mean `{setting} {q.number_text} GiB`"
+                + (f" or `{setting} {q.number_text}%`" if percent_ok else "") + "?",
             )
             return None
         if q.unit in DURATION_UNITS:
@@ -479,7 +486,10 @@ class PolicyBuilder:
             return None
         if q.unit not in SIZE_UNITS:
             units = (*SIZE_UNITS, "%") if percent_ok else tuple(SIZE_UNITS)
-            self.report(UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'", did_you_mean(q.unit, units))
+            self.report(
+                UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+                unit_hint(q.unit, units) or "sizes use " + ", ".join(units),
+            )
             return None
         return self._size(q)
 
@@ -505,7 +515,7 @@ class PolicyBuilder:
             else:
                 self.report(
                     UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
-                    did_you_mean(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
+                    unit_hint(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
                 )
             return None
         return self._duration(q)
@@ -575,7 +585,39 @@ def _literal_kind(node) -> str:
 
 
 def _kind_word(kind: str) -> str:
-    return {"zero": "number", "int": "number without a unit"}.get(kind, kind)
+    """``a size``, ``a duration``...: what a value or an attribute is, for messages."""
+    return {
+        "zero": "a number",
+        "int": "a number without a unit",
+        "size": "a size",
+        "duration": "a duration",
+        "string": "a name",
+    }[kind]
+
+
+_ATTRIBUTE_KIND_WORDS = {"size": "a size", "duration": "a duration", "int": "a whole number", "string": "a name"}
+
+
+def _compare_hint(attr: m.Attr) -> str:
+    """What ``attr`` can be compared with, as an example."""
+    return {
+        "size": f"compare {attr.name} with a size or a percentage, e.g. `{attr.name} < 8 GiB`",
+        "duration": f"compare {attr.name} with a duration, e.g. `{attr.name} > 60s`",
+        "int": f"compare {attr.name} with a whole number, e.g. `{attr.name} >= 10`",
+        "string": f"compare {attr.name} with a name, e.g. `{attr.name} == {_example_name(attr)}`",
+    }[attr.kind]
+
+
+def _example_name(attr: m.Attr) -> str:
+    return "vllm" if attr.name == "model.engine" else '"qwen3-8b"'
+
+
+def unit_hint(unit: str, units) -> str | None:
+    """``did you mean 's'?`` for ``sec``, ``GiB`` for ``GiBB``: a known spelling, else the closest unit."""
+    alias = v.UNIT_ALIASES.get(unit.lower())
+    if alias is not None and alias in units:
+        return f"did you mean '{alias}'?"
+    return did_you_mean(unit, units)
 
 
 __all__ = ["PolicyBuilder", "span_of", "closest"]
