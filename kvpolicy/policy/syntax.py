@@ -243,6 +243,8 @@ class SyntaxResult:
     tree: Tree | None
     comments: list[Token]
     diagnostics: list[Diagnostic]
+    kinds: list[str] = field(default_factory=list)
+    """The kind of each syntax error found, in the order found (``syntax_messages.ERROR_EXAMPLES``)."""
 
 
 def parse_tree(text: str, file: str) -> SyntaxResult:
@@ -251,13 +253,14 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
 
     lines = text.split("\n")
     diagnostics: list[Diagnostic] = []
+    kinds: list[str] = []
     recovered: set[int] = set()
     while len(diagnostics) < MAX_ERRORS:
         session = _Session()
         reset = _SESSION.set(session)
         try:
             tree = parser().parse("\n".join(lines))
-            return SyntaxResult(tree, session.comments, diagnostics)
+            return SyntaxResult(tree, session.comments, diagnostics, kinds)
         except (UnexpectedToken, BadCharacter, NestingTooDeep) as exc:
             failure: Failure = explain_failure(exc, session, lines, file)
         finally:
@@ -267,6 +270,7 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
             break  # the placeholder did not help: the first report stands
         diagnostics.append(failure.diagnostic)
         diagnostics.extend(failure.also)
+        kinds.append(failure.kind)
         if line is None:
             break
         recovered.add(line)
@@ -275,7 +279,7 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
         else:
             open_before = sum(1 for brace, _ in session.open_braces if brace.line < line)
             lines[line - 1] = _placeholder(lines[line - 1], open_before)
-    return SyntaxResult(None, [], diagnostics)
+    return SyntaxResult(None, [], diagnostics, kinds)
 
 
 def _placeholder(line: str, open_before: int) -> str:

@@ -18,9 +18,11 @@ from lark.exceptions import UnexpectedToken
 
 from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
 from kvpolicy.lint.rules.unknown_field import UnknownField
+from kvpolicy.lint.rules.unknown_unit import UnknownUnit
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
 from kvpolicy.policy.errors import Diagnostic, Span
 from kvpolicy.policy.syntax import RECOVERED, BadCharacter, NestingTooDeep, _Session, parser
+from kvpolicy.policy.vocabulary import UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -75,6 +77,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "unterminated-string": ('version 1\nmodel "a\n',),
     "too-deep": ("version 1\nrule \"r\" { when " + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n",),
     "wrong-value": ('version 1\nmodel "a" { engine 5 }\n', 'version 1\nrule "r" { order , }\n'),
+    "keyword-as-unit": ('version 1\nrule "r" { grace 5 min }\n',),
     "chained-comparison": ('version 1\nrule "r" { when 1 GiB < gpu.free < 8 GiB }\n',),
     "misplaced-statement": (
         'version 1\nmodel "a" { when gpu.free < 8 GiB }\n',
@@ -92,6 +95,20 @@ _TOKEN_WORDS = {
     "COMPARE": "a comparison (<, <=, >, >=, ==, !=)",
     "$END": "the end of the file",
 }
+_VALUE_WORDS = {
+    "version": "a version number",
+    "priority": "a number",
+    "weight": "a number",
+    "reserve": "a size",
+    "capacity": "a size",
+    "chunk": "a size",
+    "headroom": "a size or a percentage",
+    "min": "a size or a percentage",
+    "max": "a size or a percentage",
+    "grace": "a duration",
+    "cooldown": "a duration",
+}
+"""What each setting's number is, for "'grace' needs a duration"."""
 _VALUE_TYPES = {"QUANTITY", "STRING", "NAME", "ATTRIBUTE", "STAR", "LPAR", "NOT"}
 _STATEMENT_END = {"_SEP", "RBRACE", "$END"}
 
@@ -141,6 +158,11 @@ class _Explainer:
         line = (None if self.at_end else self.token.line) if recover is True else (recover or None)
         return Failure(kind, SyntaxErrorRule.at(self.file, span, message, hint), line, replacement)
 
+    def fail_with(self, rule, kind: str, span: Span, message: str, hint: str | None = None) -> Failure:
+        """A failure reported under another rule than syntax-error (it recovers the token's line)."""
+        line = None if self.at_end else self.token.line
+        return Failure(kind, rule.at(self.file, span, message, hint), line)
+
     def explain(self) -> Failure:
         token, expected, previous = self.token, self.expected, self.previous
         prev_word = previous.value if previous is not None else ""
@@ -176,10 +198,7 @@ class _Explainer:
             if not (expected == {"STRING"} and token.type == "NAME") and not (expected == {"NAME"} and token.type == "STRING"):
                 return self.fail("wrong-value", _span(token), f"{self._setting(prev_word)} needs {self._words(expected)}, found {_found(token)}", eg)
         if expected == {"STRING"} and token.type == "NAME":
-            return self.fail(
-                "unquoted-name", _span(token), f"names are quoted strings: write \"{token.value}\"",
-                f'e.g. `{prev_word} "{token.value}" {{ ... }}`',
-            )
+            return self._unquoted_name()
         if "LBRACE" in expected and not expected & (_VALUE_TYPES - {"STRING"}):
             return self._missing_open_brace()
         if expected == {"NAME"} and token.type == "STRING":
@@ -199,6 +218,16 @@ class _Explainer:
                 "chained-comparison", _span(token), f"comparisons cannot be chained: unexpected '{token.value}'",
                 "join two comparisons with 'and', e.g. `gpu.free > 1 GiB and gpu.free < 8 GiB`",
             )
+        if (
+            previous is not None and previous.type == "QUANTITY" and previous.value[-1:].isdigit()
+            and token.value in UNIT_ALIASES and token.line == previous.line
+        ):
+            # `grace 5 min`: a keyword is never read as a unit, so this is not one quantity
+            span = _span(token)
+            return self.fail_with(
+                UnknownUnit, "keyword-as-unit", span, f"unknown unit '{token.value}'",
+                f"did you mean '{UNIT_ALIASES[token.value]}'? (`{previous.value}{UNIT_ALIASES[token.value]}`)",
+            )
         if "_SEP" in expected and token.type not in _STATEMENT_END and previous is not None:
             return self.fail(
                 "two-statements", _span(token),
@@ -208,6 +237,23 @@ class _Explainer:
         return self.fail(
             "unexpected", _span(token) if not self.at_end else _end_of_text(self.lines),
             f"unexpected {_found(token)}; expected {self._words(expected)}",
+            "e.g. `gpu.free < 8 GiB`" if "COMPARE" in expected else None,
+        )
+
+    def _unquoted_name(self) -> Failure:
+        """``model qwen3-8b {``: the name as written (up to the '{'), and a recovery
+        that quotes it, so the block's body is still read and checked."""
+        token, keyword = self.token, self.previous.value if self.previous else ""
+        line = self.lines[token.line - 1]
+        start = token.column - 1
+        word = re.match(r"[^\s{]+", line[start:]).group()
+        rest = line[start + len(word) :]
+        # Quoting shifts what follows by two columns: only when nothing else can be reported there.
+        replacement = line[:start] + f'"{word}"' + rest if rest.strip() in ("{", "{}") else None
+        span = Span(line=token.line, col=token.column, end_line=token.line, end_col=token.column + len(word))
+        return self.fail(
+            "unquoted-name", span, f'names are quoted strings: write "{word}"',
+            f'e.g. `{keyword} "{word}" {{ ... }}`', replacement=replacement,
         )
 
     def _missing_open_brace(self) -> Failure:
@@ -328,8 +374,7 @@ class _Explainer:
         if block_head is not None and (block_head.type == "NAME" or block_head.value not in BLOCK_FIELDS):
             return None  # inside an unknown block: that block's keyword is reported
         message, hint = unknown_keyword(head.value, block_head.value if block_head is not None else None)
-        line = None if self.at_end else self.token.line
-        return Failure("misplaced-statement", UnknownField.at(self.file, _span(head), message, hint), line)
+        return self.fail_with(UnknownField, "misplaced-statement", _span(head), message, hint)
 
     def _head_type(self) -> str | None:
         head = self._statement_head()
@@ -355,8 +400,12 @@ class _Explainer:
     def _words(self, types: set[str]) -> str:
         if self.previous is not None and self.previous.type == "TO":
             return "min, target, a size or a percentage"
+        if types == {"NAME", "ATTRIBUTE"}:  # only `order` takes both, and only to refuse the attribute
+            return "an attribute's short name such as `priority` or `idle`"
         if "ATTRIBUTE" in types and "COMPARE" not in types:
             return "a condition such as `gpu.free < 8 GiB`"
+        if types == {"QUANTITY"} and self.previous is not None and self.previous.value in _VALUE_WORDS:
+            return _VALUE_WORDS[self.previous.value]
         terminals = {t.name: t.pattern.value for t in parser().terminals}
         keywords = sorted(terminals[t] for t in types if t in terminals and _WORD.fullmatch(str(terminals[t])))
         words: list[str] = []
