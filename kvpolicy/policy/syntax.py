@@ -58,6 +58,8 @@ class _Session:
     """Every block opened so far: (its '{', the first token of its statement)."""
     closed_by: dict[int, Token] = field(default_factory=dict)
     """The '}' that closed each block, by the offset of its '{'."""
+    recovered_lines: frozenset[int] = frozenset()
+    """Lines replaced by recovery: their tokens' columns are not the user's."""
     nested_heads: list[tuple[Token, tuple[tuple[Token, Token | None], ...]]] = field(default_factory=list)
     """A top-level statement (``model``, ``rule``...) that opened a block inside
     another block, with the blocks open around it: a sign of a forgotten '}'."""
@@ -119,6 +121,7 @@ class PolicyLexer(Lexer):
         line, line_start, pos, end_of_text = 1, 0, 0, len(text)
         parens = session.open_parens
         statement_head: Token | None = None
+        nots = 0  # 'not's in a row: each nests the condition one level deeper
         while pos < end_of_text:
             m = match(text, pos)
             if m is None:
@@ -159,9 +162,15 @@ class PolicyLexer(Lexer):
             token = Token(kind, value, pos, line, col, line, col + len(value), end)
             if statement_head is None:
                 statement_head = token
+            if kind == "NOT":
+                nots += 1
+                if nots + len(parens) > MAX_NESTING:
+                    raise NestingTooDeep(token, f"conditions nested more than {MAX_NESTING} deep")
+            elif value != "(":
+                nots = 0
             if value == "(":
                 parens.append(token)
-                if len(parens) > MAX_NESTING:
+                if len(parens) + nots > MAX_NESTING:
                     raise NestingTooDeep(token, f"parentheses nested more than {MAX_NESTING} deep")
             elif value == ")" and parens:
                 parens.pop()
@@ -251,12 +260,13 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
     """Parse ``text``; on syntax errors, recover line by line and report each one."""
     from kvpolicy.policy.syntax_messages import Failure, explain_failure
 
-    lines = text.split("\n")
+    original = text.split("\n")
+    lines = list(original)
     diagnostics: list[Diagnostic] = []
     kinds: list[str] = []
     recovered: set[int] = set()
     while len(diagnostics) < MAX_ERRORS:
-        session = _Session()
+        session = _Session(recovered_lines=frozenset(recovered))
         reset = _SESSION.set(session)
         try:
             tree = parser().parse("\n".join(lines))
@@ -268,8 +278,8 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
         line = failure.recover_line
         if line in recovered:
             break  # the placeholder did not help: the first report stands
-        diagnostics.append(failure.diagnostic)
-        diagnostics.extend(failure.also)
+        for diagnostic in (failure.diagnostic, *failure.also):
+            diagnostics.append(_inside(diagnostic, original))
         kinds.append(failure.kind)
         if line is None:
             break
@@ -280,6 +290,20 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
             open_before = sum(1 for brace, _ in session.open_braces if brace.line < line)
             lines[line - 1] = _placeholder(lines[line - 1], open_before)
     return SyntaxResult(None, [], diagnostics, kinds)
+
+
+def _inside(diagnostic: Diagnostic, lines: list[str]) -> Diagnostic:
+    """``diagnostic`` with its position inside the original text (a position found in
+    a line that recovery replaced can lie past that line's end)."""
+    line = min(diagnostic.line, len(lines))
+    col = min(diagnostic.col, len(lines[line - 1]) + 1)
+    end_line = min(max(diagnostic.end_line, line), len(lines))
+    end_col = min(diagnostic.end_col, len(lines[end_line - 1]) + 1)
+    if (end_line, end_col) <= (line, col):
+        end_line, end_col = line, col + 1
+    if (line, col, end_line, end_col) == (diagnostic.line, diagnostic.col, diagnostic.end_line, diagnostic.end_col):
+        return diagnostic
+    return diagnostic.model_copy(update={"line": line, "col": col, "end_line": end_line, "end_col": end_col})
 
 
 def _placeholder(line: str, open_before: int) -> str:
@@ -296,4 +320,5 @@ def _placeholder(line: str, open_before: int) -> str:
                 opens -= 1
             elif closes < open_before:
                 closes += 1
-    return "}" * closes + (f"{RECOVERED} {{" if opens else "") + "{" * max(0, opens - 1)
+    indent = line[: len(line) - len(line.lstrip())]  # kept: indentation tells where blocks end
+    return indent + "}" * closes + (f"{RECOVERED} {{" if opens else "") + "{" * max(0, opens - 1)

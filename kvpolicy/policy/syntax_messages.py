@@ -75,7 +75,7 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "missing-to": ('version 1\nrule "r" { shrink min }\n',),
     "bad-character": ('version 1\nmodel "a" { reserve 40 @ }\n',),
     "unterminated-string": ('version 1\nmodel "a\n',),
-    "too-deep": ("version 1\nrule \"r\" { when " + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n",),
+    "too-deep": ('version 1\nrule "r" { when ' + "not " * 40 + "gpu.free < 1 GiB }\n", "version 1\nrule \"r\" { when " + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n",),
     "wrong-value": ('version 1\nmodel "a" { engine 5 }\n', 'version 1\nrule "r" { order , }\n'),
     "keyword-as-unit": ('version 1\nrule "r" { grace 5 min }\n',),
     "chained-comparison": ('version 1\nrule "r" { when 1 GiB < gpu.free < 8 GiB }\n',),
@@ -260,7 +260,9 @@ class _Explainer:
         token, previous = self.token, self.previous
         head = self._statement_head()
         keyword = head.value if head is not None and head.type != "NAME" else None
-        header = " ".join(t.value for t in self.history[self.history.index(head):]) if head else ""
+        # by identity: tokens compare equal by their text, and an earlier 'model' is not this one
+        start = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i] is head), None)
+        header = " ".join(t.value for t in self.history[start:] if t.type != "_SEP") if start is not None else ""
         rest = "\n".join(self.lines[token.line :]) if not self.at_end else ""
         # A block body follows (its '}' is below): parse it as a block, so its
         # lines are not reported again as statements out of place.
@@ -289,7 +291,7 @@ class _Explainer:
             last = self._last_code_line(unclosed[-1][0].line, head.line)
             return self.fail(
                 "missing-close-brace", Span.point(head.line, head.column),
-                _missing_braces_message(unclosed, f"before line {head.line}"), _missing_braces_hint(unclosed),
+                _missing_braces_message(unclosed, f"before line {head.line}"), _missing_braces_hint(unclosed, self.session.recovered_lines),
                 recover=last, replacement=self._code(last) + " }" * len(unclosed),
             )
         return None
@@ -332,7 +334,7 @@ class _Explainer:
                 span, where = _end_of_text(self.lines), "at the end of the file"
             else:
                 span, where = Span.point(line, len(self.lines[line - 1]) - len(self.lines[line - 1].lstrip()) + 1), f"before line {line}"
-            diagnostics.append(SyntaxErrorRule.at(self.file, span, _missing_braces_message(blocks, where), _missing_braces_hint(blocks)))
+            diagnostics.append(SyntaxErrorRule.at(self.file, span, _missing_braces_message(blocks, where), _missing_braces_hint(blocks, self.session.recovered_lines)))
         return Failure("missing-close-brace", diagnostics[0], None, also=tuple(diagnostics[1:]))
 
     def _unclosed_by_indentation(self) -> list[tuple[Token, Token | None, int | None]]:
@@ -439,10 +441,11 @@ def _missing_braces_message(blocks: list[tuple[Token, Token | None]], where: str
     return f"missing {count} {where} to close " + " and ".join(named)
 
 
-def _missing_braces_hint(blocks: list[tuple[Token, Token | None]]) -> str:
+def _missing_braces_hint(blocks: list[tuple[Token, Token | None]], recovered: frozenset[int]) -> str:
     if len(blocks) == 1:
         brace = blocks[0][0]
-        return f"add '}}' to close the block that starts at {brace.line}:{brace.column}"
+        where = f"on line {brace.line}" if brace.line in recovered else f"at {brace.line}:{brace.column}"
+        return f"add '}}' to close the block that starts {where}"
     return "add one '}' for each block"
 
 
