@@ -28,7 +28,8 @@ class LintContext:
         """Whether parsing already reported something inside ``node`` (a part that
         failed to build is missing from the model: don't report it missing again)."""
         span = node.span
-        return any(span.line <= d.line <= span.end_line for d in self.parse_diagnostics)
+        start, end = (span.line, span.col), (span.end_line, span.end_col)
+        return any(start <= (d.line, d.col) < end for d in self.parse_diagnostics)
 
     @cached_property
     def nodes(self) -> tuple[Node, ...]:

@@ -75,7 +75,8 @@ def decode_policy(data: bytes, file: str) -> str:
     except UnicodeDecodeError as exc:
         before = data[: exc.start]
         line = before.count(b"\n") + 1
-        col = len(before) - (before.rfind(b"\n") + 1) + 1
+        # a column counts characters, not bytes: decode the valid start of the line
+        col = len(before[before.rfind(b"\n") + 1 :].decode("utf-8-sig" if line == 1 else "utf-8")) + 1
         raise PolicyError(
             [
                 SyntaxErrorRule.at(
