@@ -123,10 +123,14 @@ class _Printer:
             self.emit(indent, f"{_join(head[:-1])} {{}}", first.line, self.trailing_comment(close))
             return
         self.emit(indent, _join(head[:-1]) + " {", first.line, self.trailing_comment(open_brace))
+        body = len(self.lines)
         for item in items:
             self.statement(item, indent + 1)
         self.flush_comments(close.line, indent + 1)
+        if len(self.lines) > body:
+            self.lines[body].blank_before = False  # no blank line right after '{'
         self.emit(indent, "}", close.line, self.trailing_comment(close))
+        self.lines[-1].blank_before = False  # nor right before '}'
 
     def flush_comments_within(self, first_line: int, last_line: int, indent: int) -> None:
         moved = [c for c in self.pending if first_line <= c.line < last_line]
