@@ -21,6 +21,7 @@ class IncompleteRule(Rule):
     ```
     rule "idle-reclaim" {
       when model.idle > 60s
+      grace 30s
     }
     ```
 
