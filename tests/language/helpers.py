@@ -16,6 +16,13 @@ TERMINAL_NAMES = re.compile(
 )
 """Names from the grammar or from Lark that must never reach a user."""
 
+_QUOTED = re.compile(r"'[^']*'|`[^`]*`|\"[^\"]*\"")
+
+
+def shows_terminal_name(text: str) -> bool:
+    """Whether ``text`` names a grammar terminal outside what it quotes (a quote is the user's own text)."""
+    return bool(TERMINAL_NAMES.search(_QUOTED.sub("", text)))
+
 
 def semantic_dump(policy: Policy | None) -> object:
     """The policy as data, without what layout changes: spans, the file's hash and name."""

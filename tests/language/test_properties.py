@@ -23,7 +23,7 @@ from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.syntax import parser
 
 from .conftest import examples
-from .helpers import TERMINAL_NAMES, comment_texts, semantic_dump
+from .helpers import TERMINAL_NAMES, comment_texts, semantic_dump, shows_terminal_name
 from .strategies import mutated, valid_policies
 
 SECONDS_PER_CASE = 10
@@ -69,7 +69,7 @@ def check_diagnostics(result: LintResult, lines: list[str]) -> None:
         assert (d.end_line, d.end_col) >= (d.line, d.col), d
         assert d.end_line <= len(lines), d
         for text in (d.message, d.hint or ""):
-            assert not TERMINAL_NAMES.search(text), text
+            assert not shows_terminal_name(text), text
         assert d.message and d.message == d.message.strip()
 
 
