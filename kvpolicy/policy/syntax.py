@@ -103,7 +103,10 @@ class PolicyLexer(Lexer):
         alternatives = [f"(?P<{_group(name)}>{regexp})" for _, name, regexp in groups]
         puncts = sorted(punctuation, key=len, reverse=True)
         alternatives.append("(?P<PUNCT>" + "|".join(re.escape(p) for p in puncts) + ")")
-        self.master = re.compile("|".join(alternatives))
+        # Spaces before a token are skipped in the same match: a third of the matches
+        # a policy needs otherwise. (At the end of the text, or before a character
+        # nothing matches, the spaces still match on their own, as the ignored terminal.)
+        self.master = re.compile("[ \t\f]*(?:" + "|".join(alternatives) + ")")
         self.group_names = {_group(name): name for _, name, _ in groups}
 
     def lex(self, lexer_state, parser_state) -> Iterator[Token]:  # type: ignore[override]
@@ -122,23 +125,27 @@ class PolicyLexer(Lexer):
         parens = session.open_parens
         statement_head: Token | None = None
         nots = 0  # 'not's in a row: each nests the condition one level deeper
+        after_sep = False
+        new_token = _NEW_TOKEN
         while pos < end_of_text:
             m = match(text, pos)
             if m is None:
                 raise BadCharacter(line, pos - line_start + 1, text[pos])
-            kind = names.get(m.lastgroup, m.lastgroup)
-            value = m.group()
+            group = m.lastgroup
+            kind = names.get(group, group)
+            value = m.group(group)
             end = m.end()
+            pos = end - len(value)  # where the token starts, after any spaces
             col = pos - line_start + 1
             if kind in ignored:
                 if kind == "COMMENT":
                     session.comments.append(
-                        Token("COMMENT", value, pos, line, col, line, col + len(value), end)
+                        new_token("COMMENT", value, pos, line, col, line, col + len(value), end)
                     )
                 pos = end
                 continue
             if kind == "_SEP":
-                token = Token("_SEP", value, pos, line, col, line, col + 1, end)
+                token = None if after_sep else new_token("_SEP", value, pos, line, col, line, col + 1, end)
                 if value != ";":
                     line += 1
                     line_start = end
@@ -147,9 +154,14 @@ class PolicyLexer(Lexer):
                         continue
                 pos = end
                 statement_head = None
-                history.append(token)
-                yield token
+                # A run of separators (blank lines, comment lines, ';' at a line's end)
+                # is passed on as one: the grammar takes any number wherever it takes one.
+                if token is not None:
+                    after_sep = True
+                    history.append(token)
+                    yield token
                 continue
+            after_sep = False
             if kind == "NAME":
                 keyword = keywords.get(value)
                 if keyword is not None and (
@@ -159,7 +171,7 @@ class PolicyLexer(Lexer):
                     kind = keyword
             elif kind == "PUNCT":
                 kind = punctuation[value]
-            token = Token(kind, value, pos, line, col, line, col + len(value), end)
+            token = new_token(kind, value, pos, line, col, line, col + len(value), end)
             if statement_head is None:
                 statement_head = token
             if kind == "NOT":
@@ -189,6 +201,10 @@ class PolicyLexer(Lexer):
             pos = end
             history.append(token)
             yield token
+
+
+_NEW_TOKEN = getattr(Token, "_future_new", Token)
+"""Lark's Token constructor without its check for a deprecated keyword (a third of the cost)."""
 
 
 def _would_shift(states, stack: list, token_type: str) -> bool:
