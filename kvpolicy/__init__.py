@@ -1,3 +1,16 @@
 """kvpolicy: a declarative policy engine for GPU memory shared by LLM serving engines."""
 
+from __future__ import annotations
+
 __version__ = "0.1.0"
+
+__all__ = ["attach"]
+
+
+def __getattr__(name: str) -> object:
+    # `import kvpolicy` stays cheap (no pydantic, no mmap): the ledger client loads on first use.
+    if name == "attach":
+        from kvpolicy.runtime.client import attach
+
+        return attach
+    raise AttributeError(f"module 'kvpolicy' has no attribute {name!r}")

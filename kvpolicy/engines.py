@@ -31,8 +31,12 @@ ENGINES: dict[str, EngineVocabulary] = {
     ),
     "vllm": EngineVocabulary(
         name="vllm",
-        # DeepSeek-V4's five pools, and one pool per KV spec type for other models.
-        pools=DEEPSEEK_V4_POOLS | {"full", "mla", "sliding_window", "mamba"},
+        # DeepSeek-V4's five pools, one pool per KV spec type for other models, and
+        # the report-only `padding` (block tails, the null block, rounding) and
+        # `free_blocks`, with which a rank's pools add up to its whole buffer.
+        pools=DEEPSEEK_V4_POOLS
+        | {"full", "mla", "sliding_window", "sliding_window_mla", "chunked_local", "mamba", "cross_attention"}
+        | {"other", "padding", "free_blocks"},
         elastic_pools=frozenset(),
     ),
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from fractions import Fraction
 from pathlib import Path
 
@@ -31,13 +32,15 @@ def policy_files(paths: list[str]) -> list[Path]:
 
 
 def parse_size(text: str) -> int:
-    """``141GiB`` / ``141 GiB`` → bytes; argparse type for size options."""
-    import re
-
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*", text)
+    """``141GiB``, ``141 GiB``, ``1.5TiB`` or plain bytes → bytes; argparse type for size options."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
     if not match:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 141GiB")
     number, unit = match.groups()
+    if not unit:
+        if "." in number:
+            raise argparse.ArgumentTypeError(f"{text!r}: a size without a unit is a whole number of bytes")
+        return int(number)
     if unit not in SIZE_UNITS:
         hint = did_you_mean(unit, SIZE_UNITS)
         raise argparse.ArgumentTypeError(f"unknown unit {unit!r}" + (f"; {hint}" if hint else ""))

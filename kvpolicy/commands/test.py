@@ -21,7 +21,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.policytest import TestFileError, find_test_files, run_test_file
+    from kvpolicy.evaluate.policytest import (
+        TestFileError,
+        find_test_files,
+        run_test_file,
+    )
 
     try:
         files = find_test_files(args.paths)

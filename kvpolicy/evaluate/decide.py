@@ -3,14 +3,18 @@
 Pure and deterministic: no I/O, no clock (time is ``facts.now``), GPUs and
 instances processed in id order so equal inputs give byte-identical JSON
 whatever order the facts list them in. All outputs are rounded down to the
-GPU's chunk; inputs are used as given. Where DESIGN §4 leaves a choice open,
+GPU's chunk; inputs are used as given, and every intermediate is exact (a
+proportional share is a Fraction): rounding happens once, on the way out, so
+it never compounds. Where DESIGN §4 leaves a choice open,
 the choice is documented in docs/semantics.md and marked "choice" here.
 """
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from kvpolicy.evaluate.conditions import Condition, compile_condition
 from kvpolicy.evaluate.decision import (
@@ -46,6 +50,9 @@ class _Prepared:
         self._models: dict[str, ModelSettings] = {}
         self._gpus: dict[str, GpuSettings] = {}
         self._conditions: dict[tuple[int, int], Condition | None] = {}
+        self._pool_limits: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
+        self._bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        self._headroom: dict[tuple[str, int], int] = {}
 
     def model(self, name: str) -> ModelSettings:
         settings = self._models.get(name)
@@ -58,6 +65,34 @@ class _Prepared:
         if settings is None:
             settings = self._gpus[gpu_id] = gpu_settings(self.policy, gpu_id)
         return settings
+
+    def bounds(self, model: ModelSettings, capacity: int) -> tuple[int, int]:
+        """(min, max) in bytes on a GPU of ``capacity``; a min above max is treated as max."""
+        key = (model.name, capacity)
+        bounds = self._bounds.get(key)
+        if bounds is None:
+            maximum = max(0, model.max_bytes(capacity))
+            # choice: a min above max is treated as max (lint reports it where it can)
+            bounds = self._bounds[key] = (max(0, min(model.min_bytes(capacity), maximum)), maximum)
+        return bounds
+
+    def headroom(self, gpu_id: str, capacity: int) -> int:
+        key = (gpu_id, capacity)
+        if key not in self._headroom:
+            self._headroom[key] = self.gpu(gpu_id).headroom_bytes(capacity)
+        return self._headroom[key]
+
+    def pool_limits(self, model: ModelSettings, capacity: int) -> dict[str, tuple[int, int]]:
+        """Pool name → (its policy max in bytes, the pool block's line), for pools with a max."""
+        key = (model.name, capacity)
+        limits = self._pool_limits.get(key)
+        if limits is None:
+            limits = self._pool_limits[key] = {
+                name: (block.max.resolve(capacity), block.span.line)
+                for name, block in model.pools.items()
+                if block.max is not None
+            }
+        return limits
 
     def condition(self, index: int, capacity: int) -> Condition | None:
         key = (index, capacity)
@@ -84,27 +119,27 @@ def _prepared(policy: Policy) -> _Prepared:
 # ---- working state of one evaluation ----------------------------------------------------
 
 
+Exact = int | Fraction
+
+
 @dataclass(eq=False)
 class _Inst:
+    id: str
     facts: InstanceFacts
     settings: ModelSettings
     elastic: bool
     used: int
     min: int
     max: int
-    guarantee: int = 0
+    guarantee: Exact = 0
     guarantee_reason: str = "not_elastic"
-    limit: int = 0
+    limit: Exact = 0
     limit_bound: str = "not_elastic"
     target: int = 0
+    """Rounded: rules compare against it, as the engine sees it."""
     level: int = 0
-    tp_cap: int | None = None
     tp_size: int = 1
     actions: list[Action] = field(default_factory=list)
-
-    @property
-    def id(self) -> str:
-        return self.facts.id
 
 
 @dataclass(eq=False)
@@ -116,6 +151,7 @@ class _Gpu:
     reserved_by_pool: dict[str, int]
     reserved: int
     budget: int
+    """A, exact; the decision shows it rounded down to the chunk."""
     instances: list[_Inst] = field(default_factory=list)
 
     @property
@@ -131,9 +167,7 @@ def evaluate(policy: Policy, facts: Facts, state: State | None = None) -> tuple[
     for gpu in gpus:
         _guarantees(gpu)
         _limits(gpu)
-    if _tensor_parallel(gpus):
-        for gpu in gpus:
-            _limits(gpu)
+    _tensor_parallel(gpus)
     for gpu in gpus:
         _targets(gpu)
     new_memory: dict[str, dict[str, RuleMemory]] = {}
@@ -166,22 +200,21 @@ def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
             elif model.reserve:
                 reserved_by_pool[RESERVE_POOL] = reserved_by_pool.get(RESERVE_POOL, 0) + model.reserve
             elastic = inst_facts.elastic is not None
-            maximum = round_down(model.max_bytes(capacity), chunk) if elastic else 0
-            # choice: a min above max is treated as max (lint reports it where it can)
-            minimum = round_down(min(model.min_bytes(capacity), model.max_bytes(capacity)), chunk) if elastic else 0
+            minimum, maximum = prepared.bounds(model, capacity) if elastic else (0, 0)
             members.append(
                 _Inst(
+                    id=inst_facts.id,
                     facts=inst_facts,
                     settings=model,
                     elastic=elastic,
                     used=inst_facts.elastic.used if elastic else 0,
-                    min=max(0, minimum),
-                    max=max(0, maximum),
+                    min=minimum,
+                    max=maximum,
                 )
             )
         reserved = sum(reserved_by_pool.values())
-        headroom = settings.headroom_bytes(capacity)
-        budget = round_down(max(0, capacity - headroom - gpu_facts.other_used - reserved), chunk)
+        headroom = prepared.headroom(gpu_facts.id, capacity)
+        budget = max(0, capacity - headroom - gpu_facts.other_used - reserved)
         gpus.append(
             _Gpu(
                 facts=gpu_facts,
@@ -220,9 +253,8 @@ def _guarantees(gpu: _Gpu) -> None:
             remaining -= need
         else:
             for inst in members:
-                inst.guarantee = round_down(remaining * inst.min // need, gpu.chunk)
+                inst.guarantee = Fraction(remaining * inst.min, need)
                 inst.guarantee_reason = "shared"
-            remaining -= sum(i.guarantee for i in members)
             starved = True
 
 
@@ -234,35 +266,33 @@ def _limits(gpu: _Gpu) -> None:
     guaranteed = sum(i.guarantee for i in gpu.elastic)
     for inst in gpu.elastic:
         budget_room = gpu.budget - (guaranteed - inst.guarantee)
-        bounds = [(inst.max, "max"), (budget_room, "budget")]
-        if inst.tp_cap is not None:
-            bounds.append((inst.tp_cap, "tensor_parallel"))
-        value, bound = min(bounds, key=lambda b: b[0])
-        inst.limit, inst.limit_bound = round_down(max(0, value), gpu.chunk), bound
+        if inst.max <= budget_room:
+            inst.limit, inst.limit_bound = inst.max, "max"
+        else:
+            inst.limit, inst.limit_bound = max(0, budget_room), "budget"
 
 
-def _tensor_parallel(gpus: list[_Gpu]) -> bool:
+def _tensor_parallel(gpus: list[_Gpu]) -> None:
     """Instances sharing an engine id get the group's smallest limit everywhere.
 
     choice: a member's guarantee is capped at that limit too (it could not use
-    more), and what that frees is spare memory on its GPU. Returns whether any
-    group has more than one member (limits must then be recomputed).
+    more). What it cannot use is not handed to its neighbours' limits, which
+    were computed before: so a change on one GPU never raises a limit on another.
     """
     groups: dict[str, list[_Inst]] = {}
     for gpu in gpus:
         for inst in gpu.elastic:
             groups.setdefault(inst.facts.engine_group, []).append(inst)
-    changed = False
     for members in groups.values():
         if len(members) < 2:
             continue
-        changed = True
         cap = min(i.limit for i in members)
         for inst in members:
-            inst.tp_cap, inst.tp_size = cap, len(members)
+            inst.tp_size = len(members)
+            if inst.limit > cap:
+                inst.limit, inst.limit_bound = cap, "tensor_parallel"
             if inst.guarantee > cap:
                 inst.guarantee, inst.guarantee_reason = cap, "tensor_parallel"
-    return changed
 
 
 # ---- step 5: fair targets -------------------------------------------------------------------
@@ -271,10 +301,11 @@ def _tensor_parallel(gpus: list[_Gpu]) -> bool:
 def _targets(gpu: _Gpu) -> None:
     """The spare A − Σ g water-filled by weight, each instance capped at its limit."""
     elastic = gpu.elastic
-    spare = gpu.budget - sum(i.guarantee for i in elastic)
-    shares = waterfill(spare, [(i.settings.weight, i.limit - i.guarantee) for i in elastic])
+    # Whole bytes are exact enough here: targets are rounded down to the chunk.
+    spare = math.floor(gpu.budget - sum(i.guarantee for i in elastic))
+    shares = waterfill(spare, [(i.settings.weight, math.floor(i.limit - i.guarantee)) for i in elastic])
     for inst, share in zip(elastic, shares):
-        inst.target = min(inst.limit, round_down(inst.guarantee + share, gpu.chunk))
+        inst.target = _out(min(inst.limit, inst.guarantee + share), gpu.chunk)
 
 
 def waterfill(amount: int, claims: list[tuple[int, int]]) -> list[int]:
@@ -327,80 +358,85 @@ def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dic
     if not elastic or not prepared.rules:
         return
     used_total = sum(i.used for i in elastic)
-    figures = {
+    reported_gpu = {
         "gpu.capacity": gpu.capacity,
         "gpu.reserved": gpu.reserved,
         "gpu.used": used_total,
         "gpu.free": gpu.budget - used_total,
     }
-    reported_gpu = dict(figures)
+    # Figures as reported, one dict per instance, built once for all rules.
+    reported = {inst.id: {**reported_gpu, **_instance_figures(inst)} for inst in elastic}
     used_now = {inst.id: inst.used for inst in elastic}  # lowered by the shrinks decided so far
     shrunk = False
+    orders: dict[tuple, list[_Inst]] = {}
     file = prepared.policy.file
     for index, rule in enumerate(prepared.rules):
         condition = prepared.condition(index, gpu.capacity)
         if condition is None or rule.shrink_to is None:
             continue  # incomplete rules never load; kept safe for partial policies
+        name = rule.name.value
         grace = rule.grace.seconds if rule.grace else 0.0
         cooldown = rule.cooldown.seconds if rule.cooldown else 0.0
-        rule_memory = memory.setdefault(rule.name.value, {})
-        in_force: list[_Inst] = []
-        candidates: list[tuple[_Inst, float, float | None]] = []
-        for inst in _ordered(elastic, rule):
-            _set_instance_figures(figures, inst, used=inst.used)
-            figures.update(reported_gpu)
-            holds = condition(figures)
-            old = state.memory(rule.name.value, inst.id)
-            since = (old.holding_since if old and old.holding_since is not None else now) if holds else None
-            cooldown_until = old.cooldown_until if old else None
+        remembered = state.rules.get(name, {})
+        rule_memory = memory.setdefault(name, {})
+        in_force: list[tuple[_Inst, float]] = []
+        candidates: list[tuple[_Inst, float]] = []
+        order_key = tuple((k.attribute.value, k.descending) for k in rule.order)
+        ordered = orders.get(order_key) if not shrunk else None  # a shrink can move targets
+        if ordered is None:
+            ordered = orders[order_key] = _ordered(elastic, rule)
+        for inst in ordered:
+            holds = condition(reported[inst.id])
+            old = remembered.get(inst.id)
+            since = None
+            if holds:
+                since = old.holding_since if old is not None and old.holding_since is not None else now
+            cooldown_until = old.cooldown_until if old is not None else None
             if old is not None and old.shrink_to is not None and not holds:
                 cooldown_until = now + cooldown  # the shrink ends: its cooldown starts
             if cooldown_until is not None and cooldown_until <= now:
                 cooldown_until = None
             if holds and old is not None and old.shrink_to is not None:
-                in_force.append(inst)
-            elif holds:
-                candidates.append((inst, since, cooldown_until))
+                in_force.append((inst, since))
+            elif holds and cooldown_until is None and now - since >= grace:
+                candidates.append((inst, since))
             if since is not None or cooldown_until is not None:
                 rule_memory[inst.id] = RuleMemory(holding_since=since, cooldown_until=cooldown_until)
-        for inst in in_force:
-            value = _apply_shrink(rule, index, inst, gpu, file, used_now)
-            rule_memory[inst.id] = RuleMemory(holding_since=state.memory(rule.name.value, inst.id).holding_since or now, shrink_to=value)
+        for inst, since in in_force:  # shrinks in force count before anyone new is chosen
+            value = _apply_shrink(rule, inst, gpu, file, used_now)
+            rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
             shrunk = True
-        for inst, since, cooldown_until in candidates:
-            if cooldown_until is not None or now - since < grace:
-                continue
-            if shrunk:  # figures changed since the reported evaluation: ask again
-                _set_instance_figures(figures, inst, used=used_now[inst.id])
-                _set_gpu_used(figures, gpu, used_now)
-                if not condition(figures):
-                    continue
-            value = _apply_shrink(rule, index, inst, gpu, file, used_now)
+        for inst, since in candidates:
+            if shrunk and not condition(_adjusted(reported[inst.id], inst, gpu, used_now)):
+                continue  # the shrinks decided so far already made the condition false
+            value = _apply_shrink(rule, inst, gpu, file, used_now)
             rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
             shrunk = True
         if not rule_memory:
-            del memory[rule.name.value]
+            del memory[name]
 
 
-def _set_instance_figures(figures: dict, inst: _Inst, used: int) -> None:
-    figures["model.used"] = used
-    figures["model.idle"] = inst.facts.idle_seconds
-    figures["model.priority"] = inst.settings.priority
-    figures["model.weight"] = inst.settings.weight
-    figures["model.min"] = inst.min
-    figures["model.max"] = inst.max
-    figures["model.target"] = inst.target
-    figures["model.engine"] = inst.facts.engine
-    figures["model.name"] = inst.facts.model
+def _instance_figures(inst: _Inst) -> dict[str, object]:
+    return {
+        "model.used": inst.used,
+        "model.idle": inst.facts.idle_seconds,
+        "model.priority": inst.settings.priority,
+        "model.weight": inst.settings.weight,
+        "model.min": inst.min,
+        "model.max": inst.max,
+        "model.target": inst.target,
+        "model.engine": inst.facts.engine,
+        "model.name": inst.facts.model,
+    }
 
 
-def _set_gpu_used(figures: dict, gpu: _Gpu, used_now: dict[str, int]) -> None:
+def _adjusted(figures: dict, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -> dict:
+    """The figures with the shrinks decided so far counted as lowering usage."""
     used = sum(used_now.values())
-    figures["gpu.used"] = used
-    figures["gpu.free"] = gpu.budget - used
+    return {**figures, "model.used": used_now[inst.id], "gpu.used": used, "gpu.free": gpu.budget - used}
 
 
-def _apply_shrink(rule: Rule, index: int, inst: _Inst, gpu: _Gpu, file: str, used_now: dict[str, int]) -> int:
+def _apply_shrink(rule: Rule, inst: _Inst, gpu: _Gpu, file: str, used_now: dict[str, int]) -> int:
     """Lower the instance's limit to the rule's value (never below its guarantee)."""
     shrink = rule.shrink_to
     if shrink.kind == "min":
@@ -409,29 +445,35 @@ def _apply_shrink(rule: Rule, index: int, inst: _Inst, gpu: _Gpu, file: str, use
         value = inst.target
     else:
         value = shrink.amount.resolve(gpu.capacity)
-    value = max(inst.guarantee, round_down(max(0, value), gpu.chunk))
+    value = max(inst.guarantee, max(0, value))
     if value < inst.limit:
         inst.limit, inst.limit_bound = value, "rule"
     # choice: targets are not redistributed by rules, but never exceed the limit
-    inst.target = min(inst.target, inst.limit)
-    inst.actions.append(Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=value))
-    used_now[inst.id] = min(used_now[inst.id], value)
-    return value
+    inst.target = min(inst.target, _out(inst.limit, gpu.chunk))
+    shown = _out(value, gpu.chunk)
+    inst.actions.append(Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=shown))
+    used_now[inst.id] = min(used_now[inst.id], math.floor(value))
+    return shown
 
 
 # ---- step 7 and the decision ------------------------------------------------------------------
 
 
-def _violations(inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
+def _out(value: Exact, chunk: int) -> int:
+    """An output figure: rounded down to the chunk, never negative."""
+    return round_down(max(0, math.floor(value)), chunk)
+
+
+def _violations(prepared: _Prepared, inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
     found: list[Violation] = []
     settings = inst.settings
-    for name in sorted(inst.facts.pools):
+    limits = prepared.pool_limits(settings, capacity)
+    for name in sorted(inst.facts.pools) if limits else ():
         pool = inst.facts.pools[name]
-        if pool.owner != "runtime":
+        if pool.owner != "runtime" or name not in limits:
             continue
-        limit = settings.pool_max_bytes(name, capacity)
-        if limit is not None and pool.bytes > limit:
-            line = settings.pools[name].span.line
+        limit, line = limits[name]
+        if pool.bytes > limit:
             found.append(Violation(kind="pool_over_max", pool=name, bytes=pool.bytes, max=limit, file=file, line=line))
     block = settings.block
     if settings.reserve is not None and block is not None and block.reserve is not None:
@@ -456,11 +498,11 @@ def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
                 headroom=gpu.headroom,
                 other_used=gpu.facts.other_used,
                 reserved=Reserved(total=gpu.reserved, by_pool=gpu.reserved_by_pool),
-                elastic_budget=gpu.budget,
-                free=round_down(max(0, gpu.budget - used), gpu.chunk),
+                elastic_budget=_out(gpu.budget, gpu.chunk),
+                free=_out(gpu.budget - used, gpu.chunk),
                 used=used,
                 chunk=gpu.chunk,
-                guaranteed=sum(i.guarantee for i in gpu.elastic),
+                guaranteed=sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic),
             )
         )
         for inst in gpu.instances:
@@ -472,13 +514,13 @@ def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
                     policy_model=settings.pattern,
                     engine=inst.facts.engine,
                     gpu=gpu.facts.id,
-                    guarantee=inst.guarantee,
-                    limit=inst.limit,
+                    guarantee=_out(inst.guarantee, gpu.chunk),
+                    limit=_out(inst.limit, gpu.chunk),
                     target=inst.target,
                     shortfall=inst.guarantee < inst.min,
                     elastic=inst.elastic,
                     actions=tuple(inst.actions),
-                    violations=_violations(inst, gpu.capacity, policy.file),
+                    violations=_violations(prepared, inst, gpu.capacity, policy.file),
                     reasons=Reasons(
                         guarantee=inst.guarantee_reason,
                         limit=inst.limit_bound,

@@ -70,7 +70,7 @@ class Reasons(_Out):
     limit: LimitBound
     priority_level: int
     min: int
-    """The instance's minimum as used here: min(min, max), rounded down to the chunk."""
+    """The instance's minimum as used here: min(min, max), in bytes."""
     max: int
     weight: int
     engine_group: str

@@ -1,0 +1,83 @@
+"""The SGLang DeepSeek-V4 adapter: per-pool reservation facts and policy-sized pools.
+
+All V4 pools (SWA, C4, C128, indexer, compressor state) stay owned by SGLang:
+the adapter observes and sizes them, it does not take them over.
+
+Activation reaches every SGLang process through SGLang's own general-plugin
+entry point (group ``sglang.srt.plugins``, name ``kvpolicy``): SGLang 0.5.23
+calls ``load_plugins()`` in the launcher, the scheduler subprocesses (one per
+TP rank), the detokenizer and the DP controller. ``plugin`` does nothing unless
+``KVPOLICY_ENABLE=1``. SGLang logs and swallows ``Exception`` from plugins, so a
+refusal is raised as ``StartupRefused`` (a ``SystemExit``): the process stops
+with the message instead of running unbudgeted.
+
+Module map: ``geometry``/``plan``/``footprint`` are pure (``kvpolicy plan`` uses
+them without torch or sglang); ``facts`` reads a live pool; ``hooks`` patches
+SGLang; ``ports`` holds the policy/ledger protocols.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..common import AdapterEnv, AdapterError, check_version
+
+VALIDATED_VERSIONS = ("0.5.23",)
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+ENTRY_POINT_NAME = "kvpolicy"
+
+logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
+
+
+class StartupRefused(SystemExit):
+    """An enabled adapter refused to start; passes through SGLang's ``except Exception``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def plugin() -> None:
+    """SGLang general-plugin entry point: activate the adapter in this process if enabled."""
+    try:
+        env = AdapterEnv.from_environ()
+        if not env.enabled:
+            return
+        activate(env)
+    except AdapterError as exc:
+        logger.critical("%s", exc)
+        raise StartupRefused(str(exc)) from exc
+
+
+def installed_sglang_version() -> str:
+    """The version of the importable sglang package."""
+    try:
+        from sglang.version import __version__
+    except ImportError as exc:
+        raise AdapterError(f"kvpolicy: KVPOLICY_ENABLE=1 but sglang cannot be imported here: {exc}") from None
+    return str(__version__)
+
+
+def activate(env: AdapterEnv, reserve_source=None, connect=None, version: str | None = None) -> list[str]:
+    """Check the SGLang version and install the hooks; returns the hook targets installed.
+
+    ``reserve_source`` and ``connect`` default to the policy named by ``KVPOLICY_POLICY``
+    and the ledger under ``KVPOLICY_LEDGER_DIR``; both are reached at pool-sizing time.
+    """
+    from . import hooks
+    from .ports import default_connector, policy_reserve, require_policy_file
+
+    found = installed_sglang_version() if version is None else version
+    check_version("SGLang", found, VALIDATED_VERSIONS)
+    if reserve_source is None:
+        require_policy_file(env)  # fail now, in the launcher, rather than after loading weights
+        reserve_source = lambda model: policy_reserve(env)(model)  # noqa: E731 (re-read at start-up)
+    if connect is None:
+        connect = lambda identity: default_connector(env)(identity)  # noqa: E731
+    state = hooks.AdapterState(reserve_source=reserve_source, connect=connect, model_name=env.model)
+    targets = hooks.install(state)
+    logger.warning(
+        "kvpolicy: SGLang %s DeepSeek-V4 adapter active (policy %s, model %s, ledger %s); hooks: %s",
+        found, env.policy, env.model or "<served model name>", env.ledger_dir, ", ".join(targets),
+    )
+    return targets

@@ -1,0 +1,95 @@
+"""The model fields that size DeepSeek-V4's KV pools, read from a ``config.json``.
+
+Pure data: no torch, no sglang. Accepts a model's full Hugging Face ``config.json``
+or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+# What the V4 paged layout stores per token: 448 fp8 NoPE values, 64 bf16 RoPE
+# values, 7 fp8 scales and one pad byte (SGLang asserts this in the pool).
+V4_NOPE_DIM = 448
+V4_ROPE_DIM = 64
+SUPPORTED_RATIOS = frozenset({0, 4, 128})
+
+
+class ModelGeometry(BaseModel):
+    """DeepSeek-V4 fields that matter for the KV pools (names as in ``config.json``)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    num_hidden_layers: PositiveInt
+    head_dim: PositiveInt = 512
+    qk_rope_head_dim: PositiveInt = 64
+    index_head_dim: PositiveInt = 128
+    sliding_window: PositiveInt = 128
+    compress_ratios: tuple[int, ...]
+    kv_source_layer_ids: tuple[int, ...] = ()
+    max_position_embeddings: PositiveInt = Field(
+        description="context length SGLang uses when --context-length is not given"
+    )
+
+    @model_validator(mode="after")
+    def _v4_shaped(self) -> ModelGeometry:
+        if len(self.compress_ratios) < self.num_hidden_layers:
+            raise ValueError(
+                f"compress_ratios has {len(self.compress_ratios)} entries, fewer than "
+                f"num_hidden_layers={self.num_hidden_layers}"
+            )
+        unknown = sorted(set(self.stage_ratios) - SUPPORTED_RATIOS)
+        if unknown:
+            raise ValueError(
+                f"compress ratios {unknown} are not DeepSeek-V4 ratios (0, 4, 128); "
+                "ratio-1/2 layers (V4.1) are not covered by these closed forms"
+            )
+        if (self.qk_nope_head_dim, self.qk_rope_head_dim) != (V4_NOPE_DIM, V4_ROPE_DIM):
+            raise ValueError(
+                f"head_dim={self.head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}: the V4 KV "
+                f"layout needs {V4_NOPE_DIM} NoPE + {V4_ROPE_DIM} RoPE dims (head_dim 512, rope 64)"
+            )
+        return self
+
+    @property
+    def qk_nope_head_dim(self) -> int:
+        return self.head_dim - self.qk_rope_head_dim
+
+    @property
+    def stage_ratios(self) -> tuple[int, ...]:
+        """Ratios of the target model's layers; entries past ``num_hidden_layers`` are MTP layers."""
+        return self.compress_ratios[: self.num_hidden_layers]
+
+    def layers(self, ratio: int) -> int:
+        """How many of the target model's layers have compress ratio ``ratio``."""
+        return self.stage_ratios.count(ratio)
+
+
+class GeometryError(ValueError):
+    """A model config file that cannot describe a DeepSeek-V4 pool; the message names the file."""
+
+
+def load_geometry(path: str | Path) -> ModelGeometry:
+    """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise GeometryError(f"{path}: cannot read the model config: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise GeometryError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise GeometryError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
+    # Multimodal wrappers keep the language model's fields under text_config.
+    if "compress_ratios" not in data and isinstance(data.get("text_config"), dict):
+        data = data["text_config"]
+    try:
+        return ModelGeometry.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
+        )
+        raise GeometryError(f"{path}: not a DeepSeek-V4 config: {problems}") from None

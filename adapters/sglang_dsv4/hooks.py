@@ -1,0 +1,310 @@
+"""The two hooks in SGLang 0.5.23, installed by ``install`` (imports sglang).
+
+- ``KVCacheConfigurator._profile_available_bytes`` (the budget): instead of the
+  free memory at start-up, hand the DeepSeek-V4 configurator the largest budget
+  whose real pools fit the model's policy ``reserve``, after the ledger admitted
+  that reserve on this GPU.
+- ``KVCacheConfigurator._build_dsv4_kv_pool`` (the facts): measure the pool just
+  built, per policy pool, set its ``mem_usage``, check it fits what was admitted,
+  and report it to the ledger.
+
+Both wrap the original and change nothing for non-V4 models or draft workers.
+Anything the adapter cannot do correctly is an ``AdapterError`` at start-up.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+
+from kvpolicy.units import format_bytes
+
+from ..common import AdapterError, require_attr
+from . import plan as closed
+from .facts import PoolMeasurement, measure_pool
+from .geometry import ModelGeometry
+from .ports import Connector, InstanceIdentity, LedgerSession, ReserveSource
+
+logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
+
+CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
+BUDGET_HOOK = f"{CONFIGURATOR}._profile_available_bytes"
+POOL_HOOK = f"{CONFIGURATOR}._build_dsv4_kv_pool"
+_MARK = "__kvpolicy_hook__"
+GB = 1 << 30
+
+
+@dataclass
+class Admitted:
+    identity: InstanceIdentity
+    session: LedgerSession
+    reserve: closed.Plan | None
+    admitted: int
+    reserve_where: str
+
+
+@dataclass
+class AdapterState:
+    """What the hooks of this process share: how to reach the policy and the ledger, and what was admitted."""
+
+    reserve_source: ReserveSource
+    connect: Connector
+    model_name: str | None = None
+    """KVPOLICY_MODEL; None: SGLang's served model name."""
+    admitted: dict[int, Admitted] = field(default_factory=dict)  # by GPU id
+    measurements: list[PoolMeasurement] = field(default_factory=list)
+
+
+def install(state: AdapterState) -> list[str]:
+    """Patch the two hook points; a missing one is an ``AdapterError`` naming it. Idempotent."""
+    from sglang.srt.mem_cache import kv_cache_configurator as mod
+
+    cls = require_attr(mod, "KVCacheConfigurator", BUDGET_HOOK)
+    installed = []
+    for name, wrapper, hook in (
+        ("_profile_available_bytes", _budget_hook, BUDGET_HOOK),
+        ("_build_dsv4_kv_pool", _pool_hook, POOL_HOOK),
+    ):
+        current = require_attr(cls, name, hook)
+        box = getattr(current, _MARK, None)
+        if box is not None:  # already ours: point it at the new state
+            box["state"] = state
+        else:
+            setattr(cls, name, _patched(wrapper, current, state))
+        installed.append(hook)
+    return installed
+
+
+def uninstall() -> None:
+    """Put the originals back (tests)."""
+    from sglang.srt.mem_cache import kv_cache_configurator as mod
+
+    cls = mod.KVCacheConfigurator
+    for name in ("_profile_available_bytes", "_build_dsv4_kv_pool"):
+        box = getattr(cls.__dict__.get(name), _MARK, None)
+        if box is not None:
+            setattr(cls, name, box["original"])
+
+
+def _patched(wrapper, original, state: AdapterState):
+    box = {"state": state, "original": original}
+
+    @functools.wraps(original)
+    def method(self, *args, **kwargs):
+        return wrapper(self, original, box["state"], *args, **kwargs)
+
+    setattr(method, _MARK, box)  # lets install() and uninstall() recognise their own patch
+    return method
+
+
+def _is_target_v4(kvc) -> bool:
+    from sglang.srt.configs.model_config import is_deepseek_v4
+
+    return is_deepseek_v4(kvc.model_config.hf_config) and not kvc.is_draft_worker
+
+
+def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *args, **kwargs):
+    if not _is_target_v4(kvc):
+        return original(kvc, pre_model_load_memory, *args, **kwargs)
+    unsupported = unsupported_settings(kvc)
+    if unsupported:
+        raise AdapterError(
+            "kvpolicy: the DeepSeek-V4 budget hook is validated for SGLang's default CUDA path only; "
+            "this engine runs with: " + "; ".join(unsupported) + ". Launch without these settings, "
+            "or unset KVPOLICY_ENABLE to run SGLang unbudgeted."
+        )
+    geometry, settings = live_geometry(kvc), live_settings(kvc)
+    model = state.model_name or _served_model_name()
+    reserve = state.reserve_source(model)
+    if not reserve.bytes:
+        raise AdapterError(
+            f"kvpolicy: model {model!r} has no `reserve` in {reserve.where}. DeepSeek-V4's pools are "
+            f"sized from it: add e.g. `reserve 40 GiB` to the model block that binds {model!r}."
+        )
+    free = original(kvc, pre_model_load_memory, *args, **kwargs)  # what SGLang would have used
+    try:
+        chosen = closed.budget_for_reserve(geometry, settings, reserve.bytes)
+    except closed.PlanError as exc:
+        raise AdapterError(f"kvpolicy: reserve {format_bytes(reserve.bytes)} at {reserve.where}: {exc}") from None
+    if chosen.total_footprint > free:
+        raise AdapterError(
+            f"kvpolicy: reserve {format_bytes(reserve.bytes)} at {reserve.where} needs "
+            f"{format_bytes(chosen.total_footprint)} of KV pools on cuda:{kvc.gpu_id}, but after weights "
+            f"and SGLang's runtime slack only {format_bytes(free)} ({free} B) is free. Lower the reserve, "
+            "or raise --mem-fraction-static."
+        )
+    _cross_check_configurator(kvc, chosen, settings)
+    identity = InstanceIdentity(model=model, gpu=f"cuda:{kvc.gpu_id}", rank=_tp_rank())
+    session = state.connect(identity)
+    try:
+        admitted = session.admit(reserve.bytes)
+    except AdapterError as exc:
+        raise AdapterError(f"{exc} (policy: reserve {format_bytes(reserve.bytes)} at {reserve.where})") from None
+    state.admitted[kvc.gpu_id] = Admitted(identity, session, chosen, admitted, reserve.where)
+    logger.info(
+        "kvpolicy: admitted %s on %s for %s (%s); DeepSeek-V4 budget %d B -> %d full tokens, "
+        "pools %s (footprint %s); SGLang alone would have used %s",
+        format_bytes(admitted), identity.gpu, model, reserve.where, chosen.budget, chosen.tokens.full,
+        format_bytes(chosen.total_bytes), format_bytes(chosen.total_footprint), format_bytes(free),
+    )
+    return chosen.budget
+
+
+def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
+    pool = original(kvc, *args, **kwargs)
+    if kvc.is_draft_worker:
+        return pool
+    m = measure_pool(pool)
+    state.measurements.append(m)
+    pool.mem_usage = m.tensor_bytes / GB  # SGLang's kv_cache_memory_usage_gb reads it (0 otherwise)
+    entry = state.admitted.get(kvc.gpu_id)
+    if entry is None:
+        raise AdapterError(
+            f"kvpolicy: a DeepSeek-V4 pool was built on cuda:{kvc.gpu_id} without passing the budget hook "
+            f"({BUDGET_HOOK}); it is not sized by the policy. This SGLang code path is not supported."
+        )
+    if m.footprint > entry.admitted:
+        raise AdapterError(
+            f"kvpolicy: the DeepSeek-V4 pools take {format_bytes(m.footprint)} ({m.footprint} B) on "
+            f"{entry.identity.gpu}, more than the {format_bytes(entry.admitted)} ({entry.admitted} B) "
+            f"admitted for reserve at {entry.reserve_where}. Refusing to run over the policy."
+        )
+    if entry.reserve is not None and m.tensor_bytes != entry.reserve.total_bytes:
+        logger.warning(
+            "kvpolicy: the DeepSeek-V4 pools hold %d bytes, the closed forms predicted %d; the ledger "
+            "gets the measured figures.", m.tensor_bytes, entry.reserve.total_bytes,
+        )
+    entry.session.report_pools(m.facts)
+    logger.info(
+        "kvpolicy: DeepSeek-V4 pools on %s: %s", entry.identity.gpu,
+        ", ".join(f"{k} {format_bytes(v.bytes)}" for k, v in m.facts.items()),
+    )
+    return pool
+
+
+def unsupported_settings(kvc) -> list[str]:
+    """The engine settings that take SGLang off the path the closed forms are validated on."""
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.attention.dsv4.unified_kv_gate import is_unified_kv_triton
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import select_dsv4_kv_layout
+    from sglang.srt.runtime_context import get_disagg, get_exec, get_memory, get_spec
+
+    found = []
+    if get_spec().speculative_algorithm is not None:
+        found.append(f"speculative decoding ({get_spec().speculative_algorithm})")
+    if kvc.pp_size != 1:
+        found.append(f"pipeline parallel (pp_size={kvc.pp_size})")
+    if get_memory().enable_hisparse:
+        found.append("--enable-hisparse")
+    if get_memory().enable_unified_memory:
+        found.append("unified memory pool")
+    if get_exec().features.enable_encoder_swa_bounded_replay:
+        found.append("encoder SWA bounded replay")
+    if get_disagg().disaggregation_mode == "decode":
+        found.append("PD disaggregation decode role")
+    if is_unified_kv_triton():
+        found.append("unified_kv (HIP)")
+    if get_exec().kernel.dsv4_attn_backend == "trtllm":
+        found.append("--dsv4-attn-backend trtllm")
+    layout, option = select_dsv4_kv_layout()
+    if layout.value != "v4" or option not in (None, "auto", "fp8"):
+        found.append(f"KV layout {layout.value} (SGLANG_DSV4_KV_LAYOUT)")
+    dtype = envs.SGLANG_DSV4_COMPRESS_STATE_DTYPE.get().strip().lower()
+    if dtype not in ("float32", "fp32"):
+        found.append(f"SGLANG_DSV4_COMPRESS_STATE_DTYPE={dtype}")
+    if envs.SGLANG_OPT_USE_ONLINE_COMPRESS.get():
+        found.append("SGLANG_OPT_USE_ONLINE_COMPRESS=1")
+    if list(getattr(kvc.model_config.hf_config, "kv_source_layer_ids", []) or []):
+        found.append("ratio-1/2 kv_source layers (V4.1)")
+    ratios = set(kvc.model_config.compress_ratios) - {0, 4, 128}
+    if ratios:
+        found.append(f"compress ratios {sorted(ratios)}")
+    return found
+
+
+def live_geometry(kvc) -> ModelGeometry:
+    """The model's V4 geometry as this configurator sees it (its PP stage, its window)."""
+    mc = kvc.model_config
+    info = kvc.layer_info
+    ratios = list(mc.compress_ratios)
+    return ModelGeometry(
+        num_hidden_layers=info.end_layer - info.start_layer,
+        head_dim=mc.qk_nope_head_dim + mc.qk_rope_head_dim,
+        qk_rope_head_dim=mc.qk_rope_head_dim,
+        index_head_dim=mc.index_head_dim,
+        sliding_window=kvc.sliding_window_size,
+        compress_ratios=tuple(ratios[info.start_layer :]),
+        max_position_embeddings=mc.context_len,
+    )
+
+
+def live_settings(kvc) -> closed.PlanSettings:
+    """The launch settings the closed forms need, read from SGLang's published config."""
+    from sglang.srt.environ import envs
+    from sglang.srt.runtime_context import get_memory, get_schedule
+
+    sched = get_schedule()
+    explicit_ratio = bool(getattr(sched, "_swa_full_tokens_ratio_explicitly_set", False))
+    return closed.PlanSettings(
+        page_size=sched.page_size,
+        max_running_requests=sched.max_running_requests,
+        swa_ratio=sched.swa_full_tokens_ratio if explicit_ratio else None,
+        context_length=kvc.model_config.context_len,
+        chunked_prefill_size=sched.chunked_prefill_size if sched.chunked_prefill_size is not None else -1,
+        max_total_tokens=sched.max_total_tokens,
+        attn_dp_size=kvc.attn_dp_size,
+        disable_radix_cache=bool(get_memory().disable_radix_cache),
+        disable_overlap_schedule=bool(sched.disable_overlap_schedule),
+        swa_prefix_tails=sched.swa_prefix_tails,
+        swa_eviction_interval=max(1, envs.SGLANG_SWA_EVICTION_INTERVAL.get()),
+    )
+
+
+def _cross_check_configurator(kvc, chosen: closed.Plan, settings: closed.PlanSettings) -> None:
+    """SGLang's own configurator must pick the token counts the closed forms predict for this budget."""
+    import logging as _logging
+
+    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+
+    sglang_log = _logging.getLogger("sglang.srt.model_executor.pool_configurator")
+    level = sglang_log.level
+    sglang_log.setLevel(_logging.WARNING)  # its sizing log line is for the real call, not this one
+    try:
+        real = create_memory_pool_configurator(kvc).calculate_pool_sizes(chosen.budget, settings.page_size)
+    finally:
+        sglang_log.setLevel(level)
+    full = real.max_total_num_tokens
+    if settings.max_total_tokens is not None and settings.max_total_tokens < full:
+        full = settings.max_total_tokens // settings.page_size * settings.page_size
+        ok = chosen.tokens.full == full
+    else:
+        ok = (full, real.swa_max_total_num_tokens, real.c4_max_total_num_tokens, real.c128_max_total_num_tokens) == (
+            chosen.tokens.full, chosen.tokens.swa, chosen.tokens.c4, chosen.tokens.c128,
+        )
+    if not ok:
+        raise AdapterError(
+            f"kvpolicy: SGLang's DeepSeek-V4 configurator sizes a {chosen.budget} B budget as full="
+            f"{real.max_total_num_tokens} swa={real.swa_max_total_num_tokens} c4={real.c4_max_total_num_tokens} "
+            f"c128={real.c128_max_total_num_tokens}; the adapter's closed forms say {chosen.tokens}. "
+            "The adapter cannot guarantee the reserve on this configuration."
+        )
+
+
+def _served_model_name() -> str:
+    from sglang.srt.runtime_context import get_server_args
+
+    args = get_server_args()
+    name = getattr(args, "served_model_name", None) or getattr(args, "model_path", None)
+    if not name:
+        raise AdapterError("kvpolicy: cannot tell the model's name; set KVPOLICY_MODEL to its policy name")
+    return str(name)
+
+
+def _tp_rank() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        return int(get_parallel().tp_rank)
+    except (AttributeError, RuntimeError, ValueError):
+        return 0  # single-process use (tests, offline tools): rank 0

@@ -1,0 +1,318 @@
+"""A model's ``config.json`` → the per-layer KV cache specs vLLM 0.33 gives it on CUDA.
+
+Pure code (no torch, no vllm, no transformers): ``kvpolicy plan`` runs on a bare
+install. Three families are understood, each checked against vLLM's own model
+classes in tests/vllm:
+
+- **DeepSeek-V4** (``model_type: deepseek_v4``, or a ``compress_ratios`` list): per
+  layer a sliding-window cache, and on compressed layers the compressed KV, the
+  compressor state, and on ratio-4 layers the indexer cache and its compressor
+  state — vLLM's modules ``DeepseekV4SWACache``, ``DeepseekV4Attention``,
+  ``CompressorStateCache``, ``DeepseekV4IndexerCache`` on the FlashMLA (fp8_ds_mla) path.
+  Fields read: ``num_hidden_layers``, ``head_dim``, ``index_head_dim``,
+  ``sliding_window``, and ``compress_ratios`` (or ``layer_types`` + ``compress_rates``).
+- **MLA** (a ``kv_lora_rank`` field: DeepSeek-V2/V3, Kimi-K2): one latent of
+  ``kv_lora_rank + qk_rope_head_dim`` per token. Fields read: ``num_hidden_layers``,
+  ``kv_lora_rank``, ``qk_rope_head_dim``, ``torch_dtype``/``dtype``.
+- **Standard attention** (Llama, Qwen, Mistral, Gemma, gpt-oss, …): per layer full
+  attention, or sliding-window attention where ``layer_types`` says
+  ``sliding_attention``. Fields read: ``num_hidden_layers``, ``num_attention_heads``,
+  ``num_key_value_heads``, ``head_dim`` (default ``hidden_size / num_attention_heads``),
+  ``layer_types``, ``sliding_window``, ``use_sliding_window``, ``torch_dtype``/``dtype``.
+
+Anything else (linear attention, Mamba, DeepSeek-V3.2's indexer, encoder-decoder) is
+refused with a message, never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+from .specs import LayerSpec, SpecKind
+
+Family = Literal["deepseek_v4", "mla", "standard"]
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "float": 4}
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
+
+# DeepSeek-V4 on vLLM's FlashMLA path (vllm/models/deepseek_v4, v1/attention/backends/mla).
+V4_SWA_BLOCK_SIZE = 64  # DeepseekV4SWACache default block_size
+V4_PACKED_BYTES_PER_TOKEN = 584  # 448 NoPE + 128 RoPE + 8 scale bytes
+V4_FP8_DS_MLA_ALIGNMENT = 576
+V4_STATE_DTYPE_BYTES = 4  # compressor states are float32
+V4_STATE_BLOCK_SIZE = {4: 4, 128: 8}  # CompressorStateCache block sizes
+V4_LAYER_TYPE_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+V4_DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
+MXFP4_BLOCK = 32
+FP8_INDEXER_QUANT_BLOCK = 128
+
+
+class ModelSpecError(ValueError):
+    """The config cannot be planned; the message names the field and what was expected."""
+
+
+class SpecSettings(BaseModel):
+    """vLLM launch settings that change the specs (vLLM's flag names)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    block_size: PositiveInt | None = None
+    """--block-size; default: what vLLM's CUDA backends pick (16; FlashMLA 64; DeepSeek-V4 256)."""
+    sliding_window_block_size: PositiveInt | None = None
+    """Block size of sliding-window layers; default: --block-size (FlashAttention keeps it)."""
+    kv_cache_dtype: str = "auto"
+    """--kv-cache-dtype: auto (the model's dtype), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2."""
+    indexer_kv_dtype: Literal["fp8", "mxfp4"] = "fp8"
+    """DeepSeek-V4 indexer cache format (vLLM's attention_config.indexer_kv_dtype)."""
+    tensor_parallel_size: PositiveInt = 1
+    """Standard attention splits KV heads across ranks; MLA and DeepSeek-V4 replicate."""
+
+
+class ModelSpecs(BaseModel):
+    """The model's layers as vLLM names and sizes them, in vLLM's layer order."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    family: Family
+    block_size: int
+    layers: dict[str, LayerSpec] = Field(repr=False)
+
+
+def load_config(path: Path | str) -> dict[str, Any]:
+    """Read a ``config.json``; a missing or malformed file is a ModelSpecError naming it."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelSpecError(f"{p}: no such model config file") from None
+    except json.JSONDecodeError as exc:
+        raise ModelSpecError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{p}: expected a JSON object (a Hugging Face config.json)")
+    # Multimodal wrappers keep the language model's fields in text_config.
+    text = data.get("text_config")
+    if isinstance(text, dict) and "num_hidden_layers" not in data:
+        data = {**data, **text}
+    return data
+
+
+def model_family(config: Mapping[str, Any]) -> Family:
+    if config.get("model_type") == "deepseek_v4" or "compress_ratios" in config:
+        return "deepseek_v4"
+    if config.get("model_type") in ("deepseek_v32", "glm_moe_dsa") or "index_topk" in config:
+        raise ModelSpecError(
+            f"model_type {config.get('model_type')!r}: sparse-attention models with an indexer "
+            "other than DeepSeek-V4 are not planned by kvpolicy"
+        )
+    if config.get("kv_lora_rank"):
+        return "mla"
+    return "standard"
+
+
+def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None) -> ModelSpecs:
+    """The per-layer specs vLLM 0.33 builds for this config (one rank, CUDA backends)."""
+    settings = settings or SpecSettings()
+    family = model_family(config)
+    if family == "deepseek_v4":
+        block = settings.block_size or 256
+        layers = _deepseek_v4_layers(config, settings, block)
+    elif family == "mla":
+        block = settings.block_size or 64
+        layers = _mla_layers(config, settings, block)
+    else:
+        block = settings.block_size or 16
+        layers = _standard_layers(config, settings, block)
+    if not layers:
+        raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)")
+    return ModelSpecs(family=family, block_size=block, layers=layers)
+
+
+def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    value = config.get(key, default)
+    if value is None:
+        raise ModelSpecError(f"the model config has no {key!r}, which sizes the KV cache")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ModelSpecError(f"{key!r} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _model_dtype_bytes(config: Mapping[str, Any]) -> int:
+    name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    if name not in DTYPE_BYTES:
+        raise ModelSpecError(f"torch_dtype {name!r} is not one of {sorted(DTYPE_BYTES)}")
+    return DTYPE_BYTES[name]
+
+
+def _kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
+    if kv_cache_dtype == "auto":
+        return _model_dtype_bytes(config)
+    if kv_cache_dtype in FP8_KV_DTYPES:
+        return 1
+    if kv_cache_dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[kv_cache_dtype]
+    raise ModelSpecError(
+        f"--kv-cache-dtype {kv_cache_dtype!r} is not planned (known: auto, bfloat16, float16, "
+        f"{', '.join(FP8_KV_DTYPES)})"
+    )
+
+
+def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
+    n = _int(config, "num_hidden_layers")
+    heads = _int(config, "num_attention_heads")
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    head_dim = config.get("head_dim") or _int(config, "hidden_size") // max(heads, 1)
+    dtype_bytes = _kv_dtype_bytes(config, s.kv_cache_dtype)
+    # vLLM's attention layers: max(1, total_kv_heads // tp) heads per rank (replicated
+    # when there are fewer KV heads than ranks).
+    kv_heads_per_rank = max(1, kv_heads // s.tensor_parallel_size)
+    kinds = _standard_layer_kinds(config, n)
+    window = config.get("sliding_window")
+    sw_block = s.sliding_window_block_size or block
+    layers: dict[str, LayerSpec] = {}
+    for i, kind in enumerate(kinds):
+        common: dict[str, Any] = {
+            "num_kv_heads": kv_heads_per_rank, "head_size": head_dim, "head_size_v": head_dim, "dtype_bytes": dtype_bytes
+        }
+        if kind == "sliding":
+            if not isinstance(window, int) or window <= 0:
+                raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {window!r}")
+            spec = LayerSpec(SpecKind.SLIDING_WINDOW, sw_block, sliding_window=window, pool="sliding_window", **common)
+        else:
+            spec = LayerSpec(SpecKind.FULL, block, pool="full", **common)
+        layers[f"model.layers.{i}"] = spec
+    return layers
+
+
+def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full", "sliding"]]:
+    types = config.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list) or len(types) < n:
+            raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {types!r}")
+        kinds: list[Literal["full", "sliding"]] = []
+        for i, t in enumerate(types[:n]):
+            if t == "full_attention":
+                kinds.append("full")
+            elif t == "sliding_attention":
+                kinds.append("sliding")
+            else:
+                raise ModelSpecError(
+                    f"layer_types[{i}] is {t!r}: kvpolicy plans full_attention and sliding_attention "
+                    "layers only (no linear attention, Mamba or chunked-local layers)"
+                )
+        return kinds
+    if config.get("sliding_window") and config.get("use_sliding_window", True):
+        raise ModelSpecError(
+            "the config sets sliding_window without layer_types, so which layers slide depends on "
+            "the model class; add a layer_types list (full_attention / sliding_attention per layer)"
+        )
+    return ["full"] * n
+
+
+def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
+    n = _int(config, "num_hidden_layers")
+    latent = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
+    dtype_bytes = _kv_dtype_bytes(config, s.kv_cache_dtype)
+    spec = LayerSpec(
+        SpecKind.MLA,
+        block,
+        num_kv_heads=1,
+        head_size=latent,
+        dtype_bytes=dtype_bytes,
+        cache_dtype=s.kv_cache_dtype,
+        pool="mla",
+    )
+    return {f"model.layers.{i}": spec for i in range(n)}
+
+
+def deepseek_v4_ratios(config: Mapping[str, Any]) -> list[int]:
+    """Compression ratio per layer (0: sliding only, 4: CSA, 128: HCA)."""
+    n = _int(config, "num_hidden_layers")
+    ratios = config.get("compress_ratios")
+    if ratios is None:
+        types = config.get("layer_types")
+        rates = {**V4_DEFAULT_COMPRESS_RATES, **(config.get("compress_rates") or {})}
+        if not isinstance(types, list):
+            raise ModelSpecError("a DeepSeek-V4 config needs compress_ratios or layer_types")
+        try:
+            ratios = [rates.get(t, 0) if t in V4_LAYER_TYPE_RATIO else V4_LAYER_TYPE_RATIO[t] for t in types]
+        except KeyError as exc:
+            raise ModelSpecError(f"layer_types: unknown DeepSeek-V4 layer type {exc.args[0]!r}") from None
+    if not isinstance(ratios, list) or len(ratios) < n:
+        raise ModelSpecError(f"compress_ratios must list at least {n} entries (num_hidden_layers)")
+    ratios = list(ratios[:n])  # the last entry of the released configs is the MTP layer
+    bad = sorted({r for r in ratios if r not in (0, 1, 4, 128)})
+    if bad:
+        raise ModelSpecError(f"compress_ratios: vLLM's DeepSeek-V4 supports 0, 4 and 128, got {bad}")
+    return [0 if r == 1 else r for r in ratios]
+
+
+def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
+    if s.kv_cache_dtype not in ("auto", *FP8_KV_DTYPES):
+        raise ModelSpecError(
+            f"--kv-cache-dtype {s.kv_cache_dtype}: DeepSeek-V4 on vLLM's FlashMLA path stores fp8_ds_mla "
+            "(auto or fp8); the bf16 FlashInfer path is not planned"
+        )
+    head_dim = _int(config, "head_dim", 512)
+    window = _int(config, "sliding_window", 128)
+    index_head_dim = _int(config, "index_head_dim", 128)
+    if s.indexer_kv_dtype == "mxfp4":
+        index_bytes = index_head_dim // 2 + index_head_dim // MXFP4_BLOCK
+    else:
+        index_bytes = index_head_dim + index_head_dim // FP8_INDEXER_QUANT_BLOCK * 4
+    packed: dict[str, Any] = {
+        "num_kv_heads": 1,
+        "head_size": head_dim,
+        "dtype_bytes": 1,
+        "state_content_bytes": V4_PACKED_BYTES_PER_TOKEN,
+        "alignment": V4_FP8_DS_MLA_ALIGNMENT,
+        "model_version": "deepseek_v4",
+        "cache_dtype": "fp8_ds_mla",
+    }
+    layers: dict[str, LayerSpec] = {}
+    for i, ratio in enumerate(deepseek_v4_ratios(config)):
+        prefix = f"model.layers.{i}.attn"
+        # Insertion order is the order vLLM's modules register (DeepseekV4Attention
+        # builds the indexer first, then its SWA cache, itself, then its compressor).
+        if ratio == 4:
+            layers[f"{prefix}.indexer.k_cache"] = LayerSpec(
+                SpecKind.MLA,
+                block,
+                num_kv_heads=1,
+                head_size=index_bytes,
+                dtype_bytes=1,
+                tokens_per_state=ratio,
+                alignment=V4_FP8_DS_MLA_ALIGNMENT,
+                pool="indexer",
+            )
+            layers[f"{prefix}.indexer.compressor.state_cache"] = _v4_state(ratio, index_head_dim, "indexer")
+        layers[f"{prefix}.swa_cache"] = LayerSpec(
+            SpecKind.SLIDING_WINDOW_MLA, V4_SWA_BLOCK_SIZE, sliding_window=window, pool="swa", **packed
+        )
+        if ratio == 0:
+            continue
+        layers[prefix] = LayerSpec(
+            SpecKind.MLA, block, tokens_per_state=ratio, pool="c4" if ratio == 4 else "c128", **packed
+        )
+        layers[f"{prefix}.compressor.state_cache"] = _v4_state(ratio, head_dim, f"c{ratio}")
+    return layers
+
+
+def _v4_state(ratio: int, head_dim: int, part: str) -> LayerSpec:
+    """A compressor's (kv, score) state ring: ``CompressorStateCache.get_kv_cache_spec``."""
+    overlap = 2 if ratio == 4 else 1
+    return LayerSpec(
+        SpecKind.SLIDING_WINDOW_MLA,
+        V4_STATE_BLOCK_SIZE[ratio],
+        num_kv_heads=1,
+        head_size=2 * overlap * head_dim,
+        dtype_bytes=V4_STATE_DTYPE_BYTES,
+        sliding_window=overlap * ratio,
+        alignment=V4_FP8_DS_MLA_ALIGNMENT,
+        pool="compressor_state",
+        part=part,
+    )

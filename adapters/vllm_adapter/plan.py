@@ -1,0 +1,173 @@
+"""``kvpolicy plan --engine vllm``: what vLLM 0.33 would allocate for a model and a budget.
+
+Pure code on top of model_specs.py and planning.py; the JSON is
+``shared/CONTRACTS.md``'s ``plan --engine vllm`` shape plus extra fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
+
+from . import planning
+from .model_specs import Family, ModelSpecs, SpecSettings, model_specs
+from .planning import Group, KVCacheLayout, PlanError
+from .pools import PADDING_POOL
+
+VALIDATED_VLLM = ("0.33.0",)
+PLAN_SCHEMA = 1
+
+
+class PlanSettings(SpecSettings):
+    """vLLM launch settings that change the plan (vLLM's flag names)."""
+
+    max_model_len: PositiveInt
+    """--max-model-len."""
+    kv_cache_layout: str | None = None
+    """VLLM_KV_CACHE_LAYOUT; default: BLHNC for DeepSeek-V4 (its backends declare it), else LBNHC."""
+    max_num_batched_tokens: PositiveInt = 8192
+    """--max-num-batched-tokens (vLLM's server default on 80 GB+ GPUs)."""
+    max_concurrent_batches: PositiveInt = 2
+    """Batches in flight: 2 with async scheduling (vLLM's default), else the PP size."""
+
+    @property
+    def max_in_flight_tokens(self) -> int:
+        return self.max_concurrent_batches * self.max_num_batched_tokens
+
+
+class GroupPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: str
+    block_size: PositiveInt
+    bytes_per_block: NonNegativeInt
+    """Bytes one block of this group holds (the sum of its layers' pages)."""
+    padding_per_block: NonNegativeInt
+    """The rest of a pool block this group holds: the pool's bytes_per_block − this group's."""
+    layers: PositiveInt
+    pools: list[str]
+    pool_bytes_per_block: dict[str, NonNegativeInt]
+    blocks_per_request: NonNegativeInt
+
+
+class PoolPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    bytes_per_block: NonNegativeInt
+    """The pool's bytes in one block of a group that holds it (the largest, if several groups)."""
+    groups: list[NonNegativeInt]
+    per_request_bytes: NonNegativeInt
+    """The pool's bytes held by one request at max_model_len."""
+    parts: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    """Per part, bytes in one block (DeepSeek-V4 compressor state: c4, c128, indexer)."""
+
+
+class RequestPlan(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    blocks: NonNegativeInt
+    bytes: NonNegativeInt
+
+
+class VllmPlan(BaseModel):
+    """The plan JSON (schema 1). ``total_bytes`` is the backing buffer vLLM allocates per rank."""
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
+
+    schema_: Literal[1] = Field(default=PLAN_SCHEMA, alias="schema")
+    engine: Literal["vllm"] = "vllm"
+    engine_version: str = VALIDATED_VLLM[0]
+    model: Family
+    kv_cache_layout: str
+    budget: NonNegativeInt | None
+    bytes_per_block: PositiveInt
+    num_blocks: PositiveInt
+    total_bytes: NonNegativeInt
+    max_model_len: PositiveInt
+    groups: list[GroupPlan]
+    pools: dict[str, PoolPlan]
+    per_request: RequestPlan
+    max_concurrency: float
+    """num_blocks / blocks per request, as vLLM logs it ("Maximum concurrency")."""
+    kv_cache_size_tokens: NonNegativeInt
+    """int(max_concurrency × max_model_len), as vLLM logs it ("KV cache size")."""
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
+
+
+def default_layout(specs: ModelSpecs) -> KVCacheLayout:
+    return KVCacheLayout.BLHNC if specs.family == "deepseek_v4" else KVCacheLayout.LBNHC
+
+
+def make_plan(
+    config: Mapping[str, Any],
+    settings: PlanSettings,
+    *,
+    budget: int | None = None,
+    num_blocks: int | None = None,
+) -> VllmPlan:
+    """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
+    (``num_gpu_blocks_override``); exactly one of them. Raises PlanError when vLLM would refuse."""
+    if (budget is None) == (num_blocks is None):
+        raise PlanError("give exactly one of a budget or a number of blocks")
+    specs = model_specs(config, settings)
+    layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
+    groups = planning.kv_cache_groups(specs.layers, layout)
+    planning.validate_layout(groups, layout)
+    block_bytes = planning.bytes_per_block(groups, layout)
+    blocks = planning.num_blocks_for_budget(budget, block_bytes) if budget is not None else num_blocks
+    assert blocks is not None
+    in_flight = settings.max_in_flight_tokens
+    request_blocks = planning.blocks_per_request(groups, settings.max_model_len, in_flight)
+    planning.check_fits(blocks, block_bytes, request_blocks, settings.max_model_len)
+    concurrency = blocks / request_blocks
+    return VllmPlan(
+        model=specs.family,
+        kv_cache_layout=layout.name,
+        budget=budget,
+        bytes_per_block=block_bytes,
+        num_blocks=blocks,
+        total_bytes=blocks * block_bytes,
+        max_model_len=settings.max_model_len,
+        groups=[_group_plan(g, block_bytes, settings) for g in groups],
+        pools=_pool_plans(groups, settings),
+        per_request=RequestPlan(blocks=request_blocks, bytes=request_blocks * block_bytes),
+        max_concurrency=concurrency,
+        kv_cache_size_tokens=int(concurrency * settings.max_model_len),
+    )
+
+
+def _group_plan(g: Group, block_bytes: int, s: PlanSettings) -> GroupPlan:
+    pools = g.pool_bytes()
+    return GroupPlan(
+        kind=g.kind.value,
+        block_size=g.block_size,
+        bytes_per_block=g.page_bytes,
+        padding_per_block=block_bytes - g.page_bytes,
+        layers=len(g.layers),
+        pools=list(pools),
+        pool_bytes_per_block=pools,
+        blocks_per_request=g.blocks_per_request(s.max_model_len, s.max_in_flight_tokens),
+    )
+
+
+def _pool_plans(groups: list[Group], s: PlanSettings) -> dict[str, PoolPlan]:
+    acc: dict[str, dict[str, Any]] = {}
+    for i, g in enumerate(groups):
+        request_blocks = g.blocks_per_request(s.max_model_len, s.max_in_flight_tokens)
+        parts = g.part_bytes()
+        for pool, nbytes in g.pool_bytes().items():
+            assert pool and pool != PADDING_POOL, f"layer spec without a pool in group {i}"
+            entry = acc.setdefault(pool, {"bytes_per_block": 0, "groups": [], "per_request_bytes": 0, "parts": {}})
+            entry["bytes_per_block"] = max(entry["bytes_per_block"], nbytes)
+            entry["groups"].append(i)
+            entry["per_request_bytes"] += request_blocks * nbytes
+            for part, pbytes in parts.get(pool, {}).items():
+                entry["parts"][part] = max(entry["parts"].get(part, 0), pbytes)
+    return {name: PoolPlan(**entry) for name, entry in acc.items()}
+
+
+__all__ = ["VALIDATED_VLLM", "PlanError", "PlanSettings", "VllmPlan", "make_plan"]

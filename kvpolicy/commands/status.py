@@ -1,0 +1,46 @@
+"""``kvpolicy status``: the policy in force, the last reload, and per GPU and instance the
+facts, limits and acknowledgements — from the controller's status file and the live ledger.
+Works from any process that can read the ledger. Exit 1 when something needs attention:
+a stale controller, a rejected policy, a stuck deferral.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvpolicy.commands import add_format_option
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("status", help="show the controller's and engines' state", description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ledger-dir", metavar="DIR", help="ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
+    parser.add_argument("--group", metavar="GROUP", help="the ledger's group, if shared")
+    parser.add_argument("--stale-after", type=float, default=10.0, metavar="SECONDS")
+    parser.add_argument("--stuck-after", type=float, default=60.0, metavar="SECONDS")
+    add_format_option(parser)
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvpolicy.runtime.directory import LedgerDir
+    from kvpolicy.runtime.errors import LedgerError
+    from kvpolicy.runtime.view import current_status, problems, render_status
+
+    try:
+        ledger = LedgerDir(args.ledger_dir, group=args.group)
+        if not ledger.path.is_dir():
+            print(f"kvpolicy status: no ledger at {ledger.path}", file=sys.stderr)
+            return 1
+        status = current_status(ledger, args.stale_after, args.stuck_after)
+    except (LedgerError, OSError) as exc:
+        print(f"kvpolicy status: {exc}", file=sys.stderr)
+        return 1
+    if args.format == "json":
+        print(status.to_json())
+    else:
+        sys.stdout.write(render_status(status))
+        for problem in problems(status):
+            print(f"ATTENTION: {problem}")
+    return 1 if problems(status) else 0

@@ -1,0 +1,302 @@
+"""``kvpolicy run``: watch the policy and the ledger, evaluate, publish revisioned limits.
+
+The controller evaluates when the policy changes (the watcher wakes it), when any
+GPU's ledger generation moves (an engine attached, admitted, reported or left;
+polled with one 8-byte read per GPU every ``poll`` seconds, evaluations at most
+every ``min_interval``), and on a timer (``tick``: grace, cooldown and idle time
+move on their own). It publishes only when a limit, target, guarantee or GPU
+figure changed, logs each change as one JSON line, reclaims the slots of dead
+engines every step, and writes its status beside the ledger. A policy that fails
+to load never replaces the running one. ``observe`` computes and reports without
+publishing. Without a source of GPU figures (NVML, ``--gpu-capacity``, a facts
+file) it cannot know the budgets: it validates and reports only.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpolicy.evaluate.decide import evaluate
+from kvpolicy.evaluate.decision import Decision, State
+from kvpolicy.runtime.directory import LedgerDir, LedgerView
+from kvpolicy.runtime.gpus import GpuSampler
+from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits
+from kvpolicy.runtime.metrics import ControllerMetrics
+from kvpolicy.runtime.status import (
+    ControllerStatus,
+    GpuStatus,
+    InstanceStatus,
+    LastReload,
+    PolicyStatus,
+    PoolStatus,
+    ReloadError,
+    Reserved,
+    Status,
+    write_status,
+)
+from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher, ReloadResult
+
+log = logging.getLogger("kvpolicy.controller")
+decisions_log = logging.getLogger("kvpolicy.decisions")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    policy: Path
+    observe: bool = False
+    tick: float = 1.0
+    """Evaluate at least this often (seconds): grace, cooldown and idle time move on their own."""
+    poll: float = 0.005
+    """How often to read the GPUs' ledger generations (seconds)."""
+    min_interval: float = 0.01
+    """At most one ledger-triggered evaluation per this many seconds."""
+    heartbeat: float = 1.0
+    stuck_after: float = 60.0
+    """A deferral older than this is reported as stuck."""
+    debounce: float = 0.01
+
+
+class Controller:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        ledger: LedgerDir,
+        sampler: GpuSampler | None,
+        metrics: ControllerMetrics | None = None,
+    ) -> None:
+        self.config = config
+        self.ledger = ledger
+        self.sampler = sampler
+        self.metrics = metrics
+        self.state = State()
+        self.revision = 0
+        self.decision: Decision | None = None
+        self.started_at = time.time()
+        self._published: tuple[dict, dict, dict] | None = None
+        self._published_policy: int | None = None
+        self._wake = threading.Event()
+        self._generations: dict[str, int] = {}
+        self._last_step = 0.0
+        self._last_beat = 0.0
+        self.watcher = PolicyWatcher(
+            config.policy,
+            on_change=self._policy_changed,
+            on_reload=self._reloaded,
+            debounce=config.debounce,
+        )
+
+    @property
+    def publishing(self) -> bool:
+        return not self.config.observe and self.sampler is not None
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Run until ``stop`` is set; holds the directory's controller lock throughout."""
+        with self.ledger.claim_controller():
+            self.revision = self.ledger.read().revision  # a restart continues above what engines hold
+            self.watcher.start()
+            try:
+                self.step("start")
+                next_tick = time.monotonic() + self.config.tick
+                while not stop.is_set():
+                    woke = self._wake.wait(self.config.poll)
+                    now = time.monotonic()
+                    reason = None
+                    if woke:
+                        self._wake.clear()
+                        reason = "policy"
+                    elif now >= next_tick:
+                        reason = "timer"
+                    elif now - self._last_step >= self.config.min_interval and self.ledger.generations() != self._generations:
+                        reason = "ledger"
+                    if reason is not None:
+                        self.step(reason)
+                        next_tick = time.monotonic() + self.config.tick
+                    elif time.time() - self._last_beat >= self.config.heartbeat:
+                        self._beat()
+            finally:
+                self.watcher.stop()
+
+    def once(self) -> Decision | None:
+        """Load, evaluate and publish once (``--once``)."""
+        with self.ledger.claim_controller():
+            self.revision = self.ledger.read().revision
+            self.watcher.check_now()
+            self.step("once")
+        return self.decision
+
+    def _policy_changed(self, loaded: LoadedPolicy) -> None:
+        if self.metrics:
+            self.metrics.reloads.labels("ok").inc()
+        self._wake.set()
+
+    def _reloaded(self, result: ReloadResult) -> None:
+        if not result.ok and self.metrics:
+            self.metrics.reloads.labels("failed").inc()
+
+    # ---- one step ---------------------------------------------------------------------------------
+
+    def step(self, reason: str) -> Decision | None:
+        """Reclaim, read, evaluate, publish if anything changed, write status."""
+        self._last_step = time.monotonic()
+        reclaimed = self.ledger.reclaim_dead()
+        for slot in reclaimed:
+            log.info("reclaimed %s on %s (pid %d is gone)", slot.id, slot.gpu, slot.pid)
+        if reclaimed and self.metrics:
+            self.metrics.reclaimed.inc(len(reclaimed))
+        view = self.ledger.read()
+        self._generations = view.generations
+        loaded = self.watcher.current
+        if loaded is None:
+            self.decision = None
+            self._write_status(view, [])
+            return None
+        samples = self.sampler.sample(view.gpus) if self.sampler is not None else {}
+        facts, notes = view.facts(samples)
+        started = time.perf_counter()
+        decision, self.state = evaluate(loaded.policy, facts, self.state)
+        if self.metrics:
+            self.metrics.evaluation.observe(time.perf_counter() - started)
+        if self.publishing:
+            self._publish(view, decision, loaded, reason)
+        elif self.decision is None or _limits_of(decision) != _limits_of(self.decision):
+            self._log_change(decision, reason, published=False)
+        self.decision = decision
+        self._write_status(view, notes)
+        return decision
+
+    def _publish(self, view: LedgerView, decision: Decision, loaded: LoadedPolicy, reason: str) -> None:
+        instances, gpus = _limits_of(decision)
+        slots = {v.id: (v.gpu, v.index, v.epoch) for v in view.instances()}  # a re-attached id needs its limits again
+        if self._published == (instances, gpus, slots) and self._published_policy == loaded.revision:
+            return
+        self.revision = max(self.revision, view.revision) + 1
+        skipped = self.ledger.publish(
+            view,
+            self.revision,
+            {g: GpuLimits(**figures) for g, figures in gpus.items()},
+            {i: InstanceLimits(*values) for i, values in instances.items()},
+        )
+        for note in skipped:
+            log.info("publish %d: %s", self.revision, note)
+        self._published = (instances, gpus, slots)
+        self._published_policy = loaded.revision
+        if self.metrics:
+            self.metrics.publishes.inc()
+        self._log_change(decision, reason, published=True)
+
+    def _log_change(self, decision: Decision, reason: str, published: bool) -> None:
+        before = {i.id: i for i in self.decision.instances} if self.decision else {}
+        changes = {}
+        for inst in decision.instances:
+            old = before.get(inst.id)
+            fields = {
+                name: [getattr(old, name) if old else None, getattr(inst, name)]
+                for name in ("guarantee", "limit", "target")
+                if old is None or getattr(old, name) != getattr(inst, name)
+            }
+            if fields:
+                changes[inst.id] = fields
+        gone = sorted(set(before) - {i.id for i in decision.instances})
+        decisions_log.info(json.dumps({
+            "event": "decision",
+            "at": round(time.time(), 3),
+            "reason": reason,
+            "revision": self.revision if published else None,
+            "published": published,
+            "policy_sha256": decision.policy.sha256[:12],
+            "changes": changes,
+            "gone": gone,
+        }, sort_keys=True))
+
+    def _beat(self) -> None:
+        self._write_status(self.ledger.read(), [])
+
+    # ---- status ------------------------------------------------------------------------------------
+
+    def _write_status(self, view: LedgerView, notes: list[str]) -> None:
+        now = time.time()
+        self._last_beat = now
+        self.ledger.heartbeat(now)
+        status = self.status(view, notes, now)
+        try:
+            write_status(self.ledger.path, status, self.ledger.access)
+        except OSError as exc:
+            log.warning("cannot write the status file: %s", exc)
+        if self.metrics:
+            self.metrics.update(
+                decision=self.decision, view=view, policy_revision=self.watcher.current.revision if self.watcher.current else 0,
+                published_revision=self.revision, heartbeat=now,
+            )
+
+    def status(self, view: LedgerView, notes: list[str], now: float) -> Status:
+        """The status document (CONTRACTS.md ``kvpolicy status``), as this controller sees it."""
+        loaded = self.watcher.current
+        decided = {i.id: i for i in self.decision.instances} if self.decision else {}
+        gpus = []
+        for gpu in self.decision.gpus if self.decision else ():
+            gpus.append(GpuStatus(
+                id=gpu.id, elastic_budget=gpu.elastic_budget, free=gpu.free,
+                reserved=Reserved(total=gpu.reserved.total, by_pool=gpu.reserved.by_pool),
+                capacity=gpu.capacity, headroom=gpu.headroom, other_used=gpu.other_used,
+                figures="published" if self.publishing else "none",
+            ))
+        instances = []
+        for slot in view.instances():
+            facts = slot.facts(view.now)
+            mine = decided.get(slot.id)
+            instances.append(InstanceStatus(
+                id=slot.id, model=slot.model, engine=slot.engine, gpu=slot.gpu, pid=slot.pid,
+                pools={n: PoolStatus(owner=p.owner, bytes=p.bytes) for n, p in facts.pools.items()},
+                elastic=facts.elastic,
+                limit=mine.limit if mine else slot.limit,
+                target=mine.target if mine else slot.target,
+                guarantee=mine.guarantee if mine else slot.guarantee,
+                revision=slot.revision, acked_revision=slot.ack_revision, ack=slot.ack,
+                stuck=slot.stuck(view.now, self.config.stuck_after), deferred_since=slot.deferred_since,
+                idle_seconds=facts.idle_seconds,
+            ))
+        last = self.watcher.last_reload
+        problems = list(notes)
+        if self.sampler is None:
+            problems.append("no source of GPU figures (NVML, --gpu-capacity, --facts): validating and reporting only")
+        return Status(
+            written_at=now,
+            policy=PolicyStatus(
+                file=str(self.config.policy), sha256=loaded.sha256, revision=loaded.revision, loaded_at=loaded.loaded_at,
+            ) if loaded else None,
+            last_reload=_last_reload(last) if last else None,
+            controller=ControllerStatus(
+                pid=os.getpid(), started_at=self.started_at, heartbeat_at=now, tick_seconds=self.config.tick,
+                observe=not self.publishing,
+            ),
+            gpus=gpus,
+            instances=instances,
+            problems=problems,
+        )
+
+
+def _limits_of(decision: Decision) -> tuple[dict, dict]:
+    instances = {i.id: (i.limit, i.target, i.guarantee) for i in decision.instances}
+    gpus = {
+        g.id: {"capacity": g.capacity, "headroom": g.headroom, "other_used": g.other_used, "elastic_budget": g.elastic_budget}
+        for g in decision.gpus
+    }
+    return instances, gpus
+
+
+def _last_reload(result: ReloadResult) -> LastReload:
+    error = None
+    if result.error is not None:
+        d = result.error
+        error = ReloadError(file=d.file, line=d.line, col=d.col, code=d.code, message=d.message)
+    elif result.message is not None:
+        error = ReloadError(file="", line=0, col=0, code="", message=result.message)
+    return LastReload(ok=result.ok, at=result.at, sha256=result.sha256, error=error)

@@ -1,0 +1,344 @@
+"""The controller's side of the ledger: every GPU's segment in one directory.
+
+The controller is meant to be a thin loop over this class::
+
+    ledger = LedgerDir(path, create=True)
+    with ledger.claim_controller():
+        revision = ledger.read().revision            # a restarted controller continues from the ledger
+        while True:
+            ledger.reclaim_dead()                     # dead engines' slots and bytes go back
+            view = ledger.read()                      # consistent slots, figures, generations
+            if policy changed or view.generations != last or timer:
+                decision, state = evaluate(policy, view.facts(samples), state)
+                revision += 1
+                ledger.publish(view, revision, gpu_limits, instance_limits)
+            ledger.heartbeat()
+            write_status(ledger.path, ...)
+            sleep(tick)
+
+Nothing here knows the policy or the evaluator: it reads slots as ``Facts`` and
+publishes numbers keyed by instance id.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
+from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
+from kvpolicy.runtime.errors import LedgerError
+from kvpolicy.runtime.layout import DEFAULT_SLOTS
+from kvpolicy.runtime.ledger import (
+    GpuFigures,
+    GpuLedger,
+    GpuLimits,
+    InstanceLimits,
+    SlotView,
+    Totals,
+)
+from kvpolicy.runtime.liveness import this_process
+from kvpolicy.runtime.segment import Access, check_owner, ensure_directory, list_gpus
+
+CONTROLLER_LOCK = "controller.lock"
+_FLOCK = struct.Struct("hhxxxxqqixxxx")
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """What the controller measured on a GPU (NVML or cuMemGetInfo)."""
+
+    capacity: int
+    used: int | None = None
+    """Bytes in use on the whole GPU; other_used = used − what the ledger accounts for."""
+    other_used: int | None = None
+    """Memory no instance accounts for, when it is known directly (a facts file)."""
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU's segment as read: its figures, totals, and live and dead instances."""
+
+    gpu: str
+    generation: int
+    heartbeat: float | None
+    figures: GpuFigures
+    totals: Totals
+    instances: tuple[SlotView, ...]
+    dead: tuple[SlotView, ...]
+    problems: tuple[str, ...]
+
+    @property
+    def accounted(self) -> int:
+        """Bytes the ledger knows to be on the GPU now: reported runtime-owned pools and elastic mapped."""
+        return sum(
+            sum(p.bytes for p in v.pools.values() if p.owner == "runtime") + v.mapped for v in self.instances
+        )
+
+    @property
+    def reserved_by_pool(self) -> dict[str, int]:
+        by: dict[str, int] = {}
+        for v in self.instances:
+            for name, p in v.facts(0.0).pools.items():
+                if p.owner == "runtime":
+                    by[name] = by.get(name, 0) + p.bytes
+        return dict(sorted(by.items()))
+
+
+@dataclass(frozen=True)
+class LedgerView:
+    """Everything in the ledger at one moment (each GPU consistent in itself)."""
+
+    path: Path
+    now: float
+    gpus: dict[str, GpuState]
+    problems: tuple[str, ...] = ()
+
+    @property
+    def generations(self) -> dict[str, int]:
+        return {g: s.generation for g, s in self.gpus.items()}
+
+    @property
+    def revision(self) -> int:
+        """The highest revision published so far (0: never): a restarted controller continues above it."""
+        revs = [s.figures.revision for s in self.gpus.values()]
+        revs += [v.revision for s in self.gpus.values() for v in s.instances]
+        return max(revs, default=0)
+
+    @property
+    def heartbeat(self) -> float | None:
+        beats = [s.heartbeat for s in self.gpus.values() if s.heartbeat is not None]
+        return max(beats) if beats else None
+
+    def controller_stale(self, stale_after: float) -> bool:
+        """No heartbeat within ``stale_after`` seconds (or never)."""
+        hb = self.heartbeat
+        return hb is None or self.now - hb > stale_after
+
+    def instances(self) -> list[SlotView]:
+        return [v for s in self.gpus.values() for v in s.instances]
+
+    def find(self, instance_id: str) -> SlotView | None:
+        return next((v for v in self.instances() if v.id == instance_id), None)
+
+    def stuck(self, after: float) -> list[SlotView]:
+        """Instances whose deferral is older than ``after`` seconds."""
+        return [v for v in self.instances() if v.stuck(self.now, after)]
+
+    def facts(self, samples: Mapping[str, GpuSample] | None = None) -> tuple[Facts, list[str]]:
+        """The ledger as ``Facts`` (schema 1), and what had to be left out and why.
+
+        A GPU's capacity comes from ``samples``, else from published or provisional figures; a GPU
+        with none is left out with its instances. ``other_used`` is ``sample.used`` minus what the
+        ledger accounts for, else the figures' U.
+        """
+        samples = samples or {}
+        notes = list(self.problems)
+        gpus: list[GpuFacts] = []
+        instances: list[InstanceFacts] = []
+        seen: dict[str, str] = {}
+        for gpu, state in sorted(self.gpus.items()):
+            notes.extend(state.problems)
+            sample = samples.get(gpu)
+            if sample is not None:
+                capacity = sample.capacity
+                if sample.other_used is not None:
+                    other = sample.other_used
+                elif sample.used is not None:
+                    other = max(0, sample.used - state.accounted)
+                else:
+                    other = state.figures.other_used
+            elif state.figures.known:
+                capacity, other = state.figures.capacity, state.figures.other_used
+            else:
+                if state.instances:
+                    notes.append(
+                        f"{gpu}: left out with {len(state.instances)} instance(s): its capacity is unknown "
+                        "(no sample, and no controller or engine has given figures)"
+                    )
+                continue
+            gpus.append(GpuFacts(id=gpu, capacity=capacity, other_used=other))
+            for v in state.instances:
+                if v.id in seen:
+                    notes.append(f"instance id {v.id!r} is attached on {seen[v.id]} and {gpu}; the one on {gpu} is left out")
+                    continue
+                seen[v.id] = gpu
+                instances.append(v.facts(self.now))
+        return Facts(now=self.now, gpus=tuple(gpus), instances=tuple(instances)), notes
+
+
+class ControllerLock:
+    """Held by the one controller of a ledger directory; dropped by the kernel if it dies."""
+
+    def __init__(self, fd: int, path: Path) -> None:
+        self.fd: int | None = fd
+        self.path = path
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor drops the OFD lock
+            self.fd = None
+
+    def __enter__(self) -> ControllerLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class LedgerDir:
+    """All segments of a ledger directory, opened as they appear."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        group: str | int | None = None,
+        allow_foreign_owner: bool | None = None,
+        access: Access | None = None,
+        create: bool = False,
+    ) -> None:
+        self.path = resolve_ledger_dir(path)
+        self.access = access or resolve_access(group, allow_foreign_owner)
+        if create:
+            ensure_directory(self.path, self.access)
+        elif self.path.exists():
+            check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access)
+        self._open: dict[str, GpuLedger] = {}
+        self._failed: dict[str, str] = {}
+
+    def gpus(self) -> list[str]:
+        """GPU ids with a segment in the directory."""
+        return list_gpus(self.path)
+
+    def gpu(self, gpu: str, *, create: bool = False, slots: int = DEFAULT_SLOTS) -> GpuLedger:
+        """The GPU's ledger (opened once and kept)."""
+        led = self._open.get(gpu)
+        if led is None:
+            led = GpuLedger.open(self.path, gpu, self.access, create=create, slot_count=slots)
+            self._open[gpu] = led
+        return led
+
+    def _ledgers(self) -> tuple[dict[str, GpuLedger], list[str]]:
+        ledgers: dict[str, GpuLedger] = {}
+        problems: list[str] = []
+        for g in self.gpus():
+            try:
+                ledgers[g] = self.gpu(g)
+            except (LedgerError, OSError) as exc:
+                problems.append(f"{g}: {exc}")  # a refused or damaged segment is reported, never trusted
+        return ledgers, problems
+
+    def generations(self) -> dict[str, int]:
+        """Each GPU's generation: one 8-byte read each (poll this between full reads)."""
+        ledgers, _ = self._ledgers()
+        return {g: led.generation() for g, led in ledgers.items()}
+
+    def read(self, now: float | None = None) -> LedgerView:
+        """Every GPU's figures, totals and instances (live ones; dead ones apart) at one moment."""
+        now = time.time() if now is None else now
+        ledgers, problems = self._ledgers()
+        states: dict[str, GpuState] = {}
+        for g, led in ledgers.items():
+            try:
+                generation = led.generation()
+                views, slot_problems = led.slots()
+                alive = [led.owner_alive(v) for v in views]
+                live = tuple(v for v, a in zip(views, alive) if a)
+                dead = tuple(v for v, a in zip(views, alive) if not a)
+                states[g] = GpuState(
+                    gpu=g,
+                    generation=generation,
+                    heartbeat=led.heartbeat(),
+                    figures=led.figures(),
+                    totals=led.totals(),
+                    instances=live,
+                    dead=dead,
+                    problems=tuple(slot_problems),
+                )
+            except (LedgerError, OSError) as exc:
+                problems.append(f"{g}: {exc}")
+        return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems))
+
+    def reclaim_dead(self) -> list[SlotView]:
+        """Free the slots of dead engines on every GPU; what was reclaimed."""
+        ledgers, _ = self._ledgers()
+        gone: list[SlotView] = []
+        for led in ledgers.values():
+            gone.extend(led.reclaim_dead())
+        return gone
+
+    def publish(
+        self,
+        view: LedgerView,
+        revision: int,
+        gpus: Mapping[str, GpuLimits],
+        instances: Mapping[str, InstanceLimits],
+    ) -> list[str]:
+        """Publish ``revision``: per GPU its figures and budget, per instance id its limits.
+
+        Instances are matched to the slots ``view`` read them from; one whose slot changed hands
+        since, or that the view does not know, is skipped and named in the result.
+        """
+        skipped: list[str] = []
+        by_gpu: dict[str, dict[tuple[int, int], InstanceLimits]] = {g: {} for g in view.gpus}
+        for inst_id, lim in instances.items():
+            v = view.find(inst_id)
+            if v is None:
+                skipped.append(f"{inst_id}: not in the ledger view")
+                continue
+            by_gpu[v.gpu][(v.index, v.epoch)] = lim
+        me = this_process()
+        for g in sorted(set(by_gpu) | set(gpus)):
+            if g not in view.gpus:
+                skipped.append(f"{g}: no segment for this GPU")
+                continue
+            skipped.extend(self.gpu(g).publish(revision, gpus.get(g), by_gpu.get(g, {}), me))
+        return skipped
+
+    def heartbeat(self, now: float | None = None) -> None:
+        """Tell engines and ``kvpolicy status`` that the controller lives."""
+        ledgers, _ = self._ledgers()
+        for led in ledgers.values():
+            led.beat(now)
+
+    def claim_controller(self) -> ControllerLock:
+        """Become the directory's one controller, or LedgerError naming the one that is."""
+        ensure_directory(self.path, self.access)
+        path = self.path / CONTROLLER_LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, self.access.file_mode)
+        try:
+            check_owner(os.fstat(fd), f"the controller lock {path}", self.access)
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                raise LedgerError(
+                    f"kvpolicy ledger: another controller (pid {holder}) is running on {self.path}; "
+                    "stop it first, or use another --ledger-dir"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return ControllerLock(fd, path)
+
+    def close(self) -> None:
+        for led in self._open.values():
+            led.close()
+        self._open.clear()
+
+    def __enter__(self) -> LedgerDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,187 @@
+"""Glue for the engine adapters: their ledger protocols, implemented with ``attach``.
+
+- SGLang DeepSeek-V4 (``adapters/sglang_dsv4/ports.py``): ``attach_static(ledger_dir, identity)``
+  returns a session with ``admit(nbytes) -> int`` and ``report_pools(pools)``.
+- vLLM (``adapters/vllm_adapter/ledger.py``): ``connect_vllm_ledger(env)`` returns an object
+  with ``admit(instance, gpu, nbytes) -> int``, ``report_pools(instance, pools)`` and
+  ``release(instance)``.
+
+Both run inside the engine process at the point where the engine sizes its KV cache,
+when its CUDA device is current. Before any controller has published the GPU's
+figures, static admission needs the capacity and headroom (docs/ledger.md, "Before
+the controller"): ``measure_gpu`` reads cuMemGetInfo through torch (or cuda-python)
+for the current device, and the headroom and any capacity override come from the
+policy named by ``KVPOLICY_POLICY``. Other use is what the GPU has in use that the
+ledger does not account for. Refusals become ``AdapterError`` with every figure.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from kvpolicy.adapters.common import ENV_POLICY, AdapterEnv, AdapterError
+from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.runtime.client import Instance, attach
+from kvpolicy.runtime.errors import LedgerError
+
+
+class LedgerAdmissionRefused(AdapterError):
+    """The ledger would not admit the reservation (or could not be used); the message has the figures."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    capacity: int
+    used: int
+
+
+def measure_gpu() -> Measured | None:
+    """Total and used memory of the current CUDA device, or None without a CUDA runtime in this process."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        free, total = torch.cuda.mem_get_info()
+        return Measured(capacity=int(total), used=int(total - free))
+    try:
+        from cuda.bindings import driver
+
+        err, free, total = driver.cuMemGetInfo()
+    except Exception:  # no cuda-python, or no driver library on this machine (DynamicLibNotFoundError)
+        return None
+    if err != driver.CUresult.CUDA_SUCCESS:
+        return None  # no current context: the controller's figures are needed
+    return Measured(capacity=int(total), used=int(total - free))
+
+
+def policy_gpu_figures(policy: Path | None, gpu: str, capacity: int) -> tuple[int, int]:
+    """(capacity, headroom) for ``gpu`` from the policy file (capacity override applied); headroom 0 without one."""
+    if policy is None:
+        return capacity, 0
+    try:
+        from kvpolicy.policy import load_policy
+
+        settings = load_policy(policy).gpu_settings(gpu)
+    except Exception as exc:  # the loader's error names file:line:col
+        raise LedgerAdmissionRefused(f"kvpolicy: cannot read the headroom for {gpu} from {ENV_POLICY}={policy}: {exc}") from exc
+    cap = settings.capacity if settings.capacity is not None else capacity
+    return cap, settings.headroom_bytes(cap)
+
+
+def _admit(inst: Instance, nbytes: int, policy: Path | None) -> int:
+    figures: dict[str, Any] = {}
+    if inst._ledger.figures().source != "published":
+        m = measure_gpu()
+        if m is not None:
+            capacity, headroom = policy_gpu_figures(policy, inst.gpu, m.capacity)
+            views, _ = inst._ledger.slots()
+            accounted = sum(sum(p.bytes for p in v.pools.values() if p.owner == "runtime") + v.mapped for v in views)
+            figures = {"capacity": capacity, "headroom": headroom, "other_used": max(0, m.used - accounted)}
+    try:
+        return inst.admit_static(nbytes, reserve=nbytes, **figures)
+    except LedgerError as exc:
+        raise LedgerAdmissionRefused(str(exc)) from None
+
+
+class _Identity(Protocol):
+    model: str
+    gpu: str
+    rank: int
+    engine: str
+
+    @property
+    def instance_id(self) -> str: ...
+
+
+class StaticSession:
+    """SGLang's ``LedgerSession``: one instance on one GPU."""
+
+    def __init__(self, inst: Instance, policy: Path | None) -> None:
+        self.instance = inst
+        self._policy = policy
+
+    def admit(self, nbytes: int) -> int:
+        return _admit(self.instance, nbytes, self._policy)
+
+    def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
+        try:
+            self.instance.report_pools(pools)
+        except LedgerError as exc:
+            raise LedgerAdmissionRefused(str(exc)) from None
+
+
+def attach_static(ledger_dir: Path | str, identity: _Identity) -> StaticSession:
+    """Attach an SGLang scheduler (``InstanceIdentity``) for static admission and pool reports."""
+    try:
+        inst = attach(
+            model=identity.model,
+            gpu=identity.gpu,
+            engine=identity.engine,
+            rank=identity.rank,
+            id=identity.instance_id,
+            ledger_dir=ledger_dir,
+        )
+    except LedgerError as exc:
+        raise LedgerAdmissionRefused(str(exc)) from None
+    return StaticSession(inst, AdapterEnv.from_environ().policy)
+
+
+class _Key(Protocol):
+    engine_id: str
+    model: str
+    rank: int
+
+    @property
+    def id(self) -> str: ...
+
+
+class VllmLedgerClient:
+    """vLLM's ``VllmLedger``: instances keyed by the adapter's ``InstanceKey``, attached on first admission."""
+
+    def __init__(self, env: AdapterEnv) -> None:
+        self._env = env
+        self._instances: dict[Any, Instance] = {}
+
+    def admit(self, instance: _Key, gpu: str, nbytes: int) -> int:
+        inst = self._instances.get(instance)
+        if inst is None:
+            try:
+                inst = attach(
+                    model=instance.model,
+                    gpu=gpu,
+                    engine="vllm",
+                    rank=instance.rank,
+                    id=instance.id,
+                    engine_id=instance.engine_id,
+                    ledger_dir=self._env.ledger_dir,
+                )
+            except LedgerError as exc:
+                raise LedgerAdmissionRefused(str(exc)) from None
+            self._instances[instance] = inst
+        elif inst.gpu != gpu:
+            raise LedgerAdmissionRefused(f"kvpolicy: {instance.id} is attached on {inst.gpu}, not {gpu}")
+        return _admit(inst, nbytes, self._env.policy)
+
+    def report_pools(self, instance: _Key, pools: Mapping[str, PoolFacts]) -> None:
+        inst = self._instances.get(instance)
+        if inst is None:
+            raise LedgerAdmissionRefused(f"kvpolicy: {instance.id} reports pools but admitted nothing in this process")
+        try:
+            inst.report_pools(pools)
+        except LedgerError as exc:
+            raise LedgerAdmissionRefused(str(exc)) from None
+
+    def release(self, instance: _Key) -> None:
+        inst = self._instances.pop(instance, None)
+        if inst is not None:
+            inst.detach()
+
+
+def connect_vllm_ledger(env: AdapterEnv | None = None) -> VllmLedgerClient:
+    """The vLLM adapter's ledger, under ``env.ledger_dir`` (KVPOLICY_LEDGER_DIR)."""
+    return VllmLedgerClient(env or AdapterEnv.from_environ())
+
+
+__all__ = ["LedgerAdmissionRefused", "attach_static", "connect_vllm_ledger", "measure_gpu"]

@@ -1,0 +1,140 @@
+"""Prometheus metrics of the controller (``kvpolicy run --metrics-port``).
+
+Figures that describe the present (per GPU and per instance) come from one
+collector over the latest decision and ledger view, so an instance that goes
+away takes its series with it; counters and the evaluation-latency histogram are
+ordinary prometheus-client metrics in the same registry.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvpolicy.evaluate.decision import Decision
+
+EVALUATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+
+
+class _Snapshot(Collector):
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.decision: Decision | None = None
+        self.view = None
+        self.policy_revision = 0
+        self.published_revision = 0
+        self.heartbeat = 0.0
+        self.stuck_after = 60.0
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            decision, view = self.decision, self.view
+            policy_revision, published, heartbeat = self.policy_revision, self.published_revision, self.heartbeat
+        yield _gauge("kvpolicy_policy_revision", "Revision of the policy in force (1 = first load).", policy_revision)
+        yield _gauge("kvpolicy_published_revision", "Revision of the limits last published to the ledger.", published)
+        yield _gauge("kvpolicy_controller_heartbeat_timestamp_seconds", "When the controller last ran its loop.", heartbeat)
+        if decision is not None:
+            yield from _gpu_families(decision)
+            yield from _instance_families(decision)
+        if view is not None:
+            yield from _ledger_families(view, self.stuck_after)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc)
+    family.add_metric([], value)
+    return family
+
+
+def _gpu_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
+    specs = (
+        ("kvpolicy_gpu_capacity_bytes", "GPU capacity (policy override or measured).", lambda g: g.capacity),
+        ("kvpolicy_gpu_headroom_bytes", "Headroom never handed out.", lambda g: g.headroom),
+        ("kvpolicy_gpu_other_used_bytes", "Memory in use that no instance accounts for.", lambda g: g.other_used),
+        ("kvpolicy_gpu_elastic_budget_bytes", "Elastic budget A = C - H - U - R.", lambda g: g.elastic_budget),
+        ("kvpolicy_gpu_free_bytes", "Elastic budget not in use.", lambda g: g.free),
+        ("kvpolicy_gpu_guaranteed_bytes", "Sum of guarantees.", lambda g: g.guaranteed),
+    )
+    for name, doc, value in specs:
+        family = GaugeMetricFamily(name, doc, labels=["gpu"])
+        for gpu in decision.gpus:
+            family.add_metric([gpu.id], value(gpu))
+        yield family
+    reserved = GaugeMetricFamily("kvpolicy_gpu_reserved_bytes", "Runtime-owned reservations by pool.", labels=["gpu", "pool"])
+    for gpu in decision.gpus:
+        for pool, size in gpu.reserved.by_pool.items():
+            reserved.add_metric([gpu.id, pool], size)
+    yield reserved
+
+
+def _instance_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
+    labels = ["instance", "model", "engine", "gpu"]
+    specs = (
+        ("kvpolicy_instance_limit_bytes", "Published hard cap on elastic memory.", lambda i: i.limit),
+        ("kvpolicy_instance_target_bytes", "Fair target for elastic memory.", lambda i: i.target),
+        ("kvpolicy_instance_guarantee_bytes", "Guaranteed elastic memory.", lambda i: i.guarantee),
+        ("kvpolicy_instance_shortfall", "1 if the guarantee is below the model's min.", lambda i: int(i.shortfall)),
+        ("kvpolicy_instance_violations", "Runtime pools over their max, reserve exceeded.", lambda i: len(i.violations)),
+        ("kvpolicy_instance_rule_actions", "Rules in force on the instance.", lambda i: len(i.actions)),
+    )
+    for name, doc, value in specs:
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        for inst in decision.instances:
+            family.add_metric([inst.id, inst.model, inst.engine, inst.gpu], value(inst))
+        yield family
+
+
+def _ledger_families(view, stuck_after: float) -> Iterator[GaugeMetricFamily]:
+    labels = ["instance", "model", "engine", "gpu"]
+    used = GaugeMetricFamily("kvpolicy_instance_used_bytes", "Elastic bytes in live blocks.", labels=labels)
+    mapped = GaugeMetricFamily("kvpolicy_instance_mapped_bytes", "Elastic bytes mapped on the GPU.", labels=labels)
+    pools = GaugeMetricFamily(
+        "kvpolicy_instance_pool_bytes", "Runtime-owned reservations by pool.", labels=[*labels, "pool"]
+    )
+    stuck = GaugeMetricFamily("kvpolicy_instance_stuck", "1 if a deferral is older than the stuck time.", labels=labels)
+    acked = GaugeMetricFamily("kvpolicy_instance_acked_revision", "Revision the instance last acknowledged.", labels=labels)
+    for v in view.instances():
+        key = [v.id, v.model, v.engine, v.gpu]
+        facts = v.facts(view.now)
+        if facts.elastic is not None:
+            used.add_metric(key, facts.elastic.used)
+            mapped.add_metric(key, facts.elastic.mapped)
+        for name, pool in facts.pools.items():
+            pools.add_metric([*key, name], pool.bytes)
+        stuck.add_metric(key, int(v.stuck(view.now, stuck_after)))
+        acked.add_metric(key, v.ack_revision)
+    yield from (used, mapped, pools, stuck, acked)
+
+
+class ControllerMetrics:
+    """The controller's registry; ``serve(port)`` exposes it over HTTP."""
+
+    def __init__(self, stuck_after: float = 60.0) -> None:
+        self.registry = CollectorRegistry()
+        self._snapshot = _Snapshot()
+        self._snapshot.stuck_after = stuck_after
+        self.registry.register(self._snapshot)
+        self.reloads = Counter("kvpolicy_policy_reloads", "Policy reloads by result.", ["result"], registry=self.registry)
+        self.publishes = Counter("kvpolicy_publishes", "Revisions published to the ledger.", registry=self.registry)
+        self.reclaimed = Counter("kvpolicy_reclaimed_instances", "Slots of dead engines reclaimed.", registry=self.registry)
+        self.evaluation = Histogram(
+            "kvpolicy_evaluation_seconds", "Time to evaluate the policy against the facts.",
+            buckets=EVALUATION_BUCKETS, registry=self.registry,
+        )
+
+    def update(self, *, decision: Decision | None, view, policy_revision: int, published_revision: int, heartbeat: float) -> None:
+        with self._snapshot._lock:
+            self._snapshot.decision = decision
+            self._snapshot.view = view
+            self._snapshot.policy_revision = policy_revision
+            self._snapshot.published_revision = published_revision
+            self._snapshot.heartbeat = heartbeat
+
+    def serve(self, port: int, addr: str = "0.0.0.0"):
+        from prometheus_client import start_http_server
+
+        return start_http_server(port, addr=addr, registry=self.registry)

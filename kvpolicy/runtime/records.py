@@ -1,0 +1,153 @@
+"""Records: multi-field data that readers without the lock never see half-written.
+
+A record is a sequence word ``seq`` and two copies of the body. The copy readers use
+is ``copy[seq & 1]``. A writer (always holding the segment's write lock) fills the
+*other* copy — body, then CRC-32 — and only then stores ``seq + 1``: one aligned
+8-byte store that makes the new copy visible all at once. A reader loads ``seq``,
+copies the visible body out, loads ``seq`` again and retries if it moved.
+
+This is a seqlock whose "odd" state is the other copy. It keeps the seqlock's
+promise (no reader sees half an update, readers never block writers) and adds one
+that matters here: a writer killed with ``kill -9`` half-way through leaves
+``seq`` unchanged, so readers keep reading the complete previous copy and nothing
+needs repair — a classic seqlock would be left odd and wedge every reader.
+
+Memory order: the writer's body stores must become visible before its ``seq``
+store, and the reader's body loads must happen between its two ``seq`` loads. On
+x86-64 (TSO) plain loads and stores already behave so. Elsewhere (AArch64)
+``fence()`` orders them: it releases and re-acquires a lock held by this thread,
+and a store-release followed by a load-acquire is a full barrier there.
+"""
+
+from __future__ import annotations
+
+import functools
+import mmap
+import platform
+import struct
+import threading
+import zlib
+from collections import namedtuple
+from typing import Any
+
+from kvpolicy.runtime.errors import CorruptSegment
+from kvpolicy.runtime.layout import CRC_SIZE, RecordSpec
+
+READ_RETRIES = 10_000
+"""Retries of a lock-free read before giving up; a writer holds a record for microseconds."""
+
+if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+
+    def fence() -> None:
+        """No-op on x86: stores are not reordered with stores, nor loads with loads."""
+
+else:  # pragma: no cover - exercised on AArch64 hosts only
+    _held = threading.local()
+
+    def fence() -> None:
+        """A full barrier: release then re-acquire a lock this thread holds (stlr; ldar)."""
+        lock = getattr(_held, "lock", None)
+        if lock is None:
+            lock = _held.lock = threading.Lock()
+            lock.acquire()
+        lock.release()
+        lock.acquire()
+
+
+_CRC = struct.Struct("<Q")
+
+
+@functools.cache
+def _compiled(spec: RecordSpec) -> tuple[struct.Struct, Any]:
+    """The body's Struct and value tuple class, built once per record kind."""
+    return struct.Struct(spec.body_format), namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
+
+
+class Record:
+    """One record at a fixed offset of a segment: typed reads (lock-free) and writes (locked)."""
+
+    __slots__ = (
+        "_copies",
+        "_crc_off",
+        "_crc_struct",
+        "_last",
+        "_struct",
+        "_tuple",
+        "offset",
+        "seq_index",
+        "spec",
+        "where"
+    )
+
+    def __init__(self, spec: RecordSpec, offset: int, where: str) -> None:
+        assert offset % 8 == 0, f"record {spec.name} at unaligned offset {offset}"
+        self.spec = spec
+        self.offset = offset
+        self.seq_index = offset // 8
+        self._copies = (offset + 8, offset + 8 + spec.copy_size)
+        self._struct, self._tuple = _compiled(spec)
+        self._crc_struct = _CRC
+        self._crc_off = spec.copy_size - CRC_SIZE  # the body padded to 8 bytes
+        self.where = where
+        self._last: tuple[int, Any] = (-1, None)  # (seq, values) last read or written by this process
+
+    def seq(self, words: memoryview) -> int:
+        """The sequence word: changes exactly when a new copy becomes visible."""
+        return words[self.seq_index]
+
+    def read(self, mm: mmap.mmap, words: memoryview) -> tuple[int, Any]:
+        """``(seq, values)`` of the visible copy, consistent; CorruptSegment if its CRC is wrong.
+
+        While ``seq`` has not moved since this process last read or wrote the record, the values
+        are the ones it had then (every write moves ``seq``): one 8-byte load.
+        """
+        last = self._last
+        if words[self.seq_index] == last[0]:
+            return last
+        crc_off = self._crc_off
+        for _ in range(READ_RETRIES):
+            seq = words[self.seq_index]
+            fence()
+            off = self._copies[seq & 1]
+            raw = mm[off : off + crc_off + CRC_SIZE]
+            fence()
+            if words[self.seq_index] != seq:
+                continue
+            (crc,) = self._crc_struct.unpack_from(raw, crc_off)
+            body = raw[: self._struct.size]
+            if zlib.crc32(body) != crc:
+                raise CorruptSegment(
+                    f"{self.where}: the {self.spec.name} record (copy {seq & 1}, seq {seq}) fails its "
+                    f"CRC check: the segment was changed by something other than kvpolicy, or is damaged"
+                )
+            last = self._last = (seq, self._tuple._make(self._struct.unpack_from(body)))
+            return last
+        raise CorruptSegment(
+            f"{self.where}: the {self.spec.name} record changed during {READ_RETRIES} reads in a row; "
+            "a writer is stuck in a loop or the sequence word is being overwritten"
+        )
+
+    def write(self, mm: mmap.mmap, words: memoryview, values: Any) -> int:
+        """Write ``values`` (a tuple in field order) as the new visible copy. Hold the write lock."""
+        seq = words[self.seq_index]
+        off = self._copies[(seq & 1) ^ 1]
+        body = self._struct.pack(*values)
+        mm[off : off + len(body)] = body
+        self._crc_struct.pack_into(mm, off + self._crc_off, zlib.crc32(body))
+        fence()
+        words[self.seq_index] = seq + 1
+        self._last = (seq + 1, values if type(values) is self._tuple else self._tuple._make(values))
+        return seq + 1
+
+    def make(self, **values: Any) -> Any:
+        """A value tuple of this record from keyword fields (all required)."""
+        return self._tuple(**values)
+
+    def zero(self) -> Any:
+        """The record with every field zero (strings empty)."""
+        return self._tuple._make(b"" if code.endswith("s") else 0 for _, code in self.spec.fields if not code.endswith("x"))
+
+    def initialise(self, mm: mmap.mmap, words: memoryview, values: Any) -> None:
+        """Write both copies (a new segment only: nobody else can see it yet)."""
+        self.write(mm, words, values)
+        self.write(mm, words, values)

@@ -1,0 +1,121 @@
+"""What ``kvpolicy status`` and ``kvpolicy top`` show: the controller's status file
+refreshed with the live ledger, and its rendering as tables and bars."""
+
+from __future__ import annotations
+
+import time
+
+from kvpolicy.runtime.directory import LedgerDir
+from kvpolicy.runtime.status import Status, live_status, read_status
+from kvpolicy.units import format_bytes
+
+BAR_WIDTH = 60
+POOL_MARKS = "SCXIKOPQRT"
+
+
+def current_status(ledger: LedgerDir, stale_after: float = 10.0, stuck_after: float = 60.0) -> Status:
+    """The controller's last status with GPUs and instances read live from the ledger.
+
+    While the controller only observes, the limits it decided (not published) are kept.
+    """
+    base = read_status(ledger.path)
+    status = live_status(ledger.read(), base, stuck_after=stuck_after, stale_after=stale_after)
+    if base is not None and base.controller is not None and base.controller.observe:
+        decided = {i.id: i for i in base.instances}
+        for inst in status.instances:
+            mine = decided.get(inst.id)
+            if mine is not None:
+                inst.limit, inst.target, inst.guarantee = mine.limit, mine.target, mine.guarantee
+        status.gpus = base.gpus or status.gpus
+    return status
+
+
+def problems(status: Status) -> list[str]:
+    """What an operator must look at: a stale controller, a rejected policy, stuck deferrals."""
+    found = []
+    if status.controller is None:
+        found.append("no controller has written a status here")
+    elif status.controller.stale:
+        found.append(f"controller pid {status.controller.pid} is stale (last heartbeat {_ago(status.controller.heartbeat_at)})")
+    if status.last_reload is not None and not status.last_reload.ok:
+        found.append("the last policy reload failed: the previous policy stays in force")
+    found += [f"{i.id}: deferral stuck since {_ago(i.deferred_since)}" for i in status.instances if i.stuck]
+    return found
+
+
+def render_status(status: Status) -> str:
+    lines = []
+    if status.policy is not None:
+        p = status.policy
+        lines.append(f"policy {p.file}  revision {p.revision}  sha256 {p.sha256[:12]}  loaded {_ago(p.loaded_at)}")
+    else:
+        lines.append("policy: none loaded")
+    if status.last_reload is not None:
+        r = status.last_reload
+        if r.ok:
+            lines.append(f"last reload: ok {_ago(r.at)}")
+        else:
+            e = r.error
+            where = f"{e.file}:{e.line}:{e.col}: {e.code} " if e is not None and e.line else ""
+            lines.append(f"last reload: FAILED {_ago(r.at)}: {where}{e.message if e else ''}")
+    if status.controller is not None:
+        c = status.controller
+        state = "STALE" if c.stale else "ok"
+        mode = ", observing (not publishing)" if c.observe else ""
+        lines.append(f"controller: pid {c.pid}, heartbeat {_ago(c.heartbeat_at)} ({state}){mode}")
+    lines.append("")
+    lines.append(f"{'GPU':<10}{'capacity':>12}{'reserved':>12}{'budget':>12}{'free':>12}  figures")
+    for g in status.gpus:
+        lines.append(
+            f"{g.id:<10}{_b(g.capacity):>12}{_b(g.reserved.total):>12}{_b(g.elastic_budget):>12}{_b(g.free):>12}  {g.figures}"
+        )
+    lines.append("")
+    lines.append(f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
+                 f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE")
+    for i in status.instances:
+        pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
+        used = _b(i.elastic.used) if i.elastic else "-"
+        mapped = _b(i.elastic.mapped) if i.elastic else "-"
+        state = (i.ack or "-") + (" STUCK" if i.stuck else "")
+        lines.append(
+            f"{i.id:<22}{i.engine:<8}{i.gpu:<8}{_b(pools):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
+            f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
+        )
+    for problem in status.problems:
+        lines.append(f"note: {problem}")
+    return "\n".join(lines) + "\n"
+
+
+def render_bars(status: Status) -> str:
+    """Per GPU: headroom, other use, each reserved pool, elastic in use, free."""
+    lines = []
+    for g in status.gpus:
+        if not g.capacity:
+            lines.append(f"{g.id}: capacity unknown")
+            continue
+        pieces = [("headroom", g.headroom or 0, "#"), ("other", g.other_used or 0, "=")]
+        marks = {}
+        for k, (pool, size) in enumerate(sorted(g.reserved.by_pool.items())):
+            marks[pool] = POOL_MARKS[k % len(POOL_MARKS)]
+            pieces.append((pool, size, marks[pool]))
+        used = sum(i.elastic.used for i in status.instances if i.gpu == g.id and i.elastic)
+        pieces += [("elastic used", used, "u"), ("free", max(0, g.free), ".")]
+        bar = ""
+        for _, size, mark in pieces:
+            width = round(size * BAR_WIDTH / g.capacity)
+            bar += mark * (max(1, width) if size > 0 else 0)
+        legend = "  ".join(f"{mark} {name} {_b(size)}" for name, size, mark in pieces if size > 0)
+        lines.append(f"{g.id:<8} [{bar[:BAR_WIDTH].ljust(BAR_WIDTH)}] {_b(g.capacity)}")
+        lines.append(f"         {legend}")
+    return "\n".join(lines) + "\n"
+
+
+def _b(n: int | None) -> str:
+    return "-" if n is None else format_bytes(n)
+
+
+def _ago(t: float | None) -> str:
+    if not t:
+        return "never"
+    seconds = time.time() - t
+    return f"{seconds:.1f}s ago" if seconds < 120 else f"{seconds / 60:.0f}m ago"

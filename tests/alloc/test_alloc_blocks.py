@@ -1,0 +1,338 @@
+"""The block pool: alloc/free, growth under the limit, shrink, deferred limits, rollback, placement."""
+
+from __future__ import annotations
+
+import pytest
+from alloc_support import RecordingLimit, check_pool, resources
+
+from kvpolicy.alloc import BlockError, BlockPool, BlockSpec, DriverError, HostDriver, KVCacheLayout, OutOfBlocks
+from kvpolicy.units import GiB, MiB
+
+CHUNK = 2 * MiB
+QUARTER = BlockSpec(block_stride=CHUNK // 4)  # 4 blocks per chunk, one arena
+
+
+def make_pool(driver, geometry=QUARTER, num_blocks=64, limit=None, **kw):
+    limit = limit or RecordingLimit(1 * GiB)
+    return BlockPool(driver, geometry, num_blocks, chunk=kw.pop("chunk", CHUNK), limit=limit, **kw), limit
+
+
+def test_alloc_grows_on_demand_and_free_returns(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    assert pool.held_bytes == 0 and pool.free_blocks == 0
+    ids = pool.alloc(6)
+    assert sorted(ids) == list(range(6))
+    assert pool.stats().mapped_chunks == 2 and pool.held_bytes == 2 * CHUNK
+    assert limit.calls("admit") == [2 * CHUNK] and limit.calls("commit") == [2 * CHUNK]
+    assert limit.reported == (6 * QUARTER.block_stride, 2 * CHUNK)
+    check_pool(pool, limit, driver, base)
+    pool.free(ids[:3])
+    assert pool.live_blocks == 3 and pool.free_blocks == 5
+    check_pool(pool, limit, driver, base)
+    again = pool.alloc(5)  # no growth: reuses the mapped chunks
+    assert len(limit.calls("admit")) == 1 and set(again).isdisjoint(ids[3:])
+    check_pool(pool, limit, driver, base)
+    pool.close()
+    assert limit.mapped == 0 and limit.reported == (0, 0)
+
+
+def test_alloc_zero_and_negative(driver):
+    pool, _ = make_pool(driver)
+    with pool:
+        assert pool.alloc(0) == []
+        with pytest.raises(ValueError):
+            pool.alloc(-1)
+
+
+def test_bad_frees_change_nothing(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        ids = pool.alloc(4)
+        pool.free([ids[0]])
+        with pytest.raises(BlockError, match="not live"):
+            pool.free([ids[1], ids[0]])  # ids[0] is already free: neither is freed
+        assert pool.is_live(ids[1])
+        with pytest.raises(BlockError, match="out of range"):
+            pool.free([ids[2], 64])
+        with pytest.raises(BlockError, match="out of range"):
+            pool.free([-1])
+        assert pool.live_blocks == 3
+        check_pool(pool, limit, driver, base)
+
+
+def test_limit_refuses_growth_with_numbers(driver):
+    base = resources(driver)
+    limit = RecordingLimit(3 * CHUNK)
+    pool, _ = make_pool(driver, limit=limit)
+    with pool:
+        pool.alloc(12)
+        with pytest.raises(OutOfBlocks) as err:
+            pool.alloc(1)
+        e = err.value
+        assert e.reason == "limit" and e.held == 3 * CHUNK and e.limit == 3 * CHUNK and e.needed == CHUNK
+        assert "over its limit of 6 MiB" in str(e)
+        assert limit.calls("admit") == [3 * CHUNK]  # the refusal came before admit
+        check_pool(pool, limit, driver, base)
+
+
+def test_admission_refusal_maps_nothing(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        limit.refuse = True
+        with pytest.raises(OutOfBlocks) as err:
+            pool.alloc(3)
+        assert err.value.reason == "admission" and pool.held_bytes == 0
+        assert resources(driver)[:2] == base[:2]
+        limit.refuse = False
+        pool.alloc(3)
+        check_pool(pool, limit, driver, base)
+
+
+def test_virtual_capacity_is_a_hard_end(driver):
+    pool, _ = make_pool(driver, num_blocks=10)
+    with pool:
+        assert pool.num_chunks == 3
+        pool.alloc(10)
+        with pytest.raises(OutOfBlocks) as err:
+            pool.alloc(1)
+        assert err.value.reason == "capacity"
+
+
+def test_device_out_of_memory_is_out_of_blocks_and_rolls_back():
+    d = HostDriver(capacity=3 * CHUNK)
+    pool, limit = make_pool(d)
+    base = (0, 0, 0)
+    pool.alloc(8)
+    with pytest.raises(OutOfBlocks) as err:
+        pool.alloc(8)  # needs 2 more chunks, the device has 1
+    assert err.value.reason == "device" and isinstance(err.value.__cause__, DriverError)
+    assert pool.held_bytes == 2 * CHUNK and limit.pending == 0
+    check_pool(pool, limit, d, base)
+    pool.close()
+    d.close()
+
+
+def test_grow_batches_chunks_and_admits_once(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver, grow_chunks=4)
+    with pool:
+        pool.alloc(1)
+        assert pool.stats().mapped_chunks == 4 and limit.calls("admit") == [4 * CHUNK]
+        assert limit.calls("commit") == [4 * CHUNK]
+        pool.alloc(15)  # fits in the batch: no more growth
+        assert len(limit.calls("admit")) == 1
+        check_pool(pool, limit, driver, base)
+
+
+def test_grow_batch_is_trimmed_to_the_limit(driver):
+    base = resources(driver)
+    limit = RecordingLimit(6 * CHUNK)
+    pool, _ = make_pool(driver, limit=limit, grow_chunks=4)
+    with pool:
+        pool.alloc(1)
+        pool.alloc(16)  # needs chunks 4..; the batch of 4 would pass the limit, 2 more fit
+        assert pool.stats().mapped_chunks == 6 and limit.calls("admit") == [4 * CHUNK, 2 * CHUNK]
+        check_pool(pool, limit, driver, base)
+
+
+def test_placement_prefers_partly_used_chunks_so_free_chunks_can_go(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        ids = pool.alloc(16)  # chunks 0..3 full
+        pool.free([b for b in ids if b % 4 != 0])  # each chunk keeps one live block
+        pool.free([8, 12])  # chunks 2 and 3 are now fully free
+        assert pool.fully_free_chunks() == [2, 3]
+        new = pool.alloc(6)  # fills the partly used chunks 0 and 1 before touching 2 and 3
+        assert {pool.chunks_of_block(b)[0] for b in new} == {0, 1}
+        assert pool.fully_free_chunks() == [2, 3]
+        assert pool.shrink(0) == 2 * CHUNK  # only the fully free chunks can go
+        assert pool.stats().mapped_chunks == 2
+        check_pool(pool, limit, driver, base)
+
+
+def test_shrink_to_target_releases_highest_chunks_first(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK))
+    with pool:
+        ids = pool.alloc(20)
+        pool.free(ids[4:])
+        assert pool.shrink(3 * CHUNK) == 2 * CHUNK
+        assert [pool.is_chunk_mapped(c) for c in range(5)] == [True, True, True, False, False]
+        stats = pool.sync()  # gives back what is above the target
+        assert stats.held_bytes == 2 * CHUNK == stats.target
+        pool.alloc(8)  # 4 free in chunk 1, then growth at the lowest unmapped chunk
+        assert [pool.is_chunk_mapped(c) for c in range(5)] == [True, True, True, False, False]
+        check_pool(pool, limit, driver, base)
+
+
+def test_lowered_limit_defers_while_blocks_are_live_then_completes(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        ids = pool.alloc(16)  # 4 chunks
+        live_chunk3 = [b for b in ids if b >= 12]
+        pool.free([b for b in ids if 4 <= b < 12])  # chunks 1, 2 free
+        limit.set(1 * CHUNK)
+        stats = pool.sync()
+        assert stats.deferred and stats.held_bytes == 2 * CHUNK  # chunks 0 and 3 pinned by live blocks
+        assert limit.calls("ack")[-1] == (2, "deferred")
+        check_pool(pool, limit, driver, base)
+        with pytest.raises(OutOfBlocks) as err:
+            pool.alloc(5)  # no growth while over the limit
+        assert err.value.reason == "limit"
+        pool.free(live_chunk3[:2])
+        assert pool.deferred and pool.is_chunk_mapped(3)  # still a live block in chunk 3
+        pool.free(live_chunk3[2:])  # the last one: chunk 3 goes and the limit holds
+        assert not pool.deferred and not pool.is_chunk_mapped(3)
+        assert pool.held_bytes == CHUNK and limit.calls("ack")[-1] == (2, "applied")
+        check_pool(pool, limit, driver, base)
+
+
+def test_raised_limit_is_acknowledged_applied(driver):
+    pool, limit = make_pool(driver, limit=RecordingLimit(2 * CHUNK))
+    with pool:
+        assert limit.calls("ack") == [(1, "applied")]
+        limit.set(4 * CHUNK)
+        pool.alloc(16)  # growth reads the new limit
+        assert limit.calls("ack")[-1] == (2, "applied") and pool.held_bytes == 4 * CHUNK
+
+
+def test_limit_lowered_under_free_chunks_applies_at_once(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        pool.free(pool.alloc(16))
+        limit.set(CHUNK + 1)  # rounds down to whole chunks
+        pool.sync()
+        assert pool.held_bytes == CHUNK and not pool.deferred and limit.acked == (2, "applied")
+        check_pool(pool, limit, driver, base)
+
+
+@pytest.mark.parametrize("call", ["cuMemCreate", "cuMemMap", "cuMemSetAccess"])
+@pytest.mark.parametrize("after", range(6))
+def test_failed_pool_grow_rolls_back_across_arenas(driver, call, after):
+    """Three arenas, two chunks each: a failure at the n-th call of any kind leaves nothing behind."""
+    base = resources(driver)
+    layout = KVCacheLayout(num_layers=3, block_size=16, num_heads=4, head_dim=128, dtype="bfloat16", latent=True)
+    pool, limit = make_pool(driver, geometry=layout, num_blocks=512)
+    with pool:
+        first = pool.alloc(1)  # chunk 0 in all three arenas
+        held = pool.held_bytes
+        per_chunk = CHUNK // layout.block_stride
+        driver.inject(call, "CUDA_ERROR_UNKNOWN", after=after)
+        with pytest.raises(DriverError) as err:
+            pool.alloc(2 * per_chunk)  # needs chunks 1 and 2: six of each call
+        assert err.value.call == call and driver.pending_faults() == 0
+        assert pool.held_bytes == held and pool.live_blocks == 1 and pool.free_blocks == per_chunk - 1
+        assert limit.calls("rollback")[-1] == 6 * CHUNK
+        check_pool(pool, limit, driver, base)
+        ids = pool.alloc(2 * per_chunk)  # works afterwards
+        pool.free(ids + first)
+        check_pool(pool, limit, driver, base)
+
+
+def test_unmap_failure_during_shrink_is_retried(driver):
+    base = resources(driver)
+    layout = BlockSpec(block_stride=CHUNK // 2, num_arenas=2)
+    pool, limit = make_pool(driver, geometry=layout)
+    with pool:
+        pool.free(pool.alloc(8))
+        driver.inject("cuMemUnmap", "CUDA_ERROR_UNKNOWN", after=1)
+        with pytest.raises(DriverError):
+            pool.shrink(0)
+        check_pool(pool, limit, driver, base)  # half-unmapped chunks are held and accounted
+        assert pool.shrink(0) > 0 and pool.held_bytes == 0
+        check_pool(pool, limit, driver, base)
+
+
+def test_deferred_completion_survives_a_driver_failure_in_free(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        ids = pool.alloc(8)
+        limit.set(CHUNK)
+        pool.sync()
+        assert pool.deferred
+        driver.inject("cuMemUnmap", "CUDA_ERROR_UNKNOWN")
+        pool.free(ids[4:])  # chunk 1 becomes free; its unmap fails, the free does not
+        assert pool.last_error is not None and pool.deferred
+        assert not any(pool.is_live(b) for b in ids[4:])
+        check_pool(pool, limit, driver, base)
+        pool.sync()  # tries again
+        assert not pool.deferred and pool.held_bytes == CHUNK
+        check_pool(pool, limit, driver, base)
+
+
+@pytest.mark.parametrize(
+    ("stride", "arenas"),
+    [(CHUNK * 3 // 4, 1), (CHUNK * 5 // 2, 1), (1_002_240, 2), (CHUNK, 1), (CHUNK * 2, 2)],
+    ids=["3/4-chunk", "2.5-chunks", "dsv4-block", "one-chunk", "two-chunks"],
+)
+def test_straddling_blocks_need_all_their_chunks(driver, stride, arenas):
+    base = resources(driver)
+    pool, limit = make_pool(driver, geometry=BlockSpec(stride, arenas), num_blocks=40)
+    with pool:
+        for b in range(pool.num_blocks):
+            chunks = pool.chunks_of_block(b)
+            assert chunks[0] == b * stride // CHUNK and chunks[-1] == ((b + 1) * stride - 1) // CHUNK
+            assert all(b in pool.blocks_of_chunk(c) for c in chunks)
+        ids = pool.alloc(7)
+        check_pool(pool, limit, driver, base)
+        pool.free(ids[::2])
+        check_pool(pool, limit, driver, base)
+        more = pool.alloc(9)
+        check_pool(pool, limit, driver, base)
+        pool.free(ids[1::2] + more)
+        pool.shrink(0)
+        assert pool.held_bytes == 0
+        check_pool(pool, limit, driver, base)
+
+
+def test_claim_and_ensure_mapped_for_engines_that_pick_ids(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        assert pool.ensure_mapped([9, 10]) == [2]
+        assert pool.is_chunk_mapped(2) and pool.free_blocks == 4 and pool.live_blocks == 0
+        assert pool.ensure_mapped([8]) == []
+        pool.claim([9, 30])  # 30 is in chunk 7: mapped now
+        assert pool.is_live(9) and pool.is_live(30) and pool.is_chunk_mapped(7)
+        with pytest.raises(BlockError, match="already live"):
+            pool.claim([30])
+        with pytest.raises(BlockError, match="repeat"):
+            pool.claim([1, 1])
+        check_pool(pool, limit, driver, base)
+        assert pool.fully_free_chunks() == []
+        pool.free([30])
+        assert pool.fully_free_chunks() == [7]
+        new = pool.alloc(3)
+        assert set(new) == {8, 10, 11}  # the partly used chunk first
+        check_pool(pool, limit, driver, base)
+
+
+def test_geometry_of_kv_layouts():
+    lm = KVCacheLayout(num_layers=32, block_size=16, num_heads=8, head_dim=128, dtype="bfloat16")
+    assert lm.page_bytes == 32 * 1024 and lm.num_arenas == 64 and lm.block_stride == lm.page_bytes
+    assert lm.placement(3, "v") == (7, 0)
+    bm = KVCacheLayout(num_layers=32, block_size=16, num_heads=8, head_dim=128, order="block_major")
+    assert bm.num_arenas == 1 and bm.block_stride == 64 * 32 * 1024 and bm.placement(3, "v") == (0, 7 * 32 * 1024)
+    mla = KVCacheLayout(num_layers=2, block_size=64, num_heads=1, head_dim=656, dtype="uint8", latent=True)
+    assert mla.parts == ("latent",) and mla.block_bytes == 2 * 64 * 656
+    with pytest.raises(ValueError, match="unknown dtype"):
+        KVCacheLayout(num_layers=1, block_size=1, num_heads=1, head_dim=1, dtype="float64")
+    with pytest.raises(ValueError, match="part"):
+        lm.placement(0, "latent")
+
+
+def test_pool_close_is_final(driver):
+    pool, limit = make_pool(driver)
+    ids = pool.alloc(3)
+    pool.close()
+    pool.close()
+    assert limit.mapped == 0 and pool.held_bytes == 0
+    with pytest.raises(Exception, match="closed"):
+        pool.free(ids)

@@ -1,0 +1,95 @@
+"""Block pools against the real ledger (kvpolicy.runtime): two instances on one GPU's segment.
+
+The pool's LimitSource calls must keep the ledger's books exact: admitted bytes committed
+or rolled back, mapped bytes equal to what the pool holds, acknowledgements of published
+revisions (deferred, then applied). Needs the runtime's dependencies (pydantic); skipped
+where they are absent (the GPU machine).
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic")
+
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks  # noqa: E402
+from kvpolicy.runtime.client import attach  # noqa: E402
+from kvpolicy.runtime.directory import LedgerDir  # noqa: E402
+from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits  # noqa: E402
+from kvpolicy.units import GiB, MiB  # noqa: E402
+
+CHUNK = 2 * MiB
+QUARTER = BlockSpec(CHUNK // 4)
+
+
+@pytest.fixture
+def ledger_dir() -> Iterator[Path]:
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    parent = base / f"kvpolicy-alloc-test-{uuid.uuid4().hex[:12]}"
+    parent.mkdir(mode=0o700)
+    try:
+        yield parent / "ledger"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def publish(ledger_dir: Path, revision: int, budget: int, **limits: InstanceLimits) -> None:
+    with LedgerDir(ledger_dir) as ld:
+        skipped = ld.publish(ld.read(), revision, {"cuda:0": GpuLimits(100 * CHUNK, 0, 0, budget)}, limits)
+    assert not skipped
+
+
+def test_two_pools_share_the_gpu_budget_through_the_ledger(ledger_dir: Path) -> None:
+    a = attach(id="a", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
+    b = attach(id="b", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
+    driver = HostDriver(capacity=1 * GiB)
+    try:
+        pool_a = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=a.limit_source(), name="a")
+        pool_b = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=b.limit_source(), name="b")
+        publish(
+            ledger_dir,
+            1,
+            10 * CHUNK,
+            a=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0),
+            b=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0),
+        )
+        ids_a = pool_a.alloc(24)  # 6 chunks
+        assert a.snapshot().mapped == pool_a.held_bytes == 6 * CHUNK
+        with pytest.raises(OutOfBlocks) as err:
+            pool_b.alloc(20)  # 5 chunks, but only 4 of the GPU's budget are left
+        assert err.value.reason == "admission" and "budget" in str(b.last_refusal)
+        assert b.snapshot().pending == 0 and pool_b.held_bytes == 0
+        ids_b = pool_b.alloc(16)
+        assert b.snapshot().mapped == 4 * CHUNK
+
+        # The controller lowers a's limit under what its live blocks pin: deferred, then applied as they go.
+        publish(
+            ledger_dir, 2, 10 * CHUNK, a=InstanceLimits(2 * CHUNK, CHUNK, 0), b=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0)
+        )
+        pool_a.free(ids_a[4:8])  # chunk 1 is free before the pool even reads the new limit
+        stats = pool_a.sync()
+        view = a.snapshot()
+        assert stats.deferred and (view.ack_revision, view.ack) == (2, "deferred") and view.deferred_since is not None
+        assert view.mapped == pool_a.held_bytes == 5 * CHUNK and view.used == 20 * QUARTER.block_stride
+        pool_a.free(ids_a[8:])
+        view = a.snapshot()
+        assert not pool_a.deferred and (view.ack_revision, view.ack) == (2, "applied")
+        assert view.mapped == pool_a.held_bytes == 2 * CHUNK and view.pending == 0  # the limit holds
+        pool_a.sync()  # and the target is reached when the engine syncs
+        assert a.snapshot().mapped == pool_a.held_bytes == CHUNK
+        assert pool_b.alloc(8)  # the budget a gave back is b's to take (within b's limit)
+        assert b.snapshot().mapped == 6 * CHUNK
+
+        pool_b.free(ids_b)
+        pool_a.close()
+        pool_b.close()
+        assert a.snapshot().mapped == 0 and b.snapshot().mapped == 0
+    finally:
+        a.detach()
+        b.detach()
+        driver.close()

@@ -1,0 +1,223 @@
+"""Hot reload torture: real files, real watchdog, every way a policy file gets saved.
+
+Over 1,000 edits mix in-place writes, atomic renames, Kubernetes ConfigMap
+``..data`` symlink swaps, truncated writes, invalid content, and delete +
+recreate. Whatever happens, the running policy is always content that was
+written and lints clean, and after each valid save it converges to that save.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvpolicy.lint.engine import lint_text
+from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher
+
+EDITS = 1000
+CONVERGE_TIMEOUT = 5.0
+
+
+def valid_policy(n: int) -> str:
+    return (
+        "version 1\n"
+        f"# edit {n}\n"
+        "defaults { headroom 2 GiB }\n"
+        f'model "m{n}" {{\n  priority {n % 1000}\n  min {1 + n % 7} GiB\n}}\n'
+        'rule "idle" {\n  when model.idle > 60s\n  shrink to min\n  grace 30s\n}\n'
+    )
+
+
+INVALID = (
+    "",  # an empty file: no version
+    "version 1\nmodel \"x\" { reserve 4 GiBB }\n",
+    "version 1\nmodel \"x\" {\n  priority\n",
+    "model \"x\" { priority 1 }\n",
+    "version 1\nrule \"r\" { when gpu.fre < 1 GiB; shrink to min; grace 1s }\n",
+    "\xff\xfe not utf-8",
+)
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class Directory:
+    """The policy's directory, saved to in each of the ways editors and Kubernetes do."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / "policy.kvp"
+        self.serial = 0
+
+    def in_place(self, data: bytes, rng: random.Random, on_intermediate) -> None:
+        self._plain_file()
+        cut = rng.randrange(len(data) + 1)
+        on_intermediate(data[:cut])  # a reader may see this half: it is content that was in the file
+        with open(self.path, "r+b" if self.path.exists() else "wb") as f:
+            f.truncate(0)
+            f.write(data[:cut])
+            f.flush()
+            f.write(data[cut:])
+
+    def atomic_rename(self, data: bytes) -> None:
+        tmp = self.root / f".policy.kvp.{self.serial}.tmp"
+        self.serial += 1
+        tmp.write_bytes(data)
+        os.replace(tmp, self.path)
+
+    def configmap_swap(self, data: bytes) -> None:
+        """What the kubelet does: a new timestamped dir, then rename ..data_tmp over ..data."""
+        self.serial += 1
+        version = self.root / f"..2026_11_29_{self.serial:06d}"
+        version.mkdir()
+        (version / "policy.kvp").write_bytes(data)
+        tmp_link = self.root / "..data_tmp"
+        os.symlink(version.name, tmp_link)
+        old = os.readlink(self.root / "..data") if (self.root / "..data").is_symlink() else None
+        os.replace(tmp_link, self.root / "..data")
+        if not (self.path.is_symlink() and os.readlink(self.path) == "..data/policy.kvp"):
+            link_tmp = self.root / ".policy-link.tmp"
+            os.symlink("..data/policy.kvp", link_tmp)
+            os.replace(link_tmp, self.path)
+        if old is not None:
+            for child in (self.root / old).iterdir():
+                child.unlink()
+            (self.root / old).rmdir()
+
+    def delete(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _plain_file(self) -> None:
+        if self.path.is_symlink():
+            data = self.path.read_bytes()
+            self.atomic_rename(data)
+
+
+def lints_clean(data: bytes) -> bool:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return lint_text(text, "t").policy is not None
+
+
+def wait_for(predicate, timeout: float = CONVERGE_TIMEOUT) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.002)
+    return predicate()
+
+
+@pytest.mark.slow
+def test_active_policy_is_always_the_last_valid_content(tmp_path):
+    rng = random.Random(20261129)
+    directory = Directory(tmp_path)
+    first = valid_policy(0).encode()
+    directory.atomic_rename(first)
+    written_valid: set[str] = {sha(first)}
+    written_lock = threading.Lock()
+    swaps: list[LoadedPolicy] = []
+    bad_swaps: list[str] = []
+
+    def on_change(loaded: LoadedPolicy) -> None:
+        with written_lock:
+            known = loaded.sha256 in written_valid
+        if not known:
+            bad_swaps.append(loaded.sha256)
+        swaps.append(loaded)
+
+    def remember_if_valid(content: bytes) -> None:
+        if lints_clean(content):
+            with written_lock:
+                written_valid.add(sha(content))
+
+    watcher = PolicyWatcher(directory.path, on_change=on_change, debounce=0.005, poll_interval=0.25)
+    watcher.start()
+    try:
+        assert watcher.current is not None and watcher.current.sha256 == sha(first)
+        counts: dict[str, int] = {}
+        last_valid = sha(first)
+        for n in range(1, EDITS + 1):
+            kind = rng.choice(["valid", "valid", "valid", "invalid", "truncated", "delete"])
+            how = rng.choice(["in_place", "atomic_rename", "configmap_swap"])
+            counts[f"{kind}/{how}"] = counts.get(f"{kind}/{how}", 0) + 1
+            if kind == "delete":
+                directory.delete()
+                time.sleep(0.01)
+                assert watcher.current.sha256 == last_valid  # a missing file changes nothing
+                kind, how = "valid", "atomic_rename"  # ...and it comes back
+            if kind == "valid":
+                data = valid_policy(n).encode()
+            elif kind == "invalid":
+                data = rng.choice(INVALID).encode("utf-8", "surrogateescape") + f"# {n}\n".encode()
+            else:
+                full = valid_policy(n).encode()
+                data = full[: rng.randrange(len(full))]
+            is_valid = lints_clean(data)
+            if is_valid:
+                with written_lock:
+                    written_valid.add(sha(data))
+            if how == "in_place":
+                directory.in_place(data, rng, on_intermediate=remember_if_valid)
+            elif how == "atomic_rename":
+                directory.atomic_rename(data)
+            else:
+                directory.configmap_swap(data)
+            if is_valid:
+                assert wait_for(lambda: watcher.current.sha256 == sha(data)), f"edit {n} ({kind}/{how}) did not converge"
+                last_valid = sha(data)
+            else:
+                assert wait_for(lambda: watcher.last_reload is not None and watcher.last_reload.sha256 in (sha(data), None)), (
+                    f"edit {n} ({kind}/{how}) was never looked at"
+                )
+                assert watcher.current.sha256 == last_valid, f"edit {n} ({kind}/{how}) replaced the running policy"
+        assert not bad_swaps, "a content that was never a valid save became active"
+        assert len(counts) >= 12, counts  # every kind of edit in every way happened
+        assert watcher.failures > 0 and watcher.reloads > EDITS // 3
+        assert [s.revision for s in swaps] == sorted(s.revision for s in swaps)
+    finally:
+        watcher.stop()
+
+
+def test_rejected_file_keeps_the_policy_and_reports_position(tmp_path):
+    path = tmp_path / "p.kvp"
+    path.write_text(valid_policy(1))
+    watcher = PolicyWatcher(path, debounce=0.005, poll_interval=0.1)
+    watcher.start()
+    try:
+        good = watcher.current
+        path.write_text("version 1\nmodel \"x\" { reserve 4 GiBB }\n")
+        assert wait_for(lambda: watcher.last_reload is not None and not watcher.last_reload.ok)
+        error = watcher.last_reload.error
+        assert (error.line, error.col, error.code) == (2, 25 - 2, "KV001")
+        assert watcher.current is good
+        path.write_text(valid_policy(2))
+        assert wait_for(lambda: watcher.current.revision == 2)
+        assert watcher.last_reload.ok
+    finally:
+        watcher.stop()
+
+
+def test_poll_catches_changes_without_events(tmp_path):
+    """With no observer at all (events lost), the timer alone converges."""
+    path = tmp_path / "p.kvp"
+    path.write_text(valid_policy(1))
+    watcher = PolicyWatcher(path, debounce=0.005, poll_interval=0.05)
+    watcher.check_now()
+    thread = threading.Thread(target=watcher._loop, daemon=True)  # the timer loop without watchdog
+    thread.start()
+    try:
+        path.write_text(valid_policy(2))
+        assert wait_for(lambda: watcher.current.revision == 2, timeout=2)
+    finally:
+        watcher._stop.set()
+        thread.join(timeout=2)

@@ -1,0 +1,93 @@
+"""Helpers for the SGLang DeepSeek-V4 tests: real sglang 0.5.23 objects on CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import SimpleNamespace as NS
+
+HERE = Path(__file__).parent
+REPO = HERE.parent.parent
+MODELS = REPO / "policies" / "models"
+
+SGLANG_MISSING = importlib.util.find_spec("sglang") is None or importlib.util.find_spec("torch") is None
+SKIP_REASON = "sglang 0.5.23 and torch not installed (pip install -r requirements/sglang-cpu.txt)"
+
+TINY_RATIOS = (0, 0, 4, 128, 4, 128, 4, 0)  # 7 target layers + 1 MTP layer, V4-shaped
+
+
+def dsv4_model_config(geometry):
+    """The ModelConfig fields SGLang's DSV4 configurator and pool builder read, from a geometry."""
+    hf = NS(architectures=["DeepseekV4ForCausalLM"], kv_source_layer_ids=list(geometry.kv_source_layer_ids))
+    return NS(
+        hf_config=hf,
+        hf_text_config=hf,
+        qk_nope_head_dim=geometry.qk_nope_head_dim,
+        qk_rope_head_dim=geometry.qk_rope_head_dim,
+        head_dim=geometry.head_dim,
+        index_head_dim=geometry.index_head_dim,
+        context_len=geometry.max_position_embeddings,
+        compress_ratios=list(geometry.compress_ratios),
+        window_size=geometry.sliding_window,
+        is_multimodal=False,
+    )
+
+
+def kv_cache_configurator(geometry, server_args_obj, *, gpu_id=0, draft=False):
+    """A real ``KVCacheConfigurator`` for a DeepSeek-V4 target on CPU.
+
+    Built with ``object.__new__`` and its fields set, as SGLang's own tests stub it:
+    ``__init__`` wants a loaded model; every method the V4 sizing and pool paths run
+    is the real one.
+    """
+    import torch
+    from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    kvc = object.__new__(KVCacheConfigurator)
+    fields = dict(
+        device="cpu", gpu_id=gpu_id, attn_dp_size=1, pp_size=1, pp_group=None, model=None,
+        model_config=dsv4_model_config(geometry), server_args=server_args_obj,
+        kv_cache_dtype=torch.float8_e4m3fn, model_dtype=torch.bfloat16, page_size=256,
+        sliding_window_size=geometry.sliding_window, spec_algorithm=SpeculativeAlgorithm.NONE,
+        is_draft_worker=draft, post_capture_kv_active=False, spec_aux_config=None, is_hybrid_swa=True,
+        is_hybrid_swa_compress=False, use_mla_backend=False,
+        layer_info=NS(start_layer=0, end_layer=geometry.num_hidden_layers,
+                      num_effective_layers=geometry.num_hidden_layers),
+        forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,
+        memory_pool_config=None, draft_parallel_layout=None, dflash_draft_cell_size_per_token=None,
+        draft_model_idx=None, kv_cache_dtype_str="fp8_e4m3", extra_mamba_cache_bytes_per_req=0,
+        mambaish_config=None, hybrid_gdn_config=None, hybrid_kda_config=None, kv_shard_rank=None,
+        kv_shard_size=1, kv_shard_spec=None, kv_shard_group=None, is_hybrid_swa_mtp_draft=False,
+        draft_swa_full_capacity=False,
+    )
+    for name, value in fields.items():
+        setattr(kvc, name, value)
+    return kvc
+
+
+def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
+    """What ``KVCacheConfigurator.configure`` does for a V4 target: profile → config → pools.
+
+    Runs the real ``_resolve_memory_pool_config`` (which calls ``_profile_available_bytes``,
+    hooked or not), ``_derive_pool_sizes``, a real ``ReqToTokenPool`` and ``_build_dsv4_kv_pool``.
+    """
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+    config = kvc._resolve_memory_pool_config(pre_model_load_memory_gb)
+    sizes = kvc._derive_pool_sizes(config=config)
+    req_pool = ReqToTokenPool(size=sizes.max_running_requests, max_context_len=8, device="cpu",
+                              enable_memory_saver=False)
+    pool = kvc._build_dsv4_kv_pool(
+        max_running_requests=sizes.max_running_requests,
+        full_max_total_num_tokens=sizes.full_max_total_num_tokens,
+        swa_max_total_num_tokens=sizes.swa_max_total_num_tokens,
+        c4_max_total_num_tokens=sizes.c4_max_total_num_tokens,
+        c128_max_total_num_tokens=sizes.c128_max_total_num_tokens,
+        c4_state_pool_size=sizes.c4_state_pool_size,
+        c128_state_pool_size=sizes.c128_state_pool_size,
+        c4_state_dtype=sizes.c4_state_dtype,
+        c128_state_dtype=sizes.c128_state_dtype,
+        req_to_token_pool=req_pool,
+    )
+    return config, sizes, pool

@@ -1,0 +1,145 @@
+"""Closed forms and ``kvpolicy plan`` on a lean install (no torch, no sglang needed)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, ModelGeometry, load_geometry
+from kvpolicy.adapters.sglang_dsv4.plan import (
+    PlanError,
+    PlanSettings,
+    budget_for_reserve,
+    plan_for_full_tokens,
+)
+from kvpolicy.cli import main
+from kvpolicy.units import GiB, MiB
+from sglang_support import MODELS, REPO
+
+FLASH = MODELS / "deepseek-v4-flash.json"
+PRO = MODELS / "deepseek-v4-pro.json"
+
+
+def test_released_configs_have_the_layer_counts_of_the_reference():
+    flash, pro = load_geometry(FLASH), load_geometry(PRO)
+    assert (flash.num_hidden_layers, flash.layers(0), flash.layers(4), flash.layers(128)) == (43, 2, 21, 20)
+    assert (pro.num_hidden_layers, pro.layers(0), pro.layers(4), pro.layers(128)) == (61, 0, 30, 31)
+    assert len(flash.compress_ratios) == 44 and len(pro.compress_ratios) == 62  # + the MTP layer
+
+
+def test_flash_4m_tokens_matches_the_pool_measured_on_the_h200():
+    # shared/reference/sglang-dsv4.md: 4M full tokens, 256 running requests, swa 0.1·N:
+    # 32,453,830,144 tensor bytes; cuMemGetInfo dropped by 32,671,531,008.
+    plan = plan_for_full_tokens(load_geometry(FLASH), PlanSettings(max_running_requests=256, swa_ratio=0.1), 4 << 20)
+    assert plan.total_bytes == 32_453_830_144
+    assert plan.total_footprint == 32_671_531_008
+    assert sum(p.tensors for p in plan.pools.values()) == 167
+
+
+def test_flash_coefficient_per_full_token():
+    # Reference: 7086.75 bytes per full token (Flash), 10115.25 (Pro), in ratio mode.
+    from kvpolicy.adapters.sglang_dsv4.plan import _Configurator
+
+    assert _Configurator(load_geometry(FLASH), PlanSettings()).bytes_per_full_token == 7086.75
+    assert _Configurator(load_geometry(PRO), PlanSettings()).bytes_per_full_token == 10115.25
+
+
+@pytest.mark.parametrize("reserve_gib", [1, 8, 40])
+@pytest.mark.parametrize("settings", [PlanSettings(max_running_requests=64, swa_ratio=0.2),
+                                      PlanSettings(max_running_requests=8)])
+def test_budget_for_reserve_fits_the_footprint_in_the_reserve(reserve_gib, settings):
+    reserve = reserve_gib * GiB
+    try:
+        plan = budget_for_reserve(load_geometry(FLASH), settings, reserve)
+    except PlanError as exc:
+        assert "cannot hold the smallest" in str(exc)
+        return
+    assert plan.total_footprint <= reserve
+    # and it uses the reserve: less than one 2 MiB segment per tensor and one full page left over
+    tensors = sum(p.tensors for p in plan.pools.values())
+    assert reserve - plan.total_footprint < tensors * 2 * MiB + 256 * 7087 * 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(reserve=st.integers(min_value=64 * MiB, max_value=96 * GiB), requests=st.integers(1, 512))
+def test_the_chosen_budget_never_exceeds_the_reserve(reserve, requests):
+    try:
+        plan = budget_for_reserve(load_geometry(PRO), PlanSettings(max_running_requests=requests, swa_ratio=0.1), reserve)
+    except PlanError:
+        return
+    assert plan.total_footprint <= reserve and plan.budget is not None
+
+
+def test_without_max_running_requests_a_small_reserve_is_refused_with_the_reason():
+    with pytest.raises(PlanError, match=r"c128 compressor state for 2048 requests.*--max-running-requests"):
+        budget_for_reserve(load_geometry(FLASH), PlanSettings(), 8 * GiB)
+
+
+def test_geometry_errors_name_the_file(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({"num_hidden_layers": 3, "compress_ratios": [0, 2, 4], "max_position_embeddings": 8}))
+    with pytest.raises(GeometryError, match=r"config.json.*ratio-1/2"):
+        load_geometry(bad)
+    with pytest.raises(ValueError, match="V4 KV layout"):
+        ModelGeometry(num_hidden_layers=1, head_dim=256, compress_ratios=(0,), max_position_embeddings=8)
+
+
+def run_cli(capsys, *argv):
+    code = main(["plan", "--engine", "sglang", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_json_has_the_contract_shape(capsys):
+    code, out, _ = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["schema"] == 1 and doc["engine"] == "sglang" and doc["engine_version"] == "0.5.23"
+    assert set(doc["tokens"]) >= {"full", "swa", "c4", "c128"}
+    assert set(doc["pools"]) >= {"swa", "c4", "c128", "indexer", "compressor_state"}
+    for pool in doc["pools"].values():
+        assert isinstance(pool["bytes"], int) and pool["footprint"] >= pool["bytes"]
+    assert doc["total_bytes"] == sum(p["bytes"] for p in doc["pools"].values())
+    assert set(doc["pools"]["compressor_state"]["parts"]) == {"c4", "c4_indexer", "c128"}
+
+
+def test_plan_text_has_a_bar_per_pool(capsys):
+    code, out, _ = run_cli(capsys, "--model-config", str(PRO), "--full-tokens", "1048576",
+                           "--max-running-requests", "256", "--swa-ratio", "0.1")
+    assert code == 0
+    lines = out.splitlines()
+    for name in ("swa", "c4", "c128", "indexer", "compressor_state"):
+        row = next(line for line in lines if line.startswith(name + " "))
+        assert "█" in row or "·" in row
+    assert "full 1,048,576" in out
+
+
+def test_plan_errors_exit_1_with_a_message(capsys):
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "1MiB")
+    assert code == 1 and "not enough memory" in err
+    code, _, err = run_cli(capsys, "--model-config", str(REPO / "nope.json"), "--budget", "1GiB")
+    assert code == 1 and "nope.json" in err
+
+
+def test_plan_usage_errors_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--engine", "sglang", "--model-config", str(FLASH), "--budget", "40 GiBB"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--engine", "sglang", "--model-config", str(FLASH)])  # neither --budget nor --full-tokens
+    assert exc.value.code == 2
+
+
+def test_plan_imports_neither_torch_nor_sglang():
+    code = (
+        "import sys; from kvpolicy.cli import main; "
+        f"main(['plan','--engine','sglang','--model-config',{str(FLASH)!r},'--budget','40GiB','--format','json']); "
+        "print('HEAVY', sorted(m for m in ('torch', 'sglang') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out

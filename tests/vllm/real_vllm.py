@@ -1,0 +1,168 @@
+"""vLLM 0.33's own KV planning, run on a CPU: the reference the adapter is tested against.
+
+Builds a real ``VllmConfig`` from a local config.json (no weights), constructs the
+real model class on the ``meta`` device so that its attention modules run their own
+``get_kv_cache_spec``, and plans with ``get_global_kv_cache_groups`` /
+``get_kv_cache_configs``. Import only from tests marked ``vllm`` (it imports vllm).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import torch
+
+CONFIGS = Path(__file__).parent / "configs"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One model and the vLLM settings it is planned with."""
+
+    name: str
+    block_size: int
+    max_model_len: int = 32768
+    kv_cache_dtype: str = "auto"
+    layout: str = "LBNHC"
+    indexer_kv_dtype: str = "fp8"
+    sliding_window_block_size: int | None = None
+    """What vLLM's CPU attention backend picks for sliding-window layers (MultipleOf(32))."""
+    max_num_batched_tokens: int = 8192
+
+    @property
+    def config_dir(self) -> Path:
+        return CONFIGS / self.name
+
+    @property
+    def id(self) -> str:
+        return f"{self.name}-b{self.block_size}-{self.layout}-{self.kv_cache_dtype}-{self.indexer_kv_dtype}"
+
+
+class _CpuEvent:
+    """Stands in for torch.cuda.Event, which DeepSeek-V4's attention creates at
+    construction and a CPU build of torch cannot (no kernel is launched here)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+@functools.cache
+def vllm_config(case: Case) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs: dict[str, Any] = {}
+    if case.indexer_kv_dtype != "fp8":
+        kwargs["attention_config"] = {"indexer_kv_dtype": case.indexer_kv_dtype}
+    args = EngineArgs(
+        model=str(case.config_dir),
+        skip_tokenizer_init=True,
+        load_format="dummy",
+        max_model_len=case.max_model_len,
+        kv_cache_dtype=case.kv_cache_dtype,
+        block_size=case.block_size,
+        max_num_batched_tokens=case.max_num_batched_tokens,
+        **kwargs,
+    )
+    return args.create_engine_config()
+
+
+_distributed = False
+
+
+def _init_distributed(cfg: Any) -> None:
+    global _distributed
+    if _distributed:
+        return
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(cfg):
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"
+        )
+        initialize_model_parallel(1, 1)
+    _distributed = True
+
+
+@functools.cache
+def layer_specs(case: Case) -> dict[str, Any]:
+    """Every KV cache layer's real spec, in the order vLLM's model runner lists them."""
+    from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader import get_model_architecture
+
+    cfg = vllm_config(case)
+    _init_distributed(cfg)
+    from vllm.platforms import current_platform
+
+    saved_event = torch.cuda.Event
+    torch.cuda.Event = _CpuEvent  # type: ignore[misc,assignment]
+    platform_cls = type(current_platform)
+    saved_family = platform_cls.__dict__.get("is_device_capability_family")
+    if case.indexer_kv_dtype == "mxfp4":
+        # The MXFP4 indexer cache needs a Blackwell datacenter GPU (sm_10x): say this is one.
+        platform_cls.is_device_capability_family = classmethod(lambda cls, family, device_id=0: family == 100)
+    try:
+        with set_current_vllm_config(cfg):
+            model_cls, _ = get_model_architecture(cfg.model_config)
+            with torch.device("meta"):
+                model_cls(vllm_config=cfg, prefix="")
+            layers = get_layers_from_vllm_config(cfg, AttentionLayerBase)
+            specs = {name: layer.get_kv_cache_spec(cfg) for name, layer in layers.items()}
+    finally:
+        torch.cuda.Event = saved_event  # type: ignore[misc]
+        if case.indexer_kv_dtype == "mxfp4":
+            if saved_family is None:
+                del platform_cls.is_device_capability_family
+            else:
+                platform_cls.is_device_capability_family = saved_family
+    return {name: spec for name, spec in specs.items() if spec is not None}
+
+
+@dataclass
+class RealPlan:
+    config: Any  # VllmConfig
+    groups: list[Any]  # KVCacheGroupSpec
+    kv_cache_config: Any  # KVCacheConfig of the one rank
+
+    @property
+    def bytes_per_block(self) -> int:
+        return self.kv_cache_config.kv_cache_tensors[0].size // self.kv_cache_config.num_blocks
+
+    @property
+    def max_concurrency(self) -> float:
+        from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+
+        return get_max_concurrency_for_kv_cache_config(self.config, self.kv_cache_config)
+
+
+def real_plan(case: Case, budget: int) -> RealPlan:
+    """vLLM's own plan for one rank with ``budget`` bytes (``kv_cache_memory_bytes``)."""
+    from vllm.v1.core.kv_cache_planning import (
+        get_global_kv_cache_groups,
+        get_kv_cache_configs,
+    )
+
+    cfg = vllm_config(case)
+    specs = dict(layer_specs(case))
+    cfg.cache_config.kv_cache_layout = case.layout
+    groups = get_global_kv_cache_groups(cfg, [specs])
+    (config,) = get_kv_cache_configs(cfg, [specs], [budget], groups)
+    return RealPlan(cfg, groups, config)
+
+
+def scheduler_block_sizes(kv_cache_config: Any) -> tuple[int, int]:
+    sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+    lcm = math.lcm(*sizes)
+    return lcm, lcm

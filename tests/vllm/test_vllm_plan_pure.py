@@ -1,0 +1,242 @@
+"""``kvpolicy plan --engine vllm`` on a bare install: figures, JSON shape, CLI behaviour.
+
+The figures here are the ones vLLM 0.33 itself produced for these configs (recorded
+in shared/reference/vllm.md and re-checked by test_vllm_planning.py against vLLM's
+own code, where vllm is installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS, POLICY_MODELS
+from kvpolicy.adapters.vllm_adapter.model_specs import (
+    ModelSpecError,
+    SpecSettings,
+    load_config,
+    model_specs,
+)
+from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
+
+from kvpolicy.commands.plan_vllm import add_vllm_arguments, parse_size, run_vllm
+from kvpolicy.units import GiB, MiB
+
+V4_FLASH = CONFIGS / "deepseek-v4-flash" / "config.json"
+V4_PRO = CONFIGS / "deepseek-v4-pro" / "config.json"
+
+
+def plan_args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_vllm_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_v4_flash_matches_vllms_own_figures() -> None:
+    plan = make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=65536), budget=60 * GiB)
+    assert plan.kv_cache_layout == "BLHNC"
+    assert [g.layers for g in plan.groups] == [22, 21, 62, 42, 20]
+    assert [g.bytes_per_block for g in plan.groups] == [823_680, 786_240, 1_002_240, 870_912, 656_640]
+    assert [g.block_size for g in plan.groups] == [64, 64, 256, 4, 8]
+    assert plan.bytes_per_block == 1_002_240
+    assert plan.num_blocks == 64_280
+    assert plan.total_bytes == 64_280 * 1_002_240
+    # The MLA group carries c4, c128 and indexer pages side by side and pads nothing.
+    assert plan.groups[2].pool_bytes_per_block == {"indexer": 21 * 8640, "c4": 21 * 37_440, "c128": 20 * 1728}
+    assert plan.groups[2].padding_per_block == 0
+    assert plan.groups[0].padding_per_block == 1_002_240 - 823_680
+
+
+def test_v4_page_sizes_per_pool() -> None:
+    specs = model_specs(load_config(V4_FLASH)).layers
+    pages = {(s.pool, s.part): s.page_size_bytes for s in specs.values()}
+    assert pages == {
+        ("swa", ""): 37_440,
+        ("c4", ""): 37_440,
+        ("c128", ""): 1728,
+        ("indexer", ""): 8640,
+        ("compressor_state", "c4"): 32_832,
+        ("compressor_state", "c128"): 32_832,
+        ("compressor_state", "indexer"): 8640,
+    }
+    assert len(specs) == 167
+    mxfp4 = model_specs(load_config(V4_FLASH), SpecSettings(indexer_kv_dtype="mxfp4")).layers
+    assert {s.page_size_bytes for s in mxfp4.values() if s.pool == "indexer"} == {4608}
+
+
+def test_v4_pro_layer_counts() -> None:
+    specs = model_specs(load_config(V4_PRO)).layers
+    by_pool: dict[str, int] = {}
+    for s in specs.values():
+        by_pool[s.pool] = by_pool.get(s.pool, 0) + 1
+    assert by_pool == {"swa": 61, "c4": 30, "c128": 31, "indexer": 30, "compressor_state": 30 + 31 + 30}
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_policy_model_files_plan_like_full_configs(name: str) -> None:
+    """The trimmed configs shipped in policies/models/ carry every field the plan reads."""
+    trimmed = POLICY_MODELS / f"{name}.json"
+    if not trimmed.exists():
+        pytest.skip(f"{trimmed} is not on this branch yet (shipped by the SGLang adapter)")
+    settings = PlanSettings(max_model_len=131072)
+    full = make_plan(load_config(CONFIGS / name / "config.json"), settings, budget=40 * GiB)
+    assert make_plan(load_config(trimmed), settings, budget=40 * GiB) == full
+
+
+def test_standard_full_attention() -> None:
+    plan = make_plan(load_config(CONFIGS / "qwen3-8b" / "config.json"), PlanSettings(max_model_len=32768), budget=60 * GiB)
+    # 36 layers × 16 tokens × 8 KV heads × (128 + 128) × 2 bytes.
+    assert plan.bytes_per_block == 36 * 16 * 8 * 256 * 2
+    assert plan.num_blocks == 60 * GiB // plan.bytes_per_block
+    assert [g.pools for g in plan.groups] == [["full"]]
+    assert plan.per_request.blocks == 32768 // 16
+    assert plan.max_concurrency == plan.num_blocks / 2048
+
+
+def test_mla_default_block_and_latent() -> None:
+    plan = make_plan(load_config(CONFIGS / "deepseek-v2-lite" / "config.json"), PlanSettings(max_model_len=8192), budget=GiB)
+    assert plan.groups[0].block_size == 64  # FlashMLA's block
+    assert plan.bytes_per_block == 27 * 64 * (512 + 64) * 2
+    assert list(plan.pools) == ["mla"]
+
+
+def test_sliding_window_hybrid_groups() -> None:
+    plan = make_plan(load_config(CONFIGS / "gemma-3-1b" / "config.json"), PlanSettings(max_model_len=32768), budget=GiB)
+    # 22 sliding + 4 full layers: groups of 4 layers (the full count), sliding groups 4,4,4,4,3,3.
+    assert [g.layers for g in plan.groups] == [4, 4, 4, 4, 3, 3, 4]
+    assert [g.kind for g in plan.groups] == ["sliding_window"] * 6 + ["full"]
+    assert plan.bytes_per_block == 4 * 16 * 1 * 512 * 2
+    assert plan.groups[4].padding_per_block == plan.bytes_per_block // 4
+
+
+def test_num_blocks_instead_of_budget() -> None:
+    plan = make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=4096), num_blocks=10_000)
+    assert plan.num_blocks == 10_000 and plan.budget is None
+    assert plan.total_bytes == 10_000 * 1_002_240
+
+
+def test_budget_too_small_is_refused_with_figures() -> None:
+    with pytest.raises(PlanError, match=r"cannot hold one request of max_model_len 65536: it needs \d+ blocks"):
+        make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=65536), budget=GiB)
+
+
+def test_contract_json_shape() -> None:
+    args = plan_args("--model-config", str(V4_FLASH), "--budget", "60GiB", "--max-model-len", "65536", "--format", "json")
+    out = _run(args)
+    doc = json.loads(out)
+    assert doc["schema"] == 1 and doc["engine"] == "vllm" and doc["engine_version"] == "0.33.0"
+    for key in ("bytes_per_block", "num_blocks", "total_bytes", "groups", "pools", "max_concurrency"):
+        assert key in doc
+    for group in doc["groups"]:
+        assert set(group) >= {"block_size", "bytes_per_block", "layers", "pools"}
+    assert set(doc["pools"]) == {"swa", "c4", "c128", "indexer", "compressor_state"}
+    assert all("bytes_per_block" in p for p in doc["pools"].values())
+    assert isinstance(doc["max_concurrency"], float)
+    assert doc["num_blocks"] == 64_280
+
+
+def _run(args: argparse.Namespace) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert run_vllm(args) == 0
+    return buf.getvalue()
+
+
+def test_text_output_names_the_figures() -> None:
+    out = _run(plan_args("--model-config", str(V4_FLASH), "--budget", "60 GiB", "--max-model-len", "65536"))
+    assert "64,280 blocks × 1,002,240 B" in out
+    assert "compressor_state" in out and "BLHNC" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["--budget", "1GiB"], 2, "--model-config and --max-model-len are required"),
+        (["--model-config", str(V4_FLASH), "--max-model-len", "4096"], 2, "exactly one of --budget or --num-blocks"),
+        (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--num-blocks", "9"], 2, "exactly one"),
+        (["--model-config", "/nonexistent/config.json", "--max-model-len", "4096", "--budget", "1GiB"], 1, "no such model config"),
+        (["--model-config", str(V4_FLASH), "--max-model-len", "65536", "--budget", "1GiB"], 1, "cannot hold one request"),
+        (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--kv-cache-dtype", "bfloat16"], 1, "fp8_ds_mla"),
+        (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--block-size", "0"], 2, "--block-size"),
+    ],
+)
+def test_cli_errors(argv: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_vllm(plan_args(*argv)) == code
+    assert message in capsys.readouterr().err
+
+
+def test_shared_options_are_not_added_twice() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--budget")  # as the SGLang part of the dispatcher would
+    parser.add_argument("--format", choices=("text", "json"), default="text")
+    add_vllm_arguments(parser)
+    args = parser.parse_args(["--budget", "2GiB", "--model-config", str(V4_FLASH), "--max-model-len", "4096"])
+    assert parse_size(args.budget) == 2 * GiB
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("60GiB", 60 * GiB), ("60 GiB", 60 * GiB), ("512MiB", 512 * MiB), ("1.5GiB", 3 * GiB // 2), ("64424509440", 60 * GiB), ("1GB", 10**9)],
+)
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
+
+
+def test_parse_size_rejects_garbage() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="not a size"):
+        parse_size("lots")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"num_hidden_layers": 2, "num_attention_heads": 4, "layer_types": ["full_attention", "linear_attention"], "head_dim": 8}, "linear_attention"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 8, "sliding_window": 4096}, "add a layer_types list"),
+        ({"num_attention_heads": 4, "head_dim": 8}, "no 'num_hidden_layers'"),
+        ({"model_type": "deepseek_v32", "kv_lora_rank": 512, "index_topk": 2048}, "indexer other than DeepSeek-V4"),
+        ({"model_type": "deepseek_v4", "num_hidden_layers": 3, "compress_ratios": [0, 4, 16]}, "supports 0, 4 and 128"),
+    ],
+)
+def test_unplannable_configs_say_why(config: dict, message: str) -> None:
+    with pytest.raises(ModelSpecError, match=message):
+        model_specs(config)
+
+
+def test_plan_imports_neither_torch_nor_vllm(tmp_path: Path) -> None:
+    code = (
+        "import argparse, sys\n"
+        "from kvpolicy.commands.plan_vllm import add_vllm_arguments, run_vllm\n"
+        "p = argparse.ArgumentParser(); add_vllm_arguments(p)\n"
+        f"rc = run_vllm(p.parse_args(['--model-config', {str(V4_FLASH)!r}, '--budget', '8GiB', '--max-model-len', '4096', '--format', 'json']))\n"
+        "heavy = sorted(m for m in ('torch', 'vllm', 'transformers') if m in sys.modules)\n"
+        "print('HEAVY', heavy, 'RC', rc, file=sys.stderr)\n"
+        "sys.exit(1 if heavy or rc else 0)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["engine"] == "vllm"
+
+
+def test_options_join_the_plan_dispatcher() -> None:
+    """add_vllm_arguments on the real `kvpolicy plan` parser: no clashes, --num-blocks
+    excludes --budget like the dispatcher's other amounts, and run_vllm takes its args."""
+    from kvpolicy.commands import plan as plan_command
+
+    root = argparse.ArgumentParser()
+    plan_command.add_parser(root.add_subparsers(dest="command"))
+    parser = root._subparsers._group_actions[0].choices["plan"]  # type: ignore[union-attr]
+    add_vllm_arguments(parser)
+    engine = parser._option_string_actions["--engine"].choices[0]  # the dispatcher adds "vllm"
+    args = root.parse_args(
+        ["plan", "--engine", engine, "--model-config", str(V4_FLASH), "--budget", "60GiB", "--max-model-len", "65536", "--format", "json"]
+    )
+    assert json.loads(_run(args))["num_blocks"] == 64_280
+    with pytest.raises(SystemExit):
+        root.parse_args(["plan", "--engine", engine, "--model-config", str(V4_FLASH), "--budget", "1GiB", "--num-blocks", "5"])

@@ -1,0 +1,194 @@
+"""Pool facts arithmetic and the in-process ledger, on a bare install.
+
+(The same arithmetic on vLLM's real objects is in test_vllm_facts.py.)
+"""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+from conftest import CONFIGS
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvpolicy.adapters.common import AdapterError
+from kvpolicy.adapters.vllm_adapter.ledger import (
+    AdmissionRefused,
+    InProcessLedger,
+    InstanceKey,
+)
+from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.planning import (
+    KVCacheLayout,
+    bytes_per_block,
+    kv_cache_groups,
+)
+from kvpolicy.adapters.vllm_adapter.plugin import _wrap, gpu_of, worker_gpu
+from kvpolicy.adapters.vllm_adapter.pools import (
+    ACCOUNTING_POOLS,
+    ALLOCATOR_GRANULE,
+    DEEPSEEK_V4_POOLS,
+    PADDING_POOL,
+    VLLM_ELASTIC_POOLS,
+    VLLM_POOLS,
+    PoolLayout,
+    pool_facts,
+)
+
+from kvpolicy.units import GiB, MiB
+
+MODELS = ["deepseek-v4-flash", "deepseek-v4-pro", "qwen3-8b", "gemma-3-1b", "gpt-oss-20b", "deepseek-v2-lite"]
+
+
+def layout_of(name: str, num_blocks: int) -> PoolLayout:
+    layers = model_specs(load_config(CONFIGS / name / "config.json")).layers
+    layout = KVCacheLayout.BLHNC if name.startswith("deepseek-v4") else KVCacheLayout.LBNHC
+    groups = kv_cache_groups(layers, layout)
+    return PoolLayout.from_plan_groups(groups, num_blocks, bytes_per_block(groups, layout))
+
+
+@st.composite
+def usage(draw):
+    name = draw(st.sampled_from(MODELS))
+    num_blocks = draw(st.integers(min_value=2, max_value=5000))
+    layout = layout_of(name, num_blocks)
+    budget = num_blocks - 1  # all but the null block
+    held = []
+    for _ in layout.groups:
+        n = draw(st.integers(min_value=0, max_value=budget))
+        held.append(n)
+        budget -= n
+    free = draw(st.integers(min_value=0, max_value=budget))  # the rest: held outside any group
+    return layout, held, free
+
+
+@settings(max_examples=150, deadline=None)
+@given(usage())
+def test_facts_always_add_up(case) -> None:
+    layout, held, free = case
+    facts = pool_facts(layout, held, free)
+    assert sum(f.tensor_bytes for f in facts.values()) == layout.backing_bytes
+    total = sum(f.bytes for f in facts.values())
+    assert total % ALLOCATOR_GRANULE == 0 and 0 <= total - layout.backing_bytes < ALLOCATOR_GRANULE
+    assert sum(facts[PADDING_POOL].parts.values()) == facts[PADDING_POOL].bytes
+    for pool in layout.pools:
+        assert facts[pool].bytes == sum(h * g.pool_bytes.get(pool, 0) for h, g in zip(held, layout.groups))
+        if facts[pool].parts:
+            assert sum(facts[pool].parts.values()) == facts[pool].bytes
+    assert set(facts) <= set(VLLM_POOLS)
+
+
+def test_block_counted_twice_is_a_broken_invariant() -> None:
+    layout = layout_of("qwen3-8b", 10)
+    with pytest.raises(AssertionError, match="counted in two groups"):
+        pool_facts(layout, [9], 1)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_pools_are_in_the_vocabulary(name: str) -> None:
+    facts = pool_facts(layout_of(name, 100), [0] * len(layout_of(name, 100).groups), 99)
+    assert set(facts) <= set(VLLM_POOLS)
+    if name.startswith("deepseek-v4"):
+        assert set(facts) == set(DEEPSEEK_V4_POOLS) | set(ACCOUNTING_POOLS)
+
+
+def test_vocabulary_is_consistent_with_the_engine_table() -> None:
+    """Everything kvpolicy.engines lists for vllm is a pool this adapter can report."""
+    from kvpolicy.engines import ENGINES
+
+    assert ENGINES["vllm"].pools <= set(VLLM_POOLS)
+    assert ENGINES["vllm"].elastic_pools == set(VLLM_ELASTIC_POOLS)
+
+
+def test_engine_table_lists_every_reported_pool() -> None:
+    from kvpolicy.engines import ENGINES
+
+    assert set(VLLM_POOLS) <= ENGINES["vllm"].pools
+
+
+# ------------------------------------------------------------------ ledger
+
+
+def test_admission_is_all_or_nothing_under_races() -> None:
+    """Sixteen ranks race for 10 GiB in 1 GiB admissions: exactly ten win, none half-way."""
+    ledger = InProcessLedger({"cuda:0": 10 * GiB + 5 * MiB})
+    wins, losses = [], []
+    barrier = threading.Barrier(16)
+
+    def admit(rank: int) -> None:
+        barrier.wait()
+        try:
+            wins.append(ledger.admit(InstanceKey("e", "m", rank=rank), "cuda:0", GiB))
+        except AdmissionRefused as exc:
+            losses.append(str(exc))
+
+    threads = [threading.Thread(target=admit, args=(r,)) for r in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 10 and len(losses) == 6
+    assert ledger.unreserved("cuda:0") == 5 * MiB
+    assert all("only 5 MiB" in message for message in losses)
+
+
+def test_release_returns_the_admission() -> None:
+    ledger = InProcessLedger({"cuda:0": 4 * GiB})
+    key = InstanceKey("e", "m")
+    ledger.admit(key, "cuda:0", 3 * GiB)
+    with pytest.raises(AdmissionRefused, match="already holds"):
+        ledger.admit(key, "cuda:0", GiB)
+    ledger.release(key)
+    assert ledger.unreserved("cuda:0") == 4 * GiB
+
+
+def test_unknown_gpu_is_refused() -> None:
+    with pytest.raises(AdmissionRefused, match="GPU 'cuda:7' is not in the ledger"):
+        InProcessLedger({"cuda:0": GiB}).admit(InstanceKey("e", "m"), "cuda:7", 1)
+
+
+def test_instance_ids() -> None:
+    assert InstanceKey("eng", "m", rank=3).id == "eng/3"
+    assert InstanceKey("eng", "m", rank=0, dp_rank=2).id == "eng/dp2/0"
+
+
+@pytest.mark.parametrize(
+    ("visible", "local", "gpu"),
+    [("", 1, "cuda:1"), ("4,6", 1, "cuda:6"), ("GPU-abc,GPU-def", 0, "GPU-abc"), ("2", 3, "cuda:3")],
+)
+def test_gpu_ids_follow_cuda_visible_devices(visible: str, local: int, gpu: str) -> None:
+    assert gpu_of(local, {"CUDA_VISIBLE_DEVICES": visible}) == gpu
+
+
+def test_assigned_physical_gpus_win() -> None:
+    worker = SimpleNamespace(local_rank=1, parallel_config=SimpleNamespace(assigned_physical_gpu_ids=[6, 7]))
+    assert worker_gpu(worker) == "cuda:7"
+
+
+def test_missing_hook_target_names_it() -> None:
+    class Engine:
+        pass
+
+    with pytest.raises(AdapterError, match=r"cannot install the live pool report hook: .*Engine\.step does not exist"):
+        _wrap(Engine, "step", "live pool report", lambda original: original)
+
+
+def test_reporter_is_throttled_and_sends_only_changes() -> None:
+    from kvpolicy.adapters.vllm_adapter.plugin import EngineReporter
+
+    
+    clock = iter([0.0, 0.4, 1.5])
+    reporter = EngineReporter(interval=1.0, clock=lambda: next(clock))
+    sent = []
+    pool = SimpleNamespace(get_num_free_blocks=lambda: 5)
+    coordinator = SimpleNamespace(block_pool=pool, single_type_managers=())
+    core = SimpleNamespace(
+        scheduler=SimpleNamespace(kv_cache_manager=SimpleNamespace(coordinator=coordinator)),
+        model_executor=SimpleNamespace(collective_rpc=lambda method, args, non_block: sent.append(args)),
+    )
+    assert reporter.maybe_report(core) is True
+    assert reporter.maybe_report(core) is False  # 0.4 s later
+    pool.get_num_free_blocks = lambda: 4
+    assert reporter.maybe_report(core) is True
+    assert sent == [([], 5), ([], 4)]
