@@ -1,11 +1,43 @@
-"""Helpers the language tests share."""
+"""Helpers the language tests share, and their Hypothesis settings.
+
+Hypothesis: ``ci`` (the default) is reproducible: derandomized, no example
+database, no deadline (CI machines are shared). ``dev`` draws new random examples
+on each run and keeps failures in the local database. Pick one with
+HYPOTHESIS_PROFILE; scale the number of examples with KVPOLICY_FUZZ_SCALE (e.g. 10
+for a long local run). The profiles are registered (unless someone already did)
+but not loaded: the tests here start from ``PROFILE`` explicitly, which leaves
+other packages' property tests as they are.
+"""
 
 from __future__ import annotations
 
+import os
 import re
+
+from hypothesis import HealthCheck, settings
+from hypothesis.errors import InvalidArgument
 
 from kvpolicy.policy.model import Policy
 from kvpolicy.policy.syntax import parse_tree
+
+_COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)
+_PROFILES = {
+    "ci": dict(derandomize=True, database=None, **_COMMON),
+    "dev": dict(**_COMMON),
+}
+for _name, _options in _PROFILES.items():
+    try:
+        settings.get_profile(_name)
+    except InvalidArgument:
+        settings.register_profile(_name, **_options)
+
+PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+"""The settings the property tests start from."""
+
+
+def examples(n: int) -> int:
+    """``n`` examples, times KVPOLICY_FUZZ_SCALE."""
+    return max(1, int(n * float(os.environ.get("KVPOLICY_FUZZ_SCALE", "1"))))
 
 TERMINAL_NAMES = re.compile(
     r"__ANON|\$END|Token\(|\b_?SEP\b|\b(?:SEMICOLON|LBRACE|RBRACE|LPAR|RPAR|LSQB|RSQB|COMMA|COLON|STAR|"

@@ -15,6 +15,8 @@ from kvpolicy.policy import globs
 from kvpolicy.policy import model as m
 from kvpolicy.units import GiB, MiB
 
+from .helpers import PROFILE
+
 POLICY = """\
 version 1
 
@@ -182,7 +184,7 @@ NAMES = list(_names())
 PATTERNS = st.text(alphabet=ALPHABET + "*?", max_size=4)
 
 
-@settings(max_examples=400)
+@settings(PROFILE, max_examples=400)
 @given(PATTERNS, PATTERNS)
 def test_includes_agrees_with_brute_force(outer: str, inner: str) -> None:
     """``includes`` is exact on every name up to 5 characters (x stands for any other character)."""

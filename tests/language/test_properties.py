@@ -22,8 +22,7 @@ from kvpolicy.policy.errors import PolicyError
 from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.syntax import parser
 
-from .conftest import examples
-from .helpers import TERMINAL_NAMES, comment_texts, semantic_dump, shows_terminal_name
+from .helpers import PROFILE, TERMINAL_NAMES, comment_texts, examples, semantic_dump, shows_terminal_name
 from .strategies import mutated, valid_policies
 
 SECONDS_PER_CASE = 10
@@ -76,7 +75,7 @@ def check_diagnostics(result: LintResult, lines: list[str]) -> None:
 # ---- valid policies --------------------------------------------------------------
 
 
-@settings(max_examples=examples(900))
+@settings(PROFILE, max_examples=examples(900))
 @given(valid_policies())
 def test_valid_policies_lint_clean_and_format_safely(text: str) -> None:
     result = lint_text(text, "p.kvp")
@@ -103,7 +102,7 @@ CORPUS = sorted(
 """Real policies, valid and broken: cheap to draw, so most mutation cases start here."""
 
 
-@settings(max_examples=examples(7000))
+@settings(PROFILE, max_examples=examples(7000))
 @given(mutated(st.sampled_from(CORPUS)))
 def test_mutated_corpus_only_produces_diagnostics(data: bytes) -> None:
     with time_limit(SECONDS_PER_CASE):
@@ -111,7 +110,7 @@ def test_mutated_corpus_only_produces_diagnostics(data: bytes) -> None:
     check_diagnostics(result, lines)
 
 
-@settings(max_examples=examples(600))
+@settings(PROFILE, max_examples=examples(600))
 @given(mutated(valid_policies()))
 def test_mutated_generated_policies_only_produce_diagnostics(data: bytes) -> None:
     with time_limit(SECONDS_PER_CASE):
@@ -119,7 +118,7 @@ def test_mutated_generated_policies_only_produce_diagnostics(data: bytes) -> Non
     check_diagnostics(result, lines)
 
 
-@settings(max_examples=examples(500))
+@settings(PROFILE, max_examples=examples(500))
 @given(st.binary(max_size=300))
 def test_random_bytes_only_produce_diagnostics(data: bytes) -> None:
     with time_limit(SECONDS_PER_CASE):
@@ -128,7 +127,7 @@ def test_random_bytes_only_produce_diagnostics(data: bytes) -> None:
     assert result.policy is None or data.lstrip().startswith((b"version", b"#", b"\xef\xbb\xbf", b";"))
 
 
-@settings(max_examples=examples(800))
+@settings(PROFILE, max_examples=examples(800))
 @given(st.text(alphabet='version1 model"a"{}rule"r"when gpu.free<8GiB and or not()shrink to min;\n#,*pool swa', max_size=120))
 def test_policy_shaped_noise_only_produces_diagnostics(text: str) -> None:
     with time_limit(SECONDS_PER_CASE):
@@ -156,7 +155,7 @@ def _grammar_strategy() -> st.SearchStrategy[str]:
     return from_lark(lark, explicit=padded)
 
 
-@settings(max_examples=examples(1000))
+@settings(PROFILE, max_examples=examples(1000))
 @given(_grammar_strategy())
 def test_grammar_generated_text_parses_and_formats(text: str) -> None:
     """Anything the grammar derives parses without a syntax error, and fmt keeps its meaning."""
@@ -216,7 +215,7 @@ def test_valid_policy_strategy_is_varied() -> None:
     """The generator exercises what fmt must handle (guards against a strategy that degenerates)."""
     seen = {"semicolon": False, "comment": False, "tab": False, "paren-newline": False, "glob": False, "pool": False}
 
-    @settings(max_examples=150, database=None)
+    @settings(PROFILE, max_examples=150)
     @given(valid_policies())
     def collect(text: str) -> None:
         seen["semicolon"] |= ";" in text
