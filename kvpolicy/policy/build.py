@@ -261,6 +261,12 @@ class PolicyBuilder:
             words = args(key)
             attribute: Token = words[0]
             ok = True
+            if attribute.value == "by" and len(words) > 1 and words[1].value in v.ORDER_KEYS:
+                self.report(
+                    InvalidValue, attribute, "'order' takes the attribute itself, without 'by'",
+                    f"write `order {words[1].value}`",
+                )
+                continue
             if attribute.value not in v.ORDER_KEYS:
                 prefix, _, short = attribute.value.rpartition(".")
                 if prefix == "model" and short in v.ORDER_KEYS:
@@ -279,9 +285,11 @@ class PolicyBuilder:
             if len(words) > 1:
                 direction: Token = words[1]
                 if direction.value not in v.DIRECTIONS:
+                    alias = v.DIRECTION_ALIASES.get(direction.value.lower())
                     self.report(
                         InvalidValue, direction, f"unknown order direction '{direction.value}'",
-                        did_you_mean(direction.value, v.DIRECTIONS) or "expected 'asc' or 'desc'",
+                        f"did you mean '{alias}'?" if alias
+                        else did_you_mean(direction.value, v.DIRECTIONS) or "expected 'asc' or 'desc'",
                     )
                     ok = False
                 descending = direction.value == "desc"

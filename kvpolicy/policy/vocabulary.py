@@ -13,6 +13,8 @@ RULE_FIELDS = ("when", "order", "shrink", "grace", "cooldown")
 
 OWNERS = ("runtime", "elastic")
 DIRECTIONS = ("asc", "desc")
+DIRECTION_ALIASES = {"ascending": "asc", "descending": "desc", "up": "asc", "down": "desc"}
+"""Spellings of a direction that did-you-mean alone would not catch."""
 SHRINK_TARGETS = ("min", "target")
 
 # Attribute → kind: what a comparison may put on the other side.
