@@ -288,10 +288,20 @@ class _Explainer:
             unclosed = [(brace, outer) for brace, outer in around if (outer or brace).column >= head.column]
             if not unclosed:
                 continue  # indented deeper: nested on purpose; the builder says it cannot be there
-            last = self._last_code_line(unclosed[-1][0].line, head.line)
+            where = head.line
+            # Indentation may place the forgotten '}' higher up (a pool's, closing its
+            # model too early): trust it when it accounts for as many blocks.
+            found = [
+                (brace, outer, line) for brace, outer, line in self._unclosed_by_indentation()
+                if brace.start_pos < head.start_pos and line is not None and line <= head.line
+            ]
+            if len(found) == len(unclosed):
+                where = min(line for _, _, line in found)
+                unclosed = [(brace, outer) for brace, outer, line in found if line == where]
+            last = self._last_code_line(unclosed[-1][0].line, where)
             return self.fail(
-                "missing-close-brace", Span.point(head.line, head.column),
-                _missing_braces_message(unclosed, f"before line {head.line}"), _missing_braces_hint(unclosed, self.session.recovered_lines),
+                "missing-close-brace", Span.point(where, _indent(self.lines[where - 1])),
+                _missing_braces_message(unclosed, f"before line {where}"), _missing_braces_hint(unclosed, self.session.recovered_lines),
                 recover=last, replacement=self._code(last) + " }" * len(unclosed),
             )
         return None
