@@ -214,6 +214,9 @@ def _would_shift(states, stack: list, token_type: str) -> bool:
     (for a reduction) even where, after the reductions, the keyword is invalid;
     replaying the reductions on a copy of the stack gives the exact answer.
     """
+    action = states[stack[-1]].get(token_type)
+    if action is None or action[0] is Shift:  # most words: decided without a copy of the stack
+        return action is not None
     stack = list(stack)
     while True:
         action = states[stack[-1]].get(token_type)
