@@ -18,7 +18,7 @@ from lark import Token, Tree
 
 from kvpolicy.policy.build import first_token, last_token
 from kvpolicy.policy.errors import PolicyError
-from kvpolicy.policy.syntax import parse_tree
+from kvpolicy.policy.syntax import gc_paused, parse_tree
 from kvpolicy.units import DURATION_UNITS
 
 INDENT = "  "
@@ -29,10 +29,11 @@ _SEPARATOR_TYPES = ("_SEP",)
 
 def format_text(text: str, file: str = "<policy>") -> str:
     """The canonical form of ``text``; raises PolicyError if it has syntax errors."""
-    syntax = parse_tree(text, file)
-    if syntax.diagnostics or syntax.tree is None:
-        raise PolicyError(syntax.diagnostics)
-    return _Printer(text, syntax.tree, syntax.comments).print()
+    with gc_paused():
+        syntax = parse_tree(text, file)
+        if syntax.diagnostics or syntax.tree is None:
+            raise PolicyError(syntax.diagnostics)
+        return _Printer(text, syntax.tree, syntax.comments).print()
 
 
 @dataclass
@@ -123,10 +124,14 @@ class _Printer:
             self.emit(indent, f"{_join(head[:-1])} {{}}", first.line, self.trailing_comment(close))
             return
         self.emit(indent, _join(head[:-1]) + " {", first.line, self.trailing_comment(open_brace))
+        body = len(self.lines)
         for item in items:
             self.statement(item, indent + 1)
         self.flush_comments(close.line, indent + 1)
+        if len(self.lines) > body:
+            self.lines[body].blank_before = False  # no blank line right after '{'
         self.emit(indent, "}", close.line, self.trailing_comment(close))
+        self.lines[-1].blank_before = False  # nor right before '}'
 
     def flush_comments_within(self, first_line: int, last_line: int, indent: int) -> None:
         moved = [c for c in self.pending if first_line <= c.line < last_line]
