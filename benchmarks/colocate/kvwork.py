@@ -29,6 +29,9 @@ from kvpolicy.alloc.tensors import block_bytes, kv_view
 
 KEY_BITS = 20
 ARENA_GROUP = 16
+PASS_BYTES = 256 << 20
+"""Bytes of blocks per write or check pass (each pass builds temporaries of about that size;
+a check of every live block at once once asked the GPU for 39 GiB next to the pools)."""
 """Arenas whose patterns are made (and read back) together: fewer kernel launches, bounded temporaries."""
 
 
@@ -45,6 +48,7 @@ class KVWork:
         self.pool = pool
         self.device = torch.device("cuda", pool.driver.device) if pool.driver.kind == "cuda" else torch.device("cpu")
         self.words = [block_bytes(pool, a).view(torch.int16) for a in range(len(pool.arenas))]
+        self.blocks_per_pass = max(1, PASS_BYTES // (pool.block_stride * min(ARENA_GROUP, len(pool.arenas))))
         self.arena_xor = [(a * 37 + 1) & 0x3FF for a in range(len(pool.arenas))]
         self._xor = torch.tensor(self.arena_xor, dtype=torch.int16, device=self.device)[:, None, None]
         width = pool.block_stride // 2
@@ -75,6 +79,11 @@ class KVWork:
 
     def write(self, blocks: list[int], keys: list[int]) -> None:
         """Fill ``blocks`` (every arena) with the patterns of ``keys``."""
+        step = self.blocks_per_pass
+        for start in range(0, len(blocks), step):
+            self._write(blocks[start : start + step], keys[start : start + step])
+
+    def _write(self, blocks: list[int], keys: list[int]) -> None:
         if not blocks:
             return
         idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
@@ -86,6 +95,13 @@ class KVWork:
 
     def check(self, blocks: list[int], keys: list[int]) -> list[int]:
         """Per block, how many 16-bit words differ from its pattern (0 everywhere: intact)."""
+        bad: list[int] = []
+        step = self.blocks_per_pass
+        for start in range(0, len(blocks), step):
+            bad += self._check(blocks[start : start + step], keys[start : start + step])
+        return bad
+
+    def _check(self, blocks: list[int], keys: list[int]) -> list[int]:
         if not blocks:
             return []
         idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)

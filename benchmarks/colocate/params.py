@@ -74,12 +74,18 @@ class KV(Strict):
     attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over (paged gather + SDPA)")
     attn_max_blocks: int = Field(default=0, ge=0, description="0: each request's whole context; else its last N blocks")
     attn_max_tokens: int = Field(default=1 << 18, gt=0, description="gathered tokens per SDPA call (bounds temporaries)")
+    order: Literal["block_major", "layer_major"] = Field(
+        default="block_major",
+        description="block_major: a block's every layer in one run of memory (vLLM's BLHNC), so a 2 MiB block "
+        "is a whole chunk and a finished request frees whole chunks; layer_major: one arena per layer "
+        "and part, a chunk holding 64 blocks of many requests",
+    )
 
     @property
     def layout(self) -> KVCacheLayout:
         return KVCacheLayout(
             num_layers=self.layers, block_size=self.block_tokens, num_heads=self.kv_heads,
-            head_dim=self.head_dim, dtype=self.dtype, order="layer_major",
+            head_dim=self.head_dim, dtype=self.dtype, order=self.order,
         )
 
     @property

@@ -112,7 +112,8 @@ def test_the_kv_check_finds_a_changed_word_and_a_swapped_block() -> None:
     assert work.check(ids, keys) == [0, 0, 0, 0]
     work.attend([__import__("numpy").array(ids)], [4 * 16 - 3])
     assert torch.isfinite(work.sink)  # the pattern reads as finite bf16 values
-    work.words[1][ids[2], 100] ^= 1  # one bit of one word, in the V arena
+    arena, offset = pool.geometry.placement(0, "v")
+    work.words[arena][ids[2], offset // 2 + 100] ^= 1  # one bit of one word of layer 0's V
     assert work.check(ids, keys) == [0, 0, 1, 0]
     assert min(work.check(ids[:2], [keys[1], keys[0]])) > 0  # each block read as the other's
     del work
