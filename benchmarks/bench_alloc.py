@@ -69,8 +69,15 @@ def raw_round(driver: Driver, chunk: int, n: int) -> float:
     try:
         seconds, handles = raw_grow(driver, va, chunk, n)
         for i, h in enumerate(handles):
-            driver.unmap(va + i * chunk, chunk)
-            driver.release(h)
+            if driver.kind == "cuda":  # mapped around the Driver: undone around it too
+                cu = driver.bindings  # type: ignore[attr-defined]
+                (err,) = cu.cuMemUnmap(va + i * chunk, chunk)
+                (err2,) = cu.cuMemRelease(h)
+                if err or err2:
+                    raise RuntimeError(f"cuMemUnmap/cuMemRelease: {err} {err2}")
+            else:
+                driver.unmap(va + i * chunk, chunk)
+                driver.release(h)
     finally:
         driver.free_address(va, n * chunk)
     return seconds
