@@ -180,6 +180,11 @@ class BlockPool:
         return self._n_free
 
     @property
+    def revision(self) -> int | None:
+        """The limit revision last applied (or deferred); None before the first reading."""
+        return self._revision
+
+    @property
     def deferred(self) -> bool:
         """Whether a lowered limit waits for live blocks to be freed."""
         return self._deferred
