@@ -101,6 +101,53 @@ def make_request(rid: str, prompt: list[int], max_tokens: int, hash_block_size: 
     )
 
 
+class KVSigner:
+    """The synthetic model's KV: a signature of (token, position) per token slot, written and checked
+    through vLLM's own per-layer views in the first and the last layer (both ends of every block)."""
+
+    def __init__(self, views: dict[str, torch.Tensor], block_size: int) -> None:
+        names = sorted(views)
+        self.block_size = block_size
+        self.pages = [self._page_view(views[names[0]]), self._page_view(views[names[-1]])]
+
+    def _page_view(self, view: torch.Tensor) -> torch.Tensor:
+        """``[num_blocks, page]`` int16 over one layer's pages (each page is contiguous in BLHNC)."""
+        v = view.view(torch.int16) if view.dtype.itemsize == 2 else view.view(torch.int8).view(torch.int16)
+        assert v[0].is_contiguous(), "a layer's page is not contiguous in this layout"
+        page = v[0].numel()
+        self.per_token = page // self.block_size
+        return v.as_strided((v.shape[0], page), (v.stride(0), 1), v.storage_offset())
+
+    def _index(self, block_ids: list[int], tokens: Any, start: int, end: int) -> tuple[torch.Tensor, ...]:
+        ids = torch.tensor(block_ids)
+        pos = torch.arange(start, end)
+        tok = torch.tensor(list(tokens[start:end]))
+        rows = ids[pos // self.block_size].unsqueeze(1)
+        cols = ((pos % self.block_size) * self.per_token).unsqueeze(1) + torch.arange(4)
+        sig = torch.stack([tok & 0x7FFF, pos & 0x7FFF, (tok * 31 + pos) & 0x7FFF, torch.full_like(pos, 0x1234)], 1)
+        return rows, cols, sig.to(torch.int16)
+
+    def write(self, block_ids: list[int], tokens: Any, start: int, end: int) -> None:
+        if end <= start:
+            return
+        rows, cols, sig = self._index(block_ids, tokens, start, end)
+        for page in self.pages:
+            page[rows.to(page.device), cols.to(page.device)] = sig.to(page.device)
+
+    def verify(self, block_ids: list[int], tokens: Any, upto: int, what: str = "request") -> None:
+        if upto <= 0:
+            return
+        rows, cols, sig = self._index(block_ids, tokens, 0, upto)
+        for page in self.pages:
+            got = page[rows.to(page.device), cols.to(page.device)].cpu()
+            if not torch.equal(got, sig):
+                bad = int((got != sig).any(1).nonzero()[0])
+                raise AssertionError(
+                    f"KV of {what} token {bad} (block {int(rows[bad])}) is {got[bad].tolist()}, "
+                    f"expected {sig[bad].tolist()}: lost or corrupted"
+                )
+
+
 @dataclass
 class Stats:
     steps: int = 0
@@ -112,7 +159,7 @@ class Stats:
     verified_tokens: int = 0
 
 
-@dataclass
+@dataclass(repr=False)  # never repr the views: printing them reads unmapped memory (a fault, as on a GPU)
 class Loop:
     """The synthetic scheduler. ``step()`` is one engine step: schedule, "run the model", finish, ``on_step``."""
 
@@ -123,6 +170,7 @@ class Loop:
     max_model_len: int
     rng: random.Random
     max_running: int = 8
+    max_new_tokens: int = 96
     prompts: list[list[int]] = field(default_factory=list)
     waiting: list[Any] = field(default_factory=list)
     running: list[Any] = field(default_factory=list)
@@ -131,50 +179,20 @@ class Loop:
     verify_every: int = 1
     _next: int = 0
 
+    def __repr__(self) -> str:
+        return f"Loop({self.stats}, {len(self.running)} running, {len(self.waiting)} waiting)"
+
     def __post_init__(self) -> None:
-        names = sorted(self.views)
-        self._pages = [self._page_view(self.views[names[0]]), self._page_view(self.views[names[-1]])]
+        self.signer = KVSigner(self.views, self.block_size)
         # A few shared prompt prefixes, so that later requests hit the prefix cache.
         for _ in range(6):
             self.prompts.append([self.rng.randrange(1, 30000) for _ in range(self.rng.randrange(8, 6 * self.block_size))])
 
-    # -- the "model": a signature per token, in the first and the last layer --------------
-    def _page_view(self, view: torch.Tensor) -> torch.Tensor:
-        """``[num_blocks, page]`` int16 over one layer's pages (each page is contiguous in BLHNC)."""
-        v = view.view(torch.int16) if view.dtype.itemsize == 2 else view.view(torch.int8).view(torch.int16)
-        page = v[0].numel()
-        assert v[0].is_contiguous(), "a layer's page is not contiguous in this layout"
-        self._per_token = page // self.block_size
-        return v.as_strided((v.shape[0], page), (v.stride(0), 1), v.storage_offset())
-
-    def _index(self, req: Any, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        block_ids = torch.tensor(self.manager.get_block_ids(req.request_id)[0])
-        pos = torch.arange(start, end)
-        tokens = torch.tensor(req.all_token_ids[start:end])
-        rows = block_ids[pos // self.block_size].unsqueeze(1)
-        cols = ((pos % self.block_size) * self._per_token).unsqueeze(1) + torch.arange(4)
-        sig = torch.stack([tokens & 0x7FFF, pos & 0x7FFF, (tokens * 31 + pos) & 0x7FFF, torch.full_like(pos, 0x1234)], 1)
-        return rows, cols, sig.to(torch.int16)
-
     def _write(self, req: Any, start: int, end: int) -> None:
-        if end <= start:
-            return
-        rows, cols, sig = self._index(req, start, end)
-        for page in self._pages:
-            page[rows.to(page.device), cols.to(page.device)] = sig.to(page.device)
+        self.signer.write(self.manager.get_block_ids(req.request_id)[0], req.all_token_ids, start, end)
 
     def _verify(self, req: Any, upto: int) -> None:
-        if upto <= 0:
-            return
-        rows, cols, sig = self._index(req, 0, upto)
-        for page in self._pages:
-            got = page[rows.to(page.device), cols.to(page.device)].cpu()
-            if not torch.equal(got, sig):
-                bad = int((got != sig).any(1).nonzero()[0])
-                raise AssertionError(
-                    f"KV of {req.request_id} token {bad} (block {int(rows[bad])}) is {got[bad].tolist()}, "
-                    f"expected {sig[bad].tolist()}"
-                )
+        self.signer.verify(self.manager.get_block_ids(req.request_id)[0], req.all_token_ids, upto, req.request_id)
         self.stats.verified_tokens += upto
 
     # -- scheduling -----------------------------------------------------------------------
@@ -182,7 +200,8 @@ class Loop:
         base = self.rng.choice(self.prompts)
         tail = [self.rng.randrange(1, 30000) for _ in range(self.rng.randrange(1, 2 * self.block_size))]
         prompt = (base + tail)[: self.max_model_len // 2]
-        max_tokens = max_tokens or self.rng.randrange(1, self.max_model_len - len(prompt))
+        longest = min(self.max_new_tokens, self.max_model_len - len(prompt) - 1)
+        max_tokens = max_tokens or self.rng.randrange(1, max(2, longest))
         req = make_request(f"r{self._next}", prompt, max_tokens, self.manager.coordinator.block_pool.hash_block_size)
         self._next += 1
         self.waiting.append(req)
