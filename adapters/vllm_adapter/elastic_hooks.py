@@ -20,6 +20,7 @@ In the order they run in one engine process (engine core and its one worker):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -186,7 +187,8 @@ def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
 
 def allocate(runner: Any, plan: ElasticPlan, original: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
     """vLLM's ``initialize_kv_cache_tensors``, with its one buffer on the allocator."""
-    if kwargs.get("kv_cache_allocation_context") is not None or (len(args) > 1 and args[1] is not None):
+    given = kwargs.get("kv_cache_allocation_context", args[1] if len(args) > 1 else None)
+    if given is not None and not isinstance(given, contextlib.nullcontext):
         raise AdapterError(
             "kvpolicy: vLLM asked to allocate the KV cache in a memory pool (sleep mode or a KV connector); "
             "an elastic KV cache cannot live there"
@@ -255,11 +257,14 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
         return None
     from .elastic_pool import bind_scheduler
 
+    from .plugin import ENV_REPORT_INTERVAL
+
     on_activity = getattr(buffer.limit.inner, "touch", None)
     pool = bind_scheduler(
         manager,
         buffer,
         give_back_interval=_env_number(ENV_GIVE_BACK, DEFAULT_GIVE_BACK, "seconds"),
+        report_interval=_env_number(ENV_REPORT_INTERVAL, 1.0, "seconds"),
         on_activity=on_activity,
     )
     logger.info("kvpolicy: the scheduler's block pool is elastic over %r", buffer)

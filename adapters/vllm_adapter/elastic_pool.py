@@ -71,6 +71,7 @@ class ElasticBlockPool(BlockPool):
         buffer: ElasticKVBuffer,
         *,
         give_back_interval: float = 1.0,
+        report_interval: float = 0.5,
         on_activity: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> ElasticBlockPool:
@@ -89,13 +90,14 @@ class ElasticBlockPool(BlockPool):
             raise AdapterError("kvpolicy: the scheduler's block pool is already in use; it must be adopted fresh")
         pool.__class__ = cls
         assert isinstance(pool, ElasticBlockPool)
-        pool._init_elastic(buffer, give_back_interval, on_activity, clock)
+        pool._init_elastic(buffer, give_back_interval, report_interval, on_activity, clock)
         return pool
 
     def _init_elastic(
         self,
         buffer: ElasticKVBuffer,
         give_back_interval: float,
+        report_interval: float,
         on_activity: Callable[[], None] | None,
         clock: Callable[[], float],
     ) -> None:
@@ -119,6 +121,9 @@ class ElasticBlockPool(BlockPool):
         self._on_activity = on_activity
         self._clock = clock
         self._last_give_back = clock()
+        self._report_interval = report_interval
+        self._last_report = float("-inf")
+        self._reported_live = -1
         self.refusals: Counter[str] = Counter()
         """Growth refusals by reason (``limit``, ``admission``, ``device``, ``capacity``, ``revision``, ``error``)."""
         self.last_refusal: Exception | None = None
@@ -215,7 +220,10 @@ class ElasticBlockPool(BlockPool):
 
     # -- between steps ----------------------------------------------------------------------
     def on_step(self, active: bool) -> None:
-        """Once per scheduler step, after it: mirror, apply a new limit, give back above the target, report idle.
+        """Once per scheduler step, after it: mirror, apply a new limit, give back above the target, report.
+
+        Reports activity (``idle_seconds``) and, at most every ``report_interval`` seconds,
+        the bytes in use (the ledger's elastic ``used``).
 
         ``active``: the scheduler has requests (the instance is not idle).
         """
@@ -241,6 +249,10 @@ class ElasticBlockPool(BlockPool):
                 self._doom()
         elif self._doomed is not None or self._parked:
             self._unpark()
+        if now - self._last_report >= self._report_interval and kv.live_blocks != self._reported_live:
+            kv.report()  # elastic `used` for the ledger's facts (mapping changes report on their own)
+            self._reported_live = kv.live_blocks
+            self._last_report = now
 
     def flush(self) -> None:
         """Make the allocator's live set equal vLLM's (``ref_cnt > 0``) for every block touched since the last flush."""

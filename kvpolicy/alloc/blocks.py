@@ -333,6 +333,12 @@ class BlockPool:
             self._report()
             return sorted(added)
 
+    def report(self) -> None:
+        """Tell the limit source the bytes in live blocks and held now (``free`` alone does not)."""
+        with self._lock:
+            self._check_open()
+            self._report()
+
     # -- limits ------------------------------------------------------------------------
     def sync(self) -> PoolStats:
         """Read the limit source, apply a new limit (or defer it), give back memory above the target, report.
