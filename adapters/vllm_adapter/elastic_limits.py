@@ -14,6 +14,8 @@ reports to the ledger leaves the pinned bytes out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kvpolicy.alloc.limits import AckStatus, LimitReading, LimitSource
 
 
@@ -37,6 +39,8 @@ class PinnedFirst:
         self._inner_pending = 0
         self._inner_held = 0
         self._seen: tuple[LimitReading, LimitReading] | None = None
+        self.used_bytes: Callable[[], int] | None = None
+        """Where the bytes in use come from, if not from the block pool (the engine's own count)."""
 
     @property
     def elastic_held(self) -> int:
@@ -99,7 +103,8 @@ class PinnedFirst:
         self._left += rest
 
     def report(self, used: int, mapped: int) -> None:
-        self.inner.report(max(0, used - self.pinned_used), max(0, mapped - self._allow_held))
+        used = self.used_bytes() if self.used_bytes is not None else max(0, used - self.pinned_used)
+        self.inner.report(used, max(0, mapped - self._allow_held))
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         self.inner.acknowledge(revision, status)

@@ -13,15 +13,17 @@ adds bookkeeping around it:
 - **Map before handing out.** Inside ``KVCacheManager.allocate_slots`` the scheduler
   asks the coordinator how many blocks a request needs and compares that with the
   free count; the adapter hooks that question (instance-level, at the scheduler's
-  construction) and first *makes room*: it asks the allocator to ``grow`` — one
+  construction, ``bind_scheduler``) and first *makes room*: it asks the allocator to ``grow`` — one
   elastic admission in the ledger for the batch, then cuMemCreate/Map/SetAccess and
   a zero fill — and puts the new blocks at the head of the free queue. If the limit,
   the GPU's budget or the device says no, nothing changes and vLLM sees an ordinary
   allocation miss: the request waits, or vLLM preempts (it never sees an error).
-- **Mirror.** The allocator's pool knows which blocks are live so it never unmaps a
-  chunk vLLM uses. ``get_new_blocks``/``free_blocks``/``touch`` only append the blocks
-  to a list; ``flush`` reconciles the allocator's live set with vLLM's ``ref_cnt``
-  before any allocator call that could map or unmap (and once per step).
+- **Mirror.** The allocator's pool unmaps only chunks none of whose blocks is live, so
+  before anything that may unmap (a new limit, giving back, a deferral) ``flush``
+  sets its live set to vLLM's truth (``ref_cnt > 0``) in one scan. vLLM's hot path
+  (``get_new_blocks``, ``free_blocks``, ``touch``) runs unchanged: nothing is recorded
+  per block. Growth needs no mirror (new chunks hold no live block), and the bytes in
+  use reported to the ledger come from vLLM's own count (blocks handed out).
 - **Give back** (``on_step``, between scheduler steps, never inside one — a prefix
   hit looked up in ``schedule()`` must still be in the queue when it is touched): a
   new limit revision is applied at once (``BlockPool.sync``: fully free chunks are
@@ -38,12 +40,11 @@ Everything runs on the scheduler's thread (vLLM's block pool is not thread-safe)
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
@@ -111,11 +112,9 @@ class ElasticBlockPool(BlockPool):
         self._state = bytearray(self.num_gpu_blocks)
         self._state[0] = _IN  # the null block: mapped for good, never in the queue
         self._n_in = 0  # blocks (null block excluded) in vLLM's hands: queued or handed out
-        self._dirty: list[KVCacheBlock] = []
         self._parked: set[int] = set()
         self._doomed: frozenset[int] | None = None
-        self._room_extra = 0
-        self._making_room = False
+        self._growing = False
         self._refused_from = _NEVER
         self._give_back_interval = give_back_interval
         self._on_activity = on_activity
@@ -123,7 +122,8 @@ class ElasticBlockPool(BlockPool):
         self._last_give_back = clock()
         self._report_interval = report_interval
         self._last_report = float("-inf")
-        self._reported_live = -1
+        self._reported_used = -1
+        buffer.limit.used_bytes = lambda: self.handed_out_blocks * self._bpb
         self.refusals: Counter[str] = Counter()
         """Growth refusals by reason (``limit``, ``admission``, ``device``, ``capacity``, ``revision``, ``error``)."""
         self.last_refusal: Exception | None = None
@@ -143,22 +143,19 @@ class ElasticBlockPool(BlockPool):
         buffer.set_listener(self._on_unmap)
         buffer.bound = True
 
-    # -- vLLM's hot path: record, nothing more -------------------------------------------
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        ret = super().get_new_blocks(num_blocks)
-        self._dirty += ret
-        return ret
-
+    # -- vLLM's hot path: unchanged, but for draining ---------------------------------------
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        if self._doomed is None:
+            return BlockPool.free_blocks(self, ordered_blocks)
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        super().free_blocks(blocks)
-        self._dirty += blocks
-        if self._doomed is not None:
-            self._park([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+        BlockPool.free_blocks(self, blocks)
+        self._park([b for b in blocks if b.ref_cnt == 0 and not b.is_null])  # draining: keep them out
+        return None
 
-    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
-        super().touch(blocks)
-        self._dirty += blocks
+    @property
+    def handed_out_blocks(self) -> int:
+        """Blocks vLLM holds now (the null block excluded), from its own free count."""
+        return self._n_in - self.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
         """Blocks handed out, as a share of what the current limit allows (mapped or mappable)."""
@@ -192,8 +189,8 @@ class ElasticBlockPool(BlockPool):
             return True
         if n >= self._refused_from or self._kv.deferred:
             return False
-        self.flush()  # not deferred: the allocator's frees release nothing here
-        try:
+        self._growing = True
+        try:  # no mirror needed: the chunks it maps hold no block vLLM uses
             ids = self._kv.grow(n - free)
         except OutOfBlocks as exc:
             self._refuse(n, exc.reason, exc)
@@ -202,6 +199,8 @@ class ElasticBlockPool(BlockPool):
             self._refuse(n, "error", exc)
             logger.error("kvpolicy: growing the elastic KV cache failed (the request waits): %s", exc)
             return False
+        finally:
+            self._growing = False
         blocks = []
         state = self._state
         for b in ids:
@@ -230,57 +229,54 @@ class ElasticBlockPool(BlockPool):
         self._refused_from = _NEVER
         if active and self._on_activity is not None:
             self._on_activity()
-        self.flush()
-        kv = self._kv
-        reading = self._limit.read()
+        kv, lim = self._kv, self._limit
+        reading = lim.read()
         now = self._clock()
-        try:
-            if reading.revision != kv.revision:
-                kv.sync()  # apply: shrink to the limit (or defer), give back down to the target
-                self._last_give_back = now
+        held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
+        new_revision = reading.revision != kv.revision
+        give_back = held > reading.target and now - self._last_give_back >= self._give_back_interval
+        if new_revision or give_back:
+            self.flush()
+            try:
+                kv.sync()  # apply: shrink to the limit (or defer); give back down to the target
+            except DriverError as exc:  # the pool stays true to the driver; the next step retries
+                logger.error("kvpolicy: giving elastic KV memory back failed (retried next step): %s", exc)
+            self._last_give_back = now
+            if new_revision:
                 self._doomed = None
-            elif kv.held_bytes > reading.target and now - self._last_give_back >= self._give_back_interval:
-                kv.sync()
-                self._last_give_back = now
-        except DriverError as exc:  # the pool stays true to the driver; the next step retries
-            logger.error("kvpolicy: giving elastic KV memory back failed (retried next step): %s", exc)
         if kv.deferred:
             if self._doomed is None:
                 self._doom()
+            self._drain()
         elif self._doomed is not None or self._parked:
             self._unpark()
-        if now - self._last_report >= self._report_interval and kv.live_blocks != self._reported_live:
-            kv.report()  # elastic `used` for the ledger's facts (mapping changes report on their own)
-            self._reported_live = kv.live_blocks
+        if now - self._last_report >= self._report_interval:
+            used = self.handed_out_blocks
+            if used != self._reported_used:
+                kv.report()  # elastic `used` for the ledger's facts (PinnedFirst asks handed_out_blocks)
+                self._reported_used = used
             self._last_report = now
 
     def flush(self) -> None:
-        """Make the allocator's live set equal vLLM's (``ref_cnt > 0``) for every block touched since the last flush."""
-        dirty = self._dirty
-        if not dirty:
-            return
-        self._dirty = []
-        kv = self._kv
-        claim: list[int] = []
-        free: list[int] = []
-        seen: set[int] = set()
-        for block in dirty:
-            b = block.block_id
-            if b in seen or b == 0:
-                continue
-            seen.add(b)
-            live = block.ref_cnt > 0
-            if live != kv.is_live(b):
-                (claim if live else free).append(b)
-        if claim:  # first: a chunk must never look empty while vLLM holds one of its blocks
-            kv.claim(claim)
-        if free:
-            kv.free(free)  # while deferred, chunks that empty are unmapped (see _on_unmap)
+        """Set the allocator's live set to vLLM's: the blocks with ``ref_cnt > 0``, and the null block.
+
+        One scan of vLLM's blocks; run before anything that may unmap (sync, draining).
+        """
+        live = {b.block_id for b in self.blocks if b.ref_cnt}
+        live.add(0)  # the null block: vLLM does not count its references; it stays pinned
+        self._kv.reconcile(live, None)
+
+    def _drain(self) -> None:
+        """While deferred: mirror the doomed chunks' blocks, so that each chunk that empties is unmapped."""
+        kv, blocks = self._kv, self.blocks
+        ids = {b for c in self._doomed or () for b in kv.blocks_of_chunk(c)}
+        live = {b for b in ids if blocks[b].ref_cnt}
+        kv.reconcile(live, ids - live - {0})
 
     # -- shrinking ------------------------------------------------------------------------
     def _on_unmap(self, chunks: list[int]) -> None:
         """The allocator is about to unmap ``chunks``: take their blocks out of vLLM's circulation."""
-        assert not self._making_room, "kvpolicy: a chunk is being unmapped inside schedule(); only on_step may shrink"
+        assert not self._growing, "kvpolicy: growth unmapped a chunk; only on_step may shrink (inside schedule() a prefix hit may still be pending)"
         kv, state, blocks = self._kv, self._state, self.blocks
         ids = sorted({b for c in chunks for b in kv.blocks_of_chunk(c)} - {0})
         for b in ids:
@@ -349,7 +345,7 @@ class ElasticBlockPool(BlockPool):
         free = self.free_block_queue.num_free_blocks
         return {
             "queued_free_blocks": free,
-            "handed_out_blocks": self._n_in - free,
+            "handed_out_blocks": self.handed_out_blocks,
             "parked_blocks": len(self._parked),
             "held_bytes": kv.held_bytes,
             "elastic_bytes": self._limit.elastic_held,
@@ -362,8 +358,7 @@ class ElasticBlockPool(BlockPool):
 
     def check_consistent(self) -> None:
         """Assert the invariants (tests call it after every step): every block vLLM can hand out or
-        holds is in a mapped chunk; the queue holds exactly the free ``_IN`` blocks; the allocator's
-        live set equals vLLM's after a flush."""
+        holds is in a mapped chunk, and the queue holds exactly the free ``_IN`` blocks."""
         kv, state = self._kv, self._state
         queued = {b.block_id for b in self.free_block_queue.get_all_free_blocks()}
         assert len(queued) == self.free_block_queue.num_free_blocks, "the free queue's count is off"
@@ -388,10 +383,11 @@ class ElasticBlockPool(BlockPool):
 def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> ElasticBlockPool:
     """Make the block pool of a vLLM ``KVCacheManager`` elastic over ``buffer`` and hook its allocation check.
 
-    The hooks are set on these two objects only (instance attributes): ``allocate_slots``
-    says how many free blocks the request may need beyond the count (``reserved_blocks``
-    and the watermark), and the coordinator's ``get_num_blocks_to_allocate`` — the count
-    vLLM compares with ``get_num_free_blocks()`` — makes room for it first.
+    ``KVCacheManager.allocate_slots`` asks the coordinator how many blocks a request needs
+    (``get_num_blocks_to_allocate``) and compares that, plus its watermark, with
+    ``get_num_free_blocks()``. The hook — an instance attribute on this one coordinator —
+    makes room for that many first. (The scheduler's only other caller of the count
+    reserves blocks for asynchronous KV-connector loads, which an elastic engine refuses.)
     """
     coordinator = manager.coordinator
     shared = coordinator.block_pool
@@ -401,30 +397,14 @@ def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> Ela
     pool = ElasticBlockPool.adopt(shared, buffer, **options)
     if manager.block_pool is not pool:
         raise AdapterError("kvpolicy: vLLM's KVCacheManager and its coordinator hold different block pools")
-
-    allocate_slots = manager.allocate_slots
-    params = list(inspect.signature(allocate_slots).parameters)
-    reserved_at = params.index("reserved_blocks") if "reserved_blocks" in params else None
-
-    def allocate_slots_elastic(*args: Any, **kwargs: Any) -> Any:
-        reserved = kwargs.get("reserved_blocks", 0)
-        if reserved_at is not None and len(args) > reserved_at:
-            reserved = args[reserved_at]
-        pool._room_extra = reserved + manager.watermark_blocks
-        pool._making_room = True
-        try:
-            return allocate_slots(*args, **kwargs)
-        finally:
-            pool._making_room = False
-
     count = coordinator.get_num_blocks_to_allocate
 
     def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
         n = count(*args, **kwargs)
-        if pool._making_room:
-            pool.make_room(n + pool._room_extra)
+        need = n + manager.watermark_blocks
+        if need > pool.free_block_queue.num_free_blocks:
+            pool.make_room(need)
         return n
 
-    manager.allocate_slots = allocate_slots_elastic
     coordinator.get_num_blocks_to_allocate = get_num_blocks_to_allocate
     return pool

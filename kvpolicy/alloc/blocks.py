@@ -293,6 +293,23 @@ class BlockPool:
             self._n_live += len(ids)
             self._report()
 
+    def reconcile(self, live: Iterable[int], free: Iterable[int] | None) -> None:
+        """For an engine that tracks which blocks it holds: afterwards the ids in ``live`` are live and
+        those in ``free`` are free (ids already so are left alone); ``free=None``: every other id.
+
+        Claims go first, so that no chunk ever looks empty while the engine holds one of
+        its blocks; the frees may then complete a deferred limit (releasing chunks).
+        """
+        with self._lock:
+            current = self._live
+            wanted = set(live)
+            claim = sorted(wanted - current)
+            release = sorted(current - wanted if free is None else set(free) & current)
+        if claim:
+            self.claim(claim)
+        if release:
+            self.free(release)
+
     def ensure_mapped(self, blocks: Iterable[int]) -> list[int]:
         """Map the chunks holding ``blocks`` that are not mapped yet (under the limit); returns those chunk indices.
 
