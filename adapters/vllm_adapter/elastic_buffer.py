@@ -207,6 +207,11 @@ def take_unbound(num_blocks: int, bytes_per_block: int) -> ElasticKVBuffer | Non
     return None
 
 
+def has_unbound() -> bool:
+    """Whether a buffer of this process waits for its scheduler (one read: called every engine step)."""
+    return bool(_unbound)
+
+
 def unbound() -> list[ElasticKVBuffer]:
     """Buffers no scheduler adopted (the engine core refuses to step with one: its blocks would go unmapped)."""
     with _lock:

@@ -29,7 +29,16 @@ from typing import Any
 from kvpolicy.adapters.common import AdapterEnv, AdapterError
 from kvpolicy.units import MiB
 
-from .elastic_buffer import ElasticKVBuffer, allocation_context, check_views, pinned_chunks, publish, take_unbound, unbound
+from .elastic_buffer import (
+    ElasticKVBuffer,
+    allocation_context,
+    check_views,
+    has_unbound,
+    pinned_chunks,
+    publish,
+    take_unbound,
+    unbound,
+)
 from .elastic_ledger import elastic_ledger
 from .elastic_policy import (
     BLOCK_OUTERMOST_LAYOUTS,
@@ -121,6 +130,8 @@ def after_step(engine_core: Any) -> None:
     on_step = getattr(pool, "on_step", None)
     if on_step is not None:
         on_step(active=scheduler.has_requests())
+        return
+    if not has_unbound():
         return
     left = unbound()
     if left:  # a worker's buffer no scheduler adopted: its blocks would be handed out unmapped
