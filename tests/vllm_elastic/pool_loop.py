@@ -276,13 +276,14 @@ def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: in
     bpb = 36 * 8 * 128 * 2 * 2 * 16
     limit = StaticLimit(96 * MiB, 64 * MiB)
     pool, buffer = make_pools(driver, (1 << 30) // bpb, bpb, 2 * MiB, limit)
-    data = buffer.tensor()
-    if device != "cpu":
-        assert data.device.type == "cuda", f"the buffer is on {data.device}, expected the GPU"
-    loop = PoolLoop(pool, data, bpb, 16, seed=seed)
-    held = []
-    acks = set()
+    held: list[int] = []
+    acks: set[Any] = set()
     try:
+        data = buffer.tensor()
+        if device != "cpu":
+            assert data.device.type == "cuda", f"the buffer is on {data.device}, expected the GPU"
+        loop = PoolLoop(pool, data, bpb, 16, seed=seed)
+        del data
         for step in range(steps):
             if step == steps * 2 // 5:
                 limit.set(24 * MiB, 16 * MiB)
@@ -315,5 +316,5 @@ def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: in
             "zero_calls": buffer.pool.arenas[0].calls.zero,
         }
     finally:
-        del data, loop
+        loop = None  # drop the views before the arena goes
         buffer.close()
