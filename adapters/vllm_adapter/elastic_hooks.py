@@ -9,9 +9,10 @@ In the order they run in one engine process (engine core and its one worker):
    to the ledger as an elastic instance (guarantee = the model's ``min``) and set
    ``kv_cache_memory_bytes`` to the model's ``max`` — vLLM then plans that many
    blocks, as address space only.
-3. ``allocate`` (``GPUModelRunner.initialize_kv_cache_tensors``): admit the null
-   block's chunks statically, build the ``ElasticKVBuffer``, and let vLLM's own
-   ``allocate_kv_cache`` run inside the buffer's allocation context.
+3. ``elastic_allocation`` / ``allocate`` (``Worker.initialize_from_config``, around it):
+   admit the null block's chunks statically, build the ``ElasticKVBuffer``, and let the
+   model runner (V1's or the default Model Runner V2) run vLLM's own
+   ``allocate_kv_cache`` inside the buffer's allocation context.
 4. ``bind_manager`` (``KVCacheManager.__init__``, after it): the scheduler's block pool
    becomes an ``ElasticBlockPool`` over that buffer.
 5. ``after_step`` (``EngineCore.step`` / ``step_with_batch_queue``, after each): the
@@ -21,8 +22,10 @@ In the order they run in one engine process (engine core and its one worker):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,15 +199,44 @@ def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
     return HostDriver(capacity=plan.settings.virtual + pinned + plan.settings.chunk)
 
 
-def allocate(runner: Any, plan: ElasticPlan, original: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
-    """vLLM's ``initialize_kv_cache_tensors``, with its one buffer on the allocator."""
-    given = kwargs.get("kv_cache_allocation_context", args[1] if len(args) > 1 else None)
+@contextlib.contextmanager
+def elastic_allocation(worker: Any, plan: ElasticPlan) -> Iterator[None]:
+    """Around ``Worker.initialize_from_config``: the model runner's ``initialize_kv_cache`` (V1's
+    ``GPUModelRunner`` or the default Model Runner V2 — both take ``kv_cache_allocation_context``)
+    allocates inside the elastic buffer's allocation context. Set on that one runner, for the call."""
+    runner = worker.model_runner
+    initialize = runner.initialize_kv_cache
+    try:
+        params = inspect.signature(initialize).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "kv_cache_allocation_context" not in params:
+        raise AdapterError(
+            f"kvpolicy: {type(runner).__name__}.initialize_kv_cache takes no kv_cache_allocation_context; this "
+            "vLLM differs from the validated one, and its KV buffer cannot be put on the allocator"
+        )
+
+    def initialize_kv_cache(kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kv_cache_config.kv_cache_tensors:  # attention-free: no buffer
+            return initialize(kv_cache_config, *args, **kwargs)
+        return allocate(worker, plan, initialize, kv_cache_config, *args, **kwargs)
+
+    runner.initialize_kv_cache = initialize_kv_cache
+    try:
+        yield
+    finally:
+        del runner.initialize_kv_cache
+
+
+def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+    """The model runner's ``initialize_kv_cache``, with its one KV buffer on the allocator."""
+    given = kwargs.get("kv_cache_allocation_context")
     if given is not None and not isinstance(given, contextlib.nullcontext):
         raise AdapterError(
             "kvpolicy: vLLM asked to allocate the KV cache in a memory pool (sleep mode or a KV connector); "
             "an elastic KV cache cannot live there"
         )
-    layout_name = kv_cache_config.kv_cache_layout or runner.cache_config.get_resolved_kv_cache_layout().name
+    layout_name = kv_cache_config.kv_cache_layout or worker.cache_config.get_resolved_kv_cache_layout().name
     check_kv_cache_config(kv_cache_config, str(getattr(layout_name, "name", layout_name)), plan.runtime_pools)
     layout = PoolLayout.from_kv_cache_config(kv_cache_config)
     chunk = plan.settings.chunk
@@ -213,7 +245,8 @@ def allocate(runner: Any, plan: ElasticPlan, original: Any, kv_cache_config: Any
     admitted = ledger.admit_pinned(plan.instance, pinned)
     if admitted < pinned:
         raise AdapterError(f"kvpolicy: {plan.key.id}: only {admitted} of the {pinned} bytes for the null block were admitted")
-    driver = _driver_for(runner.device, plan, pinned)
+    device = getattr(worker.model_runner, "device", None) or worker.device
+    driver = _driver_for(device, plan, pinned)
     grow_bytes = int(_env_number(ENV_GROW, DEFAULT_GROW, "bytes"))
     buffer = ElasticKVBuffer(
         driver,
@@ -226,19 +259,22 @@ def allocate(runner: Any, plan: ElasticPlan, original: Any, kv_cache_config: Any
         name=f"{plan.key.id}-kv",
     )
     try:
-        context = allocation_context(buffer, runner.device)
-        kwargs.pop("kv_cache_allocation_context", None)
-        if len(args) > 1:
-            args = (args[0], context, *args[2:])
-        else:
-            kwargs["kv_cache_allocation_context"] = context
-        kv_caches = original(runner, kv_cache_config, *args, **kwargs)
+        context = allocation_context(buffer, device)
+        kwargs["kv_cache_allocation_context"] = context
+        result = initialize(kv_cache_config, *args, **kwargs)
         if not context.served:
             raise AdapterError(
                 f"kvpolicy: vLLM did not allocate its {buffer.size}-byte KV buffer through torch.zeros as "
                 "0.33.0 does; this vLLM differs from the validated one"
             )
-        check_views(buffer, kv_caches)
+        forward = worker.vllm_config.compilation_config.static_forward_context
+        bound = {
+            name: getattr(forward[name], "kv_cache", None)
+            for group in kv_cache_config.kv_cache_groups
+            for name in group.layer_names
+            if name in forward
+        }
+        check_views(buffer, {k: v for k, v in bound.items() if hasattr(v, "data_ptr")})
     except BaseException:
         buffer.close()
         raise
@@ -246,7 +282,7 @@ def allocate(runner: Any, plan: ElasticPlan, original: Any, kv_cache_config: Any
     publish(buffer)
     plan.instance.report_pools(elastic_pool_facts(layout, [0] * len(layout.groups), pinned))
     logger.info("kvpolicy: %s: %r", plan.key.id, buffer)
-    return kv_caches
+    return result
 
 
 def report(plan: ElasticPlan, held: Any) -> None:

@@ -191,5 +191,6 @@ def check_kv_cache_config(kv_cache_config: Any, layout: str, runtime: Iterable[s
         raise AdapterError(
             f"kvpolicy: the KV cache layout is {layout}; an elastic pool needs a block-outermost layout "
             f"({', '.join(BLOCK_OUTERMOST_LAYOUTS)}) so that each block is one byte range that one mapping covers. "
-            f"Set VLLM_KV_CACHE_LAYOUT={ELASTIC_LAYOUT} (the adapter sets it when KVPOLICY_MODEL names the model)."
+            f"Set VLLM_KV_CACHE_LAYOUT={ELASTIC_LAYOUT} (the adapter sets it when the engine core starts, unless "
+            "another layout was asked for)."
         )

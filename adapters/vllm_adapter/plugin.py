@@ -21,8 +21,9 @@ Hooks (installed in every process; each runs where its object lives):
 
 When the policy marks the model's pools ``owner elastic`` the KV cache runs on the
 allocator instead (``elastic_hooks``: virtual capacity, map before handing out, give
-back, facts); these hooks then also go through ``GPUModelRunner.initialize_kv_cache_tensors``
-(the buffer) and ``KVCacheManager.__init__`` (the scheduler's block pool).
+back, facts); ``Worker.initialize_from_config`` then hands the model runner (either of
+vLLM's two) an allocation context for its KV buffer, and ``KVCacheManager.__init__``
+(the scheduler's block pool) is hooked too.
 """
 
 from __future__ import annotations
@@ -119,7 +120,6 @@ def install_hooks() -> None:
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.abstract import Executor
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
         from vllm.v1.worker.gpu_worker import Worker
 
         # Elastic KV cache: what elastic_pool/elastic_hooks rely on must exist, or the start fails.
@@ -129,7 +129,6 @@ def install_hooks() -> None:
         require_attr(KVCacheCoordinator, "get_num_blocks_to_allocate", "elastic KV cache")
         require_attr(KVCacheManager, "allocate_slots", "elastic KV cache")
         _wrap(KVCacheManager, "__init__", "elastic KV cache", _manager_hook)
-        _wrap(GPUModelRunner, "initialize_kv_cache_tensors", "elastic KV cache", _allocation_hook)
         _wrap(Worker, "determine_available_memory", "KV cache sizing", _sizing_hook)
         _wrap(Worker, "initialize_from_config", "pool report at start", _allocated_hook)
         _wrap(EngineCore, "_initialize_kv_caches", "live pool report", _start_report_hook)
@@ -213,9 +212,6 @@ def size_kv_cache(worker: Any, reserve_of: Callable[[AdapterEnv, str], int] | No
         plan = elastic_hooks.plan_worker(worker, key, worker_gpu(worker))
     if plan is not None:  # elastic: vLLM plans the policy's max; memory is admitted chunk by chunk
         worker._kvpolicy_elastic = plan
-        model_runner = getattr(worker, "model_runner", None)
-        if model_runner is not None:
-            model_runner._kvpolicy_elastic = plan
         cache.kv_cache_memory_bytes = plan.settings.virtual
         return plan.settings.virtual
     reserve = (reserve_of or (lambda e, m: policy_reserve(e.policy, m)))(env, key.model)
@@ -273,27 +269,16 @@ def report_on_worker(target: Any, held: Sequence[int], free: int) -> None:
 def _allocated_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def initialize_from_config(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
         plan = getattr(self, "_kvpolicy_elastic", None)
-        if plan is not None:  # the model runner may have been (re)built since sizing
-            self.model_runner._kvpolicy_elastic = plan
+        if plan is not None:  # the buffer goes on the allocator; it reports its pools when made
+            with elastic_hooks.elastic_allocation(self, plan):
+                return original(self, kv_cache_config, *args, **kwargs)
         result = original(self, kv_cache_config, *args, **kwargs)
-        if plan is not None:
-            return result  # the elastic buffer reported its pools when it was made
         if kv_cache_config.kv_cache_tensors:  # attention-free models have no KV buffer
             self._kvpolicy_layout = PoolLayout.from_kv_cache_config(kv_cache_config)
             report_worker_pools(self)
         return result
 
     return initialize_from_config
-
-
-def _allocation_hook(original: Callable[..., Any]) -> Callable[..., Any]:
-    def initialize_kv_cache_tensors(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
-        plan = getattr(self, "_kvpolicy_elastic", None)
-        if plan is None or not kv_cache_config.kv_cache_tensors:
-            return original(self, kv_cache_config, *args, **kwargs)
-        return elastic_hooks.allocate(self, plan, original, kv_cache_config, *args, **kwargs)
-
-    return initialize_kv_cache_tensors
 
 
 def _manager_hook(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -123,3 +123,37 @@ def test_deepseek_v4_pools_stay_runtime_owned(tmp_path: Path) -> None:
     policy = 'version 1\nmodel "qwen3-8b" {\n  engine vllm\n  pool c4 { owner elastic }\n}\n'
     out = last_json(run(WORKER_SCRIPT, str(VLLM_TESTS), "qwen3-8b", "uni", env=engine_env(tmp_path, policy)))
     assert "cannot run pool 'c4' elastically" in out["error"]
+
+
+V2_SCRIPT = """
+import json, sys
+sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+import torch
+from real_vllm import Case, layer_specs, vllm_config, real_plan
+from elastic_harness import make_buffer
+from vllm.v1.worker.gpu.attn_utils import init_kv_cache
+from kvpolicy.adapters.vllm_adapter.elastic_buffer import allocation_context, check_views
+from kvpolicy.alloc import HostDriver, StaticLimit
+
+case = Case("qwen3-8b", 16, max_model_len=1024, layout="BLHNC", max_num_batched_tokens=1024)
+cfg = vllm_config(case)
+plan = real_plan(case, 512 * 2**20)
+kv = plan.kv_cache_config
+kv.kv_cache_layout = "BLHNC"
+cfg.cache_config.kv_cache_layout = "BLHNC"
+buffer = make_buffer(kv, HostDriver(capacity=2**30), 2 * 2**20, StaticLimit(64 * 2**20))
+ctx = allocation_context(buffer, "cpu")
+forward = cfg.compilation_config.static_forward_context
+caches = init_kv_cache(forward, kv, torch.device("cpu"), [16], cfg, kv_cache_allocation_context=ctx)
+bound = {name: forward[name].kv_cache for name in kv.kv_cache_groups[0].layer_names}
+check_views(buffer, bound)
+print(json.dumps({"served": ctx.served, "layers": len(bound), "in_buffer": all(
+    buffer.va <= t.data_ptr() < buffer.va + buffer.size for t in caches.values())}))
+"""
+
+
+def test_model_runner_v2_allocates_through_the_same_context(tmp_path: Path) -> None:
+    """vLLM's default runner on GPUs (Model Runner V2, vllm/v1/worker/gpu) allocates with its own
+    init_kv_cache: under the elastic allocation context its buffer is the arena too."""
+    out = last_json(run(V2_SCRIPT, str(VLLM_TESTS), str(HERE), env={}))
+    assert out == {"served": 1, "layers": 36, "in_buffer": True}
