@@ -52,6 +52,9 @@ class _Prepared:
         self._conditions: dict[tuple[int, int], Condition | None] = {}
         self._pool_limits: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
         self._bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        self._outputs: dict[tuple, object] = {}
+        """Output records by their field values: equal figures reuse the (frozen) record, so an
+        evaluation whose results did not change builds no new pydantic objects."""
         self._headroom: dict[tuple[str, int], int] = {}
 
     def model(self, name: str) -> ModelSettings:
@@ -75,6 +78,15 @@ class _Prepared:
             # choice: a min above max is treated as max (lint reports it where it can)
             bounds = self._bounds[key] = (max(0, min(model.min_bytes(capacity), maximum)), maximum)
         return bounds
+
+    def output(self, cls, key: tuple, build):
+        """The frozen record for ``key`` (``build()`` makes it the first time)."""
+        record = self._outputs.get(key)
+        if record is None:
+            if len(self._outputs) > 8192:
+                self._outputs.clear()
+            record = self._outputs[key] = build()
+        return record
 
     def headroom(self, gpu_id: str, capacity: int) -> int:
         key = (gpu_id, capacity)
@@ -369,7 +381,6 @@ def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dic
     used_now = {inst.id: inst.used for inst in elastic}  # lowered by the shrinks decided so far
     shrunk = False
     orders: dict[tuple, list[_Inst]] = {}
-    file = prepared.policy.file
     for index, rule in enumerate(prepared.rules):
         condition = prepared.condition(index, gpu.capacity)
         if condition is None or rule.shrink_to is None:
@@ -401,15 +412,18 @@ def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dic
             elif holds and cooldown_until is None and now - since >= grace:
                 candidates.append((inst, since))
             if since is not None or cooldown_until is not None:
-                rule_memory[inst.id] = RuleMemory(holding_since=since, cooldown_until=cooldown_until)
+                if old is not None and old.shrink_to is None and (old.holding_since, old.cooldown_until) == (since, cooldown_until):
+                    rule_memory[inst.id] = old  # unchanged: frozen, so it can be shared
+                else:
+                    rule_memory[inst.id] = RuleMemory(holding_since=since, cooldown_until=cooldown_until)
         for inst, since in in_force:  # shrinks in force count before anyone new is chosen
-            value = _apply_shrink(rule, inst, gpu, file, used_now)
+            value = _apply_shrink(prepared, rule, inst, gpu, used_now)
             rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
             shrunk = True
         for inst, since in candidates:
             if shrunk and not condition(_adjusted(reported[inst.id], inst, gpu, used_now)):
                 continue  # the shrinks decided so far already made the condition false
-            value = _apply_shrink(rule, inst, gpu, file, used_now)
+            value = _apply_shrink(prepared, rule, inst, gpu, used_now)
             rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
             shrunk = True
         if not rule_memory:
@@ -436,8 +450,9 @@ def _adjusted(figures: dict, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -
     return {**figures, "model.used": used_now[inst.id], "gpu.used": used, "gpu.free": gpu.budget - used}
 
 
-def _apply_shrink(rule: Rule, inst: _Inst, gpu: _Gpu, file: str, used_now: dict[str, int]) -> int:
+def _apply_shrink(prepared: _Prepared, rule: Rule, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -> int:
     """Lower the instance's limit to the rule's value (never below its guarantee)."""
+    file = prepared.policy.file
     shrink = rule.shrink_to
     if shrink.kind == "min":
         value = inst.min
@@ -451,7 +466,8 @@ def _apply_shrink(rule: Rule, inst: _Inst, gpu: _Gpu, file: str, used_now: dict[
     # choice: targets are not redistributed by rules, but never exceed the limit
     inst.target = min(inst.target, _out(inst.limit, gpu.chunk))
     shown = _out(value, gpu.chunk)
-    inst.actions.append(Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=shown))
+    key = ("action", rule.name.value, file, rule.span.line, shown)
+    inst.actions.append(prepared.output(Action, key, lambda: Action(rule=key[1], file=file, line=key[3], shrink_to=shown)))
     used_now[inst.id] = min(used_now[inst.id], math.floor(value))
     return shown
 
@@ -474,65 +490,55 @@ def _violations(prepared: _Prepared, inst: _Inst, capacity: int, file: str) -> t
             continue
         limit, line = limits[name]
         if pool.bytes > limit:
-            found.append(Violation(kind="pool_over_max", pool=name, bytes=pool.bytes, max=limit, file=file, line=line))
+            key = ("pool_over_max", name, pool.bytes, limit, file, line)
+            found.append(prepared.output(Violation, key, lambda k=key: Violation(
+                kind=k[0], pool=k[1], bytes=k[2], max=k[3], file=k[4], line=k[5])))
     block = settings.block
     if settings.reserve is not None and block is not None and block.reserve is not None:
         total = inst.facts.runtime_bytes
         if total > settings.reserve:
-            found.append(
-                Violation(kind="reserve_exceeded", pool=None, bytes=total, max=settings.reserve, file=file, line=block.reserve.span.line)
-            )
+            key = ("reserve_exceeded", None, total, settings.reserve, file, block.reserve.span.line)
+            found.append(prepared.output(Violation, key, lambda k=key: Violation(
+                kind=k[0], pool=k[1], bytes=k[2], max=k[3], file=k[4], line=k[5])))
     return tuple(found)
 
 
 def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
     policy = prepared.policy
+    file = policy.file
     gpu_out: list[GpuDecision] = []
     inst_out: list[InstanceDecision] = []
     for gpu in gpus:
         used = sum(i.used for i in gpu.elastic)
-        gpu_out.append(
-            GpuDecision(
-                id=gpu.facts.id,
-                capacity=gpu.capacity,
-                headroom=gpu.headroom,
-                other_used=gpu.facts.other_used,
-                reserved=Reserved(total=gpu.reserved, by_pool=gpu.reserved_by_pool),
-                elastic_budget=_out(gpu.budget, gpu.chunk),
-                free=_out(gpu.budget - used, gpu.chunk),
-                used=used,
-                chunk=gpu.chunk,
-                guaranteed=sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic),
-            )
+        gpu_key = (
+            "gpu", gpu.facts.id, gpu.capacity, gpu.headroom, gpu.facts.other_used, gpu.reserved,
+            tuple(gpu.reserved_by_pool.items()), _out(gpu.budget, gpu.chunk), _out(gpu.budget - used, gpu.chunk),
+            used, gpu.chunk, sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic),
         )
+        gpu_out.append(prepared.output(GpuDecision, gpu_key, lambda k=gpu_key: GpuDecision(
+            id=k[1], capacity=k[2], headroom=k[3], other_used=k[4],
+            reserved=Reserved(total=k[5], by_pool=dict(k[6])),
+            elastic_budget=k[7], free=k[8], used=k[9], chunk=k[10], guaranteed=k[11],
+        )))
         for inst in gpu.instances:
             settings = inst.settings
-            inst_out.append(
-                InstanceDecision(
-                    id=inst.id,
-                    model=inst.facts.model,
-                    policy_model=settings.pattern,
-                    engine=inst.facts.engine,
-                    gpu=gpu.facts.id,
-                    guarantee=_out(inst.guarantee, gpu.chunk),
-                    limit=_out(inst.limit, gpu.chunk),
-                    target=inst.target,
-                    shortfall=inst.guarantee < inst.min,
-                    elastic=inst.elastic,
-                    actions=tuple(inst.actions),
-                    violations=_violations(prepared, inst, gpu.capacity, policy.file),
-                    reasons=Reasons(
-                        guarantee=inst.guarantee_reason,
-                        limit=inst.limit_bound,
-                        priority_level=inst.level,
-                        min=inst.min,
-                        max=inst.max,
-                        weight=settings.weight,
-                        engine_group=inst.facts.engine_group,
-                        tensor_parallel_size=inst.tp_size,
-                    ),
-                )
+            key = (
+                "instance", inst.id, inst.facts.model, settings.pattern, inst.facts.engine, gpu.facts.id,
+                _out(inst.guarantee, gpu.chunk), _out(inst.limit, gpu.chunk), inst.target,
+                inst.guarantee < inst.min, inst.elastic, tuple(inst.actions),
+                _violations(prepared, inst, gpu.capacity, file),
+                inst.guarantee_reason, inst.limit_bound, inst.level, inst.min, inst.max, settings.weight,
+                inst.facts.engine_group, inst.tp_size,
             )
+            inst_out.append(prepared.output(InstanceDecision, key, lambda k=key: InstanceDecision(
+                id=k[1], model=k[2], policy_model=k[3], engine=k[4], gpu=k[5],
+                guarantee=k[6], limit=k[7], target=k[8], shortfall=k[9], elastic=k[10],
+                actions=k[11], violations=k[12],
+                reasons=Reasons(
+                    guarantee=k[13], limit=k[14], priority_level=k[15], min=k[16], max=k[17],
+                    weight=k[18], engine_group=k[19], tensor_parallel_size=k[20],
+                ),
+            )))
     inst_out.sort(key=lambda d: d.id)
     return Decision(
         policy=PolicyRef(file=policy.file, sha256=policy.sha256),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.policy.errors import Diagnostic, PolicyError, Span
 from kvpolicy.policy.model import Policy
-from kvpolicy.policy.syntax import parse_tree
+from kvpolicy.policy.syntax import gc_paused, parse_tree
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ def lint_text(
     facts: Facts | None = None,
 ) -> LintResult:
     """Every diagnostic for ``text``; ``policy`` is set only when there is no error."""
+    with gc_paused():
+        return _lint_text(text, file, sha256, gpu_capacity, facts)
+
+
+def _lint_text(text: str, file: str, sha256: str | None, gpu_capacity: int | None, facts: Facts | None) -> LintResult:
     lines = text.split("\n")
     syntax = parse_tree(text, file)
     diagnostics = list(syntax.diagnostics)
@@ -64,18 +70,21 @@ def lint_text(
 
 
 def decode_policy(data: bytes, file: str) -> str:
-    """The policy text; non-UTF-8 bytes are a syntax error at their line and column."""
+    """The policy text (a UTF-8 byte order mark dropped); non-UTF-8 bytes are a
+    syntax error at their line and column."""
+    body = data[len(codecs.BOM_UTF8) :] if data.startswith(codecs.BOM_UTF8) else data
     try:
-        return data.decode("utf-8-sig")
+        return body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        before = data[: exc.start]
+        before = body[: exc.start]
         line = before.count(b"\n") + 1
-        col = len(before) - (before.rfind(b"\n") + 1) + 1
+        # a column counts characters, not bytes: decode the valid start of the line
+        col = len(before[before.rfind(b"\n") + 1 :].decode("utf-8")) + 1
         raise PolicyError(
             [
                 SyntaxErrorRule.at(
                     file, Span.point(line, col),
-                    f"the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at line {line})",
+                    f"the file is not UTF-8 text (byte 0x{body[exc.start]:02x} at line {line})",
                     "save the policy as UTF-8",
                 )
             ]

@@ -62,6 +62,13 @@ def last_token(node: Tree | Token) -> Token:
     return node
 
 
+def _kind(tree: Tree) -> str:
+    """The rule name of a tree node as a plain string (Lark's is a Token, whose
+    comparisons run in Python: slow in the builder's hot loops)."""
+    data = tree.data
+    return data.value if isinstance(data, Token) else data
+
+
 def span_of(node: Tree | Token) -> Span:
     """From the first token of ``node`` to the end of its last (separators excluded)."""
     if isinstance(node, Token):
@@ -76,7 +83,7 @@ class _Quantity:
 
     __slots__ = ("token", "number_text", "number", "unit", "span", "unit_span")
 
-    def __init__(self, token: Token, number_text: str, number: Fraction, unit: str | None, unit_start: int) -> None:
+    def __init__(self, token: Token, number_text: str, number: int | Fraction, unit: str | None, unit_start: int) -> None:
         self.token = token
         self.number_text = number_text
         self.number = number
@@ -103,7 +110,7 @@ class PolicyBuilder:
         version: m.IntLit | None = None
         statements: list[m.Statement] = []
         for child in args(tree):
-            kind = child.data
+            kind = _kind(child)
             if kind == "version":
                 built = self.integer(args(child)[0], "version")
                 if version is not None:
@@ -122,7 +129,7 @@ class PolicyBuilder:
             elif kind == "rule":
                 statements.append(self.rule(child))
             else:
-                self.unknown(child, v.TOP_LEVEL, None)
+                self.unknown(child, None)
         return m.Policy(
             span=Span(line=1, col=1, end_line=end.line, end_col=end.col),
             file=self.file,
@@ -131,27 +138,17 @@ class PolicyBuilder:
             statements=tuple(statements),
         )
 
-    def unknown(self, tree: Tree, allowed: tuple[str, ...], block: str | None) -> None:
+    def unknown(self, tree: Tree, block: str | None) -> None:
         word: Token = args(tree)[0]
         if word.value == RECOVERED:
             return  # stands in for a line that already has a syntax error
-        if block is not None and word.value in v.TOP_LEVEL:
-            self.report(
-                UnknownField, word, f"'{word.value}' cannot appear inside a {block} block",
-                "is a '}' missing before this line?",
-            )
-            return
-        where = f"in a {block} block" if block else "at the top level"
-        hint = did_you_mean(word.value, allowed)
-        if hint is None:
-            hint = "expected " + ", ".join(f"'{a}'" for a in allowed)
-        self.report(UnknownField, word, f"unknown keyword '{word.value}' {where}", hint)
+        message, hint = unknown_keyword(word.value, block)
+        self.report(UnknownField, word, message, hint)
 
     def _fields(
         self,
         tree: Tree,
         block: str,
-        allowed: tuple[str, ...],
         build: dict[str, Callable[[Tree], object]],
     ) -> dict[str, object]:
         """Build a block's settings; each may be given once."""
@@ -160,9 +157,9 @@ class PolicyBuilder:
         for child in args(tree):
             if not isinstance(child, Tree):
                 continue
-            key = child.data
+            key = _kind(child)
             if key == "unknown":
-                self.unknown(child, allowed, block)
+                self.unknown(child, block)
                 continue
             if key not in build:
                 continue  # e.g. the model name, handled by the caller
@@ -182,7 +179,7 @@ class PolicyBuilder:
 
     def defaults(self, tree: Tree) -> m.Defaults:
         fields = self._fields(
-            tree, "defaults", v.DEFAULTS_FIELDS,
+            tree, "defaults",
             {
                 "headroom": lambda t: self.amount(args(t)[0], "headroom"),
                 "chunk": lambda t: self.size(args(t)[0], "chunk"),
@@ -196,9 +193,9 @@ class PolicyBuilder:
 
     def gpu(self, tree: Tree) -> m.GpuBlock:
         selector: Tree = args(tree)[0]
-        ids = () if selector.data == "all_gpus" else tuple(self.string(t) for t in args(selector))
+        ids = () if _kind(selector) == "all_gpus" else tuple(self.string(t) for t in args(selector))
         fields = self._fields(
-            tree, "gpu", v.GPU_FIELDS,
+            tree, "gpu",
             {
                 "headroom": lambda t: self.amount(args(t)[0], "headroom"),
                 "capacity": lambda t: self.size(args(t)[0], "capacity"),
@@ -209,7 +206,7 @@ class PolicyBuilder:
 
     def model(self, tree: Tree) -> m.ModelBlock:
         fields = self._fields(
-            tree, "model", v.MODEL_FIELDS,
+            tree, "model",
             {
                 "engine": lambda t: self.name(args(t)[0]),
                 "priority": lambda t: self.integer(args(t)[0], "priority"),
@@ -225,7 +222,7 @@ class PolicyBuilder:
 
     def pool(self, tree: Tree) -> m.PoolBlock:
         fields = self._fields(
-            tree, "pool", v.POOL_FIELDS,
+            tree, "pool",
             {
                 "owner": lambda t: self.owner(args(t)[0]),
                 "max": lambda t: self.amount(args(t)[0], "max"),
@@ -244,7 +241,7 @@ class PolicyBuilder:
 
     def rule(self, tree: Tree) -> m.Rule:
         fields = self._fields(
-            tree, "rule", v.RULE_FIELDS,
+            tree, "rule",
             {
                 "when": lambda t: self.expression(args(t)[0]),
                 "order": self.order,
@@ -264,11 +261,20 @@ class PolicyBuilder:
             words = args(key)
             attribute: Token = words[0]
             ok = True
+            if attribute.value == "by" and len(words) > 1 and words[1].value in v.ORDER_KEYS:
+                self.report(
+                    InvalidValue, attribute, "'order' takes the attribute itself, without 'by'",
+                    f"write `order {words[1].value}`",
+                )
+                continue
             if attribute.value not in v.ORDER_KEYS:
-                full = f"model.{attribute.value}"
-                hint = did_you_mean(attribute.value, v.ORDER_KEYS)
-                if attribute.value.startswith(("model.", "gpu.")) or full in v.ATTRIBUTES:
-                    hint = hint or "order takes short names: `order priority asc, idle desc`"
+                prefix, _, short = attribute.value.rpartition(".")
+                if prefix == "model" and short in v.ORDER_KEYS:
+                    hint = f"order takes the short name: did you mean '{short}'?"
+                elif prefix:
+                    hint = "order takes the short names of model attributes, e.g. `order priority asc, idle desc`"
+                else:
+                    hint = did_you_mean(attribute.value, v.ORDER_KEYS)
                 self.report(
                     UnknownAttribute, attribute,
                     f"'{attribute.value}' is not an instance attribute to order by",
@@ -279,9 +285,11 @@ class PolicyBuilder:
             if len(words) > 1:
                 direction: Token = words[1]
                 if direction.value not in v.DIRECTIONS:
+                    alias = v.DIRECTION_ALIASES.get(direction.value.lower())
                     self.report(
                         InvalidValue, direction, f"unknown order direction '{direction.value}'",
-                        did_you_mean(direction.value, v.DIRECTIONS) or "expected 'asc' or 'desc'",
+                        f"did you mean '{alias}'?" if alias
+                        else did_you_mean(direction.value, v.DIRECTIONS) or "expected 'asc' or 'desc'",
                     )
                     ok = False
                 descending = direction.value == "desc"
@@ -305,7 +313,7 @@ class PolicyBuilder:
     # ---- expressions --------------------------------------------------------------
 
     def expression(self, node: Tree) -> m.Expr | None:
-        kind = node.data
+        kind = _kind(node)
         if kind == "comparison":
             return self.comparison(node)
         if kind == "group":
@@ -359,13 +367,19 @@ class PolicyBuilder:
             return self._duration(q)
         self.report(
             UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
-            did_you_mean(q.unit, (*SIZE_UNITS, *DURATION_UNITS)),
+            unit_hint(q.unit, (*SIZE_UNITS, *DURATION_UNITS))
+            or "sizes use B, KiB, MiB, GiB, TiB or %; durations use ms, s, m or h",
         )
         return None
 
     def _comparable(self, left, op: Token, right, left_token: Token, right_token: Token) -> bool:
         attrs = [o for o in (left, right) if isinstance(o, m.Attr)]
         if not attrs:
+            for side, token in ((left, left_token), (right, right_token)):
+                full = _attribute_for(side.value) if isinstance(side, m.Name) else None
+                if full is not None:
+                    self.report(UnknownAttribute, token, f"unknown attribute '{side.value}'", f"did you mean '{full}'?")
+                    return False
             self.report(
                 InvalidValue, op, "a comparison needs an attribute on at least one side",
                 "e.g. `gpu.free < 8 GiB`",
@@ -375,13 +389,17 @@ class PolicyBuilder:
             if not isinstance(attr, m.Attr):
                 continue
             if attr.kind == "string" and op.value not in ("==", "!="):
-                self.report(InvalidValue, op, f"{attr.name} can only be compared with == or !=")
+                self.report(
+                    InvalidValue, op, f"{attr.name} can only be compared with == or !=",
+                    f"e.g. `{attr.name} == {_example_name(attr)}`",
+                )
                 return False
             if isinstance(other, m.Attr):
                 if other.kind != attr.kind:
                     self.report(
                         InvalidValue, op,
-                        f"cannot compare {attr.name} (a {attr.kind}) with {other.name} (a {other.kind})",
+                        f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {other.name} ({_ATTRIBUTE_KIND_WORDS[other.kind]})",
+                        _compare_hint(attr),
                     )
                     return False
                 continue
@@ -400,17 +418,15 @@ class PolicyBuilder:
                     f"did you mean 'gpu.{other.value}'?",
                 )
                 return False
-            hint = None
+            hint = _compare_hint(attr)
             if other_kind in ("int", "zero") and attr.kind == "size":
                 hint = f"add a unit, e.g. `{token.value} GiB`"
             elif other_kind in ("int", "zero") and attr.kind == "duration":
                 hint = f"add a unit, e.g. `{token.value}s`"
-            elif attr.kind == "string":
-                hint = 'compare with a name or a quoted string, e.g. `model.engine == vllm`'
             self.report(
                 InvalidDuration if attr.kind == "duration" else InvalidValue,
                 token,
-                f"cannot compare {attr.name} (a {attr.kind}) with {token.value} (a {_kind_word(other_kind)})",
+                f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {token.value} ({_kind_word(other_kind)})",
                 hint,
             )
             return False
@@ -428,7 +444,9 @@ class PolicyBuilder:
 
             self.report(OutOfRange, token, f"the number {number_text[:12]}… is too large", "sizes stay below 8 EiB")
             return None
-        return _Quantity(token, number_text, Fraction(number_text), unit, match.start(2) if unit else 0)
+        # a whole number (most are) is cheaper to make than a Fraction, and behaves the same here
+        number = int(number_text) if number_text.lstrip("+-").isdigit() else Fraction(number_text)
+        return _Quantity(token, number_text, number, unit, match.start(2) if unit else 0)
 
     def integer(self, token: Token, setting: str) -> m.IntLit | None:
         q = self.quantity(token)
@@ -444,7 +462,10 @@ class PolicyBuilder:
 
     def _int(self, q: _Quantity, setting: str | None = None) -> m.IntLit | None:
         if q.number.denominator != 1:
-            self.report(InvalidValue, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}")
+            self.report(
+                InvalidValue, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}",
+                f"did you mean `{setting} {round(q.number)}`?" if setting else "write a whole number",
+            )
             return None
         return m.IntLit(span=q.span, value=int(q.number))
 
@@ -470,7 +491,8 @@ class PolicyBuilder:
                 return m.SizeLit(span=q.span, bytes=0, number=q.number_text, unit="B")
             self.report(
                 InvalidValue, token, f"{setting} needs a unit: '{q.number_text}' alone is not a size",
-                f"did you mean `{q.number_text} GiB`?" + (" or a percentage" if percent_ok else ""),
+                f"did you mean `{setting} {q.number_text} GiB`"
+                + (f" or `{setting} {q.number_text}%`" if percent_ok else "") + "?",
             )
             return None
         if q.unit in DURATION_UNITS:
@@ -481,7 +503,10 @@ class PolicyBuilder:
             return None
         if q.unit not in SIZE_UNITS:
             units = (*SIZE_UNITS, "%") if percent_ok else tuple(SIZE_UNITS)
-            self.report(UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'", did_you_mean(q.unit, units))
+            self.report(
+                UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+                unit_hint(q.unit, units) or "sizes use " + ", ".join(units),
+            )
             return None
         return self._size(q)
 
@@ -507,7 +532,7 @@ class PolicyBuilder:
             else:
                 self.report(
                     UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
-                    did_you_mean(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
+                    unit_hint(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
                 )
             return None
         return self._duration(q)
@@ -527,6 +552,41 @@ class PolicyBuilder:
         return m.Name(span=span_of(token), value=token.value)
 
 
+BLOCK_FIELDS: dict[str | None, tuple[str, ...]] = {
+    None: v.TOP_LEVEL,
+    "defaults": v.DEFAULTS_FIELDS,
+    "gpu": v.GPU_FIELDS,
+    "model": v.MODEL_FIELDS,
+    "pool": v.POOL_FIELDS,
+    "rule": v.RULE_FIELDS,
+}
+"""The statements each block accepts (None: the top level)."""
+
+
+def unknown_keyword(word: str, block: str | None) -> tuple[str, str]:
+    """Message and hint for a statement ``word`` that ``block`` (None: the top level) does not accept.
+
+    A keyword of another block says where it belongs; anything else gets the
+    closest keyword of this block, or the list of them.
+    """
+    if block is not None and word in v.TOP_LEVEL:
+        return f"'{word}' cannot appear inside a {block} block", "is a '}' missing before this line?"
+    where = f"in a {block} block" if block else "at the top level"
+    homes = [name for name, fields in BLOCK_FIELDS.items() if name is not None and word in fields]
+    if homes:
+        return f"'{word}' cannot appear {where}", f"'{word}' belongs in a {' or '.join(homes)} block"
+    allowed = BLOCK_FIELDS.get(block, ())
+    hint = did_you_mean(word, allowed) or "expected " + ", ".join(f"'{a}'" for a in allowed)
+    return f"unknown keyword '{word}' {where}", hint
+
+
+def _attribute_for(word: str) -> str | None:
+    """The attribute a bare word in a comparison probably means (``free`` → ``gpu.free``)."""
+    short_names = {name.split(".", 1)[1]: name for name in v.ATTRIBUTES}
+    short = word if word in short_names else closest(word, short_names)
+    return short_names[short] if short is not None else None
+
+
 def _unquote(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text[1:-1])
 
@@ -542,7 +602,39 @@ def _literal_kind(node) -> str:
 
 
 def _kind_word(kind: str) -> str:
-    return {"zero": "number", "int": "number without a unit"}.get(kind, kind)
+    """``a size``, ``a duration``...: what a value or an attribute is, for messages."""
+    return {
+        "zero": "a number",
+        "int": "a number without a unit",
+        "size": "a size",
+        "duration": "a duration",
+        "string": "a name",
+    }[kind]
+
+
+_ATTRIBUTE_KIND_WORDS = {"size": "a size", "duration": "a duration", "int": "a whole number", "string": "a name"}
+
+
+def _compare_hint(attr: m.Attr) -> str:
+    """What ``attr`` can be compared with, as an example."""
+    return {
+        "size": f"compare {attr.name} with a size or a percentage, e.g. `{attr.name} < 8 GiB`",
+        "duration": f"compare {attr.name} with a duration, e.g. `{attr.name} > 60s`",
+        "int": f"compare {attr.name} with a whole number, e.g. `{attr.name} >= 10`",
+        "string": f"compare {attr.name} with a name, e.g. `{attr.name} == {_example_name(attr)}`",
+    }[attr.kind]
+
+
+def _example_name(attr: m.Attr) -> str:
+    return "vllm" if attr.name == "model.engine" else '"qwen3-8b"'
+
+
+def unit_hint(unit: str, units) -> str | None:
+    """``did you mean 's'?`` for ``sec``, ``GiB`` for ``GiBB``: a known spelling, else the closest unit."""
+    alias = v.UNIT_ALIASES.get(unit.lower())
+    if alias is not None and alias in units:
+        return f"did you mean '{alias}'?"
+    return did_you_mean(unit, units)
 
 
 __all__ = ["PolicyBuilder", "span_of", "closest"]

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from lark import Token, Tree
 
+from kvpolicy.policy.build import first_token, last_token
 from kvpolicy.policy.errors import PolicyError
-from kvpolicy.policy.syntax import parse_tree
+from kvpolicy.policy.syntax import gc_paused, parse_tree
 from kvpolicy.units import DURATION_UNITS
 
 INDENT = "  "
@@ -28,10 +29,11 @@ _SEPARATOR_TYPES = ("_SEP",)
 
 def format_text(text: str, file: str = "<policy>") -> str:
     """The canonical form of ``text``; raises PolicyError if it has syntax errors."""
-    syntax = parse_tree(text, file)
-    if syntax.diagnostics or syntax.tree is None:
-        raise PolicyError(syntax.diagnostics)
-    return _Printer(text, syntax.tree, syntax.comments).print()
+    with gc_paused():
+        syntax = parse_tree(text, file)
+        if syntax.diagnostics or syntax.tree is None:
+            raise PolicyError(syntax.diagnostics)
+        return _Printer(text, syntax.tree, syntax.comments).print()
 
 
 @dataclass
@@ -103,10 +105,10 @@ class _Printer:
         return _render(self.lines)
 
     def statement(self, tree: Tree, indent: int) -> None:
-        first = _first(tree)
+        first = first_token(tree)
         self.flush_comments(first.line, indent)
         if not _has_block(tree):
-            last = _last(tree)
+            last = last_token(tree)
             # comments inside a statement that is joined onto one line go above it
             self.flush_comments_within(first.line, last.line, indent)
             self.emit(indent, _inline(tree), first.line, self.trailing_comment(last))
@@ -122,10 +124,14 @@ class _Printer:
             self.emit(indent, f"{_join(head[:-1])} {{}}", first.line, self.trailing_comment(close))
             return
         self.emit(indent, _join(head[:-1]) + " {", first.line, self.trailing_comment(open_brace))
+        body = len(self.lines)
         for item in items:
             self.statement(item, indent + 1)
         self.flush_comments(close.line, indent + 1)
+        if len(self.lines) > body:
+            self.lines[body].blank_before = False  # no blank line right after '{'
         self.emit(indent, "}", close.line, self.trailing_comment(close))
+        self.lines[-1].blank_before = False  # nor right before '}'
 
     def flush_comments_within(self, first_line: int, last_line: int, indent: int) -> None:
         moved = [c for c in self.pending if first_line <= c.line < last_line]
@@ -157,18 +163,6 @@ def _split_block(tree: Tree) -> tuple[list[Token | Tree], list[Tree], Token]:
     close = children[-1]
     items = [c for c in children[brace + 1 : -1] if isinstance(c, Tree)]
     return head, items, close
-
-
-def _first(node: Tree | Token) -> Token:
-    while isinstance(node, Tree):
-        node = node.children[0]
-    return node
-
-
-def _last(node: Tree | Token) -> Token:
-    while isinstance(node, Tree):
-        node = node.children[-1]
-    return node
 
 
 def _tokens(node: Tree | Token) -> list[Token]:

@@ -26,6 +26,18 @@ def matches(pattern: str, name: str) -> bool:
     return _regex(pattern).fullmatch(name) is not None
 
 
+def literal_prefix(pattern: str) -> str:
+    """The characters before the first wildcard: every name the pattern matches starts with them."""
+    cut = min((i for i, c in enumerate(pattern) if c in WILDCARDS), default=len(pattern))
+    return pattern[:cut]
+
+
+def literal_suffix(pattern: str) -> str:
+    """The characters after the last wildcard: every name the pattern matches ends with them."""
+    cut = max((i for i, c in enumerate(pattern) if c in WILDCARDS), default=-1)
+    return pattern[cut + 1 :]
+
+
 def specificity(pattern: str, index: int) -> tuple[int, int, int]:
     """Sort key, larger wins: exact before glob, longer before shorter, earlier before later."""
     return (0 if is_glob(pattern) else 1, len(pattern), -index)
@@ -63,6 +75,12 @@ def includes(outer: str, inner: str) -> bool:
     mention plus one stand-in for all others; a state where ``inner`` accepts and
     ``outer`` does not is a name that only ``inner`` matches.
     """
+    # Cheap necessary conditions first: ``outer``'s literal ends must be spelt out
+    # by ``inner``'s (a wildcard in ``inner`` there could produce another character).
+    if not literal_prefix(inner).startswith(literal_prefix(outer)):
+        return False
+    if not literal_suffix(inner).endswith(literal_suffix(outer)):
+        return False
     alphabet = (set(inner) | set(outer) | {_OTHER}) - set(WILDCARDS)
     start = (_closure(inner, {0}), _closure(outer, {0}))
     todo, seen = [start], {start}

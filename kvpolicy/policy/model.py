@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
-from typing import Literal, Union
+from typing import Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -25,7 +25,9 @@ class Node(BaseModel):
 
     def children(self) -> Iterator[Node]:
         """Direct child nodes, in field order."""
-        for value in self.__dict__.values():
+        values = self.__dict__
+        for name in _node_fields(type(self)):
+            value = values[name]
             if isinstance(value, Node):
                 yield value
             elif isinstance(value, tuple):
@@ -38,6 +40,24 @@ class Node(BaseModel):
             node = stack.pop()
             yield node
             stack.extend(reversed(list(node.children())))
+
+
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _node_fields(cls: type[Node]) -> tuple[str, ...]:
+    """The fields of ``cls`` that can hold nodes (a walk skips numbers and strings)."""
+    names = _NODE_FIELDS.get(cls)
+    if names is None:
+        names = tuple(name for name, f in cls.model_fields.items() if _may_hold_nodes(f.annotation))
+        _NODE_FIELDS[cls] = names
+    return names
+
+
+def _may_hold_nodes(annotation: object) -> bool:
+    if isinstance(annotation, type):
+        return issubclass(annotation, Node)
+    return any(_may_hold_nodes(arg) for arg in get_args(annotation))
 
 
 # ---- literals ---------------------------------------------------------------

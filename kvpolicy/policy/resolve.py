@@ -14,7 +14,14 @@ from decimal import Decimal
 
 from kvpolicy.policy import globs
 from kvpolicy.policy.errors import Span
-from kvpolicy.policy.model import Amount, ModelBlock, PercentLit, Policy, PoolBlock, SizeLit
+from kvpolicy.policy.model import (
+    Amount,
+    ModelBlock,
+    PercentLit,
+    Policy,
+    PoolBlock,
+    SizeLit,
+)
 from kvpolicy.units import MiB
 
 DEFAULT_CHUNK = 2 * MiB

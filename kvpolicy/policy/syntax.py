@@ -13,16 +13,18 @@ the text parsed again, so one run reports several errors.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
 
 from lark import Lark, Token, Tree
-from lark.exceptions import UnexpectedToken
 from lark.common import LexerConf
+from lark.exceptions import UnexpectedToken
 from lark.lexer import Lexer
 from lark.parsers.lalr_analysis import Shift
 
@@ -30,6 +32,8 @@ from kvpolicy.policy.errors import Diagnostic
 
 MAX_ERRORS = 20
 MAX_NESTING = 32
+TOP_LEVEL_BLOCKS = frozenset({"defaults", "gpu", "model", "rule"})
+"""Statements that open a block only at the top level."""
 RECOVERED = "_kvpolicy_recovered_"
 """Name of the placeholder statement that stands in for a line with a syntax error."""
 
@@ -50,6 +54,15 @@ class _Session:
     open_braces: list[tuple[Token, Token]] = field(default_factory=list)
     """(the '{', the first token of the statement it opens), innermost last."""
     open_parens: list[Token] = field(default_factory=list)
+    blocks: list[tuple[Token, Token | None]] = field(default_factory=list)
+    """Every block opened so far: (its '{', the first token of its statement)."""
+    closed_by: dict[int, Token] = field(default_factory=dict)
+    """The '}' that closed each block, by the offset of its '{'."""
+    recovered_lines: frozenset[int] = frozenset()
+    """Lines replaced by recovery: their tokens' columns are not the user's."""
+    nested_heads: list[tuple[Token, tuple[tuple[Token, Token | None], ...]]] = field(default_factory=list)
+    """A top-level statement (``model``, ``rule``...) that opened a block inside
+    another block, with the blocks open around it: a sign of a forgotten '}'."""
 
 
 _SESSION: ContextVar[_Session] = ContextVar("kvpolicy_parse_session")
@@ -90,7 +103,10 @@ class PolicyLexer(Lexer):
         alternatives = [f"(?P<{_group(name)}>{regexp})" for _, name, regexp in groups]
         puncts = sorted(punctuation, key=len, reverse=True)
         alternatives.append("(?P<PUNCT>" + "|".join(re.escape(p) for p in puncts) + ")")
-        self.master = re.compile("|".join(alternatives))
+        # Spaces before a token are skipped in the same match: a third of the matches
+        # a policy needs otherwise. (At the end of the text, or before a character
+        # nothing matches, the spaces still match on their own, as the ignored terminal.)
+        self.master = re.compile("[ \t\f]*(?:" + "|".join(alternatives) + ")")
         self.group_names = {_group(name): name for _, name, _ in groups}
 
     def lex(self, lexer_state, parser_state) -> Iterator[Token]:  # type: ignore[override]
@@ -108,23 +124,28 @@ class PolicyLexer(Lexer):
         line, line_start, pos, end_of_text = 1, 0, 0, len(text)
         parens = session.open_parens
         statement_head: Token | None = None
+        nots = 0  # 'not's in a row: each nests the condition one level deeper
+        after_sep = False
+        new_token = _NEW_TOKEN
         while pos < end_of_text:
             m = match(text, pos)
             if m is None:
                 raise BadCharacter(line, pos - line_start + 1, text[pos])
-            kind = names.get(m.lastgroup, m.lastgroup)
-            value = m.group()
+            group = m.lastgroup
+            kind = names.get(group, group)
+            value = m.group(group)
             end = m.end()
+            pos = end - len(value)  # where the token starts, after any spaces
             col = pos - line_start + 1
             if kind in ignored:
                 if kind == "COMMENT":
                     session.comments.append(
-                        Token("COMMENT", value, pos, line, col, line, col + len(value), end)
+                        new_token("COMMENT", value, pos, line, col, line, col + len(value), end)
                     )
                 pos = end
                 continue
             if kind == "_SEP":
-                token = Token("_SEP", value, pos, line, col, line, col + 1, end)
+                token = None if after_sep else new_token("_SEP", value, pos, line, col, line, col + 1, end)
                 if value != ";":
                     line += 1
                     line_start = end
@@ -133,9 +154,14 @@ class PolicyLexer(Lexer):
                         continue
                 pos = end
                 statement_head = None
-                history.append(token)
-                yield token
+                # A run of separators (blank lines, comment lines, ';' at a line's end)
+                # is passed on as one: the grammar takes any number wherever it takes one.
+                if token is not None:
+                    after_sep = True
+                    history.append(token)
+                    yield token
                 continue
+            after_sep = False
             if kind == "NAME":
                 keyword = keywords.get(value)
                 if keyword is not None and (
@@ -145,27 +171,40 @@ class PolicyLexer(Lexer):
                     kind = keyword
             elif kind == "PUNCT":
                 kind = punctuation[value]
-            token = Token(kind, value, pos, line, col, line, col + len(value), end)
+            token = new_token(kind, value, pos, line, col, line, col + len(value), end)
             if statement_head is None:
                 statement_head = token
+            if kind == "NOT":
+                nots += 1
+                if nots + len(parens) > MAX_NESTING:
+                    raise NestingTooDeep(token, f"conditions nested more than {MAX_NESTING} deep")
+            elif value != "(":
+                nots = 0
             if value == "(":
                 parens.append(token)
-                if len(parens) > MAX_NESTING:
+                if len(parens) + nots > MAX_NESTING:
                     raise NestingTooDeep(token, f"parentheses nested more than {MAX_NESTING} deep")
             elif value == ")" and parens:
                 parens.pop()
             elif value == "{":
+                if session.open_braces and statement_head is not None and statement_head.value in TOP_LEVEL_BLOCKS:
+                    session.nested_heads.append((statement_head, tuple(session.open_braces)))
                 session.open_braces.append((token, statement_head))
+                session.blocks.append((token, statement_head))
                 if len(session.open_braces) > MAX_NESTING:
                     raise NestingTooDeep(token, f"blocks nested more than {MAX_NESTING} deep")
                 statement_head = None
             elif value == "}":
                 if session.open_braces:
-                    session.open_braces.pop()
+                    session.closed_by[session.open_braces.pop()[0].start_pos] = token
                 statement_head = None
             pos = end
             history.append(token)
             yield token
+
+
+_NEW_TOKEN = getattr(Token, "_future_new", Token)
+"""Lark's Token constructor without its check for a deprecated keyword (a third of the cost)."""
 
 
 def _would_shift(states, stack: list, token_type: str) -> bool:
@@ -175,6 +214,9 @@ def _would_shift(states, stack: list, token_type: str) -> bool:
     (for a reduction) even where, after the reductions, the keyword is invalid;
     replaying the reductions on a copy of the stack gives the exact answer.
     """
+    action = states[stack[-1]].get(token_type)
+    if action is None or action[0] is Shift:  # most words: decided without a copy of the stack
+        return action is not None
     stack = list(stack)
     while True:
         action = states[stack[-1]].get(token_type)
@@ -203,6 +245,24 @@ def parser() -> Lark:
     )
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a policy is parsed and built.
+
+    Parsing allocates tens of thousands of small objects (tokens, tree nodes,
+    model nodes) that hold no reference cycles; the collector would scan the
+    growing heap again and again for nothing to free, which makes a 10,000-line
+    policy take twice as long. Reference counting still frees everything.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 @dataclass
 class SyntaxResult:
     """A parse tree (of the text with broken lines replaced, when there were errors),
@@ -211,21 +271,25 @@ class SyntaxResult:
     tree: Tree | None
     comments: list[Token]
     diagnostics: list[Diagnostic]
+    kinds: list[str] = field(default_factory=list)
+    """The kind of each syntax error found, in the order found (``syntax_messages.ERROR_EXAMPLES``)."""
 
 
 def parse_tree(text: str, file: str) -> SyntaxResult:
     """Parse ``text``; on syntax errors, recover line by line and report each one."""
     from kvpolicy.policy.syntax_messages import Failure, explain_failure
 
-    lines = text.split("\n")
+    original = text.split("\n")
+    lines = list(original)
     diagnostics: list[Diagnostic] = []
+    kinds: list[str] = []
     recovered: set[int] = set()
     while len(diagnostics) < MAX_ERRORS:
-        session = _Session()
+        session = _Session(recovered_lines=frozenset(recovered))
         reset = _SESSION.set(session)
         try:
             tree = parser().parse("\n".join(lines))
-            return SyntaxResult(tree, session.comments, diagnostics)
+            return SyntaxResult(tree, session.comments, diagnostics, kinds)
         except (UnexpectedToken, BadCharacter, NestingTooDeep) as exc:
             failure: Failure = explain_failure(exc, session, lines, file)
         finally:
@@ -233,7 +297,9 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
         line = failure.recover_line
         if line in recovered:
             break  # the placeholder did not help: the first report stands
-        diagnostics.append(failure.diagnostic)
+        for diagnostic in (failure.diagnostic, *failure.also):
+            diagnostics.append(_inside(diagnostic, original))
+        kinds.append(failure.kind)
         if line is None:
             break
         recovered.add(line)
@@ -242,7 +308,21 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
         else:
             open_before = sum(1 for brace, _ in session.open_braces if brace.line < line)
             lines[line - 1] = _placeholder(lines[line - 1], open_before)
-    return SyntaxResult(None, [], diagnostics)
+    return SyntaxResult(None, [], diagnostics, kinds)
+
+
+def _inside(diagnostic: Diagnostic, lines: list[str]) -> Diagnostic:
+    """``diagnostic`` with its position inside the original text (a position found in
+    a line that recovery replaced can lie past that line's end)."""
+    line = min(diagnostic.line, len(lines))
+    col = min(diagnostic.col, len(lines[line - 1]) + 1)
+    end_line = min(max(diagnostic.end_line, line), len(lines))
+    end_col = min(diagnostic.end_col, len(lines[end_line - 1]) + 1)
+    if (end_line, end_col) <= (line, col):
+        end_line, end_col = line, col + 1
+    if (line, col, end_line, end_col) == (diagnostic.line, diagnostic.col, diagnostic.end_line, diagnostic.end_col):
+        return diagnostic
+    return diagnostic.model_copy(update={"line": line, "col": col, "end_line": end_line, "end_col": end_col})
 
 
 def _placeholder(line: str, open_before: int) -> str:
@@ -259,4 +339,5 @@ def _placeholder(line: str, open_before: int) -> str:
                 opens -= 1
             elif closes < open_before:
                 closes += 1
-    return "}" * closes + (f"{RECOVERED} {{" if opens else "") + "{" * max(0, opens - 1)
+    indent = line[: len(line) - len(line.lstrip())]  # kept: indentation tells where blocks end
+    return indent + "}" * closes + (f"{RECOVERED} {{" if opens else "") + "{" * max(0, opens - 1)

@@ -17,8 +17,12 @@ from lark import Token
 from lark.exceptions import UnexpectedToken
 
 from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
+from kvpolicy.lint.rules.unknown_field import UnknownField
+from kvpolicy.lint.rules.unknown_unit import UnknownUnit
+from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
 from kvpolicy.policy.errors import Diagnostic, Span
 from kvpolicy.policy.syntax import RECOVERED, BadCharacter, NestingTooDeep, _Session, parser
+from kvpolicy.policy.vocabulary import UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -45,6 +49,9 @@ EXAMPLES = {
     "rule": 'rule "idle-reclaim" { ... }',
     "gpu": 'gpu "cuda:0" { ... }',
     "defaults": "defaults { headroom 2 GiB }",
+    "and": "when gpu.free < 8 GiB and model.idle > 60s",
+    "or": "when gpu.free < 8 GiB or model.idle > 10m",
+    "not": "when not model.engine == vllm",
 }
 
 # Kinds of syntax error, each with inputs that produce it (checked by the tests).
@@ -55,15 +62,27 @@ ERROR_EXAMPLES: dict[str, tuple[str, ...]] = {
     "unquoted-name": ("version 1\nmodel qwen {\n}\n", "version 1\nrule idle { }\n"),
     "missing-selector": ("version 1\ngpu { headroom 1 GiB }\n",),
     "quoted-word": ('version 1\nmodel "a" { engine "vllm" }\n',),
-    "missing-close-brace": ('version 1\nmodel "a" {\n  priority 1\n', 'version 1\nmodel "a" {\n  priority 1\nmodel "b" {}\n'),
+    "missing-close-brace": (
+        'version 1\nmodel "a" {\n  priority 1\n',
+        'version 1\nmodel "a" {\n  priority 1\nmodel "b" {}\n',
+        'version 1\nmodel "a" {\n  priority 1\nrule "r" {\n  when gpu.free < 1 GiB\n}\n',
+        'version 1\nmodel "a" {\n  pool swa {\n    owner runtime\n\n  priority 1\n}\n',
+    ),
     "missing-close-paren": ('version 1\nrule "r" {\n  when (gpu.free < 8 GiB\n  shrink to min\n}\n',),
     "unmatched-close-brace": ("version 1\n}\n",),
+    "unmatched-close-paren": ('version 1\nrule "r" { when gpu.free < 8 GiB) }\n',),
     "two-statements": ('version 1\nmodel "a" { priority 1 weight 2 }\n', "version 1\nrule \"r\" { when gpu.free < 8 GiB gpu.used }\n"),
     "missing-to": ('version 1\nrule "r" { shrink min }\n',),
     "bad-character": ('version 1\nmodel "a" { reserve 40 @ }\n',),
     "unterminated-string": ('version 1\nmodel "a\n',),
-    "too-deep": ("version 1\nrule \"r\" { when " + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n",),
+    "too-deep": ('version 1\nrule "r" { when ' + "not " * 40 + "gpu.free < 1 GiB }\n", "version 1\nrule \"r\" { when " + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n",),
     "wrong-value": ('version 1\nmodel "a" { engine 5 }\n', 'version 1\nrule "r" { order , }\n'),
+    "keyword-as-unit": ('version 1\nrule "r" { grace 5 min }\n',),
+    "chained-comparison": ('version 1\nrule "r" { when 1 GiB < gpu.free < 8 GiB }\n',),
+    "misplaced-statement": (
+        'version 1\nmodel "a" { when gpu.free < 8 GiB }\n',
+        'version 1\nrule "r" {\n  whn gpu.free < 8 GiB\n}\n',
+    ),
     "unexpected": ('version 1\nrule "r" { when gpu.free 5 }\n',),
 }
 
@@ -76,6 +95,20 @@ _TOKEN_WORDS = {
     "COMPARE": "a comparison (<, <=, >, >=, ==, !=)",
     "$END": "the end of the file",
 }
+_VALUE_WORDS = {
+    "version": "a version number",
+    "priority": "a number",
+    "weight": "a number",
+    "reserve": "a size",
+    "capacity": "a size",
+    "chunk": "a size",
+    "headroom": "a size or a percentage",
+    "min": "a size or a percentage",
+    "max": "a size or a percentage",
+    "grace": "a duration",
+    "cooldown": "a duration",
+}
+"""What each setting's number is, for "'grace' needs a duration"."""
 _VALUE_TYPES = {"QUANTITY", "STRING", "NAME", "ATTRIBUTE", "STAR", "LPAR", "NOT"}
 _STATEMENT_END = {"_SEP", "RBRACE", "$END"}
 
@@ -88,6 +121,8 @@ class Failure:
     """The line to replace before parsing again; None: stop reporting."""
     replacement: str | None = None
     """What replaces that line; None: a placeholder that keeps its braces balanced."""
+    also: tuple[Diagnostic, ...] = ()
+    """More errors found at once (e.g. several blocks left open at the end)."""
 
 
 def explain_failure(exc: Exception, session: _Session, lines: list[str], file: str) -> Failure:
@@ -123,6 +158,11 @@ class _Explainer:
         line = (None if self.at_end else self.token.line) if recover is True else (recover or None)
         return Failure(kind, SyntaxErrorRule.at(self.file, span, message, hint), line, replacement)
 
+    def fail_with(self, rule, kind: str, span: Span, message: str, hint: str | None = None) -> Failure:
+        """A failure reported under another rule than syntax-error (it recovers the token's line)."""
+        line = None if self.at_end else self.token.line
+        return Failure(kind, rule.at(self.file, span, message, hint), line)
+
     def explain(self) -> Failure:
         token, expected, previous = self.token, self.expected, self.previous
         prev_word = previous.value if previous is not None else ""
@@ -136,13 +176,19 @@ class _Explainer:
                 f"missing ')' to close the '(' at {paren.line}:{paren.column}",
                 "close every '(' with ')'", recover=paren.line,
             )
+        forgotten = self._forgotten_close_brace()
+        if forgotten is not None:
+            return forgotten
         if self.at_end and "RBRACE" in expected and self.session.open_braces:
             return self._missing_brace()
+        misplaced = self._misplaced_statement()
+        if misplaced is not None:
+            return misplaced
         if token.type in _STATEMENT_END and expected & _VALUE_TYPES and not expected & {"_SEP", "RBRACE"}:
             if previous is not None and previous.type == "COMPARE":
                 return self.fail("missing-operand", self._after(previous), f"missing a value after '{prev_word}'", "e.g. `gpu.free < 8 GiB`")
             if previous is not None and previous.type != "_SEP":
-                return self.fail("missing-value", self._after(previous), f"'{prev_word}' needs {self._words(expected)}", eg)
+                return self.fail("missing-value", self._after(previous), f"{self._setting(prev_word)} needs {self._words(expected)}", eg)
         if expected == {"STRING", "STAR"}:
             return self.fail(
                 "missing-selector", _span(token), f"'gpu' needs a selector, found {_found(token)}",
@@ -150,12 +196,9 @@ class _Explainer:
             )
         if previous is not None and prev_word in EXAMPLES and expected <= _VALUE_TYPES and token.type not in _STATEMENT_END:
             if not (expected == {"STRING"} and token.type == "NAME") and not (expected == {"NAME"} and token.type == "STRING"):
-                return self.fail("wrong-value", _span(token), f"'{prev_word}' needs {self._words(expected)}, found {_found(token)}", eg)
+                return self.fail("wrong-value", _span(token), f"{self._setting(prev_word)} needs {self._words(expected)}, found {_found(token)}", eg)
         if expected == {"STRING"} and token.type == "NAME":
-            return self.fail(
-                "unquoted-name", _span(token), f"names are quoted strings: write \"{token.value}\"",
-                f'e.g. `{prev_word} "{token.value}" {{ ... }}`',
-            )
+            return self._unquoted_name()
         if "LBRACE" in expected and not expected & (_VALUE_TYPES - {"STRING"}):
             return self._missing_open_brace()
         if expected == {"NAME"} and token.type == "STRING":
@@ -164,10 +207,27 @@ class _Explainer:
                 "quoted-word", _span(token), f"'{prev_word}' takes a bare name, not a quoted string",
                 f"write `{prev_word} {bare}`" if _WORD.fullmatch(bare) else eg,
             )
+        if token.type == "RPAR" and not self.session.open_parens:
+            return self.fail("unmatched-close-paren", _span(token), "unmatched ')'", "remove it, or add the '(' it closes")
         if token.type == "RBRACE" and not self.session.open_braces:
             return self.fail("unmatched-close-brace", _span(token), "unmatched '}'", "remove it, or look above for a '}' too many")
         if prev_word == "shrink" and "TO" in expected:
             return self.fail("missing-to", _span(token), f"expected 'to' after 'shrink', found {_found(token)}", "e.g. `shrink to min`")
+        if token.type == "COMPARE" and "_SEP" in expected and self._head_type() == "WHEN":
+            return self.fail(
+                "chained-comparison", _span(token), f"comparisons cannot be chained: unexpected '{token.value}'",
+                "join two comparisons with 'and', e.g. `gpu.free > 1 GiB and gpu.free < 8 GiB`",
+            )
+        if (
+            previous is not None and previous.type == "QUANTITY" and previous.value[-1:].isdigit()
+            and token.value in UNIT_ALIASES and token.line == previous.line
+        ):
+            # `grace 5 min`: a keyword is never read as a unit, so this is not one quantity
+            span = _span(token)
+            return self.fail_with(
+                UnknownUnit, "keyword-as-unit", span, f"unknown unit '{token.value}'",
+                f"did you mean '{UNIT_ALIASES[token.value]}'? (`{previous.value}{UNIT_ALIASES[token.value]}`)",
+            )
         if "_SEP" in expected and token.type not in _STATEMENT_END and previous is not None:
             return self.fail(
                 "two-statements", _span(token),
@@ -177,13 +237,32 @@ class _Explainer:
         return self.fail(
             "unexpected", _span(token) if not self.at_end else _end_of_text(self.lines),
             f"unexpected {_found(token)}; expected {self._words(expected)}",
+            "e.g. `gpu.free < 8 GiB`" if "COMPARE" in expected else None,
+        )
+
+    def _unquoted_name(self) -> Failure:
+        """``model qwen3-8b {``: the name as written (up to the '{'), and a recovery
+        that quotes it, so the block's body is still read and checked."""
+        token, keyword = self.token, self.previous.value if self.previous else ""
+        line = self.lines[token.line - 1]
+        start = token.column - 1
+        word = re.match(r"[^\s{]+", line[start:]).group()
+        rest = line[start + len(word) :]
+        # Quoting shifts what follows by two columns: only when nothing else can be reported there.
+        replacement = line[:start] + f'"{word}"' + rest if rest.strip() in ("{", "{}") else None
+        span = Span(line=token.line, col=token.column, end_line=token.line, end_col=token.column + len(word))
+        return self.fail(
+            "unquoted-name", span, f'names are quoted strings: write "{word}"',
+            f'e.g. `{keyword} "{word}" {{ ... }}`', replacement=replacement,
         )
 
     def _missing_open_brace(self) -> Failure:
         token, previous = self.token, self.previous
         head = self._statement_head()
         keyword = head.value if head is not None and head.type != "NAME" else None
-        header = " ".join(t.value for t in self.history[self.history.index(head):]) if head else ""
+        # by identity: tokens compare equal by their text, and an earlier 'model' is not this one
+        start = next((i for i in range(len(self.history) - 1, -1, -1) if self.history[i] is head), None)
+        header = " ".join(t.value for t in self.history[start:] if t.type != "_SEP") if start is not None else ""
         rest = "\n".join(self.lines[token.line :]) if not self.at_end else ""
         # A block body follows (its '}' is below): parse it as a block, so its
         # lines are not reported again as statements out of place.
@@ -193,27 +272,125 @@ class _Explainer:
             self._after(previous) if previous is not None and token.type in _STATEMENT_END else _span(token),
             f"expected '{{' to open the {keyword} block, found {_found(token)}" if keyword
             else f"expected '{{', found {_found(token)}",
-            f"e.g. `{header} {{`" if header else None,
+            'separate GPU ids with commas: `gpu "cuda:0", "cuda:1" { ... }`' if keyword == "gpu" and token.type == "STRING"
+            else f"e.g. `{header} {{`" if header else None,
             replacement=f"{RECOVERED} {{" if body_follows else "",
         )
 
+    def _forgotten_close_brace(self) -> Failure | None:
+        """A ``model``/``rule``/``gpu``/``defaults`` block inside a block, indented no
+        deeper than the enclosing statements: their '}' was forgotten above it.
+
+        Recovery closes them at the end of the last line of code before it, so the
+        statements below are read (and checked) where they belong.
+        """
+        for head, around in self.session.nested_heads:
+            unclosed = [(brace, outer) for brace, outer in around if (outer or brace).column >= head.column]
+            if not unclosed:
+                continue  # indented deeper: nested on purpose; the builder says it cannot be there
+            where = head.line
+            # Indentation may place the forgotten '}' higher up (a pool's, closing its
+            # model too early): trust it when it accounts for as many blocks.
+            found = [
+                (brace, outer, line) for brace, outer, line in self._unclosed_by_indentation()
+                if brace.start_pos < head.start_pos and line is not None and line <= head.line
+            ]
+            if len(found) == len(unclosed):
+                where = min(line for _, _, line in found)
+                unclosed = [(brace, outer) for brace, outer, line in found if line == where]
+            last = self._last_code_line(unclosed[-1][0].line, where)
+            return self.fail(
+                "missing-close-brace", Span.point(where, _indent(self.lines[where - 1])),
+                _missing_braces_message(unclosed, f"before line {where}"), _missing_braces_hint(unclosed, self.session.recovered_lines),
+                recover=last, replacement=self._code(last) + " }" * len(unclosed),
+            )
+        return None
+
+    def _last_code_line(self, first: int, before: int) -> int:
+        """The last line from ``first`` up to (not including) ``before`` that has code."""
+        for number in range(before - 1, first - 1, -1):
+            if self._code(number).strip():
+                return number
+        return first
+
+    def _code(self, number: int) -> str:
+        """Line ``number`` without its comment."""
+        text = self.lines[number - 1]
+        for comment in self.session.comments:
+            if comment.line == number:
+                return text[: comment.column - 1].rstrip()
+        return text.rstrip()
+
     def _missing_brace(self) -> Failure:
-        brace, head = self.session.open_braces[-1]
-        kind = head.value if head is not None and head.value != RECOVERED else "a"
-        indent = (head or brace).column
-        hint = f"add '}}' to close the block that starts at {brace.line}:{brace.column}"
-        # The first later line indented no deeper than the block's statement is where
-        # the '}' was probably forgotten; without one, it is missing at the end.
-        for number in range(brace.line + 1, len(self.lines) + 1):
+        """The end of the file with blocks still open: say where each '}' is missing.
+
+        Indentation tells where a block was meant to end (the first later line
+        indented no deeper than its statement); where that reading accounts for
+        every open block, each gets its own error. Otherwise the innermost open block
+        gets one.
+        """
+        open_now = self.session.open_braces
+        found = self._unclosed_by_indentation()
+        if len(found) != len(open_now):
+            brace, head = open_now[-1]
+            found = [(brace, head, self._first_line_at_or_left_of((head or brace).column, brace.line))]
+        by_place: dict[int | None, list[tuple[Token, Token | None]]] = {}
+        for brace, head, line in found:
+            by_place.setdefault(line, []).append((brace, head))
+        diagnostics = []
+        for line, blocks in sorted(by_place.items(), key=lambda item: item[0] or len(self.lines) + 1):
+            blocks.sort(key=lambda block: block[0].start_pos)
+            if line is None:
+                span, where = _end_of_text(self.lines), "at the end of the file"
+            else:
+                span, where = Span.point(line, len(self.lines[line - 1]) - len(self.lines[line - 1].lstrip()) + 1), f"before line {line}"
+            diagnostics.append(SyntaxErrorRule.at(self.file, span, _missing_braces_message(blocks, where), _missing_braces_hint(blocks, self.session.recovered_lines)))
+        return Failure("missing-close-brace", diagnostics[0], None, also=tuple(diagnostics[1:]))
+
+    def _unclosed_by_indentation(self) -> list[tuple[Token, Token | None, int | None]]:
+        """Blocks whose '}' is not where their indentation says it should be:
+        (its '{', its statement, the line the '}' belongs before; None: the end)."""
+        found = []
+        for brace, head in self.session.blocks:
+            close = self.session.closed_by.get(brace.start_pos)
+            if close is not None and close.line == brace.line:
+                continue  # a block on one line
+            indent = (head or brace).column
+            line = self._first_line_at_or_left_of(indent, brace.line)
+            closes_there = line is not None and self.lines[line - 1].lstrip().startswith("}") and _indent(self.lines[line - 1]) == indent
+            if close is None:
+                if not closes_there:
+                    found.append((brace, head, line))
+            elif line is not None and close.line >= line and not closes_there:
+                found.append((brace, head, line))
+        return found
+
+    def _first_line_at_or_left_of(self, column: int, after: int) -> int | None:
+        """The first line after ``after`` with code that starts at or left of ``column``."""
+        for number in range(after + 1, len(self.lines) + 1):
             text = self.lines[number - 1]
             stripped = text.lstrip()
-            if not stripped or stripped.startswith(("#", "}")):
+            if not stripped or stripped.startswith("#"):
                 continue
-            if len(text) - len(stripped) + 1 <= indent:
-                message = f"missing '}}' before line {number} to close the {kind} block opened at line {brace.line}"
-                return self.fail("missing-close-brace", Span.point(number, 1), message, hint, recover=False)
-        message = f"missing '}}' at the end of the file to close the {kind} block opened at line {brace.line}"
-        return self.fail("missing-close-brace", _end_of_text(self.lines), message, hint, recover=False)
+            if _indent(text) <= column:
+                return number
+        return None
+
+    def _misplaced_statement(self) -> Failure | None:
+        """An error inside a statement whose first word the block does not take:
+        that word is the mistake (a typo, or a setting of another block)."""
+        head = self._statement_head()
+        if head is None or head.type != "NAME" or head.value == RECOVERED or head is self.token:
+            return None
+        block_head = self.session.open_braces[-1][1] if self.session.open_braces else None
+        if block_head is not None and (block_head.type == "NAME" or block_head.value not in BLOCK_FIELDS):
+            return None  # inside an unknown block: that block's keyword is reported
+        message, hint = unknown_keyword(head.value, block_head.value if block_head is not None else None)
+        return self.fail_with(UnknownField, "misplaced-statement", _span(head), message, hint)
+
+    def _head_type(self) -> str | None:
+        head = self._statement_head()
+        return head.type if head is not None else None
 
     def _statement_head(self) -> Token | None:
         """The first token of the statement being parsed (``model``, ``rule``...)."""
@@ -228,9 +405,19 @@ class _Explainer:
         """The point just after ``token``: where a missing value belongs."""
         return Span.point(token.end_line or token.line, token.end_column or token.column + len(token.value))
 
+    def _setting(self, word: str) -> str:
+        """How a message names the statement that needs a value."""
+        return "'shrink to'" if word == "to" else f"'{word}'"
+
     def _words(self, types: set[str]) -> str:
+        if self.previous is not None and self.previous.type == "TO":
+            return "min, target, a size or a percentage"
+        if types == {"NAME", "ATTRIBUTE"}:  # only `order` takes both, and only to refuse the attribute
+            return "an attribute's short name such as `priority` or `idle`"
         if "ATTRIBUTE" in types and "COMPARE" not in types:
             return "a condition such as `gpu.free < 8 GiB`"
+        if types == {"QUANTITY"} and self.previous is not None and self.previous.value in _VALUE_WORDS:
+            return _VALUE_WORDS[self.previous.value]
         terminals = {t.name: t.pattern.value for t in parser().terminals}
         keywords = sorted(terminals[t] for t in types if t in terminals and _WORD.fullmatch(str(terminals[t])))
         words: list[str] = []
@@ -246,6 +433,30 @@ class _Explainer:
         if not words:
             return "something else"
         return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
+def _indent(text: str) -> int:
+    """The column where the code on a line starts."""
+    return len(text) - len(text.lstrip()) + 1
+
+
+def _block_name(head: Token | None) -> str:
+    return f"the {head.value} block" if head is not None and head.value != RECOVERED else "the block"
+
+
+def _missing_braces_message(blocks: list[tuple[Token, Token | None]], where: str) -> str:
+    """``missing '}' before line 6 to close the pool block opened at line 3`` (innermost first)."""
+    named = [f"{_block_name(head)} opened at line {brace.line}" for brace, head in reversed(blocks)]
+    count = "'}'" if len(blocks) == 1 else f"{len(blocks)} '}}'"
+    return f"missing {count} {where} to close " + " and ".join(named)
+
+
+def _missing_braces_hint(blocks: list[tuple[Token, Token | None]], recovered: frozenset[int]) -> str:
+    if len(blocks) == 1:
+        brace = blocks[0][0]
+        where = f"on line {brace.line}" if brace.line in recovered else f"at {brace.line}:{brace.column}"
+        return f"add '}}' to close the block that starts {where}"
+    return "add one '}' for each block"
 
 
 def _found(token: Token) -> str:
@@ -269,11 +480,27 @@ def _end_of_text(lines: list[str]) -> Span:
     return Span.point(len(lines), len(lines[-1]) + 1)
 
 
+_BAD_CHARACTER_HINTS = {
+    "/": "comments start with '#'",
+    "'": 'strings are in double quotes: "qwen3-8b"',
+    "=": "settings take no '=' (`reserve 40 GiB`); in `when`, compare with '=='",
+    ":": "settings take no ':' (`reserve 40 GiB`); GPU ids are quoted (\"cuda:0\")",
+    "[": 'a list of GPUs is written `gpu "cuda:0", "cuda:1" { ... }`',
+    "]": 'a list of GPUs is written `gpu "cuda:0", "cuda:1" { ... }`',
+    "&": "write 'and'",
+    "|": "write 'or'",
+    "!": "write 'not', or '!=' to compare",
+}
+
+
 def _bad_character(exc: BadCharacter, file: str) -> Failure:
     span = Span.point(exc.line, exc.col)
     if exc.char == '"':
         diagnostic = SyntaxErrorRule.at(file, span, "unterminated string", 'close the string with " on the same line')
         return Failure("unterminated-string", diagnostic, exc.line)
-    shown = repr(exc.char) if not exc.char.isprintable() or exc.char.isspace() else f"'{exc.char}'"
-    hint = "comments start with '#'" if exc.char in "/" else None
+    if not exc.char.isprintable() or exc.char.isspace():
+        shown = f"U+{ord(exc.char):04X}"
+    else:
+        shown = f'"{exc.char}"' if exc.char == "'" else f"'{exc.char}'"
+    hint = _BAD_CHARACTER_HINTS.get(exc.char)
     return Failure("bad-character", SyntaxErrorRule.at(file, span, f"unexpected character {shown}", hint), exc.line)

@@ -13,6 +13,8 @@ RULE_FIELDS = ("when", "order", "shrink", "grace", "cooldown")
 
 OWNERS = ("runtime", "elastic")
 DIRECTIONS = ("asc", "desc")
+DIRECTION_ALIASES = {"ascending": "asc", "descending": "desc", "up": "asc", "down": "desc"}
+"""Spellings of a direction that did-you-mean alone would not catch."""
 SHRINK_TARGETS = ("min", "target")
 
 # Attribute → kind: what a comparison may put on the other side.
@@ -38,3 +40,12 @@ ORDER_KEYS = {name.split(".", 1)[1]: kind for name, kind in MODEL_ATTRIBUTES.ite
 
 SIZE_UNIT_NAMES = tuple(SIZE_UNITS)
 DURATION_UNIT_NAMES = tuple(DURATION_UNITS)
+
+# Units people write that kvpolicy spells differently.
+UNIT_ALIASES = {
+    "msec": "ms", "msecs": "ms", "millisecond": "ms", "milliseconds": "ms",
+    "sec": "s", "secs": "s", "second": "s", "seconds": "s",
+    "min": "m", "mins": "m", "minute": "m", "minutes": "m",
+    "hr": "h", "hrs": "h", "hour": "h", "hours": "h",
+    "byte": "B", "bytes": "B", "percent": "%", "pct": "%",
+}

@@ -156,6 +156,7 @@ TOTALS_RECORD = RecordSpec(
         ("elastic_pending", "Q"),  # Σ pending_i (admitted, not yet committed or rolled back)
         ("guarantees", "Q"),  # Σ g_i over elastic instances
         ("active", "Q"),  # active slots
+        ("unmet_guarantees", "Q"),  # Σ max(0, g_i − mapped_i − pending_i) over elastic instances
     ),
 )
 

@@ -86,6 +86,8 @@ class Totals:
     elastic_pending: int
     guarantees: int
     active: int
+    unmet_guarantees: int = 0
+    """Σ max(0, g_i − held_i): guaranteed memory not yet held, kept free for its owners."""
 
     @property
     def elastic_committed(self) -> int:
@@ -265,6 +267,11 @@ def explain_budget(f: GpuFigures, t: Totals) -> str:
     return f"published A {format_bytes(f.elastic_budget or 0)}, C − H − U − R now {format_bytes(live)}"
 
 
+def _unmet(guarantee: int, held: int) -> int:
+    """The part of a guarantee its instance does not hold yet."""
+    return guarantee - held if guarantee > held else 0
+
+
 def _ns(seconds_ns: int) -> float:
     return seconds_ns / 1e9
 
@@ -409,7 +416,7 @@ class GpuLedger:
 
     def totals(self) -> Totals:
         _, t = self._totals.read(self.seg.mm, self.seg.words)
-        return Totals(t.runtime_reserved, t.elastic_mapped, t.elastic_pending, t.guarantees, t.active)
+        return Totals(t.runtime_reserved, t.elastic_mapped, t.elastic_pending, t.guarantees, t.active, t.unmet_guarantees)
 
     def slot(self, index: int) -> SlotView | None:
         """The instance in slot ``index`` (None if free), read consistently; CorruptSegment if invalid."""
@@ -562,7 +569,7 @@ class GpuLedger:
 
     def _rebuild_totals(self) -> Totals:
         """Σ over the slots, written as the totals record (under the lock)."""
-        runtime = mapped = pending = guarantees = active = 0
+        runtime = mapped = pending = guarantees = active = unmet = 0
         for i in range(self.slot_count):
             v = self.slot(i)
             if v is None:
@@ -571,8 +578,10 @@ class GpuLedger:
             runtime += v.runtime_reserved
             mapped += v.mapped
             pending += v.pending
-            guarantees += v.guarantee if v.elastic else 0
-        t = Totals(runtime, mapped, pending, guarantees, active)
+            if v.elastic:
+                guarantees += v.guarantee
+                unmet += _unmet(v.guarantee, v.mapped + v.pending)
+        t = Totals(runtime, mapped, pending, guarantees, active, unmet)
         self._write_totals(t)
         return t
 
@@ -580,11 +589,17 @@ class GpuLedger:
         self._totals.write(
             self.seg.mm,
             self.seg.words,
-            (t.runtime_reserved, t.elastic_mapped, t.elastic_pending, t.guarantees, t.active),
+            (t.runtime_reserved, t.elastic_mapped, t.elastic_pending, t.guarantees, t.active, t.unmet_guarantees),
         )
 
     def _adjust_totals(
-        self, runtime_reserved: int = 0, elastic_mapped: int = 0, elastic_pending: int = 0, guarantees: int = 0, active: int = 0
+        self,
+        runtime_reserved: int = 0,
+        elastic_mapped: int = 0,
+        elastic_pending: int = 0,
+        guarantees: int = 0,
+        active: int = 0,
+        unmet_guarantees: int = 0,
     ) -> None:
         _, t = self._totals.read(self.seg.mm, self.seg.words)
         values = (
@@ -593,6 +608,7 @@ class GpuLedger:
             t.elastic_pending + elastic_pending,
             t.guarantees + guarantees,
             t.active + active,
+            t.unmet_guarantees + unmet_guarantees,
         )
         assert min(values) >= 0, f"totals went negative: {values} (ledger bug)"
         self._totals.write(self.seg.mm, self.seg.words, values)
@@ -729,7 +745,9 @@ class GpuLedger:
                     **raw,
                 ),
             )
-            self._adjust_totals(active=1, guarantees=guarantee if elastic else 0)
+            self._adjust_totals(
+                active=1, guarantees=guarantee if elastic else 0, unmet_guarantees=guarantee if elastic else 0
+            )
             return Claim(free, epoch, seq)
 
     def free(self, claim: Claim) -> None:
@@ -752,7 +770,8 @@ class GpuLedger:
                 return claim
             seq = ident_rec.write(mm, words, ident._replace(flags=ident.flags | L.FLAG_ELASTIC))
             _, pub = pub_rec.read(mm, words)
-            self._adjust_totals(guarantees=pub.guarantee)
+            _, use = self._slots[claim.index][2].read(mm, words)
+            self._adjust_totals(guarantees=pub.guarantee, unmet_guarantees=_unmet(pub.guarantee, use.mapped + use.pending))
             return Claim(claim.index, claim.epoch, seq)
 
     # --- static admission ------------------------------------------------------------------------
@@ -873,21 +892,29 @@ class GpuLedger:
         if nbytes < 0:
             raise LedgerError(f"kvpolicy ledger: cannot admit {nbytes} bytes")
         mm, words = self.seg.mm, self.seg.words
-        _, pub_rec, use_rec, _ = self._slots[claim.index]
+        ident_rec, pub_rec, use_rec, _ = self._slots[claim.index]
         with self._change():
             self._own(claim)
             _, pub = pub_rec.read(mm, words)
             _, use = use_rec.read(mm, words)
             mine = use.mapped + use.pending
+            guarantee = self._counted_guarantee(ident_rec, pub_rec)
             if mine + nbytes > pub.limit:
                 return Refusal(nbytes, "limit", pub.limit, mine, 0, 0, "")
             t = self.totals()
             f = self.figures()
             budget = elastic_budget(f, t)
-            if t.elastic_committed + nbytes > budget:
-                return Refusal(nbytes, "budget", pub.limit, mine, budget, t.elastic_committed, explain_budget(f, t))
+            # What others are guaranteed but do not hold yet stays theirs: two instances growing
+            # at once cannot take a third one's guarantee between them.
+            unmet_before = _unmet(guarantee, mine)
+            others_unmet = t.unmet_guarantees - unmet_before
+            if t.elastic_committed + nbytes + others_unmet > budget:
+                why = explain_budget(f, t)
+                if others_unmet:
+                    why += f"; {format_bytes(others_unmet)} of it is guaranteed to other instances and not yet theirs"
+                return Refusal(nbytes, "budget", pub.limit, mine, budget, t.elastic_committed + others_unmet, why)
             use_rec.write(mm, words, use._replace(pending=use.pending + nbytes, updated_at_ns=time.time_ns()))
-            self._adjust_totals(elastic_pending=nbytes)
+            self._adjust_totals(elastic_pending=nbytes, unmet_guarantees=_unmet(guarantee, mine + nbytes) - unmet_before)
             return None
 
     def settle_elastic(self, claim: Claim, *, commit: int = 0, rollback: int = 0, release: int = 0) -> None:
@@ -895,7 +922,7 @@ class GpuLedger:
         if min(commit, rollback, release) < 0:
             raise LedgerError(f"kvpolicy ledger: negative byte count (commit {commit}, rollback {rollback}, release {release})")
         mm, words = self.seg.mm, self.seg.words
-        use_rec = self._slots[claim.index][2]
+        ident_rec, pub_rec, use_rec, _ = self._slots[claim.index]
         with self._change():
             self._own(claim)
             _, use = use_rec.read(mm, words)
@@ -917,7 +944,21 @@ class GpuLedger:
                     updated_at_ns=time.time_ns(),
                 ),
             )
-            self._adjust_totals(elastic_pending=-commit - rollback, elastic_mapped=commit - release)
+            held = use.mapped + use.pending
+            g = self._counted_guarantee(ident_rec, pub_rec)
+            self._adjust_totals(
+                elastic_pending=-commit - rollback,
+                elastic_mapped=commit - release,
+                unmet_guarantees=_unmet(g, held - rollback - release) - _unmet(g, held),
+            )
+
+    def _counted_guarantee(self, ident_rec, pub_rec) -> int:
+        """The slot's guarantee as the totals count it: only elastic instances have one."""
+        mm, words = self.seg.mm, self.seg.words
+        _, ident = ident_rec.read(mm, words)
+        if not ident.flags & L.FLAG_ELASTIC:
+            return 0
+        return pub_rec.read(mm, words)[1].guarantee
 
     def report_usage(self, claim: Claim, used: int) -> None:
         mm, words = self.seg.mm, self.seg.words
@@ -983,7 +1024,12 @@ class GpuLedger:
                     epoch=epoch, revision=revision, limit=lim.limit, target=lim.target,
                     guarantee=lim.guarantee, published_at_ns=now))
                 if ident.flags & L.FLAG_ELASTIC and lim.guarantee != old.guarantee:
-                    self._adjust_totals(guarantees=lim.guarantee - old.guarantee)
+                    _, use = self._slots[index][2].read(mm, words)
+                    held = use.mapped + use.pending
+                    self._adjust_totals(
+                        guarantees=lim.guarantee - old.guarantee,
+                        unmet_guarantees=_unmet(lim.guarantee, held) - _unmet(old.guarantee, held),
+                    )
         return skipped
 
 

@@ -16,6 +16,7 @@ def slot_sums(led: GpuLedger) -> Totals:
         elastic_pending=sum(v.pending for v in views),
         guarantees=sum(v.guarantee for v in views if v.elastic),
         active=len(views),
+        unmet_guarantees=sum(max(0, v.guarantee - v.mapped - v.pending) for v in views if v.elastic),
     )
 
 

@@ -343,3 +343,28 @@ def test_limit_source_marks_the_slot_elastic_and_counts_its_guarantee(make, ledg
     assert inst.snapshot().elastic and led.totals().guarantees == GiB
     inst.admit_static(0, capacity=4 * GiB)  # the claim moved on; the instance still owns its slot
     led.close()
+
+
+def test_two_growing_instances_cannot_take_a_third_ones_guarantee(make, ledger_dir: Path) -> None:
+    # A = 10 GiB; c is guaranteed 4 GiB, so a and b may each grow to 10 - 4 = 6 GiB alone,
+    # but together only to the 6 GiB that is not c's.
+    a = make(model="a", elastic=True).limit_source()
+    b = make(model="b", elastic=True).limit_source()
+    c = make(model="c", elastic=True).limit_source()
+    publish(ledger_dir, 1, GpuLimits(capacity=10 * GiB, headroom=0, other_used=0, elastic_budget=10 * GiB),
+            **{"a/0": InstanceLimits(limit=6 * GiB, target=3 * GiB, guarantee=0),
+               "b/0": InstanceLimits(limit=6 * GiB, target=3 * GiB, guarantee=0),
+               "c/0": InstanceLimits(limit=10 * GiB, target=4 * GiB, guarantee=4 * GiB)})
+    for inst in (a, b):
+        assert inst.admit(3 * GiB)
+        inst.commit(3 * GiB)
+    assert not a.admit(CHUNK)  # within a's limit, but the rest of the budget is c's guarantee
+    assert a.last_refusal.reason == "budget" and "guaranteed to other instances" in a.last_refusal.figures
+    assert c.admit(4 * GiB)  # c finds all of its guarantee
+    c.commit(4 * GiB)
+    assert audit_locked(GpuLedger.open(ledger_dir, "cuda:0")).unmet_guarantees == 0
+    c.release(2 * GiB)  # c holds 2 of its 4: 2 GiB stay kept for it
+    assert not b.admit(CHUNK)
+    assert c.admit(2 * GiB)
+    c.rollback(2 * GiB)
+    assert audit_locked(GpuLedger.open(ledger_dir, "cuda:0")).unmet_guarantees == 2 * GiB

@@ -110,6 +110,12 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.mark.skipif(_cuda_available(), reason="checks a machine without a GPU")
+def test_measure_gpu_without_a_driver_library_is_none() -> None:
+    # cuda-python 13 raises (a RuntimeError) when it cannot load libcuda; measure_gpu says "no figures".
+    assert engines.measure_gpu() is None
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and torch")
 def test_measure_gpu_on_a_real_device_matches_cuMemGetInfo(ledger_dir: Path) -> None:

@@ -21,6 +21,7 @@ class IncompleteRule(Rule):
     ```
     rule "idle-reclaim" {
       when model.idle > 60s
+      grace 30s
     }
     ```
 
@@ -46,16 +47,10 @@ class IncompleteRule(Rule):
                 for present, example in ((rule.when, "when model.idle > 60s"), (rule.shrink_to, "shrink to min"))
                 if present is None
             ]
-            if missing and not _has_broken_part(ctx, rule):
+            if missing and not ctx.reported_within(rule):
                 what = " and ".join(f"'{m.split()[0]}'" for m in missing)
                 yield self.at(
                     ctx.file, rule.name.span, f"rule {rule.name.value!r} has no {what}",
                     "add " + " and ".join(f"`{m}`" for m in missing),
                 )
 
-
-def _has_broken_part(ctx: LintContext, rule) -> bool:
-    """A `when` or `shrink` that failed to build was already reported; don't report it twice."""
-    return any(
-        rule.span.line <= d.line <= rule.span.end_line for d in ctx.parse_diagnostics
-    )

@@ -35,8 +35,8 @@ class NegativeSize(Rule):
     suppressible = False
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
-        for node in ctx.nodes:
+        for node in ctx.nodes_of(SizeLit, PercentLit):
             if isinstance(node, SizeLit) and node.bytes < 0:
-                yield self.at(ctx.file, node.span, f"a size cannot be negative ({node.text})", f"write {node.text.lstrip('-')}")
+                yield self.at(ctx.file, node.span, f"a size cannot be negative ({node.text})", f"did you mean `{node.text.lstrip('-')}`?")
             elif isinstance(node, PercentLit) and node.percent < 0:
                 yield self.at(ctx.file, node.span, f"a percentage cannot be negative ({node.text})")

@@ -54,6 +54,6 @@ class OutOfRange(Rule):
                         ctx.file, value.span, f"{setting} {value.value} is outside {low}..{high}",
                         f"use a {setting} from {low} to {high}",
                     )
-        for node in ctx.nodes:
+        for node in ctx.nodes_of(SizeLit):
             if isinstance(node, SizeLit) and node.bytes > MAX_SIZE:
                 yield self.at(ctx.file, node.span, f"{node.text} is too large", "sizes stay below 8 EiB")

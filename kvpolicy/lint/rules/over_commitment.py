@@ -65,7 +65,7 @@ class OverCommitment(Rule):
                     span = demand.block.name.span if demand.block else Span.point(1, 1)
                     yield self.at(
                         ctx.file, span,
-                        f"over-committed on {gpu_id}: min {format_bytes(mins)} + reserve "
+                        f"over-committed on {'each GPU' if gpu_id == '*' else gpu_id}: min {format_bytes(mins)} + reserve "
                         f"{format_bytes(reserves)} + headroom {format_bytes(headroom)} = "
                         f"{format_bytes(mins + reserves + headroom)} > capacity {format_bytes(capacity)}"
                         + (f" - other use {format_bytes(other)}" if other else ""),

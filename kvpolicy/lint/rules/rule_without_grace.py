@@ -41,7 +41,7 @@ class RuleWithoutGrace(Rule):
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for rule in ctx.policy.rules:
-            if rule.grace is None:
+            if rule.grace is None and not ctx.reported_within(rule):
                 yield self.at(
                     ctx.file, rule.name.span, f"rule {rule.name.value!r} has no 'grace': it acts at once",
                     "add e.g. `grace 30s`, or `grace 0s` to act at once on purpose",

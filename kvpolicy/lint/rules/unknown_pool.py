@@ -1,6 +1,6 @@
 from collections.abc import Iterator
 
-from kvpolicy.engines import pool_vocabulary
+from kvpolicy.engines import ENGINES, pool_vocabulary
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
 from kvpolicy.policy.errors import Diagnostic, Severity
@@ -48,8 +48,9 @@ class UnknownPool(Rule):
             vocabulary = pool_vocabulary(engine)
             for pool in model.pools:
                 if pool.name.value not in vocabulary:
-                    owner = f"engine {engine}" if engine else "any engine"
+                    known = engine in ENGINES
+                    message = f"engine {engine} has no pool" if known else "no engine has a pool named"
                     yield self.at(
-                        ctx.file, pool.name.span, f"{owner} has no pool '{pool.name.value}'",
+                        ctx.file, pool.name.span, f"{message} '{pool.name.value}'",
                         did_you_mean(pool.name.value, sorted(vocabulary)) or "expected one of " + ", ".join(sorted(vocabulary)),
                     )

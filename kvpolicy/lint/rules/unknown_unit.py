@@ -17,12 +17,12 @@ class UnknownUnit(Rule):
 
     ## Example
     ```
-    reserve 40 GiBB
+    model "qwen3-8b" { reserve 40 GiBB }
     ```
 
     ## Use instead
     ```
-    reserve 40 GiB
+    model "qwen3-8b" { reserve 40 GiB }
     ```
     """
 

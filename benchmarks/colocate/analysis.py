@@ -1,0 +1,90 @@
+"""Figures derived from one mode's records: reload latency, reclaim times, the budget check.
+
+Pure functions over the JSON the tenants and the driver wrote (no processes, no GPU),
+so ``--combine`` can recompute them from fetched files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reload_metrics(reload: dict[str, Any], decisions: list[dict[str, Any]], tenants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """From the save to the controller's publish of the edited policy, and to every tenant acting on it.
+
+    ``acked``: the tenant's pool read the new revision and acknowledged it (applied or
+    deferred) — the new limits are in force. ``applied``: its pool holds no more than the
+    new limit (a deferral completed): the memory has moved.
+    """
+    saved = reload["saved_at"]
+    sha = reload["sha256"][:12]
+    published = next((d for d in decisions if d.get("published") and d.get("policy_sha256") == sha), None)
+    out: dict[str, Any] = {"saved_at": saved, "policy_sha256": sha}
+    if published is None:
+        out["error"] = "the controller never published the edited policy"
+        return out
+    revision = published["revision"]
+    out["revision"] = revision
+    out["publish_ms"] = round((published["at"] - saved) * 1000, 1)  # the log's clock has ms resolution
+    acked: dict[str, float | None] = {}
+    applied: dict[str, float | None] = {}
+    for name, t in tenants.items():
+        seen = [r for r in t.get("revisions", []) if r["revision"] >= revision]
+        acked[name] = round((seen[0]["at"] - saved) * 1000, 1) if seen else None
+        done = [r for r in seen if not r["deferred"]]
+        applied[name] = round((done[0]["at"] - saved) * 1000, 1) if done else None
+    out["acked_ms"] = acked
+    out["applied_ms"] = applied
+    out["reload_to_acked_ms"] = None if None in acked.values() else max(acked.values())
+    out["reload_to_applied_ms"] = None if None in applied.values() else max(applied.values())
+    return out
+
+
+def _columns(tenant: dict[str, Any]) -> dict[str, int]:
+    return {name: i for i, name in enumerate(tenant["samples"]["columns"])}
+
+
+def reclaim_transitions(tenant: dict[str, Any], below: int, guarantee: int, grace: float) -> dict[str, Any]:
+    """Each time the tenant's use fell below the idle rule's threshold: how long until its memory was back to its guarantee.
+
+    Start: the first sample with ``used < below`` after one with ``used ≥ below`` (the rule's
+    condition starts to hold). End: the first later sample with ``held ≤ guarantee + one
+    growth step`` (the memory above its guarantee is unmapped and back in the GPU's
+    elastic budget, where another tenant's admission can take it). An episode whose use
+    rose above the threshold again first is ``interrupted``. Goal: grace + 1 s.
+    """
+    col = _columns(tenant)
+    rows = tenant["samples"]["rows"]
+    group = tenant["pool"]["group_bytes"]
+    episodes: list[dict[str, Any]] = []
+    interrupted = 0
+    start: float | None = None
+    above = False
+    for row in rows:
+        t, held, used = row[col["t"]], row[col["held"]], row[col["used"]]
+        if used >= below:
+            if start is not None:
+                interrupted += 1
+            start, above = None, True
+            continue
+        if above:  # fell below the threshold
+            above, start = False, t
+        if start is not None and held <= guarantee + group:
+            episodes.append({"tenant": tenant["name"], "idle_at": start, "reclaimed_at": t, "seconds": round(t - start, 3)})
+            start = None
+    limit = grace + 1.0
+    return {
+        "episodes": episodes,
+        "interrupted": interrupted,
+        "unfinished_at_end": start is not None,
+        "goal_seconds": limit,
+        "max_seconds": max((e["seconds"] for e in episodes), default=None),
+        "within_goal": sum(e["seconds"] <= limit for e in episodes),
+    }
+
+
+def budget_check(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """Over the driver's ledger samples: Σ elastic mapped (and pending) never above the budget."""
+    worst = max((s["elastic_committed"] for s in samples), default=0)
+    over = [s for s in samples if s["elastic_committed"] > budget]
+    return {"samples": len(samples), "budget": budget, "max_committed": worst, "over_budget": len(over)}

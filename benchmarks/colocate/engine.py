@@ -1,0 +1,321 @@
+"""A serving engine's scheduler over a ``BlockPool``: continuous batching, queueing, preemption.
+
+One ``step(now)`` is one engine iteration:
+
+1. requests that arrived join the waiting queue (FIFO); a client whose request waited
+   longer than ``patience_s`` without starting leaves (``abandoned``);
+2. decode: every running request whose next token starts a new block gets one
+   (``alloc`` of all of them at once); when none can be had, the youngest running
+   request is preempted — its blocks freed, itself put back at the head of the queue
+   to be recomputed — until the allocation succeeds. Then every running request
+   generates one token, attention runs over the batch, and finished requests have
+   their KV checked against the pattern written into it and their blocks freed;
+3. admission: waiting requests, oldest first, get the blocks of their prompt (and of
+   the tokens they had generated before a preemption) while the step's prefill token
+   budget lasts; the first that cannot get its blocks stops admission (every request
+   then waiting counts as ``queued``, once). Nothing is admitted in a step that
+   preempted, nor beyond a limit lowered below the pool's use (a deferred shrink: the
+   running requests finish and the memory goes back);
+4. ``pool.sync()``: a new limit or target is applied, memory above the target that no
+   live block holds goes back, usage is reported.
+
+Accounting (checked by the CI test): every request that arrived is completed, abandoned,
+running or waiting at the end. Tokens served are output tokens generated; a preempted
+request keeps the tokens it generated (they are recomputed with its prompt, as engines
+do), so no token is counted twice.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from kvwork import KVWork, block_key
+from traces import Request
+
+from kvpolicy.alloc.blocks import BlockPool
+from kvpolicy.alloc.errors import DeviceOutOfMemory, OutOfBlocks
+
+
+@dataclass(eq=False)
+class Live:
+    """A request inside the engine."""
+
+    req: Request
+    generated: int = 0
+    blocks: np.ndarray | None = None
+    n_blocks: int = 0
+    started: bool = False
+    waited: bool = False
+
+    @property
+    def context(self) -> int:
+        return self.req.prompt + self.generated
+
+
+@dataclass
+class Counters:
+    arrived: int = 0
+    admitted: int = 0
+    completed: int = 0
+    abandoned: int = 0
+    queued: int = 0
+    """Requests that waited in the queue, at least once, while the pool could not give memory."""
+    preempted: int = 0
+    """Preemptions (a request preempted twice counts twice)."""
+    tokens: int = 0
+    corrupted: int = 0
+    """Requests whose KV did not read back as written."""
+    checked: int = 0
+    completed_output: int = 0
+    """Output tokens of the completed requests."""
+    oom: int = 0
+    """Physical out-of-memory: DeviceOutOfMemory from the driver or a CUDA OOM from torch."""
+    refusals: dict[str, int] = field(default_factory=dict)
+    """Allocation refusals by reason (limit, admission, capacity, device)."""
+
+
+class Engine:
+    def __init__(
+        self,
+        pool: BlockPool,
+        work: KVWork,
+        requests: list[Request],
+        *,
+        block_tokens: int,
+        max_request_blocks: int,
+        prefill_tokens_per_step: int,
+        max_running: int,
+        patience_s: float | None,
+        is_oom: Callable[[BaseException], bool] = lambda exc: False,
+    ) -> None:
+        self.pool = pool
+        self.work = work
+        self.requests = requests
+        self.bt = block_tokens
+        self.max_request_blocks = max_request_blocks
+        self.prefill_budget = prefill_tokens_per_step
+        self.max_running = max_running
+        self.patience = patience_s
+        self.is_oom = is_oom
+        self.waiting: deque[Live] = deque()
+        self.running: list[Live] = []
+        self.next_arrival = 0
+        self.c = Counters()
+        self.step_seconds: list[float] = []
+        self.last_stats = None
+        """What the pool's ``sync()`` said at the end of the last step."""
+
+    # -- one iteration ----------------------------------------------------------------------
+    def step(self, now: float) -> None:
+        """One engine iteration at ``now`` seconds into the run (see the module docstring)."""
+        started = time.perf_counter()
+        self._arrivals(now)
+        preempted = self._decode()
+        if not preempted:
+            self._admit()
+        self.last_stats = self.pool.sync()
+        self.work.synchronize()
+        self.step_seconds.append(time.perf_counter() - started)
+
+    def _arrivals(self, now: float) -> None:
+        reqs = self.requests
+        while self.next_arrival < len(reqs) and reqs[self.next_arrival].arrival <= now:
+            self.waiting.append(Live(reqs[self.next_arrival]))
+            self.next_arrival += 1
+            self.c.arrived += 1
+        if self.patience is not None and self.waiting:
+            deadline = now - self.patience
+            if any(not r.started and r.req.arrival < deadline for r in self.waiting):
+                kept = deque(r for r in self.waiting if r.started or r.req.arrival >= deadline)
+                self.c.abandoned += len(self.waiting) - len(kept)
+                self.waiting = kept
+
+    def _decode(self) -> bool:
+        """Append blocks, generate a token per running request, attend, finish; True if it preempted."""
+        bt = self.bt
+        writes_b: list[int] = []
+        writes_k: list[int] = []
+        need = [r for r in self.running if r.context % bt == 0]
+        preempted = False
+        while need:
+            try:
+                ids = self._alloc(len(need))
+            except OutOfBlocks:
+                victim = self.running.pop()  # the youngest: the least work lost
+                self._preempt(victim)
+                preempted = True
+                if victim in need:
+                    need.remove(victim)
+                continue
+            for r, b in zip(need, ids):
+                self._append(r, b, writes_b, writes_k)
+            break
+        # The new blocks are written before anything reads them (attention, the check of a
+        # request that finishes in this very step) and before they can be freed and reused.
+        self._guard(self.work.write, writes_b, writes_k)
+        if not self.running:
+            return preempted
+        for r in self.running:
+            r.generated += 1
+        self.c.tokens += len(self.running)
+        self._guard(self.work.attend, [r.blocks[: r.n_blocks] for r in self.running], [r.context for r in self.running])
+        done = [r for r in self.running if r.generated >= r.req.output]
+        if done:
+            self.running = [r for r in self.running if r.generated < r.req.output]
+            self.check(done)
+            for r in done:
+                self.pool.free(r.blocks[: r.n_blocks].tolist())
+                r.blocks = None
+            self.c.completed += len(done)
+            self.c.completed_output += sum(r.req.output for r in done)
+        return preempted
+
+    def _admit(self) -> None:
+        budget = self.prefill_budget
+        writes_b: list[int] = []
+        writes_k: list[int] = []
+        # Under a limit lowered below what the pool holds (a deferred shrink), the free blocks
+        # inside the held chunks are not for new requests: the running ones finish, their chunks
+        # empty and go back. So admission also keeps the blocks in use within the limit.
+        stats = self.last_stats
+        room = stats.limit - self.pool.used_bytes if stats is not None and stats.deferred else None
+        while self.waiting and len(self.running) < self.max_running:
+            r = self.waiting[0]
+            tokens = r.context
+            if tokens > budget and budget < self.prefill_budget:
+                break  # a long prompt waits for a step of its own
+            n = -(-tokens // self.bt)
+            if room is not None and n * self.pool.block_bytes > room:
+                self._refused("deferred")
+                self._blocked()
+                break
+            try:
+                ids = self._alloc(n)
+            except OutOfBlocks:
+                self._blocked()
+                break
+            if room is not None:
+                room -= n * self.pool.block_bytes
+            self.waiting.popleft()
+            if r.blocks is None:
+                r.blocks = np.empty(self.max_request_blocks, dtype=np.int64)
+            r.n_blocks = 0
+            for b in ids:
+                self._append(r, b, writes_b, writes_k)
+            if not r.started:
+                r.started = True
+                self.c.admitted += 1
+            self.running.append(r)
+            budget -= tokens
+        self._guard(self.work.write, writes_b, writes_k)
+
+    def _blocked(self) -> None:
+        """Admission stopped for lack of memory: every request waiting now waits for memory."""
+        for r in self.waiting:
+            if not r.waited:
+                r.waited = True
+                self.c.queued += 1
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _alloc(self, n: int) -> list[int]:
+        try:
+            return self.pool.alloc(n)
+        except OutOfBlocks as exc:
+            self._refused(exc.reason)
+            if exc.reason == "device" or isinstance(exc.__cause__, DeviceOutOfMemory):
+                self.c.oom += 1
+                print(f"out of memory while growing the pool: {exc}", file=sys.stderr, flush=True)
+            raise
+
+    def _refused(self, reason: str) -> None:
+        self.c.refusals[reason] = self.c.refusals.get(reason, 0) + 1
+
+    def _append(self, r: Live, block: int, writes_b: list[int], writes_k: list[int]) -> None:
+        assert r.n_blocks < self.max_request_blocks, f"request {r.req.key} outgrew its block table"
+        r.blocks[r.n_blocks] = block
+        writes_b.append(block)
+        writes_k.append(block_key(r.req.key, r.n_blocks))
+        r.n_blocks += 1
+
+    def _preempt(self, r: Live) -> None:
+        self.pool.free(r.blocks[: r.n_blocks].tolist())
+        r.n_blocks = 0
+        self.waiting.appendleft(r)
+        self.c.preempted += 1
+
+    def _guard(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run GPU work; a CUDA out-of-memory is counted (the goal is none), anything else propagates."""
+        try:
+            return fn(*args)
+        except Exception as exc:
+            if self.is_oom(exc):
+                self.c.oom += 1
+                print(f"out of memory in the step's GPU work: {exc}", file=sys.stderr, flush=True)
+                return None
+            raise
+
+    def check(self, reqs: list[Live]) -> None:
+        """Read the requests' blocks back and count those whose KV is not what was written."""
+        blocks: list[int] = []
+        keys: list[int] = []
+        ends: list[int] = []
+        for r in reqs:
+            ids = r.blocks[: r.n_blocks].tolist()
+            blocks += ids
+            keys += [block_key(r.req.key, i) for i in range(len(ids))]
+            ends.append(len(blocks))
+        bad = self._guard(self.work.check, blocks, keys)
+        if bad is None:
+            return
+        start = 0
+        for end in ends:
+            if any(bad[start:end]):
+                self.c.corrupted += 1
+            start = end
+        self.c.checked += len(reqs)
+
+    def finish(self) -> None:
+        """At the end of the run: check the KV of every request still running."""
+        if self.running:
+            self.check(self.running)
+
+    # -- reporting --------------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        c = self.c
+        steps = sorted(self.step_seconds)
+        return {
+            "arrived": c.arrived,
+            "admitted": c.admitted,
+            "completed": c.completed,
+            "abandoned": c.abandoned,
+            "running_at_end": len(self.running),
+            "waiting_at_end": len(self.waiting),
+            "never_arrived": len(self.requests) - self.next_arrival,
+            "queued": c.queued,
+            "preempted": c.preempted,
+            "tokens": c.tokens,
+            "corrupted": c.corrupted,
+            "checked": c.checked,
+            "oom": c.oom,
+            "refusals": dict(sorted(c.refusals.items())),
+            "steps": len(steps),
+            "step_ms_p50": _pct(steps, 0.50) * 1000,
+            "step_ms_p99": _pct(steps, 0.99) * 1000,
+            "step_ms_max": (steps[-1] if steps else 0.0) * 1000,
+        }
+
+
+def _pct(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+__all__ = ["Counters", "Engine", "Live"]

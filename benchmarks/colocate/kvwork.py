@@ -1,0 +1,166 @@
+"""The tenant's GPU work over its block pool, through zero-copy torch views of the pool's arenas.
+
+- ``write(blocks, keys)``: fill each block, in every arena (every layer's K and V), with a
+  pattern derived from its key (request and position in the request). Engines write a
+  block's KV when they prefill or decode into it; this writes the whole block at once.
+- ``check(blocks, keys)``: read the blocks back through the same views and count, per
+  block, the elements that differ from the pattern: a block that was unmapped, remapped,
+  handed to another request or overwritten shows up here.
+- ``attend(table, lens)``: one decode step's attention for a batch: a paged gather of each
+  request's blocks from the first ``attn_layers`` layers, then torch SDPA with one query
+  token per request and a mask over the padding.
+
+The pattern's 16-bit words are ``0x3C00 | ((j × m + k) & 0x3FF)`` for word ``j`` of a
+block with key ``k`` and odd slope ``m`` (from the key), XOR a per-arena constant
+below 0x400: as bfloat16 these are finite numbers in [2⁻⁷, 2), so attention over them
+is ordinary arithmetic; a block of another key matches with probability about 2⁻²⁰.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kvpolicy.alloc.blocks import BlockPool
+from kvpolicy.alloc.tensors import block_bytes, kv_view
+
+KEY_BITS = 20
+ARENA_GROUP = 16
+"""Arenas whose patterns are made (and read back) together: fewer kernel launches, bounded temporaries."""
+
+
+def block_key(request_key: int, ordinal: int) -> int:
+    """The pattern key of a request's ``ordinal``-th block (the same after a preemption and recompute)."""
+    return ((request_key * 2654435761) ^ (ordinal * 40503 + 0x5BD1)) & ((1 << KEY_BITS) - 1)
+
+
+class KVWork:
+    def __init__(
+        self, pool: BlockPool, *, attn_layers: int, max_batch: int, window: int, max_tokens: int = 1 << 18, seed: int = 0
+    ) -> None:
+        layout = pool.geometry
+        self.pool = pool
+        self.device = torch.device("cuda", pool.driver.device) if pool.driver.kind == "cuda" else torch.device("cpu")
+        self.words = [block_bytes(pool, a).view(torch.int16) for a in range(len(pool.arenas))]
+        self.arena_xor = [(a * 37 + 1) & 0x3FF for a in range(len(pool.arenas))]
+        self._xor = torch.tensor(self.arena_xor, dtype=torch.int16, device=self.device)[:, None, None]
+        width = pool.block_stride // 2
+        self._j = torch.arange(width, dtype=torch.int32, device=self.device)
+        self.layers = [(kv_view(pool, layer, "k"), kv_view(pool, layer, "v")) for layer in range(min(attn_layers, layout.num_layers))]
+        self.block_tokens = layout.block_size
+        self.window = window
+        self.max_tokens = max_tokens
+        """Tokens gathered per SDPA call (padded): bounds the step's temporary GPU memory, which
+        the caching allocator keeps, so the tenants' own work never crowds the KV pools out."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        dtype = getattr(torch, layout.dtype)
+        self._q = torch.randn(max_batch, layout.num_heads, 1, layout.head_dim, generator=gen).to(self.device, dtype)
+        self.sink = torch.zeros((), dtype=torch.float32, device=self.device)
+        """Accumulates a number from every attention output, so no step's work can be skipped."""
+
+    # -- the pattern ----------------------------------------------------------------------
+    def _pattern(self, keys: list[int]) -> torch.Tensor:
+        k = torch.tensor(keys, dtype=torch.int32).to(self.device)
+        slope = (k >> 10) | 1
+        return ((self._j[None, :] * slope[:, None] + k[:, None]) & 0x3FF | 0x3C00).to(torch.int16)
+
+    def _groups(self):
+        """The arenas in groups, with their XOR constants as one tensor: one kernel makes a group's patterns."""
+        g = ARENA_GROUP
+        for start in range(0, len(self.words), g):
+            yield self.words[start : start + g], self._xor[start : start + g]
+
+    def write(self, blocks: list[int], keys: list[int]) -> None:
+        """Fill ``blocks`` (every arena) with the patterns of ``keys``."""
+        if not blocks:
+            return
+        idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
+        pattern = self._pattern(keys)
+        for words, xor in self._groups():
+            patterns = pattern[None] ^ xor  # [arenas, blocks, words]
+            for w, p in zip(words, patterns):
+                w.index_copy_(0, idx, p)
+
+    def check(self, blocks: list[int], keys: list[int]) -> list[int]:
+        """Per block, how many 16-bit words differ from its pattern (0 everywhere: intact)."""
+        if not blocks:
+            return []
+        idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
+        pattern = self._pattern(keys)
+        bad = torch.zeros(len(blocks), dtype=torch.int64, device=self.device)
+        for words, xor in self._groups():
+            read = torch.stack([w.index_select(0, idx) for w in words])  # [arenas, blocks, words]
+            bad += ((read ^ xor) != pattern[None]).sum(dim=(0, 2))
+        return bad.tolist()
+
+    # -- attention ------------------------------------------------------------------------
+    def attend(self, tables: list[np.ndarray], contexts: list[int]) -> None:
+        """One decode step over the batch: ``tables[i]`` is request i's block ids, ``contexts[i]`` its tokens.
+
+        The batch is attended in slices of at most ``max_tokens`` gathered (padded) tokens.
+        """
+        if not self.layers or not tables:
+            return
+        bt, window = self.block_tokens, self.window
+        widths = [len(t) if not window else min(window, len(t)) for t in tables]
+        start, width = 0, 0
+        for i, w in enumerate(widths):
+            if i > start and (i - start + 1) * max(width, w) * bt > self.max_tokens:
+                self._attend(tables[start:i], contexts[start:i], widths[start:i])
+                start, width = i, 0
+            width = max(width, w)
+        self._attend(tables[start:], contexts[start:], widths[start:])
+
+    def _attend(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
+        bt = self.block_tokens
+        width = max(widths)
+        table = np.empty((len(tables), width), dtype=np.int64)
+        lens = np.empty(len(tables), dtype=np.int64)
+        for i, (blocks, w, ctx) in enumerate(zip(tables, widths, contexts)):
+            table[i, :w] = blocks[len(blocks) - w:]
+            table[i, w:] = blocks[-1]  # padding points at a live block of the request; the mask hides it
+            lens[i] = ctx - (len(blocks) - w) * bt
+        idx = torch.from_numpy(table).to(self.device)
+        n_tokens = width * bt
+        valid = torch.arange(n_tokens, device=self.device)[None, :] < torch.from_numpy(lens).to(self.device)[:, None]
+        mask = valid[:, None, None, :]
+        q = self._q[: len(tables)]
+        # A CPU has no fast bfloat16 attention (the host driver's runs): it computes in float32.
+        compute = torch.float32 if self.device.type == "cpu" else q.dtype
+        q = q.to(compute)
+        for k_view, v_view in self.layers:
+            k = k_view[idx].flatten(1, 2).transpose(1, 2).to(compute)  # [B, heads, tokens, dim]
+            v = v_view[idx].flatten(1, 2).transpose(1, 2).to(compute)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            self.sink += out[:, :, 0, 0].float().sum()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def describe_device(device: Any) -> dict[str, Any]:
+    """What the run ran on: the GPU's name and memory, or the CPU."""
+    import os
+    import platform
+
+    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count()}
+    if getattr(device, "type", "cpu") == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=props.name, gpu_memory=props.total_memory, cuda=torch.version.cuda)
+        try:
+            import pynvml
+        except ImportError:
+            info["driver"] = "unknown (no nvidia-ml-py)"
+        else:
+            try:
+                pynvml.nvmlInit()
+                info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+            except pynvml.NVMLError as exc:  # the figure is informative only
+                info["driver"] = f"unknown ({exc})"
+    else:
+        info.update(gpu=None, cpu=platform.processor() or platform.machine())
+    return info

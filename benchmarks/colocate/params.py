@@ -1,0 +1,201 @@
+"""The benchmark's parameters: one TOML file says the trace, the engine, the KV geometry and the budget.
+
+``default.toml`` is the H200 run of issue 8; ``cpu.toml`` the same trace on the host
+driver with a geometry scaled down so the same token capacities fit in host memory;
+``tests/colocate/small.toml`` the CI configuration. Sizes are strings with units
+(``"48 GiB"``); paths are relative to the parameter file.
+
+Guarantees, maxima, weights, the V4 reserve and the idle rule live in the policy file
+the parameters name, not here: the policy is what the controller enforces, and the
+driver reads the figures it needs (guarantees, the rule's threshold and grace) from it.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+from kvpolicy.alloc.layout import KVCacheLayout
+from kvpolicy.units import SIZE_UNITS, parse_number, size_bytes
+
+
+def parse_size(value: object) -> int:
+    """``"48 GiB"`` / ``"48GiB"`` / ``1024`` → bytes."""
+    if isinstance(value, int):
+        return value
+    text = str(value).strip().replace(" ", "")
+    for unit in sorted(SIZE_UNITS, key=len, reverse=True):
+        if text.endswith(unit) and text[: -len(unit)]:
+            return size_bytes(parse_number(text[: -len(unit)]), unit)
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"not a size: {value!r} (write e.g. \"48 GiB\")")
+
+
+Size = Annotated[int, BeforeValidator(parse_size)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Trace(Strict):
+    """Per tenant: Poisson arrivals, fast in the busy phase and slow otherwise."""
+
+    seed: int = 0
+    duration_s: float = Field(gt=0)
+    busy_rate: float = Field(gt=0, description="arrivals per second in the busy phase")
+    idle_rate: float = Field(ge=0, description="arrivals per second outside it")
+    busy_s: float = Field(gt=0, description="busy seconds in each period")
+    period_s: float = Field(gt=0)
+    phase_offset_s: float = Field(ge=0, description="tenant i's busy phase starts at i × offset")
+    prompt_tokens: tuple[int, int]
+    output_tokens: tuple[int, int]
+
+
+class KV(Strict):
+    """Every tenant's KV geometry, and how much of it a decode step's attention reads."""
+
+    layers: int = Field(gt=0)
+    kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    block_tokens: int = Field(gt=0)
+    chunk: Size = 2 << 20
+    attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over (paged gather + SDPA)")
+    attn_max_blocks: int = Field(default=0, ge=0, description="0: each request's whole context; else its last N blocks")
+    attn_max_tokens: int = Field(default=1 << 18, gt=0, description="gathered tokens per SDPA call (bounds temporaries)")
+
+    @property
+    def layout(self) -> KVCacheLayout:
+        return KVCacheLayout(
+            num_layers=self.layers, block_size=self.block_tokens, num_heads=self.kv_heads,
+            head_dim=self.head_dim, dtype=self.dtype, order="layer_major",
+        )
+
+    @property
+    def block_bytes(self) -> int:
+        return self.layout.block_bytes
+
+    @property
+    def group_bytes(self) -> int:
+        """What one growth step maps: a chunk in each of the layout's arenas."""
+        return self.chunk * self.layout.num_arenas
+
+
+class Engine(Strict):
+    """How each tenant schedules, as a serving engine does."""
+
+    step_ms: float = Field(gt=0, description="one decode step (inter-token latency); a step never starts early")
+    prefill_tokens_per_step: int = Field(gt=0, description="prompt tokens admitted per step (one longer prompt may take a whole step)")
+    max_running: int = Field(default=1024, gt=0)
+    patience_s: float | None = Field(default=None, gt=0, description="a client leaves a request that waited this long without starting; None: clients wait forever")
+    sample_every_s: float = Field(default=0.1, gt=0)
+
+
+class Budget(Strict):
+    elastic: Size = Field(description="the elastic budget A of the three tenants together (kvpolicy mode)")
+    static_share: Size = Field(description="each tenant's fixed pool in static mode")
+
+
+class Device(Strict):
+    driver: Literal["cuda", "host"]
+    gpu: str = "cuda:0"
+    host_capacity: Size | None = Field(default=None, description="host driver: simulated device memory per tenant")
+
+
+class DeepSeekV4(Strict):
+    """The tenant whose runtime-owned pools count in every budget."""
+
+    model: str = "deepseek-v4-flash"
+    geometry: str = Field(description="'tiny', or a model config.json (relative to the parameter file)")
+    build: Literal["sglang", "plan", "auto"] = Field(
+        default="auto", description="sglang: a real SGLang pool (GPU); plan: hold the bytes `kvpolicy plan` gives; auto: sglang if it can"
+    )
+    max_running_requests: int = 64
+    swa_ratio: float | None = 0.1
+    page_size: int = 256
+
+
+class Reload(Strict):
+    at_s: float = Field(ge=0, description="kvpolicy mode: when the policy file is edited")
+    swap: tuple[str, str] = Field(description="the two models whose settings the edit swaps")
+    fields: tuple[Literal["priority", "weight", "min", "max"], ...] = ("priority",)
+
+
+class Params(Strict):
+    name: str
+    policy: Path
+    tenants: tuple[str, ...]
+    trace: Trace
+    engine: Engine
+    kv: KV
+    budget: Budget
+    device: Device
+    dsv4: DeepSeekV4
+    reload: Reload
+    source: Path | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Params:
+        if len(set(self.tenants)) != len(self.tenants):
+            raise ValueError(f"tenant names repeat: {self.tenants}")
+        for name in self.reload.swap:
+            if name not in self.tenants:
+                raise ValueError(f"reload.swap names {name!r}, which is not a tenant ({', '.join(self.tenants)})")
+        if self.kv.chunk % (2 << 20):
+            raise ValueError(f"kv.chunk must be a multiple of 2 MiB, got {self.kv.chunk}")
+        if self.budget.static_share * len(self.tenants) > self.budget.elastic:
+            raise ValueError(
+                f"static shares ({len(self.tenants)} × {self.budget.static_share} B) exceed the elastic budget "
+                f"{self.budget.elastic} B: the two modes would not have the same memory"
+            )
+        return self
+
+    def scaled(self, factor: float) -> Params:
+        """The same run with every duration multiplied by ``factor`` (a shorter smoke run); rates unchanged."""
+        if factor == 1:
+            return self
+        t = self.trace
+        trace = t.model_copy(update={k: getattr(t, k) * factor for k in ("duration_s", "busy_s", "period_s", "phase_offset_s")})
+        reload = self.reload.model_copy(update={"at_s": self.reload.at_s * factor})
+        return self.model_copy(update={"trace": trace, "reload": reload, "name": f"{self.name} (durations × {factor:g})"})
+
+    @property
+    def static_blocks(self) -> int:
+        return self.budget.static_share // self.kv.block_bytes
+
+    @property
+    def elastic_blocks(self) -> int:
+        """The virtual capacity of an elastic pool: it can never outgrow the whole budget."""
+        return self.budget.elastic // self.kv.block_bytes
+
+    @property
+    def max_request_blocks(self) -> int:
+        return math.ceil((self.trace.prompt_tokens[1] + self.trace.output_tokens[1]) / self.kv.block_tokens)
+
+
+def load_params(path: str | Path) -> Params:
+    """Read a parameter file; relative paths in it are resolved against its directory."""
+    path = Path(path).resolve()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SystemExit(f"colocate: {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SystemExit(f"colocate: {path}: {exc}") from None
+    data["policy"] = str((path.parent / data["policy"]).resolve())
+    geometry = data.get("dsv4", {}).get("geometry")
+    if geometry and geometry != "tiny":
+        data["dsv4"]["geometry"] = str((path.parent / geometry).resolve())
+    data["source"] = str(path)
+    return Params.model_validate(data)

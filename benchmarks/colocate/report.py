@@ -1,0 +1,228 @@
+"""``--combine``: both modes' records → ``results.json``, ``memory.png`` and the README's results section.
+
+Runs anywhere (no GPU): it reads ``static.json`` and ``kvpolicy.json`` as the device
+run wrote them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from params import Trace
+from traces import busy_windows
+
+GiB = 1 << 30
+README = Path(__file__).resolve().parent / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+TENANT_FIELDS = ("tokens", "arrived", "completed", "abandoned", "queued", "preempted", "running_at_end",
+                 "waiting_at_end", "step_ms_p50", "step_ms_p99", "oom", "corrupted", "checked", "refusals")
+
+
+def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
+    t = mode["tenants"][name]
+    s = t["summary"]
+    out = {k: s[k] for k in TENANT_FIELDS}
+    out["peak_mapped"] = t["peak_held"]
+    if mode["mode"] == "kvpolicy":
+        rec = mode["reclaim"][name]
+        out["reclaim_seconds"] = [e["seconds"] for e in rec["episodes"]]
+        out["reclaim_interrupted"] = rec["interrupted"]
+        r = mode.get("reload", {})
+        out["reload_acked_ms"] = r.get("acked_ms", {}).get(name)
+        out["reload_applied_ms"] = r.get("applied_ms", {}).get(name)
+        out["ledger_check"] = t.get("ledger_check")
+    else:
+        out["reclaim_seconds"] = None
+        out["reload_acked_ms"] = out["reload_applied_ms"] = None
+    return out
+
+
+def _mode(mode: dict[str, Any]) -> dict[str, Any]:
+    names = list(mode["tenants"])
+    tenants = {n: _tenant(mode, n) for n in names}
+    d = mode["dsv4"]
+    out: dict[str, Any] = {
+        "tokens": sum(t["tokens"] for t in tenants.values()),
+        "oom": sum(t["oom"] for t in tenants.values()),
+        "corrupted": sum(t["corrupted"] for t in tenants.values()),
+        "budget": mode["budget"],
+        "budget_check": mode["budget_check"],
+        "tenants": tenants,
+        "dsv4": {k: d.get(k) for k in ("build", "note", "sglang", "reserve", "admitted", "pools", "footprint",
+                                       "tensor_bytes", "ledger_runtime_reserved", "build_seconds", "plan")},
+        "timeline": mode.get("timeline"),
+    }
+    if mode["mode"] == "kvpolicy":
+        r = mode.get("reload", {})
+        out["reload"] = {k: r.get(k) for k in ("at_s", "swap", "fields", "revision", "publish_ms", "acked_ms", "applied_ms",
+                                                "reload_to_acked_ms", "reload_to_applied_ms", "error")}
+        episodes = [e for n in names for e in mode["reclaim"][n]["episodes"]]
+        out["reclaim"] = {
+            "rule": mode["idle_rule"],
+            "goal_seconds": mode["idle_rule"]["grace"] + 1.0,
+            "episodes": episodes,
+            "max_seconds": max((e["seconds"] for e in episodes), default=None),
+            "within_goal": sum(e["seconds"] <= mode["idle_rule"]["grace"] + 1.0 for e in episodes),
+        }
+        out["publishes"] = sum(1 for x in mode.get("decisions", []) if x.get("published"))
+    return out
+
+
+def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
+    """Write ``results.json`` and ``memory.png`` into ``dest`` from ``src/{static,kvpolicy}.json``."""
+    modes = {}
+    for name in ("static", "kvpolicy"):
+        path = src / f"{name}.json"
+        if not path.exists():
+            raise SystemExit(f"colocate --combine: {path} is missing; run --mode {name} --out {src} first")
+        modes[name] = json.loads(path.read_text())
+    static, kv = _mode(modes["static"]), _mode(modes["kvpolicy"])
+    ratio = kv["tokens"] / static["tokens"] if static["tokens"] else None
+    reload = kv.get("reload", {})
+    rec = kv["reclaim"]
+    results = {
+        "issue": 8,
+        "params": modes["kvpolicy"]["params"]["name"],
+        "machine": modes["kvpolicy"].get("machine") or modes["static"].get("machine"),
+        "trace": modes["kvpolicy"]["params"]["trace"],
+        "engine": modes["kvpolicy"]["params"]["engine"],
+        "kv": modes["kvpolicy"]["params"]["kv"],
+        "tokens_ratio": ratio,
+        "goals": {
+            "zero_oom": static["oom"] == 0 and kv["oom"] == 0,
+            "zero_corrupted": static["corrupted"] == 0 and kv["corrupted"] == 0,
+            "tokens_ratio_at_least_1_5": ratio is not None and ratio >= 1.5,
+            "reclaim_within_grace_plus_1s": f"{rec['within_goal']} of {len(rec['episodes'])} episodes",
+            "reload_applied_within_100ms": (reload.get("reload_to_acked_ms") or 1e9) <= 100,
+            "never_over_budget": static["budget_check"]["over_budget"] == 0 and kv["budget_check"]["over_budget"] == 0,
+        },
+        "modes": {"static": static, "kvpolicy": kv},
+    }
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    try:
+        plot(modes, dest / "memory.png")
+    except ImportError as exc:  # the plot needs matplotlib (pip install 'kvpolicy[bench]'); the figures do not
+        print(f"colocate --combine: memory.png not written ({exc}); pip install matplotlib")
+    table = markdown(results)
+    (dest / "results.md").write_text(table)
+    print(table)
+    if update_readme:
+        text = README.read_text()
+        if BEGIN not in text or END not in text:
+            raise SystemExit(f"{README}: no {BEGIN} … {END} section to replace")
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        README.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    return 0
+
+
+def _gib(n: int | None) -> str:
+    return "–" if n is None else f"{n / GiB:.2f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results as the README shows them."""
+    m = results["machine"] or {}
+    if m.get("gpu"):
+        where = f"{m['gpu']}, {m['gpu_memory'] / GiB:.0f} GiB, driver {m.get('driver')}, CUDA {m.get('cuda')}"
+    else:
+        where = f"CPU ({m.get('cpu')}, {m.get('cpus')} cores), host driver"
+    kv, st = results["modes"]["kvpolicy"], results["modes"]["static"]
+    lines = [
+        f"Machine: {where}; torch {m.get('torch')}, Python {m.get('python')}. Parameters: `{results['params']}`.",
+        "",
+        (f"**Tokens served: kvpolicy / static = {results['tokens_ratio']:.2f}×** "
+         f"({kv['tokens']:,} vs {st['tokens']:,} output tokens)."),
+        "",
+        ("| tenant | mode | tokens | completed / arrived | abandoned | queued | preempted | step p50 / p99 ms "
+         "| peak mapped GiB | OOM | corrupted | reclaim s (max, n) | reload acked / applied ms |"),
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode in ("static", "kvpolicy"):
+        for name, t in results["modes"][mode]["tenants"].items():
+            reclaim = t["reclaim_seconds"]
+            rec = "–" if reclaim is None else (f"{max(reclaim):.1f} ({len(reclaim)})" if reclaim else "none")
+            rl = "–" if mode == "static" else f"{t['reload_acked_ms']} / {t['reload_applied_ms']}"
+            lines.append(
+                f"| {name} | {mode} | {t['tokens']:,} | {t['completed']} / {t['arrived']} | {t['abandoned']} | {t['queued']} | "
+                f"{t['preempted']} | {t['step_ms_p50']:.2f} / {t['step_ms_p99']:.2f} | {_gib(t['peak_mapped'])} | {t['oom']} | "
+                f"{t['corrupted']} | {rec} | {rl} |"
+            )
+    r, rc, d, g, b = kv.get("reload", {}), kv["reclaim"], kv["dsv4"], results["goals"], kv["budget"]
+    built = f" (SGLang {d['sglang']}, built in {d['build_seconds']} s)" if d.get("sglang") else f" — {d.get('note')}"
+
+    def ok(flag: bool) -> str:
+        return "✓" if flag else "✗"
+
+    lines += [
+        "",
+        (f"- DeepSeek-V4 tenant: {d['build']}{built}; runtime-owned pools {_gib(d['ledger_runtime_reserved'])} GiB "
+         f"in the ledger for a reserve of {_gib(d['reserve'])} GiB."),
+        (f"- Budget: elastic budget published {_gib(b.get('elastic_budget'))} GiB (capacity {_gib(b.get('capacity'))} GiB "
+         f"= budget + headroom {_gib(b.get('headroom'))} GiB + V4 pools, other use 0); most committed at once "
+         f"{_gib(kv['budget_check']['max_committed'])} GiB over {kv['budget_check']['samples']} ledger samples, "
+         f"over budget {kv['budget_check']['over_budget']} times."),
+        (f"- Policy edit at {r.get('at_s')} s (swap {r.get('fields')} of {r.get('swap')}): published after "
+         f"{r.get('publish_ms')} ms, acknowledged by every tenant after {r.get('reload_to_acked_ms')} ms, applied "
+         f"(every pool within its new limit) after {r.get('reload_to_applied_ms')} ms."),
+        (f"- Idle reclaim (`{rc['rule']['name']}`: use below {_gib(rc['rule']['below'])} GiB, grace {rc['rule']['grace']:g} s): "
+         f"{len(rc['episodes'])} episodes, {rc['within_goal']} within grace + 1 s, longest {rc['max_seconds']} s."),
+        (f"- Goals: zero OOM {ok(g['zero_oom'])}; zero corrupted {ok(g['zero_corrupted'])}; "
+         f"tokens ≥ 1.5× {ok(g['tokens_ratio_at_least_1_5'])}; reclaim within grace + 1 s: "
+         f"{g['reclaim_within_grace_plus_1s']}; reload within 100 ms {ok(g['reload_applied_within_100ms'])}; "
+         f"never over budget {ok(g['never_over_budget'])}."),
+        "",
+        "![memory per tenant over time, both modes](memory.png)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:
+    """Mapped memory per tenant over time (stacked), both modes, with busy phases and the policy edit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(2, 1, figsize=(14, 8), sharex=True, sharey=True)
+    colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+    for ax, name in zip(axes, ("static", "kvpolicy")):
+        mode = modes[name]
+        trace = Trace.model_validate(mode["params"]["trace"])
+        grid = np.arange(0.0, trace.duration_s, 0.1)
+        runtime = mode["dsv4"]["ledger_runtime_reserved"] / GiB
+        layers, labels = [np.full_like(grid, runtime)], [f"DeepSeek-V4 pools ({mode['dsv4']['build']})"]
+        used_total = np.zeros_like(grid)
+        for tname, t in mode["tenants"].items():
+            col = {c: i for i, c in enumerate(t["samples"]["columns"])}
+            rows = np.array(t["samples"]["rows"], dtype=float)
+            idx = np.clip(np.searchsorted(rows[:, col["t"]], grid, side="right") - 1, 0, len(rows) - 1)
+            layers.append(rows[idx, col["held"]] / GiB)
+            used_total += rows[idx, col["used"]] / GiB
+            labels.append(f"{tname} mapped")
+        ax.stackplot(grid, *layers, labels=labels, colors=["#bbbbbb", *colors], alpha=0.85)
+        ax.plot(grid, used_total + runtime, color="black", lw=0.8, label="in live blocks (all tenants) + V4 pools")
+        budget = mode["params"]["budget"]["elastic"] / GiB + runtime
+        ax.axhline(budget, color="red", ls="--", lw=1, label="elastic budget + V4 pools")
+        for i, tname in enumerate(mode["tenants"]):
+            for lo, hi in busy_windows(trace, i):
+                ax.axvspan(lo, hi, ymin=0.975 - 0.025 * i, ymax=1.0 - 0.025 * i, color=colors[i], alpha=0.9, lw=0)
+        if name == "kvpolicy" and "reload" in mode:
+            ax.axvline(mode["reload"]["at_s"], color="purple", lw=1.2, label="policy edited (priorities swapped)")
+        tokens = sum(t["summary"]["tokens"] for t in mode["tenants"].values())
+        ax.set_title(f"{name}: {tokens:,} output tokens")
+        ax.set_ylabel("GiB")
+        ax.set_ylim(0, budget * 1.12)
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    axes[-1].set_xlabel("seconds (bars at the top: each tenant's busy phase)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+__all__ = ["combine", "markdown", "plot"]

@@ -1,0 +1,178 @@
+"""A prediction of both modes on a simulated clock: the real scheduler, pools and evaluator, no processes.
+
+    python3 benchmarks/colocate/simulate.py [--params cpu.toml] [--patience S]
+
+Each tenant is the benchmark's ``Engine`` over a real ``BlockPool`` (host driver) with
+no GPU work; steps take exactly ``step_ms`` of simulated time. In kvpolicy mode the
+controller is modelled by calling the real ``evaluate`` after every step with the
+pools' usage as facts and publishing a new revision when a limit or target changes,
+and the ledger's elastic admission by a shared budget (Σ mapped ≤ A). What it leaves
+out: GPU time, the controller's and the ledger's latencies, idle time (no rule here
+uses it). It takes seconds per mode, so it is how parameters (e.g. the clients'
+patience) were explored; the device run is the measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.append(str(HERE))
+
+from engine import Engine
+from params import Params, load_params
+from policyedit import swap_settings
+from traces import requests_for
+
+from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
+from kvpolicy.alloc.limits import LimitReading
+
+
+class NoWork:
+    """Stands in for the GPU work (``kvwork.KVWork``): the simulation is about memory, not data."""
+
+    def write(self, blocks, keys) -> None: ...
+    def check(self, blocks, keys) -> list[int]: return [0] * len(blocks)
+    def attend(self, tables, contexts) -> None: ...
+    def synchronize(self) -> None: ...
+
+
+class SharedBudget:
+    """The ledger's elastic admission in one process: per instance its limit, for the GPU Σ committed ≤ budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.committed: dict[str, int] = {}
+
+    def source(self, name: str, guarantee: int) -> SimLimit:
+        self.committed[name] = 0
+        return SimLimit(self, name, guarantee)
+
+
+class SimLimit:
+    def __init__(self, gpu: SharedBudget, name: str, guarantee: int) -> None:
+        self.gpu, self.name = gpu, name
+        self.reading = LimitReading(guarantee, guarantee, 0)
+        self.used = self.mapped = 0
+
+    def read(self) -> LimitReading:
+        return self.reading
+
+    def admit(self, n: int) -> bool:
+        c = self.gpu.committed
+        if c[self.name] + n > self.reading.limit or sum(c.values()) + n > self.gpu.budget:
+            return False
+        c[self.name] += n
+        return True
+
+    def commit(self, n: int) -> None: ...
+
+    def rollback(self, n: int) -> None:
+        self.gpu.committed[self.name] -= n
+
+    def release(self, n: int) -> None:
+        self.gpu.committed[self.name] -= n
+
+    def report(self, used: int, mapped: int) -> None:
+        self.used, self.mapped = used, mapped
+
+    def acknowledge(self, revision: int, status: str) -> None: ...
+
+
+def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict]:
+    """Per tenant, the engine's summary after the whole trace on a simulated clock."""
+    from kvpolicy.evaluate.decide import evaluate
+    from kvpolicy.evaluate.facts import (
+        ElasticFacts,
+        Facts,
+        GpuFacts,
+        InstanceFacts,
+        PoolFacts,
+    )
+    from kvpolicy.policy import policy_from_text
+
+    kv = params.kv
+    text = params.policy.read_text()
+    policy = policy_from_text(text)
+    headroom = policy.gpu_settings(params.device.gpu).headroom_bytes(0)
+    capacity = params.budget.elastic + headroom + runtime_reserved
+    driver = open_driver("host", host_capacity=params.budget.elastic * 2)
+    shared = SharedBudget(params.budget.elastic)
+    engines, sources = [], []
+    for i, name in enumerate(params.tenants):
+        if mode == "static":
+            source = StaticLimit(params.budget.static_share)
+            pool = BlockPool(driver, kv.layout, params.static_blocks, chunk=kv.chunk, limit=source, name=name)
+            pool.ensure_mapped(range(pool.num_blocks))
+        else:
+            guarantee = policy.model_settings(name).min_bytes(capacity)
+            source = shared.source(name, guarantee)
+            pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name)
+            pool.ensure_mapped(range(guarantee // pool.block_bytes))
+        engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,
+                        max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,
+                        max_running=params.engine.max_running, patience_s=params.engine.patience_s)
+        engine.last_stats = pool.sync()
+        engines.append(engine)
+        sources.append(source)
+    state, revision, edited, step, t = None, 0, False, params.engine.step_ms / 1000, 0.0
+    gpu = params.device.gpu
+    v4 = InstanceFacts(id=f"{params.dsv4.model}/0", model=params.dsv4.model, engine="sglang", gpu=gpu,
+                       pools={"all": PoolFacts(owner="runtime", bytes=runtime_reserved)})
+    while t < params.trace.duration_s:
+        for engine in engines:
+            engine.step(t)
+        if mode == "kvpolicy":
+            if not edited and t >= params.reload.at_s:
+                policy = policy_from_text(swap_settings(text, *params.reload.swap, params.reload.fields))
+                edited = True
+            facts = Facts(now=t, gpus=(GpuFacts(id=gpu, capacity=capacity, other_used=0),), instances=(v4, *(
+                InstanceFacts(id=f"{n}/0", model=n, gpu=gpu, elastic=ElasticFacts(used=s.used, mapped=s.mapped))
+                for n, s in zip(params.tenants, sources)
+            )))
+            decision, state = evaluate(policy, facts, state)
+            for name, source in zip(params.tenants, sources):
+                d = decision.instance(f"{name}/0")
+                if (d.limit, d.target) != (source.reading.limit, source.reading.target):
+                    revision += 1
+                    source.reading = LimitReading(d.limit, d.target, revision)
+        t += step
+    out = {}
+    for name, engine in zip(params.tenants, engines):
+        out[name] = engine.summary()
+        engine.pool.close()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", default=str(HERE / "cpu.toml"), help="parameter file (default: cpu.toml, the scaled geometry)")
+    ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
+    ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
+    args = ap.parse_args()
+    params = load_params(args.params)
+    if args.patience is not None:
+        engine = params.engine.model_copy(update={"patience_s": args.patience or None})
+        params = params.model_copy(update={"engine": engine})
+    reserved = args.runtime_reserved
+    if reserved is None:
+        from dsv4 import planned, policy_reserve
+
+        reserved = planned(params, policy_reserve(params, params.policy)[0]).total_footprint
+    tokens = {}
+    for mode in ("static", "kvpolicy"):
+        result = simulate(params, mode, reserved)
+        tokens[mode] = sum(s["tokens"] for s in result.values())
+        print(f"{mode}: {tokens[mode]:,} tokens; " + "; ".join(
+            f"{n} {s['tokens']:,} (completed {s['completed']}, abandoned {s['abandoned']}, preempted {s['preempted']})"
+            for n, s in result.items()))
+    print(f"tokens kvpolicy / static = {tokens['kvpolicy'] / tokens['static']:.2f} "
+          f"(simulated clock, patience {params.engine.patience_s} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

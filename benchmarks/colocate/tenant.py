@@ -1,0 +1,241 @@
+"""One tenant process: a serving engine with an elastic (or static) KV block pool, following its trace.
+
+Started by the driver (``colocate.py``); talks to it over stdin/stdout, one line each:
+``loaded`` once its imports and trace are ready; then it waits for ``build`` (the driver
+sends it once the DeepSeek-V4 pools exist and, in kvpolicy mode, the controller runs),
+builds its pool, views and warmed-up kernels and says ``ready {json}``; then it
+waits for ``go T0`` (wall-clock seconds) and serves its requests from T0 to
+T0 + duration in real time, one engine step at least every ``step_ms``. At the end it
+checks the KV of the requests still running, writes its result JSON, closes its pool,
+detaches from the ledger and prints ``done``.
+
+- static mode: the pool maps its fixed share up front under a ``StaticLimit`` (as
+  engines size their KV cache at start-up today); no ledger.
+- kvpolicy mode: the tenant attaches to the ledger (engine ``any``, its guarantee from
+  the policy) and the pool's limit source is the ledger instance, so the controller's
+  limits and targets govern it; it maps its guarantee at start and keeps it; it reports
+  activity (``touch``) in every step that serves something.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from params import Params, load_params
+from traces import requests_for
+
+
+def is_oom(exc: BaseException) -> bool:
+    from kvpolicy.alloc.errors import DeviceOutOfMemory
+
+    if isinstance(exc, DeviceOutOfMemory):
+        return True
+    import torch
+
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir: str | None):
+    """The driver, the limit source and the block pool of this tenant (static: fully mapped)."""
+    import torch
+
+    from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
+
+    kv = params.kv
+    if params.device.driver == "cuda":
+        torch.cuda.set_device(0)
+        torch.zeros(1, device="cuda")  # the primary context exists before the driver uses it
+        driver = open_driver("cuda", device=0)
+    else:
+        torch.set_num_threads(1)  # several tenants share the CPU: one thread each, no oversubscription
+        driver = open_driver("host", host_capacity=params.device.host_capacity)
+    inst = None
+    if mode == "static":
+        limit = StaticLimit(params.budget.static_share)
+        pool = BlockPool(driver, kv.layout, params.static_blocks, chunk=kv.chunk, limit=limit, name=name)
+        pool.ensure_mapped(range(pool.num_blocks))
+    else:
+        import kvpolicy
+
+        inst = kvpolicy.attach(
+            model=name, gpu=params.device.gpu, engine="any", id=f"{name}/0", guarantee=guarantee,
+            elastic=True, ledger_dir=ledger_dir,
+        )
+        source = inst.limit_source()
+        deadline = time.monotonic() + 60
+        # Elastic admission needs the controller's figures, and a limit computed for an elastic instance.
+        while (reading := source.read()).revision == 0 or reading.limit == 0:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"tenant {name}: no limit published within 60 s; is the controller running?")
+            time.sleep(0.01)
+        pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name)
+        # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
+        # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
+        # checks each instance's limit and the GPU's budget, not the unused guarantees of the others,
+        # so a guarantee left unmapped could be taken by two neighbours growing at once.
+        pool.ensure_mapped(range(guarantee // pool.block_bytes))
+    return driver, inst, pool
+
+
+def warm_up(work, pool) -> None:
+    """Run each kind of GPU work once so that no kernel is compiled or loaded inside the timed window."""
+    from kvwork import block_key
+
+    ids = pool.alloc(2)
+    keys = [block_key(0, i) for i in range(2)]
+    work.write(ids, keys)
+    work.attend([__import__("numpy").array(ids)], [2 * work.block_tokens - 1])
+    bad = work.check(ids, keys)
+    assert not any(bad), f"warm-up blocks {ids} did not read back as written: {bad}"
+    pool.free(ids)
+    work.synchronize()
+
+
+class Recorder:
+    """Samples of the pool over time, every revision the pool saw, and the peak it held."""
+
+    def __init__(self, pool, every: float) -> None:
+        self.pool = pool
+        self.every = every
+        self.samples: list[list[float]] = []
+        self.revisions: list[dict[str, Any]] = []
+        self.peak = 0
+        self._next = 0.0
+        self._rev = -1
+        self._deferred = False
+
+    COLUMNS = ("t", "held", "used", "limit", "target", "revision", "running", "waiting")
+
+    def after_step(self, t: float, stats, engine) -> None:
+        self.peak = max(self.peak, stats.held_bytes)
+        if stats.revision != self._rev or stats.deferred != self._deferred:
+            self._rev, self._deferred = stats.revision, stats.deferred
+            self.revisions.append({
+                "at": time.time(), "revision": stats.revision, "deferred": stats.deferred,
+                "held": stats.held_bytes, "limit": stats.limit, "target": stats.target,
+            })
+        if t >= self._next:
+            self._next = t + self.every
+            self.samples.append([
+                round(t, 4), stats.held_bytes, stats.used_bytes, stats.limit, stats.target, stats.revision,
+                len(engine.running), len(engine.waiting),
+            ])
+
+
+def serve(params: Params, engine, recorder: Recorder, inst, t0: float) -> None:
+    """Follow the trace in real time from ``t0`` for the run's duration."""
+    step = params.engine.step_ms / 1000
+    end = t0 + params.trace.duration_s
+    now = time.time()
+    if now < t0:
+        time.sleep(t0 - now)
+    next_step = time.time()
+    while True:
+        now = time.time()
+        if now >= end:
+            break
+        engine.step(now - t0)
+        if inst is not None and (engine.running or engine.waiting):
+            inst.touch()
+        recorder.after_step(now - t0, engine.last_stats, engine)
+        next_step = max(next_step + step, time.time())  # a late step is not made up for by a burst
+        delay = next_step - time.time()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--params", required=True)
+    ap.add_argument("--mode", choices=("static", "kvpolicy"), required=True)
+    ap.add_argument("--index", type=int, required=True)
+    ap.add_argument("--guarantee", type=int, default=0)
+    ap.add_argument("--ledger-dir")
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    params = load_params(args.params).scaled(args.scale)
+    name = params.tenants[args.index]
+
+    import numpy  # noqa: F401  (fail here, before anything is built, if it is missing)
+    import torch  # noqa: F401
+    from engine import Engine
+    from kvwork import KVWork, describe_device
+
+    requests = requests_for(params.trace, args.index)
+    print("loaded", flush=True)
+    if sys.stdin.readline().strip() != "build":
+        print(f"tenant {name}: expected 'build' on stdin", file=sys.stderr)
+        return 2
+    started = time.time()
+    driver, inst, pool = build_pool(params, args.mode, name, args.guarantee, args.ledger_dir)
+    kv = params.kv
+    work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks,
+                  max_tokens=kv.attn_max_tokens, seed=args.index)
+    warm_up(work, pool)
+    engine = Engine(
+        pool, work, requests,
+        block_tokens=kv.block_tokens, max_request_blocks=params.max_request_blocks,
+        prefill_tokens_per_step=params.engine.prefill_tokens_per_step, max_running=params.engine.max_running,
+        patience_s=params.engine.patience_s, is_oom=is_oom,
+    )
+    engine.last_stats = pool.sync()
+    recorder = Recorder(pool, params.engine.sample_every_s)
+    setup_s = time.time() - started
+    print("ready " + json.dumps({"name": name, "setup_s": round(setup_s, 3), "held": pool.held_bytes}), flush=True)
+
+    line = sys.stdin.readline().split()
+    if not line or line[0] != "go":
+        print(f"tenant {name}: expected 'go T0' on stdin, got {line!r}", file=sys.stderr)
+        return 2
+    t0 = float(line[1])
+    serve(params, engine, recorder, inst, t0)
+    engine.finish()
+    work.synchronize()
+
+    result: dict[str, Any] = {
+        "name": name,
+        "index": args.index,
+        "mode": args.mode,
+        "t0": t0,
+        "setup_s": setup_s,
+        "summary": engine.summary(),
+        "peak_held": recorder.peak,
+        "samples": {"columns": Recorder.COLUMNS, "rows": recorder.samples},
+        "revisions": recorder.revisions,
+        "pool": {
+            "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes, "group_bytes": pool.group_bytes,
+            "arenas": len(pool.arenas), "driver": driver.kind, "calls": _calls(pool),
+        },
+        "device": describe_device(work.device) if args.index == 0 else None,
+    }
+    if inst is not None:
+        slot = inst.snapshot()
+        # The ledger counts what admission let through; the pool counts what it holds: they must agree.
+        result["ledger_check"] = {"ledger_mapped": slot.mapped, "ledger_pending": slot.pending, "pool_held": pool.held_bytes}
+    del work  # views over the arenas go before the arenas
+    pool.close()
+    if inst is not None:
+        result["ledger_check"]["ledger_mapped_after_close"] = inst.snapshot().mapped
+        inst.detach()
+    Path(args.out).write_text(json.dumps(result))
+    print("done", flush=True)
+    return 0
+
+
+def _calls(pool) -> dict[str, int]:
+    """Driver calls over all the pool's arenas (slotted CallCounts)."""
+    total: dict[str, int] = {}
+    for arena in pool.arenas:
+        for k, v in arena.calls.as_dict().items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+if __name__ == "__main__":
+    sys.exit(main())

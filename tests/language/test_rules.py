@@ -1,0 +1,118 @@
+"""The rule registry: metadata, docstrings, generated docs, and examples that do what they say."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import kvpolicy.lint.rules
+from kvpolicy.lint import docs
+from kvpolicy.lint.engine import lint_text
+from kvpolicy.lint.registry import DOC_SECTIONS, REGISTRY, Rule, all_rules, register
+from kvpolicy.policy.errors import Severity
+from kvpolicy.units import GiB
+
+RULES = all_rules()
+IDS = [f"{r.code}-{r.name}" for r in RULES]
+ROOT = Path(__file__).resolve().parents[2]
+
+# How a rule's examples are linted: KV003's example is a file without `version 1`;
+# over-commitment needs a GPU capacity to check against.
+NO_VERSION_WRAP = {"KV003"}
+LINT_OPTIONS = {"KV017": {"gpu_capacity": 141 * GiB}}
+
+
+def _snippet(section: str) -> str:
+    match = re.search(r"```\n(.*?)```", section, re.S)
+    assert match, f"no code block in: {section!r}"
+    return match.group(1)
+
+
+def _lint_example(rule: type[Rule], section: str):
+    text = _snippet(rule.sections()[section])
+    if rule.code not in NO_VERSION_WRAP and not re.match(r"\s*version\b", text):
+        text = "version 1\n" + text
+    return lint_text(text, f"{rule.code}.kvp", **LINT_OPTIONS.get(rule.code, {}))
+
+
+def test_there_are_enough_rules_and_codes_are_dense() -> None:
+    codes = [r.code for r in RULES]
+    assert len(codes) >= 25
+    assert codes == [f"KV{i:03d}" for i in range(1, len(codes) + 1)], "codes are stable and never reused"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_metadata(rule: type[Rule]) -> None:
+    assert re.fullmatch(r"KV\d{3}", rule.code)
+    assert re.fullmatch(r"[a-z]+(-[a-z0-9]+)*", rule.name)
+    assert isinstance(rule.severity, Severity)
+    assert rule.phase in ("parse", "check", "suppression")
+    assert rule.summary().endswith("."), "the first docstring line is a sentence"
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_docstring_has_every_section(rule: type[Rule]) -> None:
+    sections = rule.sections()
+    assert list(sections) == list(DOC_SECTIONS)
+    assert all(sections[s].strip() for s in DOC_SECTIONS)
+
+
+@pytest.mark.parametrize("rule", RULES, ids=IDS)
+def test_example_triggers_the_rule_and_use_instead_does_not(rule: type[Rule]) -> None:
+    bad = _lint_example(rule, "Example")
+    assert rule.code in [d.code for d in bad.diagnostics], [d.render() for d in bad.diagnostics]
+    good = _lint_example(rule, "Use instead")
+    assert rule.code not in [d.code for d in good.diagnostics], [d.render() for d in good.diagnostics]
+    assert good.errors == (), [d.render() for d in good.errors]
+
+
+def test_one_rule_per_module() -> None:
+    found: dict[str, list[str]] = {}
+    for info in pkgutil.iter_modules(kvpolicy.lint.rules.__path__):
+        module = importlib.import_module(f"kvpolicy.lint.rules.{info.name}")
+        found[info.name] = [name for name, obj in vars(module).items() if isinstance(obj, type) and obj in REGISTRY.values()]
+    assert {m: names for m, names in found.items() if len(names) != 1} == {}
+    assert sum(len(v) for v in found.values()) == len(RULES)
+
+
+def test_register_refuses_bad_metadata() -> None:
+    class BadCode(Rule):
+        code, name, severity = "KV1", "bad-code", Severity.ERROR
+
+    class BadName(Rule):
+        code, name, severity = "KV999", "Bad_Name", Severity.ERROR
+
+    class Reused(Rule):
+        code, name, severity = "KV001", "another-name", Severity.ERROR
+
+    for cls in (BadCode, BadName, Reused):
+        with pytest.raises(ValueError):
+            register(cls)
+    assert "KV999" not in REGISTRY
+
+
+def test_generated_docs_are_current() -> None:
+    """docs/lint-rules.md is generated from the registry: run `python -m kvpolicy.lint.docs`."""
+    path = ROOT / "docs" / "lint-rules.md"
+    assert path.read_text(encoding="utf-8") == docs.render(), "stale: run python -m kvpolicy.lint.docs"
+    assert docs.main(["--check", "--output", str(path)]) == 0
+
+
+def test_docs_check_fails_when_stale(tmp_path) -> None:
+    stale = tmp_path / "lint-rules.md"
+    stale.write_text("# old\n")
+    assert docs.main(["--check", "--output", str(stale)]) == 1
+    assert stale.read_text() == "# old\n"
+    assert docs.main(["--output", str(stale)]) == 0
+    assert docs.main(["--check", "--output", str(stale)]) == 0
+
+
+def test_docs_have_a_section_per_rule_with_the_sarif_anchor() -> None:
+    text = docs.render()
+    for rule in RULES:
+        assert f"\n## {rule.code} {rule.name}\n" in text
+        assert f"(#{rule.code.lower()}-{rule.name})" in text
