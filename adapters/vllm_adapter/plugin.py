@@ -18,6 +18,12 @@ Hooks (installed in every process; each runs where its object lives):
   the blocks each group holds to the workers (a non-blocking ``collective_rpc``);
   each worker reports its own pools. Reports come from the process that admitted,
   as the ledger requires.
+
+When the policy marks the model's pools ``owner elastic`` the KV cache runs on the
+allocator instead (``elastic_hooks``: virtual capacity, map before handing out, give
+back, facts); ``Worker.initialize_from_config`` then hands the model runner (either of
+vLLM's two) an allocation context for its KV buffer, and ``KVCacheManager.__init__``
+(the scheduler's block pool) is hooked too.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from kvpolicy.adapters.common import (
     require_attr,
 )
 
+from . import elastic_hooks
 from .ledger import InstanceKey, VllmLedger
 from .plan import VALIDATED_VLLM
 from .policy import policy_reserve
@@ -108,10 +115,20 @@ def install_hooks() -> None:
     with _install_lock:
         if _installed:
             return
+        from vllm.v1.core.block_pool import BlockPool
+        from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.abstract import Executor
         from vllm.v1.worker.gpu_worker import Worker
 
+        # Elastic KV cache: what elastic_pool/elastic_hooks rely on must exist, or the start fails.
+        for name in ("get_new_blocks", "free_blocks", "touch", "get_num_free_blocks", "get_usage",
+                     "reset_prefix_cache", "_maybe_evict_cached_block"):
+            require_attr(BlockPool, name, "elastic KV cache")
+        require_attr(KVCacheCoordinator, "get_num_blocks_to_allocate", "elastic KV cache")
+        require_attr(KVCacheManager, "allocate_slots", "elastic KV cache")
+        _wrap(KVCacheManager, "__init__", "elastic KV cache", _manager_hook)
         _wrap(Worker, "determine_available_memory", "KV cache sizing", _sizing_hook)
         _wrap(Worker, "initialize_from_config", "pool report at start", _allocated_hook)
         _wrap(EngineCore, "_initialize_kv_caches", "live pool report", _start_report_hook)
@@ -190,6 +207,13 @@ def size_kv_cache(worker: Any, reserve_of: Callable[[AdapterEnv, str], int] | No
     if key in _admitted:  # profiling again (e.g. after sleep): the admission stands
         cache.kv_cache_memory_bytes = _admitted[key]
         return _admitted[key]
+    plan = getattr(worker, "_kvpolicy_elastic", None)
+    if plan is None:
+        plan = elastic_hooks.plan_worker(worker, key, worker_gpu(worker))
+    if plan is not None:  # elastic: vLLM plans the policy's max; memory is admitted chunk by chunk
+        worker._kvpolicy_elastic = plan
+        cache.kv_cache_memory_bytes = plan.settings.virtual
+        return plan.settings.virtual
     reserve = (reserve_of or (lambda e, m: policy_reserve(e.policy, m)))(env, key.model)
     if cache.kv_cache_memory_bytes is not None and cache.kv_cache_memory_bytes != reserve:
         raise AdapterError(
@@ -218,6 +242,10 @@ def _sizing_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 def report_worker_pools(worker: Any, held: Sequence[int] | None = None, free: int | None = None) -> None:
     """Report this worker's pools: ``held`` blocks per group and ``free`` blocks of the
     shared pool (default: nothing held, at start)."""
+    plan = getattr(worker, "_kvpolicy_elastic", None)
+    if plan is not None:
+        elastic_hooks.report(plan, held if held is not None else [0] * len(plan.layout.groups))
+        return
     layout: PoolLayout | None = getattr(worker, "_kvpolicy_layout", None)
     if layout is None:
         raise AdapterError("kvpolicy: pool report before vLLM allocated this worker's KV cache")
@@ -240,6 +268,10 @@ def report_on_worker(target: Any, held: Sequence[int], free: int) -> None:
 
 def _allocated_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def initialize_from_config(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        plan = getattr(self, "_kvpolicy_elastic", None)
+        if plan is not None:  # the buffer goes on the allocator; it reports its pools when made
+            with elastic_hooks.elastic_allocation(self, plan):
+                return original(self, kv_cache_config, *args, **kwargs)
         result = original(self, kv_cache_config, *args, **kwargs)
         if kv_cache_config.kv_cache_tensors:  # attention-free models have no KV buffer
             self._kvpolicy_layout = PoolLayout.from_kv_cache_config(kv_cache_config)
@@ -247,6 +279,14 @@ def _allocated_hook(original: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return initialize_from_config
+
+
+def _manager_hook(original: Callable[..., Any]) -> Callable[..., Any]:
+    def __init__(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, kv_cache_config, *args, **kwargs)
+        elastic_hooks.bind_manager(self, kv_cache_config)
+
+    return __init__
 
 
 # ---------------------------------------------------------------- reports (engine core)
@@ -295,6 +335,8 @@ class EngineReporter:
 
 def _start_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def _initialize_kv_caches(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
+        model = AdapterEnv.from_environ().model or served_model_name(vllm_config)
+        elastic_hooks.prepare_engine(vllm_config, model)  # before vLLM resolves the KV cache layout
         result = original(self, vllm_config, *args, **kwargs)
         if result.kv_cache_groups:  # attention-free models have nothing to report
             self._kvpolicy_reporter = EngineReporter.from_environ()
@@ -306,6 +348,7 @@ def _start_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
 def _step_report_hook(original: Callable[..., Any]) -> Callable[..., Any]:
     def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(self, *args, **kwargs)
+        elastic_hooks.after_step(self)  # before the report: it may change what the pools hold
         reporter = getattr(self, "_kvpolicy_reporter", None)
         if reporter is not None:
             reporter.maybe_report(self)

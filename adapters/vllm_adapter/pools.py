@@ -39,8 +39,8 @@ FREE_POOL = "free_blocks"
 ACCOUNTING_POOLS = (PADDING_POOL, FREE_POOL)
 """Bytes of the buffer that hold no KV: block tails, the null block, rounding; unheld blocks."""
 VLLM_POOLS = DEEPSEEK_V4_POOLS + STANDARD_POOLS + ACCOUNTING_POOLS
-VLLM_ELASTIC_POOLS: tuple[str, ...] = ()
-"""Pools the vLLM adapter can back with the elastic allocator: none yet (next: ``full``)."""
+VLLM_ELASTIC_POOLS: tuple[str, ...] = ("full", "mla", "sliding_window")
+"""Pools the vLLM adapter can back with the elastic allocator (standard attention; not DeepSeek-V4)."""
 
 ALLOCATOR_GRANULE = 2 * MiB
 """PyTorch's caching allocator rounds a large allocation up to a multiple of 2 MiB."""
@@ -238,3 +238,32 @@ def held_blocks_per_group(coordinator: Any) -> tuple[list[int], int]:
         ids = {b.block_id for blocks in manager.req_to_blocks.values() for b in blocks if not b.is_null}
         held.append(len(ids))
     return held, pool.get_num_free_blocks()
+
+
+NULL_BLOCK_PART = "null_block_chunks"
+
+
+def elastic_pool_facts(layout: PoolLayout, held_blocks: Sequence[int], pinned_bytes: int) -> dict[str, PoolFacts]:
+    """Facts of an elastic rank: each KV pool's live split as ``owner elastic`` (informational: the
+    ledger counts the rank's elastic bytes through admission), and the chunks pinned for the null
+    block as runtime-owned ``padding`` — the only part of the buffer that counts in the GPU's R.
+    """
+    if len(held_blocks) != len(layout.groups):
+        raise ValueError(f"{len(held_blocks)} held-block counts for {len(layout.groups)} groups")
+    totals: dict[str, int] = dict.fromkeys(layout.pools, 0)
+    parts: dict[str, dict[str, int]] = {}
+    for group, held in zip(layout.groups, held_blocks):
+        for pool, nbytes in group.pool_bytes.items():
+            totals[pool] += held * nbytes
+        for pool, pool_parts in group.part_bytes.items():
+            acc = parts.setdefault(pool, {})
+            for part, nbytes in pool_parts.items():
+                acc[part] = acc.get(part, 0) + held * nbytes
+    facts = {
+        pool: PoolFacts(owner="elastic", bytes=nbytes, tensor_bytes=nbytes, parts=parts.get(pool, {}))
+        for pool, nbytes in totals.items()
+    }
+    facts[PADDING_POOL] = PoolFacts(
+        owner="runtime", bytes=pinned_bytes, tensor_bytes=layout.bytes_per_block, parts={NULL_BLOCK_PART: pinned_bytes}
+    )
+    return facts

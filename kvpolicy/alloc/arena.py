@@ -178,6 +178,25 @@ class Arena:
             raise AllocError(f"arena {self.name!r} has {len(free)} unmapped chunks, {n} requested")
         return self.map_chunks(free)
 
+    def zero_chunks(self, indices: Iterable[int]) -> None:
+        """Fill mapped chunks ``indices`` with zeros, one driver call per run of consecutive chunks."""
+        self._check_open()
+        indices = sorted(indices)
+        self._validate(indices, want_mapped=True)
+        drv, chunk, base = self.driver, self.chunk, self.va
+        i = 0
+        while i < len(indices):
+            j = i
+            while j + 1 < len(indices) and indices[j + 1] == indices[j] + 1:
+                j += 1
+            self.calls.zero += 1
+            try:
+                drv.zero(base + indices[i] * chunk, (j - i + 1) * chunk)
+            except DriverError:
+                self.calls.failures += 1
+                raise
+            i = j + 1
+
     # -- shrinking ---------------------------------------------------------------------
     def unmap_chunks(self, indices: Iterable[int], *, keep_handles: bool = True) -> None:
         """Unmap chunks ``indices``; their handles go to the pool up to ``keep_handles``, the rest are released.

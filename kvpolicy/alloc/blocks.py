@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from itertools import compress
@@ -81,7 +81,14 @@ class BlockPool:
         limit: LimitSource,
         grow_chunks: int = 1,
         name: str = "kv",
+        before_unmap: Callable[[list[int]], None] | None = None,
+        zero_new_chunks: bool = False,
     ) -> None:
+        """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
+        are unmapped, so an engine that keeps its own free lists can take their blocks out
+        first (and wait for kernels in flight); if it raises, nothing is unmapped.
+        ``zero_new_chunks`` fills every newly mapped chunk with zeros before its blocks
+        can be handed out."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if grow_chunks < 1:
@@ -131,6 +138,8 @@ class BlockPool:
         self._lock = threading.Lock()
         self._closed = False
         self._orphans: set[int] = set()  # unmapped for the pool, still mapped in some arena (a failed unmap)
+        self._before_unmap = before_unmap
+        self._zero_new = zero_new_chunks
         self.last_error: DriverError | None = None
         """The driver error a ``free`` swallowed while completing a deferred limit, if any."""
         self._revision: int | None = None
@@ -169,6 +178,11 @@ class BlockPool:
     def free_blocks(self) -> int:
         """Free blocks in mapped chunks: what ``alloc`` can hand out without growing."""
         return self._n_free
+
+    @property
+    def revision(self) -> int | None:
+        """The limit revision last applied (or deferred); None before the first reading."""
+        return self._revision
 
     @property
     def deferred(self) -> bool:
@@ -279,6 +293,23 @@ class BlockPool:
             self._n_live += len(ids)
             self._report()
 
+    def reconcile(self, live: Iterable[int], free: Iterable[int] | None) -> None:
+        """For an engine that tracks which blocks it holds: afterwards the ids in ``live`` are live and
+        those in ``free`` are free (ids already so are left alone); ``free=None``: every other id.
+
+        Claims go first, so that no chunk ever looks empty while the engine holds one of
+        its blocks; the frees may then complete a deferred limit (releasing chunks).
+        """
+        with self._lock:
+            current = self._live
+            wanted = set(live)
+            claim = sorted(wanted - current)
+            release = sorted(current - wanted if free is None else set(free) & current)
+        if claim:
+            self.claim(claim)
+        if release:
+            self.free(release)
+
     def ensure_mapped(self, blocks: Iterable[int]) -> list[int]:
         """Map the chunks holding ``blocks`` that are not mapped yet (under the limit); returns those chunk indices.
 
@@ -293,6 +324,37 @@ class BlockPool:
             if mapped:
                 self._report()
             return mapped
+
+    def grow(self, n: int) -> list[int]:
+        """Map the fewest lowest unmapped chunks that make at least ``n`` more blocks allocatable; returns those ids, ascending.
+
+        For an engine whose own scheduler hands out ids: the new blocks stay free. It never
+        gives memory back: while the limit source has a revision that ``sync()`` has not
+        applied, growth is refused (``OutOfBlocks`` reason ``"revision"``), so memory is
+        released only where the caller calls ``sync()``. A refusal maps nothing.
+        """
+        if n <= 0:
+            if n == 0:
+                return []
+            raise ValueError(f"cannot grow by {n} blocks")
+        with self._lock:
+            self._check_open()
+            reading = self._limit.read()
+            if reading.revision != self._revision:
+                raise OutOfBlocks(
+                    n, self._n_free, "revision", held=self.held_bytes, limit=reading.limit,
+                    hint=f"limit revision {reading.revision} is not applied yet; call sync() first",
+                )
+            self._reading = reading
+            added = self._map_indices(self._choose_growth(n, reading), requested=n)
+            self._report()
+            return sorted(added)
+
+    def report(self) -> None:
+        """Tell the limit source the bytes in live blocks and held now (``free`` alone does not)."""
+        with self._lock:
+            self._check_open()
+            self._report()
 
     # -- limits ------------------------------------------------------------------------
     def sync(self) -> PoolStats:
@@ -495,6 +557,10 @@ class BlockPool:
         missing = n - self._n_free
         if missing <= 0:
             return
+        self._map_indices(self._choose_growth(missing, reading), requested=n)
+
+    def _choose_growth(self, missing: int, reading: LimitReading) -> list[int]:
+        """The fewest lowest unmapped chunks whose mapping makes ``missing`` more blocks allocatable."""
         s, c, nb, mapped = self.block_stride, self.chunk, self.num_blocks, self._mapped
         chosen: list[int] = []
         chosen_set: set[int] = set()
@@ -519,14 +585,14 @@ class BlockPool:
                     gained += 1
         if gained < missing:
             raise OutOfBlocks(
-                n,
+                missing + self._n_free,
                 self._n_free,
                 "capacity",
                 held=self.held_bytes,
                 limit=reading.limit,
                 hint=f"the pool's virtual capacity is {self.num_blocks} blocks; create it with more",
             )
-        self._map_indices(chosen, requested=n)
+        return chosen
 
     def _creation_bytes(self, count: int) -> int:
         """Bytes that mapping ``count`` more chunk indices would create (pooled handles are already held)."""
@@ -549,8 +615,8 @@ class BlockPool:
             self._map_indices(indices, requested=requested)
         return indices
 
-    def _map_indices(self, indices: list[int], *, requested: int) -> None:
-        """Map chunk ``indices`` in every arena under the limit, all or nothing, then make their blocks allocatable."""
+    def _map_indices(self, indices: list[int], *, requested: int) -> list[int]:
+        """Map chunk ``indices`` in every arena under the limit, all or nothing, then make their blocks allocatable (returned)."""
         reading = self._reading
         todo = [[i for i in indices if not a.is_mapped(i)] for a in self.arenas]
         creating = sum(max(0, len(t) - a.pooled_handles) for a, t in zip(self.arenas, todo, strict=True)) * self.chunk
@@ -572,6 +638,9 @@ class BlockPool:
             for arena, t in zip(self.arenas, todo, strict=True):
                 if t:
                     done.append((arena, arena.map_chunks(t)))
+            if self._zero_new:
+                for arena, result in done:
+                    arena.zero_chunks(result.indices)
         except DriverError as exc:
             for arena, result in reversed(done):
                 for err in arena.undo_map(result):
@@ -583,7 +652,7 @@ class BlockPool:
                 ) from exc
             raise
         self._settle(held, creating)
-        self._add_mapped(indices)
+        return self._add_mapped(indices)
 
     def _settle(self, before: int, admitted: int) -> None:
         """Tell the limit source what a grow really changed: commit what is held now, roll back the rest."""
@@ -600,7 +669,7 @@ class BlockPool:
                 self._limit.rollback(admitted)
             self._limit.release(-grown)
 
-    def _add_mapped(self, indices: list[int]) -> None:
+    def _add_mapped(self, indices: list[int]) -> list[int]:
         s, c, nb = self.block_stride, self.chunk, self.num_blocks
         live, mapped, free_in = self._live, self._mapped, self._free_in
         for ci in indices:
@@ -628,6 +697,7 @@ class BlockPool:
                 self._ensure_partial(home)
             else:
                 self._ensure_empty(home)
+        return [b for blocks in added.values() for b in blocks]
 
     # -- shrinking ---------------------------------------------------------------------
     def _release_down_to(self, to: int, candidates: Iterable[int] | None = None) -> None:
@@ -665,6 +735,10 @@ class BlockPool:
     def _unmap_indices(self, indices: list[int]) -> None:
         """Unmap fully free chunk indices in every arena and release their handles."""
         s, c, nb, free_in = self.block_stride, self.chunk, self.num_blocks, self._free_in
+        if self._before_unmap is not None:
+            going = [ci for ci in indices if self._mapped[ci]]
+            if going:
+                self._before_unmap(going)
         for ci in indices:
             assert self._live_in[ci] == 0, f"pool {self.name!r} tried to unmap chunk {ci} with live blocks"
             self._orphans.add(ci)

@@ -16,6 +16,8 @@ class CallCounts:
     map: int = 0
     unmap: int = 0
     set_access: int = 0
+    zero: int = 0
+    """Fills of newly mapped memory with zeros (cuMemsetD8Async), when the pool asks for them."""
     failures: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -29,6 +31,7 @@ class CallCounts:
             "cuMemMap": d["map"],
             "cuMemUnmap": d["unmap"],
             "cuMemSetAccess": d["set_access"],
+            "cuMemsetD8Async": d["zero"],
             "failures": d["failures"],
         }
 

@@ -34,6 +34,8 @@ DRIVER_CALLS = (
     "cuMemUnmap",
     "cuMemSetAccess",
     "cuMemGetInfo",
+    "cuMemsetD8Async",
+    "cuCtxSynchronize",
 )
 
 
@@ -174,6 +176,26 @@ class Driver(ABC):
             self._fault("cuMemSetAccess")
         self._set_access(va, size)
 
+    def zero(self, va: int, size: int) -> None:
+        """Fill ``[va, va + size)`` (mapped, accessible) with zeros; done when this returns.
+
+        For memory just mapped: its contents are undefined until written, and an engine
+        whose kernels read a block's unused tail must not find NaN bit patterns there.
+        """
+        if self._faults:
+            self._fault("cuMemsetD8Async")
+        self._zero(va, size)
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on the device is done (before unmapping memory kernels may still read).
+
+        cuMemUnmap does not wait for kernels in flight (PyTorch's expandable segments
+        synchronise before unmapping for the same reason).
+        """
+        if self._faults:
+            self._fault("cuCtxSynchronize")
+        self._synchronize()
+
     def mem_info(self) -> tuple[int, int]:
         """``(free, total)`` bytes of device memory, as cuMemGetInfo reports them."""
         if self._faults:
@@ -208,6 +230,10 @@ class Driver(ABC):
     def _set_access(self, va: int, size: int) -> None: ...
     @abstractmethod
     def _mem_info(self) -> tuple[int, int]: ...
+    @abstractmethod
+    def _zero(self, va: int, size: int) -> None: ...
+    def _synchronize(self) -> None:  # noqa: B027 - nothing runs asynchronously unless the driver has a device
+        """Wait for the device's queued work (a no-op where nothing runs asynchronously)."""
 
 
 def import_cuda_bindings() -> Any:
@@ -268,6 +294,7 @@ class CudaDriver(Driver):
         self._ctx = ctx
         self._ctx_ptr = int(ctx)
         self._closed = False
+        self._stream: Any = None  # made on the first zero()
         self.activate()
 
         prop = cu.CUmemAllocationProp()
@@ -359,6 +386,28 @@ class CudaDriver(Driver):
         if err:
             raise driver_error("cuMemSetAccess", _name(err), int(err), f"{format_bytes(size)} at {va:#x}")
 
+    def _zero(self, va: int, size: int) -> None:
+        # A private non-blocking stream, waited on at once: the zeros are in place before
+        # the caller hands the memory out, whatever stream the engine's kernels use.
+        self.activate()
+        cu = self._cu
+        if self._stream is None:
+            err, stream = cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING)
+            self._check("cuStreamCreate", err)
+            self._stream = stream
+        (err,) = cu.cuMemsetD8Async(va, 0, size, self._stream)
+        if err:
+            raise driver_error("cuMemsetD8Async", _name(err), int(err), f"{format_bytes(size)} at {va:#x}")
+        (err,) = cu.cuStreamSynchronize(self._stream)
+        if err:
+            raise driver_error("cuStreamSynchronize", _name(err), int(err), f"after zeroing {format_bytes(size)} at {va:#x}")
+
+    def _synchronize(self) -> None:
+        self.activate()
+        (err,) = self._cu.cuCtxSynchronize()
+        if err:
+            raise driver_error("cuCtxSynchronize", _name(err), int(err))
+
     def _mem_info(self) -> tuple[int, int]:
         self.activate()
         err, free, total = self._cu.cuMemGetInfo()
@@ -371,6 +420,11 @@ class CudaDriver(Driver):
         if self._closed:
             return
         self._closed = True
+        if self._stream is not None:
+            self.activate()
+            (err,) = self._cu.cuStreamDestroy(self._stream)
+            self._stream = None
+            self._check("cuStreamDestroy", err)
         (err,) = self._cu.cuDevicePrimaryCtxRelease(self._dev)
         self._check("cuDevicePrimaryCtxRelease", err)
 

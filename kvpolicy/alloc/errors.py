@@ -66,8 +66,8 @@ class OutOfBlocks(AllocError):
 
     ``reason`` is one of ``"capacity"`` (the virtual capacity is used up), ``"limit"``
     (the limit in force says no), ``"admission"`` (the limit source refused the bytes,
-    e.g. the GPU's elastic budget is taken) or ``"device"`` (the GPU ran out of
-    physical memory). ``needed`` is the bytes the growth would have added.
+    e.g. the GPU's elastic budget is taken), ``"device"`` (the GPU ran out of
+    physical memory) or ``"revision"`` (``BlockPool.grow``: a new limit waits for ``sync()``). ``needed`` is the bytes the growth would have added.
     """
 
     def __init__(
@@ -98,6 +98,7 @@ class OutOfBlocks(AllocError):
                 f"limit {format_bytes(limit)}): the GPU's elastic budget is taken by other instances"
             ),
             "device": f"the GPU has no physical memory left for {format_bytes(needed)} more",
+            "revision": "a new limit revision waits to be applied",
         }.get(reason, reason)
         message = f"cannot allocate {requested} blocks ({free} free in mapped chunks): {why}"
         super().__init__(f"{message}; {hint}" if hint else message)

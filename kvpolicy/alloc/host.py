@@ -274,6 +274,12 @@ class HostDriver(Driver):
         for mapping in mappings:
             mapping.accessible = True
 
+    def _zero(self, va: int, size: int) -> None:
+        self._check_open("cuMemsetD8Async")
+        if not self.is_accessible(va, size):
+            raise self._invalid("cuMemsetD8Async", f"{format_bytes(size)} at {va:#x} is not mapped and accessible")
+        ctypes.memset(va, 0, size)
+
     def _mem_info(self) -> tuple[int, int]:
         self._check_open("cuMemGetInfo")
         return self.capacity - self._in_use, self.capacity

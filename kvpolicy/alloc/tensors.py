@@ -65,9 +65,19 @@ _exported: dict[int, tuple[Any, ...]] = {}
 
 @_Deleter
 def _release_export(managed: Any) -> None:
-    address = ctypes.cast(managed, ctypes.c_void_p).value
-    if address is not None:
-        _exported.pop(address, None)
+    try:
+        address = ctypes.cast(managed, ctypes.c_void_p).value
+        if address is not None:
+            _exported.pop(address, None)
+    except (AttributeError, TypeError):  # interpreter shutdown: this module's globals are already gone
+        return
+
+
+# torch calls the deleter when a tensor dies, which for an engine's KV views is at
+# interpreter shutdown, after module globals are torn down. The callback object must
+# outlive them, or torch would call freed memory (a segfault on exit): one reference
+# is leaked on purpose.
+ctypes.pythonapi.Py_IncRef(ctypes.py_object(_release_export))
 
 
 _capsule_new = ctypes.pythonapi.PyCapsule_New

@@ -1,6 +1,6 @@
 from collections.abc import Iterator
 
-from kvpolicy.engines import elastic_pools, pool_vocabulary
+from kvpolicy.engines import DEEPSEEK_V4_POOLS, elastic_pools, pool_vocabulary
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
 from kvpolicy.policy.errors import Diagnostic, Severity
@@ -13,16 +13,19 @@ class UnmanageableElasticPool(Rule):
     ## What it does
     A pool is `owner runtime` (the engine allocates it; kvpolicy counts it) or
     `owner elastic` (kvpolicy's allocator backs it and can grow and shrink it).
-    Only pools whose adapter supports it can be elastic; no DeepSeek-V4 pool is
-    elastic yet, on either engine.
+    Only pools whose adapter supports it can be elastic: on vLLM the standard
+    attention caches `full`, `mla` and `sliding_window`; no DeepSeek-V4 pool, on
+    either engine (its indexer aliases compressed entries on the decode hot path,
+    so binding them to memory that moves risks corruption).
 
     ## Why is this bad?
-    The policy would promise memory the engine will never give back.
+    The policy would promise memory the engine will never give back; the vLLM
+    adapter refuses to start such a model.
 
     ## Example
     ```
     model "deepseek-v4-flash" {
-      engine sglang
+      engine vllm
       pool swa { owner elastic }
     }
     ```
@@ -30,8 +33,15 @@ class UnmanageableElasticPool(Rule):
     ## Use instead
     ```
     model "deepseek-v4-flash" {
-      engine sglang
+      engine vllm
+      reserve 40 GiB
       pool swa { owner runtime }
+    }
+
+    model "qwen3-*" {
+      engine vllm
+      min 4 GiB
+      pool full { owner elastic }
     }
     ```
     """
@@ -57,4 +67,6 @@ class UnmanageableElasticPool(Rule):
                     if elastic
                     else "use `owner runtime`: no pool of this engine can be elastic yet"
                 )
+                if elastic and name in DEEPSEEK_V4_POOLS:
+                    hint = f"use `owner runtime`: DeepSeek-V4's pools stay runtime-owned ({hint})"
                 yield self.at(ctx.file, pool.owner.span, f"{who} cannot run pool '{name}' elastically", hint)

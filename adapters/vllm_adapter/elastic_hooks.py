@@ -1,0 +1,318 @@
+"""The elastic KV cache's hooks into vLLM 0.33, called from ``plugin``'s wrappers.
+
+In the order they run in one engine process (engine core and its one worker):
+
+1. ``prepare_engine`` (``EngineCore._initialize_kv_caches``, before it): if the policy
+   marks this model's pools elastic, ask vLLM for the block-outermost layout
+   (``VLLM_KV_CACHE_LAYOUT=BLHNC``), which vLLM checks against its attention backends.
+2. ``plan_worker`` (``Worker.determine_available_memory``, before it): attach the rank
+   to the ledger as an elastic instance (guarantee = the model's ``min``) and set
+   ``kv_cache_memory_bytes`` to the model's ``max`` — vLLM then plans that many
+   blocks, as address space only.
+3. ``elastic_allocation`` / ``allocate`` (``Worker.initialize_from_config``, around it):
+   admit the null block's chunks statically, build the ``ElasticKVBuffer``, and let the
+   model runner (V1's or the default Model Runner V2) run vLLM's own
+   ``allocate_kv_cache`` inside the buffer's allocation context.
+4. ``bind_manager`` (``KVCacheManager.__init__``, after it): the scheduler's block pool
+   becomes an ``ElasticBlockPool`` over that buffer.
+5. ``after_step`` (``EngineCore.step`` / ``step_with_batch_queue``, after each): the
+   pool's ``on_step`` (mirror, limits, give back, activity).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.units import MiB
+
+from .elastic_buffer import (
+    ElasticKVBuffer,
+    allocation_context,
+    check_views,
+    has_unbound,
+    pinned_chunks,
+    publish,
+    take_unbound,
+    unbound,
+)
+from .elastic_ledger import elastic_ledger
+from .elastic_policy import (
+    BLOCK_OUTERMOST_LAYOUTS,
+    ELASTIC_LAYOUT,
+    ElasticSettings,
+    check_kv_cache_config,
+    check_parallel,
+    elastic_settings,
+    marked_pools,
+    runtime_pools_in_model,
+)
+from .ledger import InstanceKey
+from .pools import PoolLayout, elastic_pool_facts
+
+logger = logging.getLogger(__name__)
+
+ENV_GIVE_BACK = "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"
+ENV_GROW = "KVPOLICY_ELASTIC_GROW_BYTES"
+DEFAULT_GIVE_BACK = 1.0
+DEFAULT_GROW = 16 * MiB
+
+
+def _env_number(name: str, default: float, unit: str) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise AdapterError(f"kvpolicy: {name}={text!r}: expected {unit}") from None
+    if value < 0:
+        raise AdapterError(f"kvpolicy: {name}={text!r} must be >= 0")
+    return value
+
+
+@dataclass
+class ElasticPlan:
+    """One worker's elastic KV cache, from sizing to allocation (kept on the worker and its model runner)."""
+
+    key: InstanceKey
+    gpu: str
+    settings: ElasticSettings
+    instance: Any
+    runtime_pools: tuple[str, ...]
+    buffer: ElasticKVBuffer | None = None
+    layout: PoolLayout | None = None
+
+
+# ---------------------------------------------------------------- engine core
+
+
+def model_is_elastic(env: AdapterEnv, model: str) -> bool:
+    """Whether the policy marks any pool of ``model`` ``owner elastic``."""
+    if env.policy is None:
+        return False
+    from kvpolicy.policy import load_policy
+
+    try:
+        return bool(marked_pools(load_policy(env.policy).model_settings(model).pools)[0])
+    except Exception as exc:  # the loader's own errors carry file:line:col
+        raise AdapterError(f"kvpolicy: cannot read the policy {env.policy}: {exc}") from exc
+
+
+def prepare_engine(vllm_config: Any, model: str, environ: dict[str, str] | None = None) -> bool:
+    """Before vLLM resolves the KV cache layout: ask for BLHNC if ``model`` is elastic. True if it is."""
+    env = AdapterEnv.from_environ()
+    if not model_is_elastic(env, model):
+        return False
+    environ = os.environ if environ is None else environ
+    configured = getattr(vllm_config.cache_config, "kv_cache_layout", None)
+    requested = environ.get("VLLM_KV_CACHE_LAYOUT") or None
+    for source, layout in (("--kv-cache-layout", configured), ("VLLM_KV_CACHE_LAYOUT", requested)):
+        if layout is not None and str(getattr(layout, "name", layout)) not in BLOCK_OUTERMOST_LAYOUTS:
+            raise AdapterError(
+                f"kvpolicy: {source}={getattr(layout, 'name', layout)}, but {model!r} has an elastic KV cache, which "
+                f"needs a block-outermost layout ({', '.join(BLOCK_OUTERMOST_LAYOUTS)}); use {ELASTIC_LAYOUT}."
+            )
+    if configured is None and requested is None:
+        environ["VLLM_KV_CACHE_LAYOUT"] = ELASTIC_LAYOUT
+        logger.info("kvpolicy: %s has an elastic KV cache: VLLM_KV_CACHE_LAYOUT=%s", model, ELASTIC_LAYOUT)
+    return True
+
+
+def after_step(engine_core: Any) -> None:
+    """After each engine step: the elastic pool's between-steps work (nothing for other engines)."""
+    scheduler = getattr(engine_core, "scheduler", None)
+    manager = getattr(scheduler, "kv_cache_manager", None)
+    pool = getattr(manager, "block_pool", None)
+    on_step = getattr(pool, "on_step", None)
+    if on_step is not None:
+        on_step(active=scheduler.has_requests())
+        return
+    if not has_unbound():
+        return
+    left = unbound()
+    if left:  # a worker's buffer no scheduler adopted: its blocks would be handed out unmapped
+        raise AdapterError(
+            f"kvpolicy: {len(left)} elastic KV buffer(s) in this process were not adopted by the scheduler "
+            "(the engine core's KVCacheManager was built elsewhere, or with another KV cache config); "
+            "refusing to run steps that would use unmapped blocks."
+        )
+
+
+# ---------------------------------------------------------------- worker
+
+
+def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
+    """At sizing: the worker's elastic plan (ledger instance attached, vLLM told to plan the virtual
+    capacity), or None when the policy marks no pool of this model elastic."""
+    env = AdapterEnv.from_environ()
+    ledger = elastic_ledger()
+    if not model_is_elastic(env, key.model):
+        return None
+    settings = elastic_settings(env.policy, key.model, gpu, ledger.capacity(gpu))
+    assert settings is not None, "the policy marks elastic pools but gave no settings"
+    pc = worker.parallel_config
+    check_parallel(pc.world_size, pc.distributed_executor_backend, getattr(pc, "data_parallel_size", 1))
+    cache = worker.cache_config
+    if cache.num_gpu_blocks_override is not None:
+        raise AdapterError(
+            f"kvpolicy: --num-gpu-blocks-override={cache.num_gpu_blocks_override} conflicts with the elastic KV "
+            f"cache of {key.model!r}, which vLLM plans from the policy's max; remove the flag."
+        )
+    if cache.kv_cache_memory_bytes is not None and cache.kv_cache_memory_bytes != settings.virtual:
+        raise AdapterError(
+            f"kvpolicy: --kv-cache-memory-bytes={cache.kv_cache_memory_bytes} conflicts with the elastic KV cache "
+            f"of {key.model!r} (planned from the policy's max, {settings.virtual} bytes); remove the flag."
+        )
+    if getattr(worker.vllm_config.model_config, "enable_sleep_mode", False):
+        raise AdapterError("kvpolicy: sleep mode moves the KV cache itself; it cannot be combined with an elastic KV cache")
+    if getattr(worker.vllm_config, "kv_transfer_config", None) is not None:
+        raise AdapterError(
+            "kvpolicy: KV connectors (--kv-transfer-config) place or transfer KV blocks themselves; "
+            "they cannot be combined with an elastic KV cache in this version"
+        )
+    runtime = runtime_pools_in_model(env.policy, key.model)
+    instance = ledger.attach(key, gpu, settings.guarantee)
+    cache.kv_cache_memory_bytes = settings.virtual
+    logger.info(
+        "kvpolicy: %s on %s: elastic KV cache, planned for %d bytes (max), guarantee %d bytes, chunk %d",
+        key.id, gpu, settings.virtual, settings.guarantee, settings.chunk,
+    )
+    return ElasticPlan(key=key, gpu=gpu, settings=settings, instance=instance, runtime_pools=runtime)
+
+
+def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
+    from kvpolicy.alloc import HostDriver, open_driver
+
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return open_driver("cuda", device=index)
+    # vLLM on a CPU (tests): host memory simulates the device, as large as the cache can grow.
+    return HostDriver(capacity=plan.settings.virtual + pinned + plan.settings.chunk)
+
+
+@contextlib.contextmanager
+def elastic_allocation(worker: Any, plan: ElasticPlan) -> Iterator[None]:
+    """Around ``Worker.initialize_from_config``: the model runner's ``initialize_kv_cache`` (V1's
+    ``GPUModelRunner`` or the default Model Runner V2 — both take ``kv_cache_allocation_context``)
+    allocates inside the elastic buffer's allocation context. Set on that one runner, for the call."""
+    runner = worker.model_runner
+    initialize = runner.initialize_kv_cache
+    try:
+        params = inspect.signature(initialize).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "kv_cache_allocation_context" not in params:
+        raise AdapterError(
+            f"kvpolicy: {type(runner).__name__}.initialize_kv_cache takes no kv_cache_allocation_context; this "
+            "vLLM differs from the validated one, and its KV buffer cannot be put on the allocator"
+        )
+
+    def initialize_kv_cache(kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kv_cache_config.kv_cache_tensors:  # attention-free: no buffer
+            return initialize(kv_cache_config, *args, **kwargs)
+        return allocate(worker, plan, initialize, kv_cache_config, *args, **kwargs)
+
+    runner.initialize_kv_cache = initialize_kv_cache
+    try:
+        yield
+    finally:
+        del runner.initialize_kv_cache
+
+
+def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+    """The model runner's ``initialize_kv_cache``, with its one KV buffer on the allocator."""
+    given = kwargs.get("kv_cache_allocation_context")
+    if given is not None and not isinstance(given, contextlib.nullcontext):
+        raise AdapterError(
+            "kvpolicy: vLLM asked to allocate the KV cache in a memory pool (sleep mode or a KV connector); "
+            "an elastic KV cache cannot live there"
+        )
+    layout_name = kv_cache_config.kv_cache_layout or worker.cache_config.get_resolved_kv_cache_layout().name
+    check_kv_cache_config(kv_cache_config, str(getattr(layout_name, "name", layout_name)), plan.runtime_pools)
+    layout = PoolLayout.from_kv_cache_config(kv_cache_config)
+    chunk = plan.settings.chunk
+    pinned = pinned_chunks(layout.bytes_per_block, chunk) * chunk
+    ledger = elastic_ledger()
+    admitted = ledger.admit_pinned(plan.instance, pinned)
+    if admitted < pinned:
+        raise AdapterError(f"kvpolicy: {plan.key.id}: only {admitted} of the {pinned} bytes for the null block were admitted")
+    device = getattr(worker.model_runner, "device", None) or worker.device
+    driver = _driver_for(device, plan, pinned)
+    grow_bytes = int(_env_number(ENV_GROW, DEFAULT_GROW, "bytes"))
+    buffer = ElasticKVBuffer(
+        driver,
+        num_blocks=layout.num_blocks,
+        bytes_per_block=layout.bytes_per_block,
+        chunk=chunk,
+        limit=plan.instance,
+        pinned=pinned,
+        grow_chunks=max(1, grow_bytes // chunk),
+        name=f"{plan.key.id}-kv",
+    )
+    try:
+        context = allocation_context(buffer, device)
+        kwargs["kv_cache_allocation_context"] = context
+        result = initialize(kv_cache_config, *args, **kwargs)
+        if not context.served:
+            raise AdapterError(
+                f"kvpolicy: vLLM did not allocate its {buffer.size}-byte KV buffer through torch.zeros as "
+                "0.33.0 does; this vLLM differs from the validated one"
+            )
+        forward = worker.vllm_config.compilation_config.static_forward_context
+        bound = {
+            name: getattr(forward[name], "kv_cache", None)
+            for group in kv_cache_config.kv_cache_groups
+            for name in group.layer_names
+            if name in forward
+        }
+        check_views(buffer, {k: v for k, v in bound.items() if hasattr(v, "data_ptr")})
+    except BaseException:
+        buffer.close()
+        raise
+    plan.buffer, plan.layout = buffer, layout
+    publish(buffer)
+    plan.instance.report_pools(elastic_pool_facts(layout, [0] * len(layout.groups), pinned))
+    logger.info("kvpolicy: %s: %r", plan.key.id, buffer)
+    return result
+
+
+def report(plan: ElasticPlan, held: Any) -> None:
+    """The rank's pools: the live split as elastic, the pinned chunks as runtime-owned ``padding``."""
+    assert plan.buffer is not None and plan.layout is not None, "report before the elastic buffer exists"
+    plan.instance.report_pools(elastic_pool_facts(plan.layout, list(held), plan.buffer.pinned))
+
+
+# ---------------------------------------------------------------- scheduler
+
+
+def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
+    """If this process allocated an elastic buffer for this KV cache config, make the manager's pool elastic."""
+    tensors = getattr(kv_cache_config, "kv_cache_tensors", None)
+    if not tensors or not kv_cache_config.num_blocks:
+        return None
+    buffer = take_unbound(kv_cache_config.num_blocks, tensors[0].size // kv_cache_config.num_blocks)
+    if buffer is None:
+        return None
+    from .elastic_pool import bind_scheduler
+
+    from .plugin import ENV_REPORT_INTERVAL
+
+    on_activity = getattr(buffer.limit.inner, "touch", None)
+    pool = bind_scheduler(
+        manager,
+        buffer,
+        give_back_interval=_env_number(ENV_GIVE_BACK, DEFAULT_GIVE_BACK, "seconds"),
+        report_interval=_env_number(ENV_REPORT_INTERVAL, 1.0, "seconds"),
+        on_activity=on_activity,
+    )
+    logger.info("kvpolicy: the scheduler's block pool is elastic over %r", buffer)
+    return pool

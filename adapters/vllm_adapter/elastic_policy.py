@@ -1,0 +1,196 @@
+"""What the policy says about a vLLM model's elastic KV cache, and which vLLM setups can have one.
+
+Pure: imports neither torch nor vllm. ``elastic_settings`` reads the policy once at
+engine start; ``check_kv_cache_config`` refuses a vLLM KV cache that the elastic
+pool cannot back (read by attribute from vLLM's own ``KVCacheConfig``).
+
+vLLM 0.33 keeps every KV cache group of a rank in one backing buffer drawn from one
+block pool, so the buffer is elastic or it is not: marking any of the model's pools
+``owner elastic`` makes the whole buffer elastic, and a pool of the same model
+marked ``owner runtime`` is a contradiction the adapter refuses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpolicy.adapters.common import ENV_POLICY, AdapterError
+from kvpolicy.units import format_bytes, round_down
+
+from .pools import DEEPSEEK_V4_POOLS, VLLM_ELASTIC_POOLS, deepseek_v4_pool, is_deepseek_v4, standard_pool
+
+BLOCK_OUTERMOST_LAYOUTS = ("BLHNC", "BLNHC", "BHLNC")
+"""vLLM layouts whose block dimension is outermost: block ``b`` is one byte range of the buffer."""
+ELASTIC_LAYOUT = "BLHNC"
+"""The layout the adapter asks vLLM for when a model is elastic (``VLLM_KV_CACHE_LAYOUT``)."""
+
+
+@dataclass(frozen=True)
+class ElasticSettings:
+    """One instance's elastic KV cache, resolved for its GPU (bytes, whole chunks)."""
+
+    model: str
+    pools: tuple[str, ...]
+    """The pools the policy marks ``owner elastic``."""
+    guarantee: int
+    """The model's ``min``: the instance's limit until a controller publishes."""
+    virtual: int
+    """The model's ``max``: the capacity vLLM plans with; address space only, mapped on demand."""
+    chunk: int
+    """The GPU's mapping granularity (``chunk``)."""
+
+
+def marked_pools(pools: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(pools marked ``owner elastic``, pools marked ``owner runtime``) of a model block's pools."""
+    elastic, runtime = [], []
+    for name, block in pools.items():
+        owner = getattr(getattr(block, "owner", None), "value", None)
+        if owner == "elastic":
+            elastic.append(name)
+        elif owner == "runtime":
+            runtime.append(name)
+    return tuple(sorted(elastic)), tuple(sorted(runtime))
+
+
+def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | None) -> ElasticSettings | None:
+    """The elastic settings of ``model`` on ``gpu``, or None when the policy marks none of its pools elastic.
+
+    ``capacity`` is the GPU's measured total (the policy's ``capacity`` overrides it);
+    percentages of ``min``/``max`` resolve against it. Raises AdapterError for pools
+    the vLLM adapter cannot run elastically and for a capacity it needs but lacks.
+    """
+    if policy is None:
+        return None
+    try:
+        from kvpolicy.policy import load_policy
+
+        loaded = load_policy(policy)
+        settings = loaded.model_settings(model)
+        gpu_settings = loaded.gpu_settings(gpu)
+    except AdapterError:
+        raise
+    except Exception as exc:  # the loader's own errors carry file:line:col
+        raise AdapterError(f"kvpolicy: cannot read the policy {policy}: {exc}") from exc
+    elastic, runtime = marked_pools(settings.pools)
+    if not elastic:
+        return None
+    unsupported = [p for p in elastic if p not in VLLM_ELASTIC_POOLS]
+    if unsupported:
+        why = (
+            "DeepSeek-V4's pools stay runtime-owned (its indexer aliases compressed entries on the decode hot path)"
+            if set(unsupported) & set(DEEPSEEK_V4_POOLS)
+            else "only standard attention caches can be elastic"
+        )
+        raise AdapterError(
+            f"kvpolicy: the policy {policy} marks pool(s) {', '.join(unsupported)} of {model!r} `owner elastic`, "
+            f"which the vLLM adapter cannot back with the allocator: {why}. Elastic vLLM pools: "
+            f"{', '.join(VLLM_ELASTIC_POOLS)}. Use `owner runtime` for the others (`kvpolicy lint` says the same)."
+        )
+    from kvpolicy.policy.model import PercentLit
+
+    if capacity is None and gpu_settings.capacity is None:
+        if isinstance(settings.min, PercentLit) or isinstance(settings.max, PercentLit):
+            raise AdapterError(
+                f"kvpolicy: {model!r} has an elastic KV cache whose min/max are percentages, but the capacity of "
+                f"{gpu} is unknown (no GPU to measure, no published figures). Set `capacity` for it in the policy, "
+                "or start `kvpolicy run` first."
+            )
+    cap = gpu_settings.capacity if gpu_settings.capacity is not None else capacity
+    chunk = gpu_settings.chunk
+    maximum = settings.max_bytes(cap or 0)
+    if cap is not None:
+        maximum = min(maximum, cap)  # the limit can never exceed the GPU
+    maximum = round_down(maximum, chunk)
+    guarantee = round_down(settings.min_bytes(cap or 0), chunk)
+    if maximum < chunk:
+        raise AdapterError(
+            f"kvpolicy: {model!r}'s `max` on {gpu} is {format_bytes(maximum)}, less than one chunk "
+            f"({format_bytes(chunk)}): vLLM could not plan a KV cache. Raise `max` in {ENV_POLICY}={policy}."
+        )
+    if guarantee > maximum:
+        raise AdapterError(
+            f"kvpolicy: {model!r}'s `min` {format_bytes(guarantee)} is above its `max` {format_bytes(maximum)} "
+            f"on {gpu}; fix the policy {policy}."
+        )
+    return ElasticSettings(model=model, pools=elastic, guarantee=guarantee, virtual=maximum, chunk=chunk)
+
+
+def runtime_pools_in_model(policy: Path | None, model: str) -> tuple[str, ...]:
+    """Pools of ``model`` the policy marks ``owner runtime`` (checked against the real KV cache at allocation)."""
+    if policy is None:
+        return ()
+    from kvpolicy.policy import load_policy
+
+    return marked_pools(load_policy(policy).model_settings(model).pools)[1]
+
+
+def check_parallel(world_size: int, backend: Any, data_parallel_size: int = 1) -> None:
+    """Refuse parallel setups the elastic pool does not support: see docs/vllm.md, "Elastic KV cache".
+
+    The scheduler's block pool lives in the engine core and the KV tensors in the
+    workers; this version maps chunks in the process that hands the blocks out, so
+    they must be one process: tensor/pipeline parallel 1 with the in-process executor.
+    """
+    backend_name = backend if isinstance(backend, str) or backend is None else getattr(backend, "__name__", str(backend))
+    if world_size != 1 or backend_name not in ("uni", "external_launcher", None) or data_parallel_size != 1:
+        raise AdapterError(
+            "kvpolicy: an elastic vLLM KV cache needs the engine core and its one worker in one process "
+            f"(tensor and pipeline parallel 1, data parallel 1, executor 'uni'); this engine has world size "
+            f"{world_size}, data parallel {data_parallel_size}, executor {backend_name!r}. Run each GPU as its own "
+            "engine with --distributed-executor-backend uni, or mark the pools `owner runtime`."
+        )
+
+
+def kv_pools_of(kv_cache_config: Any) -> tuple[str, ...]:
+    """The kvpolicy pools the layers of a real ``KVCacheConfig`` belong to (DeepSeek-V4's names for V4)."""
+    specs: list[tuple[str, Any]] = []
+    for group in kv_cache_config.kv_cache_groups:
+        inner = getattr(group.kv_cache_spec, "kv_cache_specs", None)
+        specs += [(name, inner[name] if inner is not None else group.kv_cache_spec) for name in group.layer_names]
+    v4 = is_deepseek_v4([s for _, s in specs])
+    names: dict[str, None] = {}
+    for name, spec in specs:
+        names[(deepseek_v4_pool(name, spec) if v4 else standard_pool(spec))[0]] = None
+    return tuple(names)
+
+
+def check_kv_cache_config(kv_cache_config: Any, layout: str, runtime: Iterable[str] = ()) -> None:
+    """Refuse a vLLM KV cache the elastic pool cannot back; the message says why and what to do.
+
+    Needs: only standard attention pools (not DeepSeek-V4, Mamba, …), one device
+    backing buffer, a block-outermost layout (block ``b`` is the byte range
+    ``[b × bytes_per_block, (b + 1) × bytes_per_block)``), and no pool of the model
+    marked ``owner runtime``.
+    """
+    pools = kv_pools_of(kv_cache_config)
+    bad = [p for p in pools if p not in VLLM_ELASTIC_POOLS]
+    if bad:
+        extra = " DeepSeek-V4's pools stay runtime-owned." if set(bad) & set(DEEPSEEK_V4_POOLS) else ""
+        raise AdapterError(
+            f"kvpolicy: this model's KV cache has pool(s) {', '.join(bad)}, which cannot be elastic on vLLM "
+            f"(elastic: {', '.join(VLLM_ELASTIC_POOLS)}).{extra} Mark its pools `owner runtime` and size it with `reserve`."
+        )
+    clash = sorted(set(runtime) & set(pools))
+    if clash:
+        raise AdapterError(
+            f"kvpolicy: the policy marks pool(s) {', '.join(clash)} `owner runtime` and others `owner elastic`, but "
+            "vLLM keeps all of a model's KV cache groups in one buffer: it is elastic as a whole or not at all. "
+            "Mark every pool of the model the same way."
+        )
+    tensors = kv_cache_config.kv_cache_tensors
+    sizes = {t.size for t in tensors}
+    if len(sizes) != 1 or any(getattr(t, "host_resident", False) for t in tensors):
+        raise AdapterError(
+            f"kvpolicy: expected one device KV backing buffer, got sizes {sorted(sizes)}; this placement "
+            "(host-resident groups, several buffers) cannot be elastic"
+        )
+    if layout not in BLOCK_OUTERMOST_LAYOUTS:
+        raise AdapterError(
+            f"kvpolicy: the KV cache layout is {layout}; an elastic pool needs a block-outermost layout "
+            f"({', '.join(BLOCK_OUTERMOST_LAYOUTS)}) so that each block is one byte range that one mapping covers. "
+            f"Set VLLM_KV_CACHE_LAYOUT={ELASTIC_LAYOUT} (the adapter sets it when the engine core starts, unless "
+            "another layout was asked for)."
+        )

@@ -1,0 +1,410 @@
+"""The scheduler's side of an elastic vLLM KV cache: vLLM's own ``BlockPool``, whose free queue holds only mapped blocks.
+
+vLLM 0.33's scheduler plans with the virtual block count (the policy's ``max``) and
+hands out block ids from one ``BlockPool`` (``vllm/v1/core/block_pool.py``). This
+module makes that pool elastic by subclassing it (``ElasticBlockPool.adopt`` turns
+the pool the scheduler built into one) — vLLM's code runs as is; the subclass only
+adds bookkeeping around it:
+
+- **vLLM's free queue holds exactly the free blocks whose chunks are mapped.** Blocks
+  in unmapped chunks are out of the queue (``_OUT``), so ``get_num_free_blocks()`` —
+  what the scheduler checks before it allocates — is exact, and every block
+  ``get_new_blocks`` can ever return lies in a mapped chunk.
+- **Map before handing out.** Inside ``KVCacheManager.allocate_slots`` the scheduler
+  asks the coordinator how many blocks a request needs and compares that with the
+  free count; the adapter hooks that question (instance-level, at the scheduler's
+  construction, ``bind_scheduler``) and first *makes room*: it asks the allocator to ``grow`` — one
+  elastic admission in the ledger for the batch, then cuMemCreate/Map/SetAccess and
+  a zero fill — and puts the new blocks at the head of the free queue. If the limit,
+  the GPU's budget or the device says no, nothing changes and vLLM sees an ordinary
+  allocation miss: the request waits, or vLLM preempts (it never sees an error).
+- **Mirror.** The allocator's pool unmaps only chunks none of whose blocks is live, so
+  before anything that may unmap (a new limit, giving back, a deferral) ``flush``
+  sets its live set to vLLM's truth (``ref_cnt > 0``) in one scan. vLLM's hot path
+  (``get_new_blocks``, ``free_blocks``, ``touch``) runs unchanged: nothing is recorded
+  per block. Growth needs no mirror (new chunks hold no live block), and the bytes in
+  use reported to the ledger come from vLLM's own count (blocks handed out).
+- **Give back** (``on_step``, between scheduler steps, never inside one — a prefix
+  hit looked up in ``schedule()`` must still be in the queue when it is touched): a
+  new limit revision is applied at once (``BlockPool.sync``: fully free chunks are
+  unmapped from the highest down; their cached blocks are evicted from the prefix
+  cache first, and the device is synchronised before the unmap); memory above the
+  target is given back the same way at most every ``give_back_interval`` seconds.
+  When live blocks pin chunks above a lowered limit, the revision is acknowledged
+  ``deferred``: the highest chunks needed are *doomed* — their free blocks are taken
+  out of the queue (``_PARKED``) so vLLM stops reusing them — and each one is
+  unmapped when its last block is freed; then ``applied``.
+
+Everything runs on the scheduler's thread (vLLM's block pool is not thread-safe).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+
+from kvpolicy.adapters.common import AdapterError
+from kvpolicy.alloc import DriverError, OutOfBlocks
+
+from .elastic_buffer import ElasticKVBuffer
+
+logger = logging.getLogger(__name__)
+
+_OUT, _IN, _PARKED = 0, 1, 2
+_NEVER = 1 << 62
+
+
+class ElasticBlockPool(BlockPool):
+    """vLLM's ``BlockPool`` over an ``ElasticKVBuffer``; built only by ``adopt``."""
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def adopt(
+        cls,
+        pool: BlockPool,
+        buffer: ElasticKVBuffer,
+        *,
+        give_back_interval: float = 1.0,
+        report_interval: float = 0.5,
+        on_activity: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> ElasticBlockPool:
+        """Turn the fresh block pool vLLM's scheduler built into an elastic one over ``buffer``.
+
+        The object stays the one every group manager holds; only its class changes.
+        """
+        if type(pool) is not BlockPool:
+            raise AdapterError(f"kvpolicy: the scheduler's block pool is a {type(pool).__name__}, not vLLM's BlockPool")
+        if pool.num_gpu_blocks != buffer.num_blocks:
+            raise AdapterError(
+                f"kvpolicy: the scheduler plans {pool.num_gpu_blocks} blocks but the elastic buffer has "
+                f"{buffer.num_blocks}: they come from different KV cache configs"
+            )
+        if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
+            raise AdapterError("kvpolicy: the scheduler's block pool is already in use; it must be adopted fresh")
+        pool.__class__ = cls
+        assert isinstance(pool, ElasticBlockPool)
+        pool._init_elastic(buffer, give_back_interval, report_interval, on_activity, clock)
+        return pool
+
+    def _init_elastic(
+        self,
+        buffer: ElasticKVBuffer,
+        give_back_interval: float,
+        report_interval: float,
+        on_activity: Callable[[], None] | None,
+        clock: Callable[[], float],
+    ) -> None:
+        kv = buffer.pool
+        self._buffer = buffer
+        self._kv = kv
+        self._limit = buffer.limit
+        self._bpb = buffer.bytes_per_block
+        self._chunk = buffer.chunk
+        self._pinned_chunks = frozenset(kv.chunks_of_block(0))
+        self._state = bytearray(self.num_gpu_blocks)
+        self._state[0] = _IN  # the null block: mapped for good, never in the queue
+        self._n_in = 0  # blocks (null block excluded) in vLLM's hands: queued or handed out
+        self._parked: set[int] = set()
+        self._doomed: frozenset[int] | None = None
+        self._growing = False
+        self._refused_from = _NEVER
+        self._give_back_interval = give_back_interval
+        self._on_activity = on_activity
+        self._clock = clock
+        self._last_give_back = clock()
+        self._report_interval = report_interval
+        self._last_report = float("-inf")
+        self._reported_used = -1
+        buffer.limit.used_bytes = lambda: self.handed_out_blocks * self._bpb
+        self.refusals: Counter[str] = Counter()
+        """Growth refusals by reason (``limit``, ``admission``, ``device``, ``capacity``, ``revision``, ``error``)."""
+        self.last_refusal: Exception | None = None
+        self.grown_blocks = 0
+        self.unmapped_chunks = 0
+        # Only blocks whose chunks are mapped (at start: those sharing the null block's chunks).
+        usable: list[KVCacheBlock] = []
+        for block in self.blocks:
+            block.prev_free_block = block.next_free_block = None
+        mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
+        for b in sorted({b for c in mapped for b in kv.blocks_of_chunk(c)} - {0}):
+            if all(kv.is_chunk_mapped(c) for c in kv.chunks_of_block(b)) and not kv.is_live(b):
+                usable.append(self.blocks[b])
+                self._state[b] = _IN
+        self.free_block_queue = FreeKVCacheBlockQueue(usable)
+        self._n_in = len(usable)
+        buffer.set_listener(self._on_unmap)
+        buffer.bound = True
+
+    # -- vLLM's hot path: unchanged, but for draining ---------------------------------------
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        if self._doomed is None:
+            return BlockPool.free_blocks(self, ordered_blocks)
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        BlockPool.free_blocks(self, blocks)
+        self._park([b for b in blocks if b.ref_cnt == 0 and not b.is_null])  # draining: keep them out
+        return None
+
+    @property
+    def handed_out_blocks(self) -> int:
+        """Blocks vLLM holds now (the null block excluded), from its own free count."""
+        return self._n_in - self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        """Blocks handed out, as a share of what the current limit allows (mapped or mappable)."""
+        free = self.free_block_queue.num_free_blocks
+        used = self._n_in - free
+        reading = self._limit.read()
+        growable = max(0, reading.limit - self._kv.held_bytes) // self._bpb
+        total = used + free + growable
+        return used / total if total else 0.0
+
+    def reset_prefix_cache(self) -> bool:
+        # vLLM resets only when every block is free; blocks out of the queue (unmapped or
+        # parked) are free too, so its count is corrected for the duration of the call.
+        if self._n_in - self.free_block_queue.num_free_blocks == 0:
+            self.get_num_free_blocks = lambda: self.num_gpu_blocks - 1  # type: ignore[method-assign]
+            try:
+                return super().reset_prefix_cache()
+            finally:
+                del self.get_num_free_blocks
+        return super().reset_prefix_cache()
+
+    # -- growth (inside schedule(): only adds blocks) -----------------------------------
+    def make_room(self, n: int) -> bool:
+        """Map chunks until ``n`` free blocks are in the queue, if the limit and budget allow; True if there are.
+
+        A refusal changes nothing (vLLM then treats the request as an allocation miss) and
+        is not retried for ``n`` or more blocks until the next step.
+        """
+        free = self.free_block_queue.num_free_blocks
+        if n <= free:
+            return True
+        if n >= self._refused_from or self._kv.deferred:
+            return False
+        self._growing = True
+        try:  # no mirror needed: the chunks it maps hold no block vLLM uses
+            ids = self._kv.grow(n - free)
+        except OutOfBlocks as exc:
+            self._refuse(n, exc.reason, exc)
+            return False
+        except DriverError as exc:  # a driver failure other than out-of-memory: the engine goes on
+            self._refuse(n, "error", exc)
+            logger.error("kvpolicy: growing the elastic KV cache failed (the request waits): %s", exc)
+            return False
+        finally:
+            self._growing = False
+        blocks = []
+        state = self._state
+        for b in ids:
+            assert state[b] == _OUT, f"block {b} became allocatable twice (state {state[b]})"
+            state[b] = _IN
+            blocks.append(self.blocks[b])
+        self.free_block_queue.prepend_n(blocks)
+        self._n_in += len(blocks)
+        self.grown_blocks += len(blocks)
+        return n <= self.free_block_queue.num_free_blocks
+
+    def _refuse(self, n: int, reason: str, exc: Exception) -> None:
+        self._refused_from = min(self._refused_from, n)
+        self.refusals[reason] += 1
+        self.last_refusal = exc
+
+    # -- between steps ----------------------------------------------------------------------
+    def on_step(self, active: bool) -> None:
+        """Once per scheduler step, after it: mirror, apply a new limit, give back above the target, report.
+
+        Reports activity (``idle_seconds``) and, at most every ``report_interval`` seconds,
+        the bytes in use (the ledger's elastic ``used``).
+
+        ``active``: the scheduler has requests (the instance is not idle).
+        """
+        self._refused_from = _NEVER
+        if active and self._on_activity is not None:
+            self._on_activity()
+        kv, lim = self._kv, self._limit
+        reading = lim.read()
+        now = self._clock()
+        held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
+        new_revision = reading.revision != kv.revision
+        give_back = held > reading.target and now - self._last_give_back >= self._give_back_interval
+        if new_revision or give_back:
+            self.flush()
+            try:
+                kv.sync()  # apply: shrink to the limit (or defer); give back down to the target
+            except DriverError as exc:  # the pool stays true to the driver; the next step retries
+                logger.error("kvpolicy: giving elastic KV memory back failed (retried next step): %s", exc)
+            self._last_give_back = now
+            if new_revision:
+                self._doomed = None
+        if kv.deferred:
+            if self._doomed is None:
+                self._doom()
+            self._drain()
+        elif self._doomed is not None or self._parked:
+            self._unpark()
+        if now - self._last_report >= self._report_interval:
+            used = self.handed_out_blocks
+            if used != self._reported_used:
+                kv.report()  # elastic `used` for the ledger's facts (PinnedFirst asks handed_out_blocks)
+                self._reported_used = used
+            self._last_report = now
+
+    def flush(self) -> None:
+        """Set the allocator's live set to vLLM's: the blocks with ``ref_cnt > 0``, and the null block.
+
+        One scan of vLLM's blocks; run before anything that may unmap (sync, draining).
+        """
+        live = {b.block_id for b in self.blocks if b.ref_cnt}
+        live.add(0)  # the null block: vLLM does not count its references; it stays pinned
+        self._kv.reconcile(live, None)
+
+    def _drain(self) -> None:
+        """While deferred: mirror the doomed chunks' blocks, so that each chunk that empties is unmapped."""
+        kv, blocks = self._kv, self.blocks
+        ids = {b for c in self._doomed or () for b in kv.blocks_of_chunk(c)}
+        live = {b for b in ids if blocks[b].ref_cnt}
+        kv.reconcile(live, ids - live - {0})
+
+    # -- shrinking ------------------------------------------------------------------------
+    def _on_unmap(self, chunks: list[int]) -> None:
+        """The allocator is about to unmap ``chunks``: take their blocks out of vLLM's circulation."""
+        assert not self._growing, "kvpolicy: growth unmapped a chunk; only on_step may shrink (inside schedule() a prefix hit may still be pending)"
+        kv, state, blocks = self._kv, self._state, self.blocks
+        ids = sorted({b for c in chunks for b in kv.blocks_of_chunk(c)} - {0})
+        for b in ids:
+            if state[b] == _IN and blocks[b].ref_cnt:
+                raise AssertionError(
+                    f"kvpolicy: chunk(s) {chunks} are being unmapped while vLLM holds block {b}: the allocator's "
+                    "live set is stale (every allocator call that may unmap must follow a flush)"
+                )
+        queue = self.free_block_queue
+        for b in ids:
+            st = state[b]
+            if st == _IN:
+                block = blocks[b]
+                self._maybe_evict_cached_block(block)
+                queue.remove(block)
+                self._n_in -= 1
+            elif st == _PARKED:
+                self._parked.discard(b)
+            state[b] = _OUT
+        self.unmapped_chunks += len(chunks)
+
+    def _doom(self) -> None:
+        """A lowered limit is deferred: pick the highest chunks to drain and park their free blocks."""
+        if self._parked:
+            self._unpark()  # a new revision: the blocks to drain may be others now
+        kv = self._kv
+        reading = self._limit.read()
+        excess = kv.held_bytes - reading.limit
+        if excess <= 0:
+            return
+        count = math.ceil(excess / self._chunk)
+        mapped = [c for c in range(kv.num_chunks - 1, -1, -1) if kv.is_chunk_mapped(c) and c not in self._pinned_chunks]
+        self._doomed = frozenset(mapped[:count])
+        self._park([self.blocks[b] for c in self._doomed for b in kv.blocks_of_chunk(c)])
+
+    def _park(self, candidates: list[KVCacheBlock]) -> None:
+        doomed, kv, state, queue = self._doomed, self._kv, self._state, self.free_block_queue
+        if not doomed:
+            return
+        for block in candidates:
+            b = block.block_id
+            if state[b] != _IN or block.ref_cnt or b == 0:
+                continue
+            if not any(c in doomed for c in kv.chunks_of_block(b)):
+                continue
+            self._maybe_evict_cached_block(block)  # a parked block can never be a prefix hit
+            queue.remove(block)
+            state[b] = _PARKED
+            self._parked.add(b)
+            self._n_in -= 1
+
+    def _unpark(self) -> None:
+        """The deferral is over: parked blocks still mapped go back to the queue."""
+        self._doomed = None
+        back = sorted(self._parked)
+        self._parked.clear()
+        for b in back:
+            self._state[b] = _IN
+        self.free_block_queue.prepend_n([self.blocks[b] for b in back])
+        self._n_in += len(back)
+
+    # -- facts ----------------------------------------------------------------------------
+    def elastic_stats(self) -> dict[str, Any]:
+        """What the elastic pool holds now, in blocks and bytes (for logs, tests and benchmarks)."""
+        kv = self._kv
+        free = self.free_block_queue.num_free_blocks
+        return {
+            "queued_free_blocks": free,
+            "handed_out_blocks": self.handed_out_blocks,
+            "parked_blocks": len(self._parked),
+            "held_bytes": kv.held_bytes,
+            "elastic_bytes": self._limit.elastic_held,
+            "pinned_bytes": self._limit.pinned_held,
+            "deferred": kv.deferred,
+            "grown_blocks": self.grown_blocks,
+            "unmapped_chunks": self.unmapped_chunks,
+            "refusals": dict(self.refusals),
+        }
+
+    def check_consistent(self) -> None:
+        """Assert the invariants (tests call it after every step): every block vLLM can hand out or
+        holds is in a mapped chunk, and the queue holds exactly the free ``_IN`` blocks."""
+        kv, state = self._kv, self._state
+        queued = {b.block_id for b in self.free_block_queue.get_all_free_blocks()}
+        assert len(queued) == self.free_block_queue.num_free_blocks, "the free queue's count is off"
+        n_in = 0
+        for block in self.blocks[1:]:
+            b = block.block_id
+            st = state[b]
+            mapped = all(kv.is_chunk_mapped(c) for c in kv.chunks_of_block(b))
+            if block.ref_cnt:
+                assert st == _IN and mapped, f"block {b} is in use but its chunk is not mapped (state {st})"
+            if b in queued:
+                assert st == _IN and mapped and not block.ref_cnt, f"block {b} is queued but state {st}, mapped {mapped}"
+            elif st == _IN:
+                assert block.ref_cnt, f"block {b} is neither queued nor in use"
+            if st == _PARKED:
+                assert mapped and b in self._parked
+            if st == _IN:
+                n_in += 1
+        assert n_in == self._n_in, f"{n_in} blocks in vLLM's hands, counted {self._n_in}"
+
+
+def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> ElasticBlockPool:
+    """Make the block pool of a vLLM ``KVCacheManager`` elastic over ``buffer`` and hook its allocation check.
+
+    ``KVCacheManager.allocate_slots`` asks the coordinator how many blocks a request needs
+    (``get_num_blocks_to_allocate``) and compares that, plus its watermark, with
+    ``get_num_free_blocks()``. The hook — an instance attribute on this one coordinator —
+    makes room for that many first. (The scheduler's only other caller of the count
+    reserves blocks for asynchronous KV-connector loads, which an elastic engine refuses.)
+    """
+    coordinator = manager.coordinator
+    shared = coordinator.block_pool
+    for m in coordinator.single_type_managers:
+        if m.block_pool is not shared:
+            raise AdapterError("kvpolicy: a KV cache group has its own block pool (host-resident?); it cannot be elastic")
+    pool = ElasticBlockPool.adopt(shared, buffer, **options)
+    if manager.block_pool is not pool:
+        raise AdapterError("kvpolicy: vLLM's KVCacheManager and its coordinator hold different block pools")
+    count = coordinator.get_num_blocks_to_allocate
+
+    def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
+        n = count(*args, **kwargs)
+        need = n + manager.watermark_blocks
+        if need > pool.free_block_queue.num_free_blocks:
+            pool.make_room(need)
+        return n
+
+    coordinator.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+    return pool

@@ -1,0 +1,357 @@
+"""vLLM 0.33's real KV cache manager and block pool on an elastic buffer, driven for thousands of steps.
+
+A real KVCacheConfig (vLLM's own planning of Qwen3-8B and Gemma-3-1B, block-outermost
+layout), vLLM's allocate_kv_cache building its views over the allocator's arena (host
+driver), vLLM's KVCacheManager/BlockPool/Request with prefix caching, and — where the
+test says so — the real shared-memory ledger. The loop (elastic_harness.Loop) plays
+the scheduler. After every step: every block vLLM holds or can hand out lies in a
+mapped chunk, the queue holds exactly the free mapped blocks, the allocator's live
+set equals vLLM's, the ledger's books equal what the pool holds, and every running
+request's KV (and every prefix hit's) reads back as written.
+"""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+from elastic_harness import build  # noqa: E402
+
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, StaticLimit  # noqa: E402
+from kvpolicy.units import GiB, MiB  # noqa: E402
+
+CHUNK = 2 * MiB
+GPU = "cuda:0"
+CAPACITY = 8 * GiB
+
+
+def check(loop, buffer) -> None:
+    pool = loop.pool
+    pool.flush()
+    pool.check_consistent()
+    kv = buffer.pool
+    for block in pool.blocks[1:]:
+        assert (block.ref_cnt > 0) == kv.is_live(block.block_id), f"block {block.block_id}: mirror differs"
+    assert kv.is_live(0), "the null block must stay live (pinned)"
+
+
+@pytest.fixture
+def ledger_dir() -> Iterator[Path]:
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
+    parent = base / f"kvpolicy-elastic-test-{uuid.uuid4().hex[:12]}"
+    parent.mkdir(mode=0o700)
+    try:
+        yield parent / "ledger"
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def attach_elastic(ledger_dir: Path, name: str, guarantee: int):
+    from kvpolicy.runtime.client import attach
+
+    inst = attach(
+        id=name, model="qwen3-8b", gpu=GPU, engine="vllm", guarantee=guarantee, elastic=True,
+        capacity=CAPACITY, headroom=0, other_used=0, ledger_dir=ledger_dir, handle_signals=False,
+    )
+    return inst.limit_source()
+
+
+def publish(ledger_dir: Path, revision: int, budget: int, limits: dict) -> None:
+    from kvpolicy.runtime.directory import LedgerDir
+    from kvpolicy.runtime.ledger import GpuLimits
+
+    with LedgerDir(ledger_dir) as ld:
+        skipped = ld.publish(ld.read(), revision, {GPU: GpuLimits(CAPACITY, 0, 0, budget)}, limits)
+    assert not skipped
+
+
+def test_thousands_of_steps_on_the_ledger(ledger_dir: Path) -> None:
+    """Grow, hit the limit, shrink under a lowered limit (deferred, then applied), grow again, give back."""
+    from kvpolicy.runtime.ledger import InstanceLimits
+
+    inst = attach_elastic(ledger_dir, "qwen/0", guarantee=32 * MiB)
+    driver = HostDriver(capacity=2 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 1 * GiB, driver, CHUNK, inst, seed=1)
+    try:
+        pinned = buffer.pinned
+        assert inst.admit_static(pinned) == pinned  # what the plugin admits for the null block's chunks
+        schedule = {
+            0: InstanceLimits(limit=128 * MiB, target=96 * MiB, guarantee=32 * MiB),  # below the demand
+            1200: InstanceLimits(limit=48 * MiB, target=48 * MiB, guarantee=32 * MiB),  # below what is live
+            2200: InstanceLimits(limit=512 * MiB, target=512 * MiB, guarantee=32 * MiB),
+        }
+        revision = 0
+        deferred_seen = applied_after_defer = False
+        peak = [0, 0, 0]
+        for step in range(3000):
+            if step in schedule:
+                revision += 1
+                publish(ledger_dir, revision, 4 * GiB, {"qwen/0": schedule[step]})
+            while len(loop.waiting) < 3:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+            view = inst.snapshot()
+            kv = buffer.pool
+            # The ledger's books are exactly what the pool holds beyond the pinned chunks.
+            assert view.mapped == buffer.limit.elastic_held == kv.held_bytes - pinned and view.pending == 0
+            assert view.static_admitted == pinned or view.pools["padding"].bytes == pinned
+            limit = view.limit
+            if view.ack == "deferred":
+                deferred_seen = True
+            else:
+                assert kv.held_bytes - pinned <= limit, f"step {step}: {kv.held_bytes - pinned} held over {limit}"
+                applied_after_defer |= deferred_seen and view.ack_revision == 2
+            phase = 0 if step < 1200 else 1 if step < 2200 else 2
+            peak[phase] = max(peak[phase], kv.held_bytes - pinned)
+            if step == 1199:
+                assert kv.held_bytes - pinned > 48 * MiB, "the loop should be above the coming limit"
+        stats = loop.stats
+        assert stats.finished > 100 and stats.prefix_hit_tokens > 0 and stats.verified_tokens > 100_000
+        assert stats.misses > 0 and loop.pool.refusals["limit"] > 0  # the limit was reached: misses, no errors
+        assert deferred_seen and applied_after_defer, "the lowered limit was deferred, then applied"
+        assert 128 * MiB - 3 * CHUNK < peak[0] <= 128 * MiB  # it grew to the limit, never past it
+        assert peak[2] > 128 * MiB  # and past it once the limit was raised
+        assert view.ack_revision == 3 and view.ack == "applied"
+        # Idle: everything finishes; memory above the target goes back (the target is the limit now: stays).
+        loop.drain()
+        check(loop, buffer)
+        publish(ledger_dir, 4, 4 * GiB, {"qwen/0": InstanceLimits(limit=512 * MiB, target=0, guarantee=32 * MiB)})
+        loop.pool.on_step(active=False)
+        assert buffer.pool.held_bytes == pinned, "idle with target 0: only the null block's chunks stay"
+        assert inst.snapshot().mapped == 0 and inst.snapshot().used == 0
+    finally:
+        loop.manager = None
+        buffer.close()
+        assert inst.snapshot().mapped == 0
+        inst.detach()
+        driver.close()
+
+
+def test_reached_limit_is_an_allocation_miss() -> None:
+    limit = StaticLimit(24 * MiB)
+    driver = HostDriver(capacity=1 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=2)
+    loop.max_running = 16
+    try:
+        for _ in range(400):
+            while len(loop.waiting) < 8:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+            assert buffer.pool.held_bytes <= 24 * MiB + buffer.pinned
+        assert loop.stats.misses > 50 and loop.stats.preemptions > 0 and loop.stats.finished > 5
+        assert loop.pool.refusals["limit"] > 0 and set(loop.pool.refusals) <= {"limit"}
+        assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
+    finally:
+        buffer.close()
+        driver.close()
+
+
+def test_budget_taken_by_another_instance_is_a_miss(ledger_dir: Path) -> None:
+    """The GPU's elastic budget, not the instance's limit, says no: admission refused, a miss."""
+    from kvpolicy.runtime.ledger import InstanceLimits
+
+    ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
+    other = attach_elastic(ledger_dir, "other/0", guarantee=0)
+    driver = HostDriver(capacity=2 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, ours, seed=3)
+    hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
+    try:
+        ours.admit_static(buffer.pinned)
+        publish(ledger_dir, 1, 48 * MiB, {
+            "qwen/0": InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0),
+            "other/0": InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0),
+        })
+        taken = hog.alloc(20)  # 40 of the GPU's 48 MiB
+        for _ in range(200):
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+            assert ours.snapshot().mapped + other.snapshot().mapped <= 48 * MiB
+        assert loop.pool.refusals["admission"] > 0 and loop.stats.misses > 0
+        assert ours.last_refusal is None or ours.last_refusal.reason == "budget"
+        assert buffer.pool.held_bytes - buffer.pinned <= 8 * MiB
+        hog.free(taken)
+        hog.shrink(0)  # the other instance gives its memory back: ours can grow into it
+        before = loop.stats.finished
+        for _ in range(100):
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+        assert buffer.pool.held_bytes - buffer.pinned > 8 * MiB and loop.stats.finished > before
+    finally:
+        hog.close()
+        buffer.close()
+        ours.detach()
+        other.detach()
+        driver.close()
+
+
+def test_shrinking_releases_only_fully_free_chunks() -> None:
+    """Under a lowered limit, each chunk is unmapped only once no block in it is held (prefix-cached ones are evicted)."""
+    limit = StaticLimit(200 * MiB, 200 * MiB)
+    driver = HostDriver(capacity=1 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 1 * GiB, driver, CHUNK, limit, seed=4)
+    seen: list[list[int]] = []
+    pool = loop.pool
+    kv = buffer.pool
+    listener = pool._on_unmap
+
+    def audit(chunks: list[int]) -> None:  # before the pool's own listener: the state vLLM and the allocator see
+        for c in chunks:
+            for b in kv.blocks_of_chunk(c):
+                assert pool.blocks[b].ref_cnt == 0 and not kv.is_live(b), f"chunk {c} unmapped with block {b} held"
+        seen.append(list(chunks))
+        listener(chunks)
+
+    buffer.set_listener(audit)
+    try:
+        for _ in range(150):
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+        check(loop, buffer)
+        held_before = kv.held_bytes
+        assert held_before > 100 * MiB
+        limit.set(24 * MiB, 24 * MiB)
+        for step in range(600):
+            if step < 300:
+                while len(loop.waiting) < 2:
+                    loop.submit()
+            loop.step()
+            check(loop, buffer)
+        assert seen, "nothing was released"
+        assert limit.acked == (2, "applied") and not kv.deferred
+        assert kv.held_bytes <= 24 * MiB + buffer.pinned
+        assert pool.refusals["limit"] > 0 or pool.refusals["revision"] > 0
+    finally:
+        buffer.close()
+        driver.close()
+
+
+def test_give_back_above_the_target_evicts_prefix_cache_page_aware() -> None:
+    """Idle above the target: fully free chunks go, highest first; cached blocks in kept chunks still hit, intact."""
+    limit = StaticLimit(256 * MiB, 256 * MiB)
+    driver = HostDriver(capacity=1 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 1 * GiB, driver, CHUNK, limit, seed=5)
+    loop.max_new_tokens = 8
+    try:
+        for _ in range(300):
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+        loop.drain()
+        check(loop, buffer)
+        kv = buffer.pool
+        cached_before = len(loop.pool.cached_block_hash_to_block)
+        assert cached_before > 0 and kv.held_bytes > 60 * MiB
+        limit.set(256 * MiB, 40 * MiB)  # a lower target, same limit
+        loop.pool.on_step(active=False)
+        check(loop, buffer)
+        assert kv.held_bytes <= 40 * MiB + buffer.pinned
+        cached_after = len(loop.pool.cached_block_hash_to_block)
+        assert 0 < cached_after < cached_before
+        mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
+        assert mapped == list(range(len(mapped))), "the lowest chunks stay, the highest go"
+        # New requests over the same prompts still hit what survived, with intact KV (Loop verifies hits).
+        hits = loop.stats.prefix_hit_tokens
+        for _ in range(40):
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+        assert loop.stats.prefix_hit_tokens > hits
+    finally:
+        buffer.close()
+        driver.close()
+
+
+def test_hybrid_sliding_window_model_with_large_chunks() -> None:
+    """Gemma-3-1B: full and sliding-window groups share the elastic buffer; 8 MiB chunks."""
+    limit = StaticLimit(96 * MiB, 64 * MiB)
+    driver = HostDriver(capacity=1 * GiB)
+    loop, buffer = build("gemma-3-1b", 32, 512 * MiB, driver, 8 * MiB, limit, seed=6, max_model_len=1024)
+    try:
+        for step in range(800):
+            if step == 400:
+                limit.set(32 * MiB, 16 * MiB)
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+        assert loop.stats.finished > 20 and loop.stats.verified_tokens > 10_000
+        assert limit.acked is not None and limit.acked[0] == 2
+    finally:
+        buffer.close()
+        driver.close()
+
+
+def test_device_out_of_memory_is_a_miss() -> None:
+    """The limit allows more than the device has: cuMemCreate fails, the grow is undone, vLLM sees a miss."""
+    limit = StaticLimit(512 * MiB)
+    driver = HostDriver(capacity=48 * MiB)
+    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=7)
+    try:
+        for _ in range(200):
+            while len(loop.waiting) < 6:
+                loop.submit()
+            loop.step()
+            check(loop, buffer)
+            assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
+        assert loop.pool.refusals["device"] > 0 and loop.stats.finished > 0
+        assert driver.in_use <= 48 * MiB
+    finally:
+        buffer.close()
+        driver.close()
+
+
+def test_driver_error_while_growing_is_a_miss_then_growth_resumes() -> None:
+    limit = StaticLimit(128 * MiB)
+    driver = HostDriver(capacity=1 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=8)
+    try:
+        loop.submit()
+        driver.inject("cuMemSetAccess", "CUDA_ERROR_INVALID_VALUE", times=1)
+        loop.step()
+        check(loop, buffer)
+        assert loop.pool.refusals["error"] == 1 and loop.stats.misses >= 1 and not loop.running
+        assert buffer.pool.held_bytes == buffer.pinned and limit.pending == 0 and limit.mapped == 0
+        loop.step()  # the next step grows
+        check(loop, buffer)
+        assert loop.running and buffer.pool.held_bytes > buffer.pinned
+        assert buffer.pool.arenas[0].calls.zero >= 1  # new chunks are zeroed before their blocks go out
+    finally:
+        buffer.close()
+        driver.close()
+
+
+def test_growth_maps_before_handing_out_and_zeroes_new_chunks() -> None:
+    limit = StaticLimit(64 * MiB)
+    driver = HostDriver(capacity=1 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=9)
+    try:
+        assert loop.pool.get_num_free_blocks() == 0  # only the null block's chunks are mapped
+        req = loop.submit(max_tokens=4)
+        loop.step()
+        check(loop, buffer)
+        ids = loop.manager.get_block_ids(req.request_id)[0]
+        kv = buffer.pool
+        assert all(kv.is_chunk_mapped(c) for b in ids for c in kv.chunks_of_block(b))
+        calls = kv.arenas[0].calls
+        assert calls.zero >= 1 and calls.map == calls.set_access
+        untouched = [b for b in range(1, kv.num_blocks) if b not in ids and loop.pool._state[b] == 1]
+        if untouched:  # a mapped block nobody wrote: zero, as vLLM's torch.zeros buffer would be
+            assert not buffer.tensor()[untouched[0] * buffer.bytes_per_block:][: buffer.bytes_per_block].any()
+    finally:
+        buffer.close()
+        driver.close()

@@ -1,0 +1,121 @@
+"""The synthetic scheduler on vLLM's real BlockPool with the host driver — the loop the GPU test runs too."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm")
+
+from pool_loop import soak  # noqa: E402
+
+from kvpolicy.alloc import HostDriver  # noqa: E402
+
+MiB = 1 << 20
+
+
+def test_the_gpu_loop_on_the_host_driver() -> None:
+    driver = HostDriver(capacity=2 << 30)
+    try:
+        out = soak(driver, "cpu", steps=2000, seed=3)
+        assert driver.in_use == 0 and driver.mapped_bytes == 0  # closing gave everything back
+    finally:
+        driver.close()
+    stats = out["stats"]
+    assert stats["finished"] > 100 and stats["hit_blocks"] > 0 and stats["verified_tokens"] > 50_000
+    assert stats["misses"] > 0 and out["refusals"].get("limit", 0) > 0
+    assert (2, "deferred") in out["acks"] and (2, "applied") in out["acks"] and (3, "applied") in out["acks"]
+    assert 96 * MiB - 6 * MiB < out["peak_phase1"] <= 96 * MiB
+    assert out["peak_phase3"] > 96 * MiB
+    assert out["idle_held"] == out["pinned"] == 4 * MiB  # idle with target 0: the null block's chunks only
+    assert out["zero_calls"] > 0
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    chunk_mib=st.sampled_from([2, 4, 8]),
+    changes=st.lists(st.tuples(st.integers(0, 149), st.integers(0, 64), st.integers(0, 64)), max_size=5),
+    give_back=st.booleans(),
+)
+def test_any_limit_schedule_keeps_every_handed_out_block_mapped(seed, chunk_mib, changes, give_back) -> None:
+    """Random limits and targets at random steps, any chunk size: after every step the invariants hold,
+    the books balance, nothing is held over an applied limit, and all KV reads back as written."""
+    from pool_loop import PoolLoop, check, make_pools
+
+    from kvpolicy.alloc import StaticLimit
+
+    bpb = 36 * 8 * 128 * 2 * 2 * 16
+    chunk = chunk_mib * MiB
+    limit = StaticLimit(48 * MiB, 32 * MiB)
+    driver = HostDriver(capacity=1 << 30)
+    pool, buffer = make_pools(driver, (256 * MiB) // bpb, bpb, chunk, limit, give_back_interval=0.0 if give_back else 1e9)
+    loop = PoolLoop(pool, buffer.tensor(), bpb, 16, seed=seed, max_new_tokens=48)
+    at = {step: (lim, tgt) for step, lim, tgt in changes}
+    try:
+        for step in range(150):
+            if step in at:
+                lim, tgt = at[step]
+                limit.set(lim * 2 * MiB, min(lim, tgt) * 2 * MiB)
+            while len(loop.waiting) < 3:
+                loop.submit()
+            loop.step()
+            check(pool, buffer)
+            kv = buffer.pool
+            assert limit.pending == 0 and limit.mapped == kv.held_bytes - buffer.pinned
+            if not kv.deferred:
+                assert kv.held_bytes - buffer.pinned <= limit.read().limit
+        loop.drain()
+        check(pool, buffer)
+    finally:
+        del loop
+        buffer.close()
+        driver.close()
+
+
+def test_prefix_cache_reset_usage_and_the_unbound_guard() -> None:
+    from types import SimpleNamespace
+
+    from pool_loop import PoolLoop, check, make_pools
+
+    from kvpolicy.adapters.common import AdapterError
+    from kvpolicy.adapters.vllm_adapter import elastic_buffer, elastic_hooks
+    from kvpolicy.alloc import StaticLimit
+
+    bpb = 36 * 8 * 128 * 2 * 2 * 16
+    limit = StaticLimit(64 * MiB)
+    driver = HostDriver(capacity=1 << 30)
+    pool, buffer = make_pools(driver, (512 * MiB) // bpb, bpb, 2 * MiB, limit)
+    loop = PoolLoop(pool, buffer.tensor(), bpb, 16, seed=11)
+    try:
+        for _ in range(40):
+            while len(loop.waiting) < 3:
+                loop.submit()
+            loop.step()
+        assert 0 < pool.get_usage() <= 1
+        assert pool.reset_prefix_cache() is False  # blocks are held: vLLM's own refusal stands
+        loop.drain()
+        check(pool, buffer)
+        assert len(pool.cached_block_hash_to_block) > 0
+        assert pool.reset_prefix_cache() is True  # unmapped blocks count as free for vLLM's check
+        assert len(pool.cached_block_hash_to_block) == 0 and pool.get_usage() == 0
+        check(pool, buffer)
+        # The engine core refuses to step while a buffer of its process has no scheduler.
+        orphan = elastic_buffer.ElasticKVBuffer(
+            driver, num_blocks=64, bytes_per_block=bpb, chunk=2 * MiB, limit=StaticLimit(8 * MiB), pinned=4 * MiB
+        )
+        elastic_buffer.publish(orphan)
+        core = SimpleNamespace(scheduler=SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=object())))
+        with pytest.raises(AdapterError, match="not adopted by the scheduler"):
+            elastic_hooks.after_step(core)
+        assert elastic_buffer.take_unbound(64, bpb) is orphan
+        elastic_hooks.after_step(core)  # nothing left: a stock engine steps as before
+        orphan.close()
+    finally:
+        del loop
+        buffer.close()
+        driver.close()
