@@ -18,6 +18,7 @@ import functools
 import logging
 from dataclasses import dataclass, field
 
+from kvpolicy.runtime.gpus import gpu_id
 from kvpolicy.units import format_bytes
 
 from ..common import AdapterError, require_attr
@@ -135,7 +136,7 @@ def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *arg
             "or raise --mem-fraction-static."
         )
     _cross_check_configurator(kvc, chosen, settings)
-    identity = InstanceIdentity(model=model, gpu=f"cuda:{kvc.gpu_id}", rank=_tp_rank())
+    identity = InstanceIdentity(model=model, gpu=gpu_id(kvc.gpu_id), rank=_tp_rank())
     session = state.connect(identity)
     try:
         admitted = session.admit(reserve.bytes)

@@ -41,6 +41,13 @@ class Reserve:
         return f"{self.file}:{self.line}" if self.line else self.file
 
 
+def default_engine_id(model: str) -> str:
+    """What the ranks of one SGLang engine share: ``KVPOLICY_ENGINE_ID``, else the model and
+    the launcher's pid (every scheduler is a child of the launcher), so two engines of
+    one model never collide in the ledger."""
+    return os.environ.get("KVPOLICY_ENGINE_ID") or f"{model}@{os.getppid()}"
+
+
 @dataclass(frozen=True)
 class InstanceIdentity:
     """One SGLang scheduler process on one GPU."""
@@ -50,10 +57,16 @@ class InstanceIdentity:
     rank: int
     pid: int = field(default_factory=os.getpid)
     engine: str = ENGINE
+    engine_id: str | None = None
+    """Shared by the engine's ranks (tensor parallel); default ``default_engine_id(model)``."""
+
+    @property
+    def group(self) -> str:
+        return self.engine_id or default_engine_id(self.model)
 
     @property
     def instance_id(self) -> str:
-        return f"{self.model}/{self.rank}"
+        return f"{self.group}/{self.rank}"
 
 
 class AdmissionRefused(AdapterError):

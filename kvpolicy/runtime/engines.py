@@ -121,6 +121,7 @@ def attach_static(ledger_dir: Path | str, identity: _Identity) -> StaticSession:
             engine=identity.engine,
             rank=identity.rank,
             id=identity.instance_id,
+            engine_id=getattr(identity, "group", None),
             ledger_dir=ledger_dir,
         )
     except LedgerError as exc:

@@ -168,7 +168,8 @@ def test_the_budget_hook_makes_the_real_pool_fit_the_admitted_reserve(server_arg
     assert m.footprint <= reserve
     assert reserve - m.footprint < 64 * MiB + len(m.tensors) * 2 * MiB  # and the reserve is used
     assert sum(tensor_bytes_by_pool(pool).values()) == m.tensor_bytes
-    report = ledger.reports["cuda:0"]["deepseek-v4-flash/0"]
+    (instance_id, report), = ledger.reports["cuda:0"].items()
+    assert instance_id == f"deepseek-v4-flash@{os.getppid()}/0"  # the engine (launcher) and the TP rank
     assert set(report) == {"swa", "c4", "c128", "indexer", "compressor_state"}
     assert ledger.admitted["cuda:0"] == {}  # the report replaced the admission
     assert ledger.held("cuda:0") == m.footprint

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from pathlib import Path
 
 import pytest
 
 # vLLM picks its platform at first use; on a machine without a GPU it must be told.
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-CONFIGS = Path(__file__).parent / "configs"
-REPO = Path(__file__).resolve().parents[2]
-POLICY_MODELS = REPO / "policies" / "models"
+from vllm_paths import CONFIGS, POLICY_MODELS, REPO  # noqa: F401  (re-exported for fixtures)
 
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("torch") is not None
 

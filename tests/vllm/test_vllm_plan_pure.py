@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, POLICY_MODELS
 from kvpolicy.adapters.vllm_adapter.model_specs import (
     ModelSpecError,
     SpecSettings,
@@ -22,6 +21,7 @@ from kvpolicy.adapters.vllm_adapter.model_specs import (
     model_specs,
 )
 from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
+from vllm_paths import CONFIGS, POLICY_MODELS
 
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, parse_size, run_vllm
 from kvpolicy.units import GiB, MiB

@@ -19,7 +19,6 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from conftest import CONFIGS
 from kvpolicy.adapters.common import AdapterError
 from kvpolicy.adapters.vllm_adapter import plugin
 from kvpolicy.adapters.vllm_adapter.ledger import (
@@ -29,6 +28,7 @@ from kvpolicy.adapters.vllm_adapter.ledger import (
 )
 from kvpolicy.adapters.vllm_adapter.model_specs import load_config
 from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan
+from vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB
 

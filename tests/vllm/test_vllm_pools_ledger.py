@@ -9,7 +9,6 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from conftest import CONFIGS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpolicy.adapters.common import AdapterError
@@ -35,6 +34,7 @@ from kvpolicy.adapters.vllm_adapter.pools import (
     PoolLayout,
     pool_facts,
 )
+from vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB, MiB
 

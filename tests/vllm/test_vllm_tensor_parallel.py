@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS
 from kvpolicy.adapters.vllm_adapter.model_specs import (
     SpecSettings,
     load_config,
     model_specs,
 )
 from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan
+from vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB
 
