@@ -32,7 +32,6 @@ from kvpolicy.evaluate.decision import (
 from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.policy.model import Policy, Rule
 from kvpolicy.policy.resolve import GpuSettings, ModelSettings, gpu_settings, model_settings
-from kvpolicy.units import round_down
 
 RESERVE_POOL = "reserve"
 """``reserved.by_pool`` key for model reserves standing in for unreported pools."""
@@ -52,6 +51,7 @@ class _Prepared:
         self._conditions: dict[tuple[int, int], Condition | None] = {}
         self._pool_limits: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
         self._bounds: dict[tuple[str, int], tuple[int, int]] = {}
+        self._order_keys: dict[int, tuple[tuple[str, bool], ...]] = {}
         self._outputs: dict[tuple, object] = {}
         """Output records by their field values: equal figures reuse the (frozen) record, so an
         evaluation whose results did not change builds no new pydantic objects."""
@@ -105,6 +105,12 @@ class _Prepared:
                 if block.max is not None
             }
         return limits
+
+    def order_key(self, index: int) -> tuple[tuple[str, bool], ...]:
+        """The rule's ``order`` as plain values (rules with equal orders share one sort)."""
+        if index not in self._order_keys:
+            self._order_keys[index] = tuple((k.attribute.value, k.descending) for k in self.rules[index].order)
+        return self._order_keys[index]
 
     def condition(self, index: int, capacity: int) -> Condition | None:
         key = (index, capacity)
@@ -205,11 +211,12 @@ def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
         members: list[_Inst] = []
         for inst_facts in sorted(by_gpu.get(gpu_facts.id, ()), key=lambda i: i.id):
             model = prepared.model(inst_facts.model)
-            if inst_facts.reports_runtime_pools:
-                for name, pool in inst_facts.pools.items():
-                    if pool.owner == "runtime":
-                        reserved_by_pool[name] = reserved_by_pool.get(name, 0) + pool.bytes
-            elif model.reserve:
+            reported = False
+            for name, pool in inst_facts.pools.items():
+                if pool.owner == "runtime":
+                    reserved_by_pool[name] = reserved_by_pool.get(name, 0) + pool.bytes
+                    reported = True
+            if not reported and model.reserve:
                 reserved_by_pool[RESERVE_POOL] = reserved_by_pool.get(RESERVE_POOL, 0) + model.reserve
             elastic = inst_facts.elastic is not None
             minimum, maximum = prepared.bounds(model, capacity) if elastic else (0, 0)
@@ -392,7 +399,7 @@ def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dic
         rule_memory = memory.setdefault(name, {})
         in_force: list[tuple[_Inst, float]] = []
         candidates: list[tuple[_Inst, float]] = []
-        order_key = tuple((k.attribute.value, k.descending) for k in rule.order)
+        order_key = prepared.order_key(index)
         ordered = orders.get(order_key) if not shrunk else None  # a shrink can move targets
         if ordered is None:
             ordered = orders[order_key] = _ordered(elastic, rule)
@@ -477,7 +484,8 @@ def _apply_shrink(prepared: _Prepared, rule: Rule, inst: _Inst, gpu: _Gpu, used_
 
 def _out(value: Exact, chunk: int) -> int:
     """An output figure: rounded down to the chunk, never negative."""
-    return round_down(max(0, math.floor(value)), chunk)
+    whole = value if type(value) is int else math.floor(value)
+    return whole - whole % chunk if whole > 0 else 0
 
 
 def _violations(prepared: _Prepared, inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
