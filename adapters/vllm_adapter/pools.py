@@ -168,6 +168,22 @@ class PoolLayout:
         )
 
 
+def _held_by_pool(layout: PoolLayout, held_blocks: Sequence[int]) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """Bytes each pool (and each part of a pool) holds, given the blocks each group holds."""
+    if len(held_blocks) != len(layout.groups):
+        raise ValueError(f"{len(held_blocks)} held-block counts for {len(layout.groups)} groups")
+    totals: dict[str, int] = dict.fromkeys(layout.pools, 0)
+    parts: dict[str, dict[str, int]] = {}
+    for group, held in zip(layout.groups, held_blocks):
+        for pool, nbytes in group.pool_bytes.items():
+            totals[pool] += held * nbytes
+        for pool, pool_parts in group.part_bytes.items():
+            acc = parts.setdefault(pool, {})
+            for part, nbytes in pool_parts.items():
+                acc[part] = acc.get(part, 0) + held * nbytes
+    return totals, parts
+
+
 def pool_facts(
     layout: PoolLayout,
     held_blocks: Sequence[int],
@@ -181,20 +197,9 @@ def pool_facts(
     caching allocator's rounding of the buffer. ``tensor_bytes`` add up to the
     backing buffer; ``bytes`` add up to what the GPU loses to it.
     """
-    if len(held_blocks) != len(layout.groups):
-        raise ValueError(f"{len(held_blocks)} held-block counts for {len(layout.groups)} groups")
+    totals, parts = _held_by_pool(layout, held_blocks)
     bpb = layout.bytes_per_block
-    totals: dict[str, int] = dict.fromkeys(layout.pools, 0)
-    parts: dict[str, dict[str, int]] = {}
-    tails = 0
-    for group, held in zip(layout.groups, held_blocks):
-        for pool, nbytes in group.pool_bytes.items():
-            totals[pool] += held * nbytes
-        for pool, pool_parts in group.part_bytes.items():
-            acc = parts.setdefault(pool, {})
-            for part, nbytes in pool_parts.items():
-                acc[part] = acc.get(part, 0) + held * nbytes
-        tails += held * (bpb - group.page_bytes)
+    tails = sum(held * (bpb - group.page_bytes) for group, held in zip(layout.groups, held_blocks))
     in_use = sum(held_blocks)
     unattributed = layout.num_blocks - 1 - free_blocks - in_use  # block 0 is the null block
     assert unattributed >= 0, (
@@ -248,17 +253,7 @@ def elastic_pool_facts(layout: PoolLayout, held_blocks: Sequence[int], pinned_by
     ledger counts the rank's elastic bytes through admission), and the chunks pinned for the null
     block as runtime-owned ``padding`` — the only part of the buffer that counts in the GPU's R.
     """
-    if len(held_blocks) != len(layout.groups):
-        raise ValueError(f"{len(held_blocks)} held-block counts for {len(layout.groups)} groups")
-    totals: dict[str, int] = dict.fromkeys(layout.pools, 0)
-    parts: dict[str, dict[str, int]] = {}
-    for group, held in zip(layout.groups, held_blocks):
-        for pool, nbytes in group.pool_bytes.items():
-            totals[pool] += held * nbytes
-        for pool, pool_parts in group.part_bytes.items():
-            acc = parts.setdefault(pool, {})
-            for part, nbytes in pool_parts.items():
-                acc[part] = acc.get(part, 0) + held * nbytes
+    totals, parts = _held_by_pool(layout, held_blocks)
     facts = {
         pool: PoolFacts(owner="elastic", bytes=nbytes, tensor_bytes=nbytes, parts=parts.get(pool, {}))
         for pool, nbytes in totals.items()

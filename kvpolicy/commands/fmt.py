@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -87,7 +89,13 @@ def _report_errors(exc) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by rename, so a watcher never sees a half-written policy."""
-    tmp = path.with_name(f".{path.name}.kvpolicy-fmt.tmp")
+    """Replace the file by rename, so a watcher never sees a half-written policy.
+
+    A symlinked policy (a Kubernetes ConfigMap, a dotfiles link) is written through the
+    link, not replaced by a plain file, and the file keeps its mode.
+    """
+    target = path.resolve()
+    tmp = target.with_name(f".{target.name}.kvpolicy-fmt.tmp")
     tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    os.chmod(tmp, stat.S_IMODE(os.stat(target).st_mode))
+    tmp.replace(target)

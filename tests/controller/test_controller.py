@@ -244,3 +244,28 @@ def test_run_once_as_a_command(setup, tmp_path):
          "--gpu-capacity", "80GiB", "--once"], capture_output=True, text=True, timeout=60,
     )
     assert out.returncode == 1 and "policy.kvp:2:19: KV001" in out.stderr
+
+
+def test_top_and_status_show_the_live_ledger(setup, capsys):
+    policy, ledger_dir = setup
+    controller, stop, thread = start_controller(policy, ledger_dir)
+    chat = start_engine("chat", ledger_dir)
+    try:
+        assert wait_for(lambda: slot(ledger_dir, "chat/0").limit == 48 * GiB)
+        assert wait_for(lambda: (s := read_status(ledger_dir)) and s.instances)
+        assert main(["top", "--ledger-dir", str(ledger_dir), "--iterations", "2", "--interval", "0.05"]) == 0
+        screen = capsys.readouterr().out
+        assert screen.count("kvpolicy top") == 2
+        assert "cuda:0   [##" in screen and "80 GiB" in screen  # the bar starts with the 2 GiB headroom
+        assert "chat/0" in screen and "48 GiB" in screen
+        assert main(["status", "--ledger-dir", str(ledger_dir), "--format", "json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["schema"] == 1 and status["policy"]["revision"] == 1
+        (inst,) = status["instances"]
+        assert (inst["id"], inst["limit"], inst["elastic"]["used"]) == ("chat/0", 48 * GiB, 0)
+        assert status["gpus"][0]["elastic_budget"] == 78 * GiB
+    finally:
+        stop.set()
+        thread.join(5)
+        chat.kill()
+        chat.wait()

@@ -196,3 +196,19 @@ def test_check_and_diff_are_exclusive(capsys) -> None:
     with pytest.raises(SystemExit) as info:
         main(["fmt", "--check", "--diff", "x.kvp"])
     assert info.value.code == 2
+
+
+def test_rewrite_goes_through_a_symlink_and_keeps_the_mode(tmp_path, capsys) -> None:
+    # A ConfigMap-style layout: the policy is a link into a versioned directory.
+    version = tmp_path / "..2026_11_30"
+    version.mkdir()
+    real = version / "p.kvp"
+    real.write_text('version 1\nmodel "a" {priority 1}\n')
+    os.chmod(real, 0o640)
+    link = tmp_path / "p.kvp"
+    link.symlink_to(real)
+    assert main(["fmt", str(link)]) == 0
+    assert link.is_symlink() and link.resolve() == real
+    assert real.read_text() == 'version 1\n\nmodel "a" {\n  priority 1\n}\n'
+    assert os.stat(real).st_mode & 0o777 == 0o640
+    assert [p.name for p in version.iterdir()] == ["p.kvp"]  # no temporary file left behind
