@@ -68,3 +68,18 @@ def require_attr(owner: object, name: str, hook: str) -> object:
             f"kvpolicy: cannot install the {hook} hook: {where}.{name} does not exist in this "
             f"engine version. The adapter refuses to start rather than run unbudgeted."
         ) from None
+
+
+def read_policy(path: Path):
+    """The policy an enabled adapter runs under; AdapterError naming file:line:col if it cannot be used."""
+    from kvpolicy.policy import PolicyError, load_policy
+
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        errors = "\n".join(d.render() for d in exc.errors)
+        raise AdapterError(
+            f"kvpolicy: the policy {path} has errors, and the engine will not start unbudgeted:\n{errors}"
+        ) from None
+    except OSError as exc:
+        raise AdapterError(f"kvpolicy: cannot read the policy {path} ({ENV_POLICY}): {exc.strerror}") from None

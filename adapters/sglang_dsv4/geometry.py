@@ -9,7 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 # What the V4 paged layout stores per token: 448 fp8 NoPE values, 64 bf16 RoPE
 # values, 7 fp8 scales and one pad byte (SGLang asserts this in the pool).

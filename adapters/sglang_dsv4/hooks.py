@@ -266,7 +266,9 @@ def _cross_check_configurator(kvc, chosen: closed.Plan, settings: closed.PlanSet
     """SGLang's own configurator must pick the token counts the closed forms predict for this budget."""
     import logging as _logging
 
-    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+    from sglang.srt.model_executor.pool_configurator import (
+        create_memory_pool_configurator,
+    )
 
     sglang_log = _logging.getLogger("sglang.srt.model_executor.pool_configurator")
     level = sglang_log.level

@@ -20,7 +20,7 @@ from typing import Protocol
 from kvpolicy.evaluate.facts import PoolFacts
 from kvpolicy.units import format_bytes
 
-from ..common import ENV_POLICY, AdapterEnv, AdapterError
+from ..common import ENV_POLICY, AdapterEnv, AdapterError, read_policy
 
 ENGINE = "sglang"
 
@@ -103,46 +103,19 @@ def require_policy_file(env: AdapterEnv) -> Path:
 def policy_reserve(env: AdapterEnv) -> ReserveSource:
     """Read ``reserve`` for a model from the policy file named by ``KVPOLICY_POLICY``."""
     path = require_policy_file(env)
-    try:
-        from kvpolicy.policy import load_policy  # lands on main with the policy loader
-    except ImportError as exc:
-        raise AdapterError(
-            f"kvpolicy: this kvpolicy build cannot read policies ({exc}); the DeepSeek-V4 "
-            "adapter needs kvpolicy.policy.load_policy."
-        ) from None
 
     def read(model: str) -> Reserve:
-        try:
-            policy = load_policy(path)
-        except Exception as exc:  # the loader's own error names file:line:col
-            raise AdapterError(f"kvpolicy: cannot load the policy {path}: {exc}") from exc
-        settings = policy.model_settings(model)
-        return Reserve(
-            bytes=getattr(settings, "reserve", None),
-            model=model,
-            file=str(getattr(settings, "file", None) or path),
-            line=getattr(settings, "line", None),
-        )
+        settings = read_policy(path).model_settings(model)
+        return Reserve(bytes=settings.reserve, model=model, file=str(path), line=settings.line or None)
 
     return read
 
 
 def default_connector(env: AdapterEnv) -> Connector:
     """The shared-memory ledger under ``KVPOLICY_LEDGER_DIR``, through its client."""
-    try:
-        from kvpolicy.runtime import ledger  # lands on main with the ledger
-    except ImportError as exc:
-        raise AdapterError(
-            f"kvpolicy: this kvpolicy build has no ledger client ({exc}); the DeepSeek-V4 adapter "
-            "admits its reserve in the ledger and cannot start without it."
-        ) from None
-    attach = getattr(ledger, "attach_static", None)
-    if attach is None:
-        raise AdapterError(
-            "kvpolicy: kvpolicy.runtime.ledger has no attach_static(); the DeepSeek-V4 adapter "
-            "cannot admit its reserve. Update kvpolicy."
-        )
-    return lambda identity: attach(env.ledger_dir, identity)
+    from kvpolicy.runtime.engines import attach_static
+
+    return lambda identity: attach_static(env.ledger_dir, identity)
 
 
 class InProcessLedger:

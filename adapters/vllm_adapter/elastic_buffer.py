@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvpolicy.adapters.common import AdapterError
+
 from kvpolicy.alloc import BlockPool, BlockSpec, Driver, LimitSource
 from kvpolicy.units import format_bytes
 
@@ -109,9 +110,9 @@ class ElasticKVBuffer:
     def tensor(self) -> torch.Tensor:
         """The int8 buffer vLLM asked for, over the arena (made once; never moves)."""
         if self._tensor is None:
-            from kvpolicy.alloc.tensors import arena_bytes
-
             import torch
+
+            from kvpolicy.alloc.tensors import arena_bytes
 
             self._tensor = arena_bytes(self.pool.arenas[0])[: self.size].view(torch.int8)
         return self._tensor

@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.adapters.common import AdapterEnv, AdapterError, read_policy
+
 from kvpolicy.units import MiB
 
 from .elastic_buffer import (
@@ -97,12 +98,7 @@ def model_is_elastic(env: AdapterEnv, model: str) -> bool:
     """Whether the policy marks any pool of ``model`` ``owner elastic``."""
     if env.policy is None:
         return False
-    from kvpolicy.policy import load_policy
-
-    try:
-        return bool(marked_pools(load_policy(env.policy).model_settings(model).pools)[0])
-    except Exception as exc:  # the loader's own errors carry file:line:col
-        raise AdapterError(f"kvpolicy: cannot read the policy {env.policy}: {exc}") from exc
+    return bool(marked_pools(read_policy(env.policy).model_settings(model).pools)[0])
 
 
 def prepare_engine(vllm_config: Any, model: str, environ: dict[str, str] | None = None) -> bool:
@@ -303,7 +299,6 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
     if buffer is None:
         return None
     from .elastic_pool import bind_scheduler
-
     from .plugin import ENV_REPORT_INTERVAL
 
     on_activity = getattr(buffer.limit.inner, "touch", None)

@@ -17,10 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpolicy.adapters.common import ENV_POLICY, AdapterError
+from kvpolicy.adapters.common import ENV_POLICY, AdapterError, read_policy
+
 from kvpolicy.units import format_bytes, round_down
 
-from .pools import DEEPSEEK_V4_POOLS, VLLM_ELASTIC_POOLS, deepseek_v4_pool, is_deepseek_v4, standard_pool
+from .pools import (
+    DEEPSEEK_V4_POOLS,
+    VLLM_ELASTIC_POOLS,
+    deepseek_v4_pool,
+    is_deepseek_v4,
+    standard_pool,
+)
 
 BLOCK_OUTERMOST_LAYOUTS = ("BLHNC", "BLNHC", "BHLNC")
 """vLLM layouts whose block dimension is outermost: block ``b`` is one byte range of the buffer."""
@@ -64,16 +71,9 @@ def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | 
     """
     if policy is None:
         return None
-    try:
-        from kvpolicy.policy import load_policy
-
-        loaded = load_policy(policy)
-        settings = loaded.model_settings(model)
-        gpu_settings = loaded.gpu_settings(gpu)
-    except AdapterError:
-        raise
-    except Exception as exc:  # the loader's own errors carry file:line:col
-        raise AdapterError(f"kvpolicy: cannot read the policy {policy}: {exc}") from exc
+    loaded = read_policy(policy)
+    settings = loaded.model_settings(model)
+    gpu_settings = loaded.gpu_settings(gpu)
     elastic, runtime = marked_pools(settings.pools)
     if not elastic:
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpolicy.adapters.common import ENV_ENABLE, ENV_POLICY, AdapterError
+from kvpolicy.adapters.common import ENV_ENABLE, ENV_POLICY, AdapterError, read_policy
 
 
 def policy_reserve(policy: Path | None, model: str) -> int:
@@ -17,19 +17,7 @@ def policy_reserve(policy: Path | None, model: str) -> int:
             f"kvpolicy: {ENV_ENABLE}=1 but {ENV_POLICY} is not set: the vLLM adapter sizes the KV "
             f"cache from the policy's `reserve`. Set {ENV_POLICY}=/path/to/policy.kvp."
         )
-    try:
-        from kvpolicy.policy import load_policy
-    except ImportError as exc:
-        raise AdapterError(
-            f"kvpolicy: this install has no policy loader (kvpolicy.policy.load_policy): {exc}"
-        ) from None
-    try:
-        settings = load_policy(policy).model_settings(model)
-    except AdapterError:
-        raise
-    except Exception as exc:  # the loader's own errors carry file:line:col; keep them
-        raise AdapterError(f"kvpolicy: cannot read the policy {policy}: {exc}") from exc
-    reserve = getattr(settings, "reserve", None)
+    reserve = read_policy(policy).model_settings(model).reserve
     if not reserve:
         raise AdapterError(
             f"kvpolicy: the policy {policy} sets no `reserve` for model {model!r}, so vLLM's KV cache "

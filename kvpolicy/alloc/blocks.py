@@ -38,7 +38,13 @@ from itertools import compress
 
 from kvpolicy.alloc.arena import Arena, MapResult, _note
 from kvpolicy.alloc.driver import Driver
-from kvpolicy.alloc.errors import AllocError, BlockError, DeviceOutOfMemory, DriverError, OutOfBlocks
+from kvpolicy.alloc.errors import (
+    AllocError,
+    BlockError,
+    DeviceOutOfMemory,
+    DriverError,
+    OutOfBlocks,
+)
 from kvpolicy.alloc.layout import BlockGeometry
 from kvpolicy.alloc.limits import LimitReading, LimitSource
 from kvpolicy.units import format_bytes

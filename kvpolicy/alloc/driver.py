@@ -19,7 +19,12 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from kvpolicy.alloc.errors import OUT_OF_MEMORY, DriverError, DriverUnavailable, driver_error
+from kvpolicy.alloc.errors import (
+    OUT_OF_MEMORY,
+    DriverError,
+    DriverUnavailable,
+    driver_error,
+)
 from kvpolicy.units import format_bytes
 
 Handle = Any

@@ -31,7 +31,12 @@ from kvpolicy.evaluate.decision import (
 )
 from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.policy.model import Policy, Rule
-from kvpolicy.policy.resolve import GpuSettings, ModelSettings, gpu_settings, model_settings
+from kvpolicy.policy.resolve import (
+    GpuSettings,
+    ModelSettings,
+    gpu_settings,
+    model_settings,
+)
 
 RESERVE_POOL = "reserve"
 """``reserved.by_pool`` key for model reserves standing in for unreported pools."""

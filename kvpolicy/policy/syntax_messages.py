@@ -21,7 +21,13 @@ from kvpolicy.lint.rules.unknown_field import UnknownField
 from kvpolicy.lint.rules.unknown_unit import UnknownUnit
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
 from kvpolicy.policy.errors import Diagnostic, Span
-from kvpolicy.policy.syntax import RECOVERED, BadCharacter, NestingTooDeep, _Session, parser
+from kvpolicy.policy.syntax import (
+    RECOVERED,
+    BadCharacter,
+    NestingTooDeep,
+    _Session,
+    parser,
+)
 from kvpolicy.policy.vocabulary import UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpolicy.adapters.common import ENV_POLICY, AdapterEnv, AdapterError
+from kvpolicy.adapters.common import AdapterEnv, AdapterError, read_policy
 from kvpolicy.evaluate.facts import PoolFacts
 from kvpolicy.runtime.client import Instance, attach
 from kvpolicy.runtime.errors import LedgerError
@@ -60,12 +60,7 @@ def policy_gpu_figures(policy: Path | None, gpu: str, capacity: int) -> tuple[in
     """(capacity, headroom) for ``gpu`` from the policy file (capacity override applied); headroom 0 without one."""
     if policy is None:
         return capacity, 0
-    try:
-        from kvpolicy.policy import load_policy
-
-        settings = load_policy(policy).gpu_settings(gpu)
-    except Exception as exc:  # the loader's error names file:line:col
-        raise LedgerAdmissionRefused(f"kvpolicy: cannot read the headroom for {gpu} from {ENV_POLICY}={policy}: {exc}") from exc
+    settings = read_policy(policy).gpu_settings(gpu)
     cap = settings.capacity if settings.capacity is not None else capacity
     return cap, settings.headroom_bytes(cap)
 
