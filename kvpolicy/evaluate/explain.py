@@ -8,6 +8,8 @@ from kvpolicy.policy.model import Policy
 from kvpolicy.units import format_bytes
 
 BAR_WIDTH = 64
+LABEL = 28
+"""Width of the figure names (``reserved compressor_state`` fits)."""
 _SEGMENTS = (("headroom", "#"), ("other use", "="))
 _RESERVED_MARK = "r"
 _GUARANTEED_MARK = "g"
@@ -17,7 +19,7 @@ _UNGUARANTEED_MARK = "."
 def render_explain(policy: Policy, decision: Decision, facts_source: str) -> str:
     out = [
         f"policy {decision.policy.file} (sha256 {decision.policy.sha256[:12]}), "
-        f"facts {facts_source} (now {decision.now:g})",
+        f"facts {facts_source} (now {decision.now:.1f})",
     ]
     instances_by_gpu: dict[str, list[InstanceDecision]] = {}
     for inst in decision.instances:
@@ -47,18 +49,18 @@ def _gpu_section(policy: Policy, gpu: GpuDecision) -> list[str]:
     lines = [
         f"GPU {gpu.id}: capacity {format_bytes(gpu.capacity)} ({capacity_from}), chunk {format_bytes(gpu.chunk)}",
         "  [" + _bar(pieces, gpu.capacity) + "]",
-        f"  {'headroom':<22}{format_bytes(gpu.headroom):>12}   {headroom_from}",
-        f"  {'other use':<22}{format_bytes(gpu.other_used):>12}   memory no instance accounts for",
+        f"  {'headroom':<{LABEL}}{format_bytes(gpu.headroom):>12}   {headroom_from}",
+        f"  {'other use':<{LABEL}}{format_bytes(gpu.other_used):>12}   memory no instance accounts for",
     ]
     for name, size in gpu.reserved.by_pool.items():
         why = "model reserves of instances that have not reported their pools" if name == "reserve" else "runtime-owned, as reported"
-        lines.append(f"  {'reserved ' + name:<22}{format_bytes(size):>12}   {why}")
+        lines.append(f"  {'reserved ' + name:<{LABEL}}{format_bytes(size):>12}   {why}")
     lines += [
-        f"  {'elastic budget':<22}{format_bytes(gpu.elastic_budget):>12}   "
+        f"  {'elastic budget':<{LABEL}}{format_bytes(gpu.elastic_budget):>12}   "
         f"capacity - headroom - other use - reserved, rounded down to {format_bytes(gpu.chunk)}",
-        f"  {'  guaranteed':<22}{format_bytes(gpu.guaranteed):>12}",
-        f"  {'  in use':<22}{format_bytes(gpu.used):>12}",
-        f"  {'  free':<22}{format_bytes(gpu.free):>12}   budget - in use",
+        f"  {'  guaranteed':<{LABEL}}{format_bytes(gpu.guaranteed):>12}",
+        f"  {'  in use':<{LABEL}}{format_bytes(gpu.used):>12}",
+        f"  {'  free':<{LABEL}}{format_bytes(gpu.free):>12}   budget - in use",
         "  legend: # headroom  = other use  r reserved  g guaranteed  . elastic, not guaranteed",
     ]
     return lines
