@@ -267,11 +267,20 @@ class ElasticBlockPool(BlockPool):
         self._kv.reconcile(live, None)
 
     def _drain(self) -> None:
-        """While deferred: mirror the doomed chunks' blocks, so that each chunk that empties is unmapped."""
+        """While deferred: mirror the doomed chunks' blocks, so that each chunk that empties is unmapped.
+
+        A block larger than a chunk, or one straddling a chunk boundary, also touches chunks
+        that are not doomed; freeing it may empty one of those. So the live set is made true
+        for every block of every chunk the doomed blocks touch (one step out): a chunk can
+        only empty where vLLM holds none of its blocks.
+        """
         kv, blocks = self._kv, self.blocks
         ids = {b for c in self._doomed or () for b in kv.blocks_of_chunk(c)}
-        live = {b for b in ids if blocks[b].ref_cnt}
-        kv.reconcile(live, ids - live - {0})
+        touched = {c for b in ids for c in kv.chunks_of_block(b)}
+        around = {b for c in touched for b in kv.blocks_of_chunk(c)}
+        live = {b for b in around if blocks[b].ref_cnt}
+        live.add(0)  # the null block stays pinned (vLLM does not count its references)
+        kv.reconcile(live, ids - live)
 
     # -- shrinking ------------------------------------------------------------------------
     def _on_unmap(self, chunks: list[int]) -> None:

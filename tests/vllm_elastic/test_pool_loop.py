@@ -31,7 +31,7 @@ def test_the_gpu_loop_on_the_host_driver() -> None:
     assert out["zero_calls"] > 0
 
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 
@@ -42,6 +42,9 @@ from hypothesis import strategies as st  # noqa: E402
     changes=st.lists(st.tuples(st.integers(0, 149), st.integers(0, 64), st.integers(0, 64)), max_size=5),
     give_back=st.booleans(),
 )
+# Found by CI: a deferred drain freed a doomed block straddling into a chunk whose other block
+# vLLM held but the allocator's (unmirrored) live set did not; that chunk was unmapped.
+@example(seed=624, chunk_mib=2, changes=[(11, 29, 24), (18, 14, 0)], give_back=False)
 def test_any_limit_schedule_keeps_every_handed_out_block_mapped(seed, chunk_mib, changes, give_back) -> None:
     """Random limits and targets at random steps, any chunk size: after every step the invariants hold,
     the books balance, nothing is held over an applied limit, and all KV reads back as written."""
