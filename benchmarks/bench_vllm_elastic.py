@@ -42,49 +42,49 @@ GOAL_STEADY_RATIO = 1.2
 DECODES_PER_STEP = 32
 
 
-def _pools(driver: Driver, num_blocks: int, chunk: int, limit: StaticLimit) -> tuple[Any, Any]:
+def _pools(driver: Driver, num_blocks: int, chunk: int, limit: StaticLimit) -> tuple[Any, Any, Any]:
+    """(vLLM's BlockPool, the ElasticPool beside it, the ElasticKVBuffer)."""
     from kvpolicy.adapters.vllm_adapter.elastic_buffer import ElasticKVBuffer, pinned_chunks
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticBlockPool
+    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool
     from vllm.v1.core.block_pool import BlockPool
 
     buffer = ElasticKVBuffer(
         driver, num_blocks=num_blocks, bytes_per_block=BPB, chunk=chunk, limit=limit,
         pinned=pinned_chunks(BPB, chunk) * chunk, grow_chunks=max(1, 16 * MiB // chunk),
     )
-    pool = ElasticBlockPool.adopt(
-        BlockPool(num_blocks, enable_caching=True, hash_block_size=BLOCK_TOKENS), buffer,
-        give_back_interval=1.0, report_interval=1.0,
-    )
-    return pool, buffer
+    pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=BLOCK_TOKENS)
+    elastic = ElasticPool.adopt(pool, buffer, give_back_interval=1.0, report_interval=1.0)
+    return pool, elastic, buffer
 
 
-def _step(pool: Any, elastic: bool) -> None:
+def _step(pool: Any, elastic: Any | None) -> None:
+    """One step on vLLM's ``pool``; with ``elastic`` (the ElasticPool beside it), its hook and ``on_step`` too."""
     got = []
     get = pool.get_new_blocks
     for _ in range(DECODES_PER_STEP):
-        if elastic and 1 > pool.free_block_queue.num_free_blocks:  # the allocation check's hook (bind_scheduler)
-            pool.make_room(1)
+        if elastic is not None and 1 > pool.free_block_queue.num_free_blocks:  # the allocation check's hook
+            elastic.make_room(1)
         got += get(1)
     pool.free_blocks(reversed(got))
-    if elastic:
-        pool.on_step(active=True)
+    if elastic is not None:
+        elastic.on_step(active=True)
 
 
 def steady_state(driver: Driver, rounds: int, steps: int) -> dict[str, float]:
     from vllm.v1.core.block_pool import BlockPool
 
     limit = StaticLimit(4 * GiB)
-    elastic, buffer = _pools(driver, 4096, 2 * MiB, limit)
+    pool, elastic, buffer = _pools(driver, 4096, 2 * MiB, limit)
     stock = BlockPool(4096, enable_caching=True, hash_block_size=BLOCK_TOKENS)
     try:
         assert elastic.make_room(512)  # warm: 512 blocks mapped, so the loop never grows
         held = buffer.pool.held_bytes
         times: dict[str, list[float]] = {"stock": [], "elastic": []}
         for _ in range(rounds):
-            for name, pool, is_elastic in (("stock", stock, False), ("elastic", elastic, True)):
+            for name, vllm_pool, ours in (("stock", stock, None), ("elastic", pool, elastic)):
                 t0 = time.perf_counter()
                 for _ in range(steps):
-                    _step(pool, is_elastic)
+                    _step(vllm_pool, ours)
                 times[name].append((time.perf_counter() - t0) / steps)
         assert buffer.pool.held_bytes == held, "the steady-state loop grew or shrank the pool"
         s, e = statistics.median(times["stock"]), statistics.median(times["elastic"])
@@ -197,15 +197,15 @@ def idle_memory(driver: Driver, capacity: int, guarantee: int, chunk: int) -> di
     num_blocks = capacity // BPB
     base = _free_now(driver)
     limit = StaticLimit(capacity, capacity)
-    pool, buffer = _pools(driver, num_blocks, chunk, limit)
+    pool, elastic, buffer = _pools(driver, num_blocks, chunk, limit)
     try:
-        assert pool.make_room(num_blocks // 4)  # it served requests: a quarter of its capacity mapped
+        assert elastic.make_room(num_blocks // 4)  # it served requests: a quarter of its capacity mapped
         blocks = pool.get_new_blocks(num_blocks // 4)
         pool.free_blocks(reversed(blocks))
-        pool.on_step(active=True)
+        elastic.on_step(active=True)
         busy = base - _free_now(driver)
         limit.set(capacity, guarantee)  # idle: the controller's target falls to the guarantee
-        pool.on_step(active=False)
+        elastic.on_step(active=False)
         idle = base - _free_now(driver)
         pinned = buffer.pinned
     finally:
@@ -237,21 +237,21 @@ def give_back(driver: Driver, size: int, chunk: int, rounds: int) -> dict[str, f
     num_blocks = 2 * size // BPB
     for _ in range(rounds):
         limit = StaticLimit(size + 2 * chunk, size + 2 * chunk)
-        pool, buffer = _pools(driver, num_blocks, chunk, limit)
+        pool, elastic, buffer = _pools(driver, num_blocks, chunk, limit)
         try:
             n = size // BPB
             t0 = time.perf_counter()
-            assert pool.make_room(n), "could not grow"
+            assert elastic.make_room(n), "could not grow"
             grow_t.append(time.perf_counter() - t0)
             blocks = pool.get_new_blocks(n)
             hashes = [bytes([i % 256, i // 256]) * 16 for i in range(n)]
             pool.cache_full_blocks(_Hashed(hashes), blocks, 0, n, BLOCK_TOKENS, 0)
             pool.free_blocks(reversed(blocks))  # free, still in the prefix cache
-            pool.on_step(active=False)
+            elastic.on_step(active=False)
             held = buffer.pool.held_bytes
             limit.set(0, 0)
             t0 = time.perf_counter()
-            pool.on_step(active=False)
+            elastic.on_step(active=False)
             back_t.append(time.perf_counter() - t0)
             assert buffer.pool.held_bytes == buffer.pinned, "not everything went back"
             assert len(pool.cached_block_hash_to_block) == 0, "cached blocks of unmapped chunks must be evicted"

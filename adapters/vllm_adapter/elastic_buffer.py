@@ -57,7 +57,7 @@ class ElasticKVBuffer:
     ``limit`` is the ledger's (elastic) LimitSource; ``pinned`` the bytes already
     admitted statically for the null block's chunks. The block pool over it
     (``self.pool``) is the allocator's; vLLM's scheduler drives it through
-    ``elastic_pool.ElasticBlockPool``.
+    ``elastic_pool.ElasticPool``.
     """
 
     def __init__(
@@ -101,7 +101,7 @@ class ElasticKVBuffer:
             self.pool.close()
             raise
         self.bound = False
-        """Whether a scheduler's block pool drives this buffer (``elastic_pool.ElasticBlockPool.adopt``)."""
+        """Whether a scheduler's block pool drives this buffer (``elastic_pool.ElasticPool.adopt``)."""
 
     @property
     def va(self) -> int:

@@ -14,9 +14,9 @@ In the order they run in one engine process (engine core and its one worker):
    model runner (V1's or the default Model Runner V2) run vLLM's own
    ``allocate_kv_cache`` inside the buffer's allocation context.
 4. ``bind_manager`` (``KVCacheManager.__init__``, after it): the scheduler's block pool
-   becomes an ``ElasticBlockPool`` over that buffer.
+   gets an ``ElasticPool`` beside it, over that buffer.
 5. ``after_step`` (``EngineCore.step`` / ``step_with_batch_queue``, after each): the
-   pool's ``on_step`` (mirror, limits, give back, activity).
+   elastic pool's ``on_step`` (mirror, limits, give back, activity).
 """
 
 from __future__ import annotations
@@ -125,10 +125,11 @@ def after_step(engine_core: Any) -> None:
     """After each engine step: the elastic pool's between-steps work (nothing for other engines)."""
     scheduler = getattr(engine_core, "scheduler", None)
     manager = getattr(scheduler, "kv_cache_manager", None)
-    pool = getattr(manager, "block_pool", None)
-    on_step = getattr(pool, "on_step", None)
-    if on_step is not None:
-        on_step(active=scheduler.has_requests())
+    from .elastic_pool import elastic_of  # vLLM's block pool module: loaded by the scheduler by now
+
+    elastic = elastic_of(getattr(manager, "block_pool", None))
+    if elastic is not None:
+        elastic.on_step(active=scheduler.has_requests())
         return
     if not has_unbound():
         return

@@ -2,9 +2,16 @@
 
 vLLM 0.33's scheduler plans with the virtual block count (the policy's ``max``) and
 hands out block ids from one ``BlockPool`` (``vllm/v1/core/block_pool.py``). This
-module makes that pool elastic by subclassing it (``ElasticBlockPool.adopt`` turns
-the pool the scheduler built into one) — vLLM's code runs as is; the subclass only
-adds bookkeeping around it:
+module makes that pool elastic without changing its class: ``ElasticPool.adopt``
+puts an ``ElasticPool`` beside the pool the scheduler built (``pool._kvpolicy``),
+replaces its free queue and shadows two of its methods (``get_usage``,
+``reset_prefix_cache``; ``free_blocks`` too, only while a lowered limit drains).
+vLLM's code runs as is, on an object CPython still specialises for: swapping the
+pool's class to a subclass made vLLM's own ``get_new_blocks``/``free_blocks`` 30%
+slower (its instance attributes no longer matched the class's shared keys), and
+the elastic state lives in this separate object for the same reason (a pool with
+more than 30 instance attributes loses the shared-keys layout too). The
+bookkeeping around vLLM's code:
 
 - **vLLM's free queue holds exactly the free blocks whose chunks are mapped.** Blocks
   in unmapped chunks are out of the queue (``_OUT``), so ``get_num_free_blocks()`` —
@@ -61,8 +68,13 @@ _OUT, _IN, _PARKED = 0, 1, 2
 _NEVER = 1 << 62
 
 
-class ElasticBlockPool(BlockPool):
-    """vLLM's ``BlockPool`` over an ``ElasticKVBuffer``; built only by ``adopt``."""
+def elastic_of(pool: Any) -> ElasticPool | None:
+    """The ``ElasticPool`` beside vLLM block pool ``pool``, or None for a stock one."""
+    return getattr(pool, "_kvpolicy", None)
+
+
+class ElasticPool:
+    """What makes one vLLM ``BlockPool`` elastic over an ``ElasticKVBuffer``; built only by ``adopt``."""
 
     # -- construction --------------------------------------------------------------------
     @classmethod
@@ -75,13 +87,15 @@ class ElasticBlockPool(BlockPool):
         report_interval: float = 0.5,
         on_activity: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-    ) -> ElasticBlockPool:
-        """Turn the fresh block pool vLLM's scheduler built into an elastic one over ``buffer``.
+    ) -> ElasticPool:
+        """Make the fresh block pool vLLM's scheduler built elastic over ``buffer``.
 
-        The object stays the one every group manager holds; only its class changes.
+        The pool stays the object (and the class) every group manager holds.
         """
         if type(pool) is not BlockPool:
             raise AdapterError(f"kvpolicy: the scheduler's block pool is a {type(pool).__name__}, not vLLM's BlockPool")
+        if elastic_of(pool) is not None:
+            raise AdapterError("kvpolicy: the scheduler's block pool is elastic already")
         if pool.num_gpu_blocks != buffer.num_blocks:
             raise AdapterError(
                 f"kvpolicy: the scheduler plans {pool.num_gpu_blocks} blocks but the elastic buffer has "
@@ -89,13 +103,11 @@ class ElasticBlockPool(BlockPool):
             )
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
             raise AdapterError("kvpolicy: the scheduler's block pool is already in use; it must be adopted fresh")
-        pool.__class__ = cls
-        assert isinstance(pool, ElasticBlockPool)
-        pool._init_elastic(buffer, give_back_interval, report_interval, on_activity, clock)
-        return pool
+        return cls(pool, buffer, give_back_interval, report_interval, on_activity, clock)
 
-    def _init_elastic(
+    def __init__(
         self,
+        pool: BlockPool,
         buffer: ElasticKVBuffer,
         give_back_interval: float,
         report_interval: float,
@@ -103,6 +115,10 @@ class ElasticBlockPool(BlockPool):
         clock: Callable[[], float],
     ) -> None:
         kv = buffer.pool
+        self.vllm = pool
+        """vLLM's block pool: the scheduler's, still a plain ``BlockPool``."""
+        self.num_gpu_blocks = pool.num_gpu_blocks
+        self.blocks = pool.blocks
         self._buffer = buffer
         self._kv = kv
         self._limit = buffer.limit
@@ -131,35 +147,50 @@ class ElasticBlockPool(BlockPool):
         self.unmapped_chunks = 0
         # Only blocks whose chunks are mapped (at start: those sharing the null block's chunks).
         usable: list[KVCacheBlock] = []
-        for block in self.blocks:
+        for block in pool.blocks:
             block.prev_free_block = block.next_free_block = None
         mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
         for b in sorted({b for c in mapped for b in kv.blocks_of_chunk(c)} - {0}):
             if all(kv.is_chunk_mapped(c) for c in kv.chunks_of_block(b)) and not kv.is_live(b):
-                usable.append(self.blocks[b])
+                usable.append(pool.blocks[b])
                 self._state[b] = _IN
-        self.free_block_queue = FreeKVCacheBlockQueue(usable)
+        pool.free_block_queue = FreeKVCacheBlockQueue(usable)
         self._n_in = len(usable)
+        # Instance attributes on vLLM's pool: a handful, so its attribute layout stays fast.
+        pool._kvpolicy = self  # type: ignore[attr-defined]
+        pool.get_usage = self.get_usage  # type: ignore[method-assign]
+        pool.reset_prefix_cache = self.reset_prefix_cache  # type: ignore[method-assign]
         buffer.set_listener(self._on_unmap)
         buffer.bound = True
 
+    @property
+    def free_block_queue(self) -> FreeKVCacheBlockQueue:
+        return self.vllm.free_block_queue
+
     # -- vLLM's hot path: unchanged, but for draining ---------------------------------------
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
-        if self._doomed is None:
-            return BlockPool.free_blocks(self, ordered_blocks)
+    def _free_blocks_draining(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        """vLLM's ``free_blocks`` while a lowered limit drains: freed blocks of doomed chunks stay out of the queue."""
         blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
-        BlockPool.free_blocks(self, blocks)
-        self._park([b for b in blocks if b.ref_cnt == 0 and not b.is_null])  # draining: keep them out
-        return None
+        BlockPool.free_blocks(self.vllm, blocks)
+        self._park([b for b in blocks if b.ref_cnt == 0 and not b.is_null])
+
+    def _set_doomed(self, chunks: frozenset[int] | None) -> None:
+        """Start (chunks) or end (None) draining; vLLM's own ``free_blocks`` runs whenever nothing drains."""
+        self._doomed = chunks
+        draining = "free_blocks" in vars(self.vllm)
+        if chunks is not None and not draining:
+            self.vllm.free_blocks = self._free_blocks_draining  # type: ignore[method-assign]
+        elif chunks is None and draining:
+            del self.vllm.free_blocks
 
     @property
     def handed_out_blocks(self) -> int:
         """Blocks vLLM holds now (the null block excluded), from its own free count."""
-        return self._n_in - self.free_block_queue.num_free_blocks
+        return self._n_in - self.vllm.free_block_queue.num_free_blocks
 
     def get_usage(self) -> float:
-        """Blocks handed out, as a share of what the current limit allows (mapped or mappable)."""
-        free = self.free_block_queue.num_free_blocks
+        """vLLM's ``get_usage``: blocks handed out, as a share of what the current limit allows (mapped or mappable)."""
+        free = self.vllm.free_block_queue.num_free_blocks
         used = self._n_in - free
         reading = self._limit.read()
         growable = max(0, reading.limit - self._kv.held_bytes) // self._bpb
@@ -167,15 +198,15 @@ class ElasticBlockPool(BlockPool):
         return used / total if total else 0.0
 
     def reset_prefix_cache(self) -> bool:
-        # vLLM resets only when every block is free; blocks out of the queue (unmapped or
-        # parked) are free too, so its count is corrected for the duration of the call.
-        if self._n_in - self.free_block_queue.num_free_blocks == 0:
-            self.get_num_free_blocks = lambda: self.num_gpu_blocks - 1  # type: ignore[method-assign]
+        """vLLM's ``reset_prefix_cache``, counting the blocks out of the queue (unmapped or parked) as free."""
+        pool = self.vllm
+        if self._n_in - pool.free_block_queue.num_free_blocks == 0:
+            pool.get_num_free_blocks = lambda: pool.num_gpu_blocks - 1  # type: ignore[method-assign]
             try:
-                return super().reset_prefix_cache()
+                return BlockPool.reset_prefix_cache(pool)
             finally:
-                del self.get_num_free_blocks
-        return super().reset_prefix_cache()
+                del pool.get_num_free_blocks
+        return BlockPool.reset_prefix_cache(pool)
 
     # -- growth (inside schedule(): only adds blocks) -----------------------------------
     def make_room(self, n: int) -> bool:
@@ -184,7 +215,8 @@ class ElasticBlockPool(BlockPool):
         A refusal changes nothing (vLLM then treats the request as an allocation miss) and
         is not retried for ``n`` or more blocks until the next step.
         """
-        free = self.free_block_queue.num_free_blocks
+        queue = self.vllm.free_block_queue
+        free = queue.num_free_blocks
         if n <= free:
             return True
         if n >= self._refused_from or self._kv.deferred:
@@ -207,10 +239,10 @@ class ElasticBlockPool(BlockPool):
             assert state[b] == _OUT, f"block {b} became allocatable twice (state {state[b]})"
             state[b] = _IN
             blocks.append(self.blocks[b])
-        self.free_block_queue.prepend_n(blocks)
+        queue.prepend_n(blocks)
         self._n_in += len(blocks)
         self.grown_blocks += len(blocks)
-        return n <= self.free_block_queue.num_free_blocks
+        return n <= queue.num_free_blocks
 
     def _refuse(self, n: int, reason: str, exc: Exception) -> None:
         self._refused_from = min(self._refused_from, n)
@@ -243,7 +275,7 @@ class ElasticBlockPool(BlockPool):
                 logger.error("kvpolicy: giving elastic KV memory back failed (retried next step): %s", exc)
             self._last_give_back = now
             if new_revision:
-                self._doomed = None
+                self._set_doomed(None)
         if kv.deferred:
             if self._doomed is None:
                 self._doom()
@@ -294,12 +326,13 @@ class ElasticBlockPool(BlockPool):
                     f"kvpolicy: chunk(s) {chunks} are being unmapped while vLLM holds block {b}: the allocator's "
                     "live set is stale (every allocator call that may unmap must follow a flush)"
                 )
-        queue = self.free_block_queue
+        queue = self.vllm.free_block_queue
+        evict = self.vllm._maybe_evict_cached_block
         for b in ids:
             st = state[b]
             if st == _IN:
                 block = blocks[b]
-                self._maybe_evict_cached_block(block)
+                evict(block)
                 queue.remove(block)
                 self._n_in -= 1
             elif st == _PARKED:
@@ -318,20 +351,21 @@ class ElasticBlockPool(BlockPool):
             return
         count = math.ceil(excess / self._chunk)
         mapped = [c for c in range(kv.num_chunks - 1, -1, -1) if kv.is_chunk_mapped(c) and c not in self._pinned_chunks]
-        self._doomed = frozenset(mapped[:count])
+        self._set_doomed(frozenset(mapped[:count]))
         self._park([self.blocks[b] for c in self._doomed for b in kv.blocks_of_chunk(c)])
 
     def _park(self, candidates: list[KVCacheBlock]) -> None:
-        doomed, kv, state, queue = self._doomed, self._kv, self._state, self.free_block_queue
+        doomed, kv, state, queue = self._doomed, self._kv, self._state, self.vllm.free_block_queue
         if not doomed:
             return
+        evict = self.vllm._maybe_evict_cached_block
         for block in candidates:
             b = block.block_id
             if state[b] != _IN or block.ref_cnt or b == 0:
                 continue
             if not any(c in doomed for c in kv.chunks_of_block(b)):
                 continue
-            self._maybe_evict_cached_block(block)  # a parked block can never be a prefix hit
+            evict(block)  # a parked block can never be a prefix hit
             queue.remove(block)
             state[b] = _PARKED
             self._parked.add(b)
@@ -339,19 +373,19 @@ class ElasticBlockPool(BlockPool):
 
     def _unpark(self) -> None:
         """The deferral is over: parked blocks still mapped go back to the queue."""
-        self._doomed = None
+        self._set_doomed(None)
         back = sorted(self._parked)
         self._parked.clear()
         for b in back:
             self._state[b] = _IN
-        self.free_block_queue.prepend_n([self.blocks[b] for b in back])
+        self.vllm.free_block_queue.prepend_n([self.blocks[b] for b in back])
         self._n_in += len(back)
 
     # -- facts ----------------------------------------------------------------------------
     def elastic_stats(self) -> dict[str, Any]:
         """What the elastic pool holds now, in blocks and bytes (for logs, tests and benchmarks)."""
         kv = self._kv
-        free = self.free_block_queue.num_free_blocks
+        free = self.vllm.free_block_queue.num_free_blocks
         return {
             "queued_free_blocks": free,
             "handed_out_blocks": self.handed_out_blocks,
@@ -368,9 +402,10 @@ class ElasticBlockPool(BlockPool):
     def check_consistent(self) -> None:
         """Assert the invariants (tests call it after every step): every block vLLM can hand out or
         holds is in a mapped chunk, and the queue holds exactly the free ``_IN`` blocks."""
-        kv, state = self._kv, self._state
-        queued = {b.block_id for b in self.free_block_queue.get_all_free_blocks()}
-        assert len(queued) == self.free_block_queue.num_free_blocks, "the free queue's count is off"
+        kv, state, queue = self._kv, self._state, self.vllm.free_block_queue
+        queued = {b.block_id for b in queue.get_all_free_blocks()}
+        assert len(queued) == queue.num_free_blocks, "the free queue's count is off"
+        assert ("free_blocks" in vars(self.vllm)) == (self._doomed is not None), "free_blocks is shadowed iff draining"
         n_in = 0
         for block in self.blocks[1:]:
             b = block.block_id
@@ -389,7 +424,7 @@ class ElasticBlockPool(BlockPool):
         assert n_in == self._n_in, f"{n_in} blocks in vLLM's hands, counted {self._n_in}"
 
 
-def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> ElasticBlockPool:
+def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> ElasticPool:
     """Make the block pool of a vLLM ``KVCacheManager`` elastic over ``buffer`` and hook its allocation check.
 
     ``KVCacheManager.allocate_slots`` asks the coordinator how many blocks a request needs
@@ -403,15 +438,15 @@ def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> Ela
     for m in coordinator.single_type_managers:
         if m.block_pool is not shared:
             raise AdapterError("kvpolicy: a KV cache group has its own block pool (host-resident?); it cannot be elastic")
-    pool = ElasticBlockPool.adopt(shared, buffer, **options)
-    if manager.block_pool is not pool:
+    pool = ElasticPool.adopt(shared, buffer, **options)
+    if manager.block_pool is not shared:
         raise AdapterError("kvpolicy: vLLM's KVCacheManager and its coordinator hold different block pools")
     count = coordinator.get_num_blocks_to_allocate
 
     def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
         n = count(*args, **kwargs)
         need = n + manager.watermark_blocks
-        if need > pool.free_block_queue.num_free_blocks:
+        if need > shared.free_block_queue.num_free_blocks:
             pool.make_room(need)
         return n
 

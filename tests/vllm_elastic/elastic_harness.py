@@ -31,7 +31,7 @@ from kvpolicy.adapters.vllm_adapter.elastic_buffer import (  # noqa: E402
     check_views,
     pinned_chunks,
 )
-from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticBlockPool, bind_scheduler  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool, bind_scheduler  # noqa: E402
 from kvpolicy.alloc import Driver, LimitSource  # noqa: E402
 
 
@@ -165,7 +165,7 @@ class Loop:
 
     manager: Any
     views: dict[str, torch.Tensor]
-    pool: ElasticBlockPool | Any
+    pool: ElasticPool | Any
     block_size: int
     max_model_len: int
     rng: random.Random

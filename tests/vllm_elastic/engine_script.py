@@ -22,6 +22,7 @@ STEPS = int(sys.argv[3])
 
 import torch  # noqa: E402
 from elastic_harness import KVSigner  # noqa: E402
+
 from real_vllm import Case, layer_specs, vllm_config  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
@@ -36,6 +37,8 @@ from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_ca
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+
+from kvpolicy.adapters.vllm_adapter.elastic_pool import elastic_of  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
@@ -110,7 +113,8 @@ scheduler = Scheduler(
     vllm_config=cfg, kv_cache_config=kv_cache_config,
     structured_output_manager=StructuredOutputManager(cfg), block_size=16, log_stats=False,
 )
-pool = scheduler.kv_cache_manager.block_pool
+vllm_pool = scheduler.kv_cache_manager.block_pool
+pool = elastic_of(vllm_pool)
 core = SimpleNamespace(scheduler=scheduler)
 signer = KVSigner(runner.views, 16)
 inst = plan.instance
@@ -185,7 +189,8 @@ print(json.dumps({
     "bytes_per_block": buffer.bytes_per_block,
     "pinned": buffer.pinned,
     "view_in_buffer": view_in_buffer,
-    "pool_class": type(pool).__name__,
+    "pool_class": type(vllm_pool).__name__,
+    "elastic_class": type(pool).__name__,
     "finished": n - len(scheduler.requests),
     "requests": n,
     "acks": sorted(set(acks)),

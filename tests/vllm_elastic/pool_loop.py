@@ -72,16 +72,18 @@ class PoolLoop:
         max_running: int = 8,
         max_new_tokens: int = 64,
         max_len: int = 512,
-        elastic: bool = True,
         verify: bool = True,
     ) -> None:
+        from kvpolicy.adapters.vllm_adapter.elastic_pool import elastic_of
+
         self.pool = pool
+        self.elastic = elastic_of(pool)
+        """The ElasticPool beside ``pool``; None for a stock pool."""
         self.block_size = block_size
         self.rng = random.Random(seed)
         self.max_running = max_running
         self.max_new_tokens = max_new_tokens
         self.max_len = max_len
-        self.elastic = elastic
         self.verify_kv = verify
         words = bytes_per_block // 2
         self.words = data.view(torch.int16)[: pool.num_gpu_blocks * words].view(pool.num_gpu_blocks, words)
@@ -131,8 +133,8 @@ class PoolLoop:
 
     # -- the block pool calls vLLM's KV cache manager makes ------------------------------
     def _room(self, n: int) -> bool:
-        if self.elastic:
-            self.pool.make_room(n)
+        if self.elastic is not None:
+            self.elastic.make_room(n)
         return n <= self.pool.get_num_free_blocks()
 
     def _free(self, req: Req) -> None:
@@ -216,16 +218,16 @@ class PoolLoop:
                 self.stats.finished += 1
             else:
                 req.tokens.append(self.rng.randrange(1, 30000))
-        if self.elastic:
-            self.pool.on_step(active=bool(self.running or self.waiting))
+        if self.elastic is not None:
+            self.elastic.on_step(active=bool(self.running or self.waiting))
 
     def drain(self) -> None:
         for req in list(self.running):
             self.running.remove(req)
             self._free(req)
         self.waiting.clear()
-        if self.elastic:
-            self.pool.on_step(active=False)
+        if self.elastic is not None:
+            self.elastic.on_step(active=False)
 
 
 def make_pools(
@@ -239,25 +241,28 @@ def make_pools(
     grow_chunks: int = 1,
     give_back_interval: float = 0.0,
 ) -> tuple[Any, Any]:
-    """(elastic vLLM BlockPool, its ElasticKVBuffer) for ``num_blocks`` virtual blocks."""
+    """(vLLM BlockPool made elastic, its ElasticKVBuffer) for ``num_blocks`` virtual blocks."""
     from vllm.v1.core.block_pool import BlockPool
 
     from kvpolicy.adapters.vllm_adapter.elastic_buffer import ElasticKVBuffer, pinned_chunks
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticBlockPool
+    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool
 
     buffer = ElasticKVBuffer(
         driver, num_blocks=num_blocks, bytes_per_block=bytes_per_block, chunk=chunk, limit=limit,
         pinned=pinned_chunks(bytes_per_block, chunk) * chunk, grow_chunks=grow_chunks,
     )
-    stock = BlockPool(num_blocks, enable_caching=True, hash_block_size=block_size)
-    pool = ElasticBlockPool.adopt(stock, buffer, give_back_interval=give_back_interval, report_interval=0.0)
+    pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=block_size)
+    ElasticPool.adopt(pool, buffer, give_back_interval=give_back_interval, report_interval=0.0)
     return pool, buffer
 
 
 def check(pool: Any, buffer: Any) -> None:
-    """The invariants after a step: see ElasticBlockPool.check_consistent, plus the mirror."""
-    pool.flush()
-    pool.check_consistent()
+    """The invariants after a step: see ElasticPool.check_consistent, plus the mirror."""
+    from kvpolicy.adapters.vllm_adapter.elastic_pool import elastic_of
+
+    elastic = elastic_of(pool)
+    elastic.flush()
+    elastic.check_consistent()
     kv = buffer.pool
     for block in pool.blocks[1:]:
         assert (block.ref_cnt > 0) == kv.is_live(block.block_id), f"block {block.block_id}: the mirror differs"
@@ -303,7 +308,7 @@ def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: in
             assert limit.pending == 0 and limit.mapped == kv.held_bytes - buffer.pinned
         loop.drain()
         limit.set(160 * MiB, 0)
-        pool.on_step(active=False)
+        loop.elastic.on_step(active=False)
         check(pool, buffer)
         return {
             "stats": loop.stats.__dict__,
@@ -312,7 +317,7 @@ def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: in
             "peak_phase3": max(held[steps * 3 // 5 : steps * 4 // 5]) if steps >= 5 else 0,
             "idle_held": buffer.pool.held_bytes,
             "pinned": buffer.pinned,
-            "refusals": dict(pool.refusals),
+            "refusals": dict(loop.elastic.refusals),
             "zero_calls": buffer.pool.arenas[0].calls.zero,
         }
     finally:

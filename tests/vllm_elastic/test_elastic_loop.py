@@ -253,13 +253,13 @@ def test_give_back_above_the_target_evicts_prefix_cache_page_aware() -> None:
         loop.drain()
         check(loop, buffer)
         kv = buffer.pool
-        cached_before = len(loop.pool.cached_block_hash_to_block)
+        cached_before = len(loop.pool.vllm.cached_block_hash_to_block)
         assert cached_before > 0 and kv.held_bytes > 60 * MiB
         limit.set(256 * MiB, 40 * MiB)  # a lower target, same limit
         loop.pool.on_step(active=False)
         check(loop, buffer)
         assert kv.held_bytes <= 40 * MiB + buffer.pinned
-        cached_after = len(loop.pool.cached_block_hash_to_block)
+        cached_after = len(loop.pool.vllm.cached_block_hash_to_block)
         assert 0 < cached_after < cached_before
         mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
         assert mapped == list(range(len(mapped))), "the lowest chunks stay, the highest go"
@@ -340,7 +340,7 @@ def test_growth_maps_before_handing_out_and_zeroes_new_chunks() -> None:
     driver = HostDriver(capacity=1 * GiB)
     loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=9)
     try:
-        assert loop.pool.get_num_free_blocks() == 0  # only the null block's chunks are mapped
+        assert loop.pool.vllm.get_num_free_blocks() == 0  # only the null block's chunks are mapped
         req = loop.submit(max_tokens=4)
         loop.step()
         check(loop, buffer)

@@ -62,7 +62,7 @@ def test_an_elastic_engine_end_to_end(tmp_path: Path) -> None:
     assert out["layout_env"] == "BLHNC"
     assert out["available"] == out["virtual"] == 1 * GiB and out["guarantee"] == 16 * MiB
     assert out["num_blocks"] == 1 * GiB // out["bytes_per_block"]
-    assert out["view_in_buffer"] and out["pool_class"] == "ElasticBlockPool"
+    assert out["view_in_buffer"] and out["pool_class"] == "BlockPool" and out["elastic_class"] == "ElasticPool"
     # The null block's chunks: two 2 MiB chunks for a 2.25 MiB block; runtime-owned, all of R.
     assert out["pinned"] == 4 * MiB
     slot = out["slot"]

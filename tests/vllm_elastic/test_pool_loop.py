@@ -122,3 +122,28 @@ def test_prefix_cache_reset_usage_and_the_unbound_guard() -> None:
         del loop
         buffer.close()
         driver.close()
+
+
+def test_adoption_leaves_vllms_pool_a_plain_block_pool() -> None:
+    """vLLM's hot path runs at stock speed only on a plain BlockPool with a small instance layout
+    (a swapped class or more than 30 attributes made it 15–30% slower: docs/vllm.md)."""
+    from pool_loop import make_pools
+    from vllm.v1.core.block_pool import BlockPool
+
+    from kvpolicy.adapters.common import AdapterError
+    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool, elastic_of
+    from kvpolicy.alloc import StaticLimit
+
+    bpb = 36 * 8 * 128 * 2 * 2 * 16
+    driver = HostDriver(capacity=1 << 30)
+    pool, buffer = make_pools(driver, (256 * MiB) // bpb, bpb, 2 * MiB, StaticLimit(64 * MiB))
+    try:
+        stock = BlockPool(pool.num_gpu_blocks, enable_caching=True, hash_block_size=16)
+        assert type(pool) is BlockPool and isinstance(elastic_of(pool), ElasticPool)
+        assert elastic_of(stock) is None
+        assert set(vars(pool)) - set(vars(stock)) == {"_kvpolicy", "get_usage", "reset_prefix_cache"}
+        with pytest.raises(AdapterError, match="elastic already"):
+            ElasticPool.adopt(pool, buffer)
+    finally:
+        buffer.close()
+        driver.close()
