@@ -56,7 +56,8 @@ class PinnedFirst:
         seen = self._seen
         if seen is not None and seen[0] is reading:  # the ledger's hot path returns the same object
             return seen[1]
-        shifted = LimitReading(reading.limit + self.allowance, reading.target + self.allowance, reading.revision)
+        a = self.allowance
+        shifted = LimitReading(reading.limit + a, reading.target + a, reading.revision, reading.guarantee + a)
         self._seen = (reading, shifted)
         return shifted
 
@@ -108,3 +109,6 @@ class PinnedFirst:
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         self.inner.acknowledge(revision, status)
+
+    def pressure(self) -> int:
+        return self.inner.pressure()

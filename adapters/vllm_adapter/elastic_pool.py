@@ -36,7 +36,9 @@ bookkeeping around vLLM's code:
   new limit revision is applied at once (``BlockPool.sync``: fully free chunks are
   unmapped from the highest down; their cached blocks are evicted from the prefix
   cache first, and the device is synchronised before the unmap); memory above the
-  target is given back the same way at most every ``give_back_interval`` seconds.
+  target, and — when the ledger's pressure counter says another instance was
+  refused memory — free memory beyond what is in use plus one growth step, is given
+  back the same way at most every ``give_back_interval`` seconds.
   When live blocks pin chunks above a lowered limit, the revision is acknowledged
   ``deferred``: the highest chunks needed are *doomed* — their free blocks are taken
   out of the queue (``_PARKED``) so vLLM stops reusing them — and each one is
@@ -136,6 +138,7 @@ class ElasticPool:
         self._on_activity = on_activity
         self._clock = clock
         self._last_give_back = clock()
+        self._pressure_seen = buffer.limit.pressure()
         self._report_interval = report_interval
         self._last_report = float("-inf")
         self._reported_used = -1
@@ -266,8 +269,11 @@ class ElasticPool:
         now = self._clock()
         held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
         new_revision = reading.revision != kv.revision
-        give_back = held > reading.target and now - self._last_give_back >= self._give_back_interval
+        due = now - self._last_give_back >= self._give_back_interval
+        pressure = lim.pressure()
+        give_back = due and (held > reading.target or pressure != self._pressure_seen)
         if new_revision or give_back:
+            self._pressure_seen = pressure
             self.flush()
             try:
                 kv.sync()  # apply: shrink to the limit (or defer); give back down to the target

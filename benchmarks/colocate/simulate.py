@@ -46,6 +46,8 @@ class SharedBudget:
     def __init__(self, budget: int) -> None:
         self.budget = budget
         self.committed: dict[str, int] = {}
+        self.pressure = 0
+        """Admissions refused for the budget, as the ledger counts them."""
 
     def source(self, name: str, guarantee: int) -> SimLimit:
         self.committed[name] = 0
@@ -63,7 +65,10 @@ class SimLimit:
 
     def admit(self, n: int) -> bool:
         c = self.gpu.committed
-        if c[self.name] + n > self.reading.limit or sum(c.values()) + n > self.gpu.budget:
+        if c[self.name] + n > self.reading.limit:
+            return False
+        if sum(c.values()) + n > self.gpu.budget:
+            self.gpu.pressure += 1
             return False
         c[self.name] += n
         return True
@@ -80,6 +85,9 @@ class SimLimit:
         self.used, self.mapped = used, mapped
 
     def acknowledge(self, revision: int, status: str) -> None: ...
+
+    def pressure(self) -> int:
+        return self.gpu.pressure
 
 
 def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict]:

@@ -19,6 +19,14 @@ free mapped chunks, then growth at the lowest unmapped index; shrinking releases
 fully free chunks from the highest index down. So live blocks gather at low
 addresses and freed memory at high ones can go back to the GPU.
 
+Pressure. When another instance's elastic admission is refused for the GPU's budget,
+the limit source's ``pressure()`` counter moves; the next ``sync()`` of every other
+pool then gives back the fully free chunks it holds beyond what it uses plus one
+growth step (``grow_chunks`` chunk groups), never below its guarantee (memory no one
+else could take). Memory below the target is otherwise kept mapped, as a warm cache;
+under pressure it goes where it is needed. A pool whose own admission was refused
+since its last ``sync()`` is the one short of memory and gives nothing back.
+
 Limit protocol (``limits.LimitSource``): ``read()`` on every growth and ``sync()``;
 ``admit()`` once per growth for the bytes of the whole batch, then ``commit()`` what
 was mapped and ``rollback()`` the rest; ``release()`` after unmapping;
@@ -89,12 +97,13 @@ class BlockPool:
         name: str = "kv",
         before_unmap: Callable[[list[int]], None] | None = None,
         zero_new_chunks: bool = False,
+        give_back_under_pressure: bool = True,
     ) -> None:
         """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
         are unmapped, so an engine that keeps its own free lists can take their blocks out
         first (and wait for kernels in flight); if it raises, nothing is unmapped.
         ``zero_new_chunks`` fills every newly mapped chunk with zeros before its blocks
-        can be handed out."""
+        can be handed out. ``give_back_under_pressure``: see "Pressure" above."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if grow_chunks < 1:
@@ -150,6 +159,11 @@ class BlockPool:
         """The driver error a ``free`` swallowed while completing a deferred limit, if any."""
         self._revision: int | None = None
         self._deferred = False
+        self._under_pressure = give_back_under_pressure
+        self._pressure_seen = limit.pressure()
+        self._starved = False  # its own admission was refused since the last sync()
+        self.released_under_pressure = 0
+        """Bytes given back because another instance was short of memory (cumulative)."""
         self._reading = limit.read()
         self._observe(self._reading)
 
@@ -378,8 +392,26 @@ class BlockPool:
                 self._continue_deferred(None)
             if self.held_bytes > reading.target:
                 self._release_down_to(reading.target)
+            if self._under_pressure:
+                self._give_back_under_pressure(reading)
             self._report()
         return self.stats()
+
+    def _give_back_under_pressure(self, reading: LimitReading) -> None:
+        """If another instance was refused memory since the last look, give back what this pool holds unused."""
+        pressure = self._limit.pressure()
+        starved, self._starved = self._starved, False
+        if pressure == self._pressure_seen:
+            return
+        self._pressure_seen = pressure
+        if starved or self._deferred:
+            return
+        g = self.group_bytes
+        in_use = -(-self.used_bytes // g) * g  # whole chunk groups
+        keep = max(reading.guarantee, in_use + self.grow_chunks * g)
+        before = self.held_bytes
+        self._release_down_to(keep)
+        self.released_under_pressure += before - self.held_bytes
 
     def shrink(self, to: int | None = None) -> int:
         """Release fully free chunks until at most ``to`` bytes are held (default: the target); returns bytes released.
@@ -638,6 +670,7 @@ class BlockPool:
                 hint="free blocks, or raise the limit" if not self._deferred else "a lowered limit is still deferred",
             )
         if creating and not self._limit.admit(creating):
+            self._starved = True
             raise OutOfBlocks(requested, self._n_free, "admission", held=held, limit=reading.limit, needed=creating)
         done: list[tuple[Arena, MapResult]] = []
         try:

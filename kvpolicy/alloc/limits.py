@@ -25,6 +25,8 @@ class LimitReading:
     """Fair share: the pool gives back memory above it when it can."""
     revision: int
     """Revision of the published limits; 0 before the first publish."""
+    guarantee: int = 0
+    """Memory no other instance can take: giving back below it frees nothing for anyone."""
 
 
 class LimitSource(Protocol):
@@ -56,26 +58,43 @@ class LimitSource(Protocol):
         """The pool applied ``revision`` (or defers it while usage is above the limit)."""
         ...
 
+    def pressure(self) -> int:
+        """A counter that moves when another instance wants memory the GPU's budget cannot give
+        (the ledger counts refused elastic admissions); cheap: read on every ``sync()``."""
+        ...
+
 
 class StaticLimit:
     """A fixed limit and target in this process; admission checks mapped + pending ≤ limit."""
 
-    def __init__(self, limit: int, target: int | None = None) -> None:
+    def __init__(self, limit: int, target: int | None = None, guarantee: int = 0) -> None:
         self._lock = threading.Lock()
-        self._reading = LimitReading(limit=limit, target=limit if target is None else target, revision=1)
+        self._reading = LimitReading(
+            limit=limit, target=limit if target is None else target, revision=1, guarantee=guarantee
+        )
+        self._pressure = 0
         self.mapped = 0
         self.pending = 0
         self.used = 0
         self.acked: tuple[int, AckStatus] | None = None
 
-    def set(self, limit: int, target: int | None = None) -> None:
-        """Publish a new limit (and target), as the controller would: a new revision."""
+    def set(self, limit: int, target: int | None = None, guarantee: int | None = None) -> None:
+        """Publish a new limit (and target, guarantee), as the controller would: a new revision."""
         with self._lock:
             self._reading = LimitReading(
                 limit=limit,
                 target=limit if target is None else target,
                 revision=self._reading.revision + 1,
+                guarantee=self._reading.guarantee if guarantee is None else guarantee,
             )
+
+    def press(self) -> None:
+        """Another instance was refused memory for the GPU's budget, as the ledger would count it."""
+        with self._lock:
+            self._pressure += 1
+
+    def pressure(self) -> int:
+        return self._pressure
 
     def read(self) -> LimitReading:
         return self._reading

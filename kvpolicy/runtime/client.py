@@ -113,7 +113,7 @@ class Instance:
         seq, pub = self._pub.read(self._ledger.seg.mm, self._words)
         if pub.epoch != self._claim.epoch:
             raise Detached(f"kvpolicy ledger: instance {self.id!r} lost its slot on {self.gpu}; attach again")
-        reading = LimitReading(limit=pub.limit, target=pub.target, revision=pub.revision)
+        reading = LimitReading(limit=pub.limit, target=pub.target, revision=pub.revision, guarantee=pub.guarantee)
         self._reading, self._pub_seen = reading, seq
         return reading
 
@@ -145,6 +145,10 @@ class Instance:
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         """The pool applied ``revision``, or defers it while usage is above a lowered limit."""
         self._ledger.acknowledge(self._claim, revision, status)
+
+    def pressure(self) -> int:
+        """Elastic admissions the GPU's budget refused so far, any instance's (one 8-byte read)."""
+        return self._ledger.pressure()
 
     def limit_source(self) -> Instance:
         """This instance as the elastic allocator's LimitSource; marks the slot as having an elastic pool."""

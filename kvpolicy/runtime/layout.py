@@ -228,6 +228,9 @@ HEADER_CRC_OFFSET = HEADER_STATIC_SIZE  # u32 CRC-32 of bytes [0, 76)
 OFF_GENERATION = 128
 OFF_HEARTBEAT = 136
 OFF_DIRTY = 144
+OFF_PRESSURE = 152
+"""+1 at every elastic admission the GPU's budget refused (under the write lock; read as one word).
+Added to layout 1 in reserved, zero-filled bytes: a segment from before reads 0 (no pressure)."""
 OFF_GPU_RECORD = 192
 OFF_TOTALS_RECORD = OFF_GPU_RECORD + GPU_RECORD.size
 
@@ -269,6 +272,7 @@ def layout_table() -> str:
         ("header", OFF_GENERATION, 8, "generation", "u64, +1 at every change an engine makes"),
         ("header", OFF_HEARTBEAT, 8, "heartbeat_ns", "u64, the controller's last heartbeat (0: never)"),
         ("header", OFF_DIRTY, 8, "dirty", "u64, pid of a writer inside a multi-record change (0: clean)"),
+        ("header", OFF_PRESSURE, 8, "pressure", "u64, +1 at every elastic admission the GPU's budget refused"),
         ("header", OFF_GPU_RECORD, GPU_RECORD.size, "gpu record", _fields(GPU_RECORD)),
         ("header", OFF_TOTALS_RECORD, TOTALS_RECORD.size, "totals record", _fields(TOTALS_RECORD)),
         ("slot", SLOT_OFF_IDENTITY, IDENTITY_RECORD.size, "identity record", _fields(IDENTITY_RECORD)),

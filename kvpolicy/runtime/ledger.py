@@ -325,6 +325,7 @@ class _Change:
 _DIRTY = L.OFF_DIRTY // 8
 _SOURCES = {L.FIGURES_NONE: "none", L.FIGURES_PROVISIONAL: "provisional", L.FIGURES_PUBLISHED: "published"}
 _GENERATION = L.OFF_GENERATION // 8
+_PRESSURE = L.OFF_PRESSURE // 8
 
 
 class GpuLedger:
@@ -384,6 +385,14 @@ class GpuLedger:
         """Wall-clock time of the controller's last heartbeat, or None if none ever beat."""
         ns = self.seg.words[L.OFF_HEARTBEAT // 8]
         return _ns(ns) if ns else None
+
+    def pressure(self) -> int:
+        """How many elastic admissions the GPU's budget has refused so far (one 8-byte read).
+
+        When it moves, some instance wants memory that others hold: pools give back the
+        free memory they hold beyond what they use (``kvpolicy.alloc``, "Pressure").
+        """
+        return self.seg.words[_PRESSURE]
 
     def beat(self, now: float | None = None) -> None:
         """The controller is alive (a single store; no lock)."""
@@ -912,6 +921,7 @@ class GpuLedger:
                 why = explain_budget(f, t)
                 if others_unmet:
                     why += f"; {format_bytes(others_unmet)} of it is guaranteed to other instances and not yet theirs"
+                words[_PRESSURE] += 1  # the others' pools see it and give back what they hold unused
                 return Refusal(nbytes, "budget", pub.limit, mine, budget, t.elastic_committed + others_unmet, why)
             use_rec.write(mm, words, use._replace(pending=use.pending + nbytes, updated_at_ns=time.time_ns()))
             self._adjust_totals(elastic_pending=nbytes, unmet_guarantees=_unmet(guarantee, mine + nbytes) - unmet_before)

@@ -62,8 +62,8 @@ def resources(driver: Driver) -> tuple[int, int, int]:
 class RecordingLimit(StaticLimit):
     """A StaticLimit that logs every protocol call, and can be told to refuse admission."""
 
-    def __init__(self, limit: int, target: int | None = None) -> None:
-        super().__init__(limit, target)
+    def __init__(self, limit: int, target: int | None = None, guarantee: int = 0) -> None:
+        super().__init__(limit, target, guarantee)
         self.log: list[tuple[str, object]] = []
         self.refuse = False
 

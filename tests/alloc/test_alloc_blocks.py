@@ -336,3 +336,54 @@ def test_pool_close_is_final(driver):
     assert limit.mapped == 0 and pool.held_bytes == 0
     with pytest.raises(Exception, match="closed"):
         pool.free(ids)
+
+
+def test_pressure_gives_back_free_memory_beyond_use_and_one_growth_step(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver, grow_chunks=2)
+    with pool:
+        ids = pool.alloc(40)  # 10 chunks
+        pool.free(ids[6:])  # 6 live blocks: chunks 0 and 1 (half)
+        assert pool.sync().held_bytes == 10 * CHUNK  # under the target: kept, a warm cache
+        limit.press()  # another instance was refused memory for the GPU's budget
+        stats = pool.sync()
+        # What is in use (2 chunks) plus one growth step (2 chunks) stays; the free rest goes.
+        assert stats.held_bytes == 4 * CHUNK and pool.released_under_pressure == 6 * CHUNK
+        assert [pool.is_chunk_mapped(c) for c in range(5)] == [True, True, True, True, False]
+        assert pool.sync().held_bytes == 4 * CHUNK  # one refusal, one give-back
+        assert pool.alloc(10)  # live blocks untouched, and growth works again
+        check_pool(pool, limit, driver, base)
+
+
+def test_pressure_never_goes_below_the_guarantee_nor_gives_back_a_starved_pool(driver):
+    base = resources(driver)
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, guarantee=6 * CHUNK))
+    with pool:
+        pool.free(pool.alloc(40))
+        limit.press()
+        assert pool.sync().held_bytes == 6 * CHUNK  # nobody else could take the guarantee
+        # Its own admission refused (the GPU is full): this pool is the one short of memory.
+        limit.refuse = True
+        with pytest.raises(OutOfBlocks):
+            pool.alloc(30)
+        limit.press()
+        assert pool.sync().held_bytes == 6 * CHUNK and pool.released_under_pressure == 4 * CHUNK
+        limit.refuse = False
+        check_pool(pool, limit, driver, base)
+
+
+def test_pressure_is_ignored_when_turned_off_or_while_a_limit_is_deferred(driver):
+    off, off_limit = make_pool(driver, give_back_under_pressure=False)
+    with off:
+        off.free(off.alloc(40))
+        off_limit.press()
+        assert off.sync().held_bytes == 10 * CHUNK
+    pool, limit = make_pool(driver)
+    with pool:
+        ids = pool.alloc(40)
+        pool.free(ids[4:36])  # chunks 0 and 9 stay live
+        limit.set(CHUNK)  # deferred: chunk 9 pins it
+        limit.press()
+        stats = pool.sync()
+        assert stats.deferred and pool.released_under_pressure == 0  # the deferral does the shrinking
+        assert stats.held_bytes == 2 * CHUNK  # chunks 1..8 went for the limit, not for the pressure

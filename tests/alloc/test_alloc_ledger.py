@@ -8,7 +8,10 @@ where they are absent (the GPU machine).
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import shutil
+import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,4 +95,100 @@ def test_two_pools_share_the_gpu_budget_through_the_ledger(ledger_dir: Path) -> 
     finally:
         a.detach()
         b.detach()
+        driver.close()
+
+
+def test_a_refusal_for_the_budget_moves_pressure_and_the_other_pool_gives_back(ledger_dir: Path) -> None:
+    a = attach(id="a", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
+    b = attach(id="b", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
+    driver = HostDriver(capacity=1 * GiB)
+    try:
+        pool_a = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=a.limit_source(), name="a")
+        pool_b = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=b.limit_source(), name="b")
+        limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, CHUNK)
+        publish(ledger_dir, 1, 10 * CHUNK, a=limits, b=limits)
+        ids_a = pool_a.alloc(24)
+        pool_a.free(ids_a[4:])
+        assert pool_a.sync().held_bytes == 6 * CHUNK  # 1 chunk in use, 5 free: under its target, kept
+        start = a.pressure()
+        assert not b.admit(9 * CHUNK) and b.last_refusal.reason == "limit"
+        assert a.pressure() == start  # b's own limit: nobody else can help
+        with pytest.raises(OutOfBlocks):
+            pool_b.alloc(24)  # 6 chunks; the GPU's budget has 4 left
+        assert b.last_refusal.reason == "budget" and a.pressure() == b.pressure() == start + 1
+        assert pool_b.sync().held_bytes == 0  # the refused pool gives nothing back
+        pool_a.sync()  # a sees the pressure: keeps its use (1 chunk) and one growth step (1 chunk)
+        assert a.snapshot().mapped == pool_a.held_bytes == 2 * CHUNK and pool_a.live_blocks == 4
+        ids_b = pool_b.alloc(24)
+        assert b.snapshot().mapped == 6 * CHUNK and a.pressure() == start + 1
+        pool_b.free(ids_b)
+        pool_a.free(ids_a[:4])
+        pool_a.close()
+        pool_b.close()
+    finally:
+        a.detach()
+        b.detach()
+        driver.close()
+
+
+def _holder(ledger_dir: Path, ready, stop, out) -> None:  # type: ignore[no-untyped-def]
+    """Another engine process: holds 6 chunks of which it uses 1, and syncs every 10 ms as engines do."""
+    try:
+        inst = attach(id="holder", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
+        driver = HostDriver(capacity=1 * GiB)
+        pool = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=inst.limit_source(), name="holder")
+        while pool.sync().revision != 1:
+            time.sleep(0.01)
+        ids = pool.alloc(24)
+        pool.free(ids[4:])
+        ready.set()
+        while not stop.wait(0.01):
+            pool.sync()
+        out.put(("ok", pool.held_bytes, pool.released_under_pressure))
+        pool.free(ids[:4])
+        pool.close()
+        driver.close()
+        inst.detach()
+    except BaseException:  # noqa: BLE001 - the test reports it
+        out.put(("error", traceback.format_exc(), 0))
+
+
+def test_across_processes_a_starved_engine_gets_what_another_holds_unused(ledger_dir: Path) -> None:
+    ctx = mp.get_context("fork")
+    ready, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+    me = attach(id="starved", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
+    holder = ctx.Process(target=_holder, args=(ledger_dir, ready, stop, out))
+    holder.start()
+    driver = HostDriver(capacity=1 * GiB)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with LedgerDir(ledger_dir) as ld:
+                if len(ld.read().instances()) == 2:
+                    break
+            time.sleep(0.01)
+        limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, CHUNK)
+        publish(ledger_dir, 1, 10 * CHUNK, holder=limits, starved=limits)
+        assert ready.wait(30), "the holder process did not start"
+        pool = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=me.limit_source(), name="starved")
+        with pytest.raises(OutOfBlocks):
+            pool.alloc(24)  # the holder has 6 of the 10 chunks mapped
+        ids: list[int] = []
+        while not ids and time.monotonic() < deadline:  # as an engine retries at its next steps
+            time.sleep(0.01)
+            try:
+                ids = pool.alloc(24)
+            except OutOfBlocks:
+                pass
+        assert ids, "the holder never gave its unused memory back"
+        stop.set()
+        status, held, released = out.get(timeout=30)
+        assert status == "ok", held
+        assert held == 2 * CHUNK and released == 4 * CHUNK
+        pool.free(ids)
+        pool.close()
+    finally:
+        stop.set()
+        holder.join(30)
+        me.detach()
         driver.close()

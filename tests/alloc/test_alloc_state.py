@@ -129,6 +129,18 @@ class PoolMachine(RuleBasedStateMachine):
         assert self.limit.acked[1] == ("deferred" if stats.deferred else "applied")
         assert stats.held_bytes <= stats.target or not self.pool.fully_free_chunks()  # gave back what it could
 
+    @rule()
+    def pressure(self) -> None:
+        """Another instance is refused memory: the next sync gives back all but use + one growth step."""
+        self.limit.press()
+        starved = self.pool._starved
+        stats = self.pool.sync()
+        self.failed = False
+        g = self.group
+        keep = -(-stats.used_bytes // g) * g + self.pool.grow_chunks * g
+        if not (starved or stats.deferred):
+            assert stats.held_bytes <= keep or not self.pool.fully_free_chunks()
+
     @rule(groups=st.integers(0, 14))
     def shrink(self, groups: int) -> None:
         before = self.pool.held_bytes

@@ -92,7 +92,7 @@ def test_slots_full(make) -> None:
 
 def test_before_any_publish_the_limit_is_the_guarantee(make) -> None:
     inst = make(guarantee=64 * MiB, elastic=True)
-    assert inst.read() == LimitReading(limit=64 * MiB, target=64 * MiB, revision=0)
+    assert inst.read() == LimitReading(limit=64 * MiB, target=64 * MiB, revision=0, guarantee=64 * MiB)
 
 
 def test_published_limits_reach_the_hot_path_and_unchanged_reads_reuse_one_object(make, ledger_dir: Path) -> None:
@@ -103,7 +103,7 @@ def test_published_limits_reach_the_hot_path_and_unchanged_reads_reuse_one_objec
                       **{"m/0": InstanceLimits(limit=10 * GiB, target=6 * GiB, guarantee=2 * GiB)})
     assert skipped == []
     r = inst.read()
-    assert r == LimitReading(limit=10 * GiB, target=6 * GiB, revision=5)
+    assert r == LimitReading(limit=10 * GiB, target=6 * GiB, revision=5, guarantee=2 * GiB)
     assert inst.read() is r
 
 

@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 
 from elastic_harness import build  # noqa: E402
 
-from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, StaticLimit  # noqa: E402
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit  # noqa: E402
 from kvpolicy.units import GiB, MiB  # noqa: E402
 
 CHUNK = 2 * MiB
@@ -189,6 +189,49 @@ def test_budget_taken_by_another_instance_is_a_miss(ledger_dir: Path) -> None:
             loop.step()
             check(loop, buffer)
         assert buffer.pool.held_bytes - buffer.pinned > 8 * MiB and loop.stats.finished > before
+    finally:
+        hog.close()
+        buffer.close()
+        ours.detach()
+        other.detach()
+        driver.close()
+
+
+def test_an_idle_engine_gives_its_cache_to_a_refused_instance(ledger_dir: Path) -> None:
+    """Under its target an idle engine keeps its prefix cache mapped, until another instance is refused
+    memory for the GPU's budget (the ledger's pressure): then its next step gives the free chunks back."""
+    from kvpolicy.runtime.ledger import InstanceLimits
+
+    ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
+    other = attach_elastic(ledger_dir, "other/0", guarantee=0)
+    driver = HostDriver(capacity=2 * GiB)
+    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, ours, seed=5)
+    hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
+    try:
+        ours.admit_static(buffer.pinned)
+        limits = InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0)
+        publish(ledger_dir, 1, 64 * MiB, {"qwen/0": limits, "other/0": limits})
+        for _ in range(150):
+            while len(loop.waiting) < 4:
+                loop.submit()
+            loop.step()
+        loop.drain()  # idle: every block free, many of them prefix-cached
+        check(loop, buffer)
+        held = ours.snapshot().mapped
+        cached = len(loop.pool.vllm.cached_block_hash_to_block)
+        assert held > 16 * MiB and cached > 1
+        loop.pool.on_step(active=False)
+        assert ours.snapshot().mapped == held  # under its target: kept as a warm cache
+        with pytest.raises(OutOfBlocks):
+            hog.alloc((64 * MiB - held) // CHUNK + 1)
+        assert other.last_refusal.reason == "budget"
+        loop.pool.on_step(active=False)  # it sees the pressure
+        check(loop, buffer)
+        assert ours.snapshot().mapped <= 4 * CHUNK  # one growth step at most (it uses nothing)
+        assert len(loop.pool.vllm.cached_block_hash_to_block) < cached  # those of unmapped chunks were evicted
+        taken = hog.alloc((64 * MiB - held) // CHUNK + 1)
+        assert ours.snapshot().mapped + other.snapshot().mapped <= 64 * MiB
+        hog.free(taken)
     finally:
         hog.close()
         buffer.close()
