@@ -1,4 +1,8 @@
-"""``kvpolicy lint FILE...``: check policy files; exit 1 on errors (and warnings with --strict)."""
+"""``kvpolicy lint FILE...``: check policy files; exit 1 on errors (and warnings with --strict).
+
+``-`` lints standard input (an editor's unsaved buffer), named ``--stdin-filename`` in
+the diagnostics.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,8 @@ from kvpolicy.commands.common import UsageError, parse_size, policy_files
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("lint", help="check policy files", description=__doc__)
-    parser.add_argument("files", nargs="+", metavar="FILE", help="policy files or directories of .kvp files")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="policy files, directories of .kvp files, or - for stdin")
+    parser.add_argument("--stdin-filename", metavar="NAME", default="<stdin>", help="the name diagnostics give standard input")
     add_format_option(parser, "sarif", "github")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="check over-commitment on GPUs of this capacity")
@@ -22,10 +27,12 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvpolicy.evaluate.facts_io import FactsError, read_facts
     from kvpolicy.lint import report
-    from kvpolicy.lint.engine import lint_file
+    from kvpolicy.lint.engine import lint_bytes
 
     try:
-        files = policy_files(args.files)
+        if "-" in args.files and len(args.files) > 1:
+            raise UsageError("- (standard input) cannot be combined with other files")
+        inputs = [(args.stdin_filename, None)] if args.files == ["-"] else [(str(p), p) for p in policy_files(args.files)]
         facts = read_facts(args.facts) if args.facts else None
     except UsageError as exc:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
@@ -35,20 +42,22 @@ def run(args: argparse.Namespace) -> int:
         return 1
     diagnostics = []
     sources: dict[str, list[str]] = {}
-    for path in files:
-        result = lint_file(path, gpu_capacity=args.gpu_capacity, facts=facts)
-        diagnostics.extend(result.diagnostics)
+    for name, path in inputs:
         try:
-            sources[result.file] = path.read_text(encoding="utf-8", errors="replace").split("\n")
-        except OSError:
-            pass
+            data = sys.stdin.buffer.read() if path is None else path.read_bytes()
+        except OSError as exc:
+            print(f"kvpolicy lint: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        result = lint_bytes(data, name, gpu_capacity=args.gpu_capacity, facts=facts)
+        diagnostics.extend(result.diagnostics)
+        sources[result.file] = data.decode("utf-8", errors="replace").split("\n")
     if args.format == "json":
-        sys.stdout.write(report.render_json(diagnostics, len(files)))
+        sys.stdout.write(report.render_json(diagnostics, len(inputs)))
     elif args.format == "sarif":
         sys.stdout.write(report.render_sarif(diagnostics))
     elif args.format == "github":
         sys.stdout.write(report.render_github(diagnostics))
     else:
-        sys.stdout.write(report.render_text(diagnostics, sources, len(files)))
+        sys.stdout.write(report.render_text(diagnostics, sources, len(inputs)))
     failing = [d for d in diagnostics if d.is_error or args.strict]
     return 1 if failing else 0

@@ -94,8 +94,11 @@ def decode_policy(data: bytes, file: str) -> str:
 def lint_file(path: Path | str, *, display_name: str | None = None, **context) -> LintResult:
     """Read and lint a policy file; unreadable bytes become a diagnostic, not an exception."""
     path = Path(path)
-    name = display_name or str(path)
-    data = path.read_bytes()
+    return lint_bytes(path.read_bytes(), display_name or str(path), **context)
+
+
+def lint_bytes(data: bytes, name: str, **context) -> LintResult:
+    """Lint a policy's raw bytes (a file's, or standard input's) reported as ``name``."""
     try:
         text = decode_policy(data, name)
     except PolicyError as exc:

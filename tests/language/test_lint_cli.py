@@ -135,3 +135,27 @@ def test_suppression_silences_only_its_line_and_code(tmp_path, capsys) -> None:
     found = [(d["line"], d["code"]) for d in json.loads(out)["diagnostics"]]
     assert found == [(3, "KV019"), (4, "KV025")]
     assert code == 1
+
+
+def test_standard_input_is_linted_under_the_name_an_editor_gives(monkeypatch, capsys) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(BROKEN.encode())))
+    code, out, _ = lint(["-", "--stdin-filename", "unsaved.kvp"], capsys)
+    assert code == 1
+    assert out.startswith("unsaved.kvp:3:13: KV001 error: unknown unit 'GiBB'")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(CLEAN.encode())))
+    code, out, _ = lint(["--format", "json", "-"], capsys)
+    assert code == 0 and json.loads(out)["summary"] == {"files": 1, "errors": 0, "warnings": 0}
+
+
+def test_standard_input_with_files_and_unreadable_files_are_usage_errors(files, monkeypatch, capsys) -> None:
+    code, _, err = lint(["-", str(files["clean"])], capsys)
+    assert code == 2 and "cannot be combined" in err
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_bytes", denied)  # as root, chmod 0 would not stop the read
+    code, out, err = lint([str(files["clean"])], capsys)
+    assert code == 2 and err == f"kvpolicy lint: cannot read {files['clean']}: Permission denied\n" and out == ""
