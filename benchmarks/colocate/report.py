@@ -25,6 +25,7 @@ def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
     s = t["summary"]
     out = {k: s[k] for k in TENANT_FIELDS}
     out["peak_mapped"] = t["peak_held"]
+    out["released_under_pressure"] = t.get("released_under_pressure")  # None: a run from before it existed
     if mode["mode"] == "kvpolicy":
         rec = mode["reclaim"][name]
         out["reclaim_seconds"] = [e["seconds"] for e in rec["episodes"]]

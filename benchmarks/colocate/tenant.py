@@ -206,6 +206,7 @@ def main() -> int:
         "setup_s": setup_s,
         "summary": engine.summary(),
         "peak_held": recorder.peak,
+        "released_under_pressure": pool.released_under_pressure,
         "samples": {"columns": Recorder.COLUMNS, "rows": recorder.samples},
         "revisions": recorder.revisions,
         "pool": {

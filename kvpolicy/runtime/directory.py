@@ -73,6 +73,8 @@ class GpuState:
     instances: tuple[SlotView, ...]
     dead: tuple[SlotView, ...]
     problems: tuple[str, ...]
+    pressure: int = 0
+    """Elastic admissions the GPU's budget refused so far (the ledger's pressure word)."""
 
     @property
     def accounted(self) -> int:
@@ -261,6 +263,7 @@ class LedgerDir:
                     instances=live,
                     dead=dead,
                     problems=tuple(slot_problems),
+                    pressure=led.pressure(),
                 )
             except (LedgerError, OSError) as exc:
                 problems.append(f"{g}: {exc}")

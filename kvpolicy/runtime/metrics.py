@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvpolicy.evaluate.decision import Decision
@@ -108,6 +108,12 @@ def _ledger_families(view, stuck_after: float) -> Iterator[GaugeMetricFamily]:
         stuck.add_metric(key, int(v.stuck(view.now, stuck_after)))
         acked.add_metric(key, v.ack_revision)
     yield from (used, mapped, pools, stuck, acked)
+    refusals = CounterMetricFamily(
+        "kvpolicy_gpu_elastic_refusals", "Elastic admissions the GPU's budget refused (pools then give back).", labels=["gpu"]
+    )
+    for gpu, state in view.gpus.items():
+        refusals.add_metric([gpu], state.pressure)
+    yield refusals
 
 
 class ControllerMetrics:

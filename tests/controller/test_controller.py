@@ -203,6 +203,7 @@ def test_metrics_endpoint(site):
     assert 'kvpolicy_instance_limit_bytes{engine="any",gpu="cuda:0",instance="chat/0",model="chat"} 5.1539607552e+10' in text
     assert "kvpolicy_evaluation_seconds_count" in text
     assert 'kvpolicy_policy_reloads_total{result="ok"}' in text
+    assert 'kvpolicy_gpu_elastic_refusals_total{gpu="cuda:0"} 0.0' in text
 
 
 def test_run_once_as_a_command(site):
