@@ -119,7 +119,6 @@ class ElasticPool:
         kv = buffer.pool
         self.vllm = pool
         """vLLM's block pool: the scheduler's, still a plain ``BlockPool``."""
-        self.num_gpu_blocks = pool.num_gpu_blocks
         self.blocks = pool.blocks
         self._buffer = buffer
         self._kv = kv
@@ -127,7 +126,7 @@ class ElasticPool:
         self._bpb = buffer.bytes_per_block
         self._chunk = buffer.chunk
         self._pinned_chunks = frozenset(kv.chunks_of_block(0))
-        self._state = bytearray(self.num_gpu_blocks)
+        self._state = bytearray(pool.num_gpu_blocks)
         self._state[0] = _IN  # the null block: mapped for good, never in the queue
         self._n_in = 0  # blocks (null block excluded) in vLLM's hands: queued or handed out
         self._parked: set[int] = set()
@@ -165,10 +164,6 @@ class ElasticPool:
         pool.reset_prefix_cache = self.reset_prefix_cache  # type: ignore[method-assign]
         buffer.set_listener(self._on_unmap)
         buffer.bound = True
-
-    @property
-    def free_block_queue(self) -> FreeKVCacheBlockQueue:
-        return self.vllm.free_block_queue
 
     # -- vLLM's hot path: unchanged, but for draining ---------------------------------------
     def _free_blocks_draining(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
