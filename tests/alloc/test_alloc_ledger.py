@@ -15,6 +15,7 @@ import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,88 +48,86 @@ def publish(ledger_dir: Path, revision: int, budget: int, **limits: InstanceLimi
     assert not skipped
 
 
-def test_two_pools_share_the_gpu_budget_through_the_ledger(ledger_dir: Path) -> None:
+@pytest.fixture
+def two_pools(ledger_dir: Path) -> Iterator[tuple[Any, Any, BlockPool, BlockPool]]:
+    """Instances a and b attached to one GPU's ledger, each with a block pool on the host driver."""
     a = attach(id="a", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
     b = attach(id="b", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
     driver = HostDriver(capacity=1 * GiB)
+    pool_a = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=a.limit_source(), name="a")
+    pool_b = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=b.limit_source(), name="b")
     try:
-        pool_a = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=a.limit_source(), name="a")
-        pool_b = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=b.limit_source(), name="b")
-        publish(
-            ledger_dir,
-            1,
-            10 * CHUNK,
-            a=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0),
-            b=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0),
-        )
-        ids_a = pool_a.alloc(24)  # 6 chunks
-        assert a.snapshot().mapped == pool_a.held_bytes == 6 * CHUNK
-        with pytest.raises(OutOfBlocks) as err:
-            pool_b.alloc(20)  # 5 chunks, but only 4 of the GPU's budget are left
-        assert err.value.reason == "admission" and "budget" in str(b.last_refusal)
-        assert b.snapshot().pending == 0 and pool_b.held_bytes == 0
-        ids_b = pool_b.alloc(16)
-        assert b.snapshot().mapped == 4 * CHUNK
-
-        # The controller lowers a's limit under what its live blocks pin: deferred, then applied as they go.
-        publish(
-            ledger_dir, 2, 10 * CHUNK, a=InstanceLimits(2 * CHUNK, CHUNK, 0), b=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0)
-        )
-        pool_a.free(ids_a[4:8])  # chunk 1 is free before the pool even reads the new limit
-        stats = pool_a.sync()
-        view = a.snapshot()
-        assert stats.deferred and (view.ack_revision, view.ack) == (2, "deferred") and view.deferred_since is not None
-        assert view.mapped == pool_a.held_bytes == 5 * CHUNK and view.used == 20 * QUARTER.block_stride
-        pool_a.free(ids_a[8:])
-        view = a.snapshot()
-        assert not pool_a.deferred and (view.ack_revision, view.ack) == (2, "applied")
-        assert view.mapped == pool_a.held_bytes == 2 * CHUNK and view.pending == 0  # the limit holds
-        pool_a.sync()  # and the target is reached when the engine syncs
-        assert a.snapshot().mapped == pool_a.held_bytes == CHUNK
-        assert pool_b.alloc(8)  # the budget a gave back is b's to take (within b's limit)
-        assert b.snapshot().mapped == 6 * CHUNK
-
-        pool_b.free(ids_b)
+        yield a, b, pool_a, pool_b
+    finally:
         pool_a.close()
         pool_b.close()
-        assert a.snapshot().mapped == 0 and b.snapshot().mapped == 0
-    finally:
         a.detach()
         b.detach()
         driver.close()
 
 
-def test_a_refusal_for_the_budget_moves_pressure_and_the_other_pool_gives_back(ledger_dir: Path) -> None:
-    a = attach(id="a", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
-    b = attach(id="b", model="m", gpu="cuda:0", ledger_dir=ledger_dir, handle_signals=False)
-    driver = HostDriver(capacity=1 * GiB)
-    try:
-        pool_a = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=a.limit_source(), name="a")
-        pool_b = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=b.limit_source(), name="b")
-        limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, CHUNK)
-        publish(ledger_dir, 1, 10 * CHUNK, a=limits, b=limits)
-        ids_a = pool_a.alloc(24)
-        pool_a.free(ids_a[4:])
-        assert pool_a.sync().held_bytes == 6 * CHUNK  # 1 chunk in use, 5 free: under its target, kept
-        start = a.pressure()
-        assert not b.admit(9 * CHUNK) and b.last_refusal.reason == "limit"
-        assert a.pressure() == start  # b's own limit: nobody else can help
-        with pytest.raises(OutOfBlocks):
-            pool_b.alloc(24)  # 6 chunks; the GPU's budget has 4 left
-        assert b.last_refusal.reason == "budget" and a.pressure() == b.pressure() == start + 1
-        assert pool_b.sync().held_bytes == 0  # the refused pool gives nothing back
-        pool_a.sync()  # a sees the pressure: keeps its use (1 chunk) and one growth step (1 chunk)
-        assert a.snapshot().mapped == pool_a.held_bytes == 2 * CHUNK and pool_a.live_blocks == 4
-        ids_b = pool_b.alloc(24)
-        assert b.snapshot().mapped == 6 * CHUNK and a.pressure() == start + 1
-        pool_b.free(ids_b)
-        pool_a.free(ids_a[:4])
-        pool_a.close()
-        pool_b.close()
-    finally:
-        a.detach()
-        b.detach()
-        driver.close()
+def test_two_pools_share_the_gpu_budget_through_the_ledger(two_pools, ledger_dir: Path) -> None:
+    a, b, pool_a, pool_b = two_pools
+    publish(
+        ledger_dir,
+        1,
+        10 * CHUNK,
+        a=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0),
+        b=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0),
+    )
+    ids_a = pool_a.alloc(24)  # 6 chunks
+    assert a.snapshot().mapped == pool_a.held_bytes == 6 * CHUNK
+    with pytest.raises(OutOfBlocks) as err:
+        pool_b.alloc(20)  # 5 chunks, but only 4 of the GPU's budget are left
+    assert err.value.reason == "admission" and "budget" in str(b.last_refusal)
+    assert b.snapshot().pending == 0 and pool_b.held_bytes == 0
+    ids_b = pool_b.alloc(16)
+    assert b.snapshot().mapped == 4 * CHUNK
+
+    # The controller lowers a's limit under what its live blocks pin: deferred, then applied as they go.
+    publish(
+        ledger_dir, 2, 10 * CHUNK, a=InstanceLimits(2 * CHUNK, CHUNK, 0), b=InstanceLimits(8 * CHUNK, 5 * CHUNK, 0)
+    )
+    pool_a.free(ids_a[4:8])  # chunk 1 is free before the pool even reads the new limit
+    stats = pool_a.sync()
+    view = a.snapshot()
+    assert stats.deferred and (view.ack_revision, view.ack) == (2, "deferred") and view.deferred_since is not None
+    assert view.mapped == pool_a.held_bytes == 5 * CHUNK and view.used == 20 * QUARTER.block_stride
+    pool_a.free(ids_a[8:])
+    view = a.snapshot()
+    assert not pool_a.deferred and (view.ack_revision, view.ack) == (2, "applied")
+    assert view.mapped == pool_a.held_bytes == 2 * CHUNK and view.pending == 0  # the limit holds
+    pool_a.sync()  # and the target is reached when the engine syncs
+    assert a.snapshot().mapped == pool_a.held_bytes == CHUNK
+    assert pool_b.alloc(8)  # the budget a gave back is b's to take (within b's limit)
+    assert b.snapshot().mapped == 6 * CHUNK
+
+    pool_b.free(ids_b)
+    pool_a.close()
+    pool_b.close()
+    assert a.snapshot().mapped == 0 and b.snapshot().mapped == 0
+
+
+def test_a_refusal_for_the_budget_moves_pressure_and_the_other_pool_gives_back(two_pools, ledger_dir: Path) -> None:
+    a, b, pool_a, pool_b = two_pools
+    limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, CHUNK)
+    publish(ledger_dir, 1, 10 * CHUNK, a=limits, b=limits)
+    ids_a = pool_a.alloc(24)
+    pool_a.free(ids_a[4:])
+    assert pool_a.sync().held_bytes == 6 * CHUNK  # 1 chunk in use, 5 free: under its target, kept
+    start = a.pressure()
+    assert not b.admit(9 * CHUNK) and b.last_refusal.reason == "limit"
+    assert a.pressure() == start  # b's own limit: nobody else can help
+    with pytest.raises(OutOfBlocks):
+        pool_b.alloc(24)  # 6 chunks; the GPU's budget has 4 left
+    assert b.last_refusal.reason == "budget" and a.pressure() == b.pressure() == start + 1
+    assert pool_b.sync().held_bytes == 0  # the refused pool gives nothing back
+    pool_a.sync()  # a sees the pressure: keeps its use (1 chunk) and one growth step (1 chunk)
+    assert a.snapshot().mapped == pool_a.held_bytes == 2 * CHUNK and pool_a.live_blocks == 4
+    ids_b = pool_b.alloc(24)
+    assert b.snapshot().mapped == 6 * CHUNK and a.pressure() == start + 1
+    pool_b.free(ids_b)
+    pool_a.free(ids_a[:4])
 
 
 def _holder(ledger_dir: Path, ready, stop, out) -> None:  # type: ignore[no-untyped-def]

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,89 +157,103 @@ def test_reached_limit_is_an_allocation_miss() -> None:
         driver.close()
 
 
-def test_budget_taken_by_another_instance_is_a_miss(ledger_dir: Path) -> None:
-    """The GPU's elastic budget, not the instance's limit, says no: admission refused, a miss."""
-    from kvpolicy.runtime.ledger import InstanceLimits
+@dataclass
+class EngineBesideAHog:
+    """A vLLM engine (the synthetic scheduler on vLLM's real KV cache manager) and a plain block pool
+    of another instance (the hog), both elastic on one GPU's ledger."""
 
-    ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
-    other = attach_elastic(ledger_dir, "other/0", guarantee=0)
-    driver = HostDriver(capacity=2 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, ours, seed=3)
-    hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
-    try:
+    ours: Any
+    other: Any
+    loop: Any
+    buffer: Any
+    hog: BlockPool
+
+
+@pytest.fixture
+def engine_beside_a_hog(ledger_dir: Path) -> Iterator[Callable[[int], EngineBesideAHog]]:
+    made: list[tuple[EngineBesideAHog, HostDriver]] = []
+
+    def make(seed: int) -> EngineBesideAHog:
+        ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
+        other = attach_elastic(ledger_dir, "other/0", guarantee=0)
+        driver = HostDriver(capacity=2 * GiB)
+        loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, ours, seed=seed)
+        hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
         ours.admit_static(buffer.pinned)
-        publish(ledger_dir, 1, 48 * MiB, {
-            "qwen/0": InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0),
-            "other/0": InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0),
-        })
-        taken = hog.alloc(20)  # 40 of the GPU's 48 MiB
-        for _ in range(200):
-            while len(loop.waiting) < 4:
-                loop.submit()
-            loop.step()
-            check(loop, buffer)
-            assert ours.snapshot().mapped + other.snapshot().mapped <= 48 * MiB
-        assert loop.pool.refusals["admission"] > 0 and loop.stats.misses > 0
-        assert ours.last_refusal is None or ours.last_refusal.reason == "budget"
-        assert buffer.pool.held_bytes - buffer.pinned <= 8 * MiB
-        hog.free(taken)
-        hog.shrink(0)  # the other instance gives its memory back: ours can grow into it
-        before = loop.stats.finished
-        for _ in range(100):
-            while len(loop.waiting) < 4:
-                loop.submit()
-            loop.step()
-            check(loop, buffer)
-        assert buffer.pool.held_bytes - buffer.pinned > 8 * MiB and loop.stats.finished > before
-    finally:
-        hog.close()
-        buffer.close()
-        ours.detach()
-        other.detach()
+        made.append((EngineBesideAHog(ours, other, loop, buffer, hog), driver))
+        return made[-1][0]
+
+    yield make
+    for site, driver in made:
+        site.hog.close()
+        site.buffer.close()
+        site.ours.detach()
+        site.other.detach()
         driver.close()
 
 
-def test_an_idle_engine_gives_its_cache_to_a_refused_instance(ledger_dir: Path) -> None:
+def test_budget_taken_by_another_instance_is_a_miss(engine_beside_a_hog, ledger_dir: Path) -> None:
+    """The GPU's elastic budget, not the instance's limit, says no: admission refused, a miss."""
+    from kvpolicy.runtime.ledger import InstanceLimits
+
+    site = engine_beside_a_hog(seed=3)
+    ours, other, loop, buffer, hog = site.ours, site.other, site.loop, site.buffer, site.hog
+    publish(ledger_dir, 1, 48 * MiB, {
+        "qwen/0": InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0),
+        "other/0": InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0),
+    })
+    taken = hog.alloc(20)  # 40 of the GPU's 48 MiB
+    for _ in range(200):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+        assert ours.snapshot().mapped + other.snapshot().mapped <= 48 * MiB
+    assert loop.pool.refusals["admission"] > 0 and loop.stats.misses > 0
+    assert ours.last_refusal is None or ours.last_refusal.reason == "budget"
+    assert buffer.pool.held_bytes - buffer.pinned <= 8 * MiB
+    hog.free(taken)
+    hog.shrink(0)  # the other instance gives its memory back: ours can grow into it
+    before = loop.stats.finished
+    for _ in range(100):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+    assert buffer.pool.held_bytes - buffer.pinned > 8 * MiB and loop.stats.finished > before
+
+
+def test_an_idle_engine_gives_its_cache_to_a_refused_instance(engine_beside_a_hog, ledger_dir: Path) -> None:
     """Under its target an idle engine keeps its prefix cache mapped, until another instance is refused
     memory for the GPU's budget (the ledger's pressure): then its next step gives the free chunks back."""
     from kvpolicy.runtime.ledger import InstanceLimits
 
-    ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
-    other = attach_elastic(ledger_dir, "other/0", guarantee=0)
-    driver = HostDriver(capacity=2 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, ours, seed=5)
-    hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
-    try:
-        ours.admit_static(buffer.pinned)
-        limits = InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0)
-        publish(ledger_dir, 1, 64 * MiB, {"qwen/0": limits, "other/0": limits})
-        for _ in range(150):
-            while len(loop.waiting) < 4:
-                loop.submit()
-            loop.step()
-        loop.drain()  # idle: every block free, many of them prefix-cached
-        check(loop, buffer)
-        held = ours.snapshot().mapped
-        cached = len(loop.pool.vllm.cached_block_hash_to_block)
-        assert held > 16 * MiB and cached > 1
-        loop.pool.on_step(active=False)
-        assert ours.snapshot().mapped == held  # under its target: kept as a warm cache
-        with pytest.raises(OutOfBlocks):
-            hog.alloc((64 * MiB - held) // CHUNK + 1)
-        assert other.last_refusal.reason == "budget"
-        loop.pool.on_step(active=False)  # it sees the pressure
-        check(loop, buffer)
-        assert ours.snapshot().mapped <= 4 * CHUNK  # one growth step at most (it uses nothing)
-        assert len(loop.pool.vllm.cached_block_hash_to_block) < cached  # those of unmapped chunks were evicted
-        taken = hog.alloc((64 * MiB - held) // CHUNK + 1)
-        assert ours.snapshot().mapped + other.snapshot().mapped <= 64 * MiB
-        hog.free(taken)
-    finally:
-        hog.close()
-        buffer.close()
-        ours.detach()
-        other.detach()
-        driver.close()
+    site = engine_beside_a_hog(seed=5)
+    ours, other, loop, buffer, hog = site.ours, site.other, site.loop, site.buffer, site.hog
+    limits = InstanceLimits(limit=64 * MiB, target=64 * MiB, guarantee=0)
+    publish(ledger_dir, 1, 64 * MiB, {"qwen/0": limits, "other/0": limits})
+    for _ in range(150):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+    loop.drain()  # idle: every block free, many of them prefix-cached
+    check(loop, buffer)
+    held = ours.snapshot().mapped
+    cached = len(loop.pool.vllm.cached_block_hash_to_block)
+    assert held > 16 * MiB and cached > 1
+    loop.pool.on_step(active=False)
+    assert ours.snapshot().mapped == held  # under its target: kept as a warm cache
+    wanted = (64 * MiB - held) // CHUNK + 1
+    with pytest.raises(OutOfBlocks):
+        hog.alloc(wanted)
+    assert other.last_refusal.reason == "budget"
+    loop.pool.on_step(active=False)  # it sees the pressure
+    check(loop, buffer)
+    assert ours.snapshot().mapped <= 4 * CHUNK  # one growth step at most (it uses nothing)
+    assert len(loop.pool.vllm.cached_block_hash_to_block) < cached  # those of unmapped chunks were evicted
+    taken = hog.alloc(wanted)  # what it was refused, now that the idle engine gave its cache back
+    assert ours.snapshot().mapped + other.snapshot().mapped <= 64 * MiB
+    hog.free(taken)
 
 
 def test_shrinking_releases_only_fully_free_chunks() -> None:
