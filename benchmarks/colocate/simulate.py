@@ -118,7 +118,8 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
         else:
             guarantee = policy.model_settings(name).min_bytes(capacity)
             source = shared.source(name, guarantee)
-            pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name)
+            pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
+                             give_back_under_pressure=params.engine.give_back_under_pressure)
             pool.ensure_mapped(range(guarantee // pool.block_bytes))
         engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,
                         max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,

@@ -73,7 +73,10 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
             if time.monotonic() > deadline:
                 raise SystemExit(f"tenant {name}: no limit published within 60 s; is the controller running?")
             time.sleep(0.01)
-        pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name)
+        pool = BlockPool(
+            driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
+            give_back_under_pressure=params.engine.give_back_under_pressure,
+        )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
         # checks each instance's limit and the GPU's budget, not the unused guarantees of the others,
