@@ -121,6 +121,8 @@ def test_a_refusal_for_the_budget_moves_pressure_and_the_other_pool_gives_back(t
     with pytest.raises(OutOfBlocks):
         pool_b.alloc(24)  # 6 chunks; the GPU's budget has 4 left
     assert b.last_refusal.reason == "budget" and a.pressure() == b.pressure() == start + 1
+    with LedgerDir(ledger_dir) as ld:
+        assert ld.read().gpus["cuda:0"].pressure == start + 1  # what status and metrics show
     assert pool_b.sync().held_bytes == 0  # the refused pool gives nothing back
     pool_a.sync()  # a sees the pressure: keeps its use (1 chunk) and one growth step (1 chunk)
     assert a.snapshot().mapped == pool_a.held_bytes == 2 * CHUNK and pool_a.live_blocks == 4
