@@ -137,24 +137,37 @@ def test_thousands_of_steps_on_the_ledger(ledger_dir: Path) -> None:
         driver.close()
 
 
-def test_reached_limit_is_an_allocation_miss() -> None:
-    limit = StaticLimit(24 * MiB)
-    driver = HostDriver(capacity=1 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=2)
-    loop.max_running = 16
-    try:
-        for _ in range(400):
-            while len(loop.waiting) < 8:
-                loop.submit()
-            loop.step()
-            check(loop, buffer)
-            assert buffer.pool.held_bytes <= 24 * MiB + buffer.pinned
-        assert loop.stats.misses > 50 and loop.stats.preemptions > 0 and loop.stats.finished > 5
-        assert loop.pool.refusals["limit"] > 0 and set(loop.pool.refusals) <= {"limit"}
-        assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
-    finally:
+@pytest.fixture
+def host_loop() -> Iterator[Callable[..., tuple[Any, Any, HostDriver]]]:
+    """``host_loop(capacity, *build_args, **build_options)``: the synthetic scheduler (``build``) on a
+    host driver of ``capacity``, as (loop, buffer, driver); closed after the test."""
+    made: list[tuple[Any, HostDriver]] = []
+
+    def make(capacity: int, name: str, block_size: int, budget: int, chunk: int, limit: Any, **options: Any):
+        driver = HostDriver(capacity=capacity)
+        loop, buffer = build(name, block_size, budget, driver, chunk, limit, **options)
+        made.append((buffer, driver))
+        return loop, buffer, driver
+
+    yield make
+    for buffer, driver in made:
         buffer.close()
         driver.close()
+
+
+def test_reached_limit_is_an_allocation_miss(host_loop) -> None:
+    limit = StaticLimit(24 * MiB)
+    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, limit, seed=2)
+    loop.max_running = 16
+    for _ in range(400):
+        while len(loop.waiting) < 8:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+        assert buffer.pool.held_bytes <= 24 * MiB + buffer.pinned
+    assert loop.stats.misses > 50 and loop.stats.preemptions > 0 and loop.stats.finished > 5
+    assert loop.pool.refusals["limit"] > 0 and set(loop.pool.refusals) <= {"limit"}
+    assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
 
 
 @dataclass
@@ -170,26 +183,24 @@ class EngineBesideAHog:
 
 
 @pytest.fixture
-def engine_beside_a_hog(ledger_dir: Path) -> Iterator[Callable[[int], EngineBesideAHog]]:
-    made: list[tuple[EngineBesideAHog, HostDriver]] = []
+def engine_beside_a_hog(host_loop, ledger_dir: Path) -> Iterator[Callable[[int], EngineBesideAHog]]:
+    made: list[EngineBesideAHog] = []
 
     def make(seed: int) -> EngineBesideAHog:
         ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
         other = attach_elastic(ledger_dir, "other/0", guarantee=0)
-        driver = HostDriver(capacity=2 * GiB)
-        loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, ours, seed=seed)
+        loop, buffer, driver = host_loop(2 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, ours, seed=seed)
         hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
         ours.admit_static(buffer.pinned)
-        made.append((EngineBesideAHog(ours, other, loop, buffer, hog), driver))
-        return made[-1][0]
+        made.append(EngineBesideAHog(ours, other, loop, buffer, hog))
+        return made[-1]
 
     yield make
-    for site, driver in made:
+    for site in made:  # the pools give their memory back to the ledger before the instances detach
         site.hog.close()
-        site.buffer.close()
+        site.buffer.close()  # again in host_loop: closing twice is a no-op
         site.ours.detach()
         site.other.detach()
-        driver.close()
 
 
 def test_budget_taken_by_another_instance_is_a_miss(engine_beside_a_hog, ledger_dir: Path) -> None:
@@ -256,11 +267,10 @@ def test_an_idle_engine_gives_its_cache_to_a_refused_instance(engine_beside_a_ho
     hog.free(taken)
 
 
-def test_shrinking_releases_only_fully_free_chunks() -> None:
+def test_shrinking_releases_only_fully_free_chunks(host_loop) -> None:
     """Under a lowered limit, each chunk is unmapped only once no block in it is held (prefix-cached ones are evicted)."""
     limit = StaticLimit(200 * MiB, 200 * MiB)
-    driver = HostDriver(capacity=1 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 1 * GiB, driver, CHUNK, limit, seed=4)
+    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=4)
     seen: list[list[int]] = []
     pool = loop.pool
     kv = buffer.pool
@@ -274,143 +284,114 @@ def test_shrinking_releases_only_fully_free_chunks() -> None:
         listener(chunks)
 
     buffer.set_listener(audit)
-    try:
-        for _ in range(150):
-            while len(loop.waiting) < 4:
+    for _ in range(150):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+    check(loop, buffer)
+    held_before = kv.held_bytes
+    assert held_before > 100 * MiB
+    limit.set(24 * MiB, 24 * MiB)
+    for step in range(600):
+        if step < 300:
+            while len(loop.waiting) < 2:
                 loop.submit()
-            loop.step()
+        loop.step()
         check(loop, buffer)
-        held_before = kv.held_bytes
-        assert held_before > 100 * MiB
-        limit.set(24 * MiB, 24 * MiB)
-        for step in range(600):
-            if step < 300:
-                while len(loop.waiting) < 2:
-                    loop.submit()
-            loop.step()
-            check(loop, buffer)
-        assert seen, "nothing was released"
-        assert limit.acked == (2, "applied") and not kv.deferred
-        assert kv.held_bytes <= 24 * MiB + buffer.pinned
-        assert pool.refusals["limit"] > 0 or pool.refusals["revision"] > 0
-    finally:
-        buffer.close()
-        driver.close()
+    assert seen, "nothing was released"
+    assert limit.acked == (2, "applied") and not kv.deferred
+    assert kv.held_bytes <= 24 * MiB + buffer.pinned
+    assert pool.refusals["limit"] > 0 or pool.refusals["revision"] > 0
 
 
-def test_give_back_above_the_target_evicts_prefix_cache_page_aware() -> None:
+def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) -> None:
     """Idle above the target: fully free chunks go, highest first; cached blocks in kept chunks still hit, intact."""
     limit = StaticLimit(256 * MiB, 256 * MiB)
-    driver = HostDriver(capacity=1 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 1 * GiB, driver, CHUNK, limit, seed=5)
+    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=5)
     loop.max_new_tokens = 8
-    try:
-        for _ in range(300):
-            while len(loop.waiting) < 4:
-                loop.submit()
-            loop.step()
-        loop.drain()
+    for _ in range(300):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+    loop.drain()
+    check(loop, buffer)
+    kv = buffer.pool
+    cached_before = len(loop.pool.vllm.cached_block_hash_to_block)
+    assert cached_before > 0 and kv.held_bytes > 60 * MiB
+    limit.set(256 * MiB, 40 * MiB)  # a lower target, same limit
+    loop.pool.on_step(active=False)
+    check(loop, buffer)
+    assert kv.held_bytes <= 40 * MiB + buffer.pinned
+    cached_after = len(loop.pool.vllm.cached_block_hash_to_block)
+    assert 0 < cached_after < cached_before
+    mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
+    assert mapped == list(range(len(mapped))), "the lowest chunks stay, the highest go"
+    # New requests over the same prompts still hit what survived, with intact KV (Loop verifies hits).
+    hits = loop.stats.prefix_hit_tokens
+    for _ in range(40):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
         check(loop, buffer)
-        kv = buffer.pool
-        cached_before = len(loop.pool.vllm.cached_block_hash_to_block)
-        assert cached_before > 0 and kv.held_bytes > 60 * MiB
-        limit.set(256 * MiB, 40 * MiB)  # a lower target, same limit
-        loop.pool.on_step(active=False)
-        check(loop, buffer)
-        assert kv.held_bytes <= 40 * MiB + buffer.pinned
-        cached_after = len(loop.pool.vllm.cached_block_hash_to_block)
-        assert 0 < cached_after < cached_before
-        mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
-        assert mapped == list(range(len(mapped))), "the lowest chunks stay, the highest go"
-        # New requests over the same prompts still hit what survived, with intact KV (Loop verifies hits).
-        hits = loop.stats.prefix_hit_tokens
-        for _ in range(40):
-            while len(loop.waiting) < 4:
-                loop.submit()
-            loop.step()
-            check(loop, buffer)
-        assert loop.stats.prefix_hit_tokens > hits
-    finally:
-        buffer.close()
-        driver.close()
+    assert loop.stats.prefix_hit_tokens > hits
 
 
-def test_hybrid_sliding_window_model_with_large_chunks() -> None:
+def test_hybrid_sliding_window_model_with_large_chunks(host_loop) -> None:
     """Gemma-3-1B: full and sliding-window groups share the elastic buffer; 8 MiB chunks."""
     limit = StaticLimit(96 * MiB, 64 * MiB)
-    driver = HostDriver(capacity=1 * GiB)
-    loop, buffer = build("gemma-3-1b", 32, 512 * MiB, driver, 8 * MiB, limit, seed=6, max_model_len=1024)
-    try:
-        for step in range(800):
-            if step == 400:
-                limit.set(32 * MiB, 16 * MiB)
-            while len(loop.waiting) < 4:
-                loop.submit()
-            loop.step()
-            check(loop, buffer)
-        assert loop.stats.finished > 20 and loop.stats.verified_tokens > 10_000
-        assert limit.acked is not None and limit.acked[0] == 2
-    finally:
-        buffer.close()
-        driver.close()
+    loop, buffer, _ = host_loop(1 * GiB, "gemma-3-1b", 32, 512 * MiB, 8 * MiB, limit, seed=6, max_model_len=1024)
+    for step in range(800):
+        if step == 400:
+            limit.set(32 * MiB, 16 * MiB)
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+    assert loop.stats.finished > 20 and loop.stats.verified_tokens > 10_000
+    assert limit.acked is not None and limit.acked[0] == 2
 
 
-def test_device_out_of_memory_is_a_miss() -> None:
+def test_device_out_of_memory_is_a_miss(host_loop) -> None:
     """The limit allows more than the device has: cuMemCreate fails, the grow is undone, vLLM sees a miss."""
     limit = StaticLimit(512 * MiB)
-    driver = HostDriver(capacity=48 * MiB)
-    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=7)
-    try:
-        for _ in range(200):
-            while len(loop.waiting) < 6:
-                loop.submit()
-            loop.step()
-            check(loop, buffer)
-            assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
-        assert loop.pool.refusals["device"] > 0 and loop.stats.finished > 0
-        assert driver.in_use <= 48 * MiB
-    finally:
-        buffer.close()
-        driver.close()
+    loop, buffer, driver = host_loop(48 * MiB, "qwen3-8b", 16, 512 * MiB, CHUNK, limit, seed=7)
+    for _ in range(200):
+        while len(loop.waiting) < 6:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+        assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
+    assert loop.pool.refusals["device"] > 0 and loop.stats.finished > 0
+    assert driver.in_use <= 48 * MiB
 
 
-def test_driver_error_while_growing_is_a_miss_then_growth_resumes() -> None:
+def test_driver_error_while_growing_is_a_miss_then_growth_resumes(host_loop) -> None:
     limit = StaticLimit(128 * MiB)
-    driver = HostDriver(capacity=1 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=8)
-    try:
-        loop.submit()
-        driver.inject("cuMemSetAccess", "CUDA_ERROR_INVALID_VALUE", times=1)
-        loop.step()
-        check(loop, buffer)
-        assert loop.pool.refusals["error"] == 1 and loop.stats.misses >= 1 and not loop.running
-        assert buffer.pool.held_bytes == buffer.pinned and limit.pending == 0 and limit.mapped == 0
-        loop.step()  # the next step grows
-        check(loop, buffer)
-        assert loop.running and buffer.pool.held_bytes > buffer.pinned
-        assert buffer.pool.arenas[0].calls.zero >= 1  # new chunks are zeroed before their blocks go out
-    finally:
-        buffer.close()
-        driver.close()
+    loop, buffer, driver = host_loop(1 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, limit, seed=8)
+    loop.submit()
+    driver.inject("cuMemSetAccess", "CUDA_ERROR_INVALID_VALUE", times=1)
+    loop.step()
+    check(loop, buffer)
+    assert loop.pool.refusals["error"] == 1 and loop.stats.misses >= 1 and not loop.running
+    assert buffer.pool.held_bytes == buffer.pinned and limit.pending == 0 and limit.mapped == 0
+    loop.step()  # the next step grows
+    check(loop, buffer)
+    assert loop.running and buffer.pool.held_bytes > buffer.pinned
+    assert buffer.pool.arenas[0].calls.zero >= 1  # new chunks are zeroed before their blocks go out
 
 
-def test_growth_maps_before_handing_out_and_zeroes_new_chunks() -> None:
+def test_growth_maps_before_handing_out_and_zeroes_new_chunks(host_loop) -> None:
     limit = StaticLimit(64 * MiB)
-    driver = HostDriver(capacity=1 * GiB)
-    loop, buffer = build("qwen3-8b", 16, 512 * MiB, driver, CHUNK, limit, seed=9)
-    try:
-        assert loop.pool.vllm.get_num_free_blocks() == 0  # only the null block's chunks are mapped
-        req = loop.submit(max_tokens=4)
-        loop.step()
-        check(loop, buffer)
-        ids = loop.manager.get_block_ids(req.request_id)[0]
-        kv = buffer.pool
-        assert all(kv.is_chunk_mapped(c) for b in ids for c in kv.chunks_of_block(b))
-        calls = kv.arenas[0].calls
-        assert calls.zero >= 1 and calls.map == calls.set_access
-        untouched = [b for b in range(1, kv.num_blocks) if b not in ids and loop.pool._state[b] == 1]
-        if untouched:  # a mapped block nobody wrote: zero, as vLLM's torch.zeros buffer would be
-            assert not buffer.tensor()[untouched[0] * buffer.bytes_per_block:][: buffer.bytes_per_block].any()
-    finally:
-        buffer.close()
-        driver.close()
+    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, limit, seed=9)
+    assert loop.pool.vllm.get_num_free_blocks() == 0  # only the null block's chunks are mapped
+    req = loop.submit(max_tokens=4)
+    loop.step()
+    check(loop, buffer)
+    ids = loop.manager.get_block_ids(req.request_id)[0]
+    kv = buffer.pool
+    assert all(kv.is_chunk_mapped(c) for b in ids for c in kv.chunks_of_block(b))
+    calls = kv.arenas[0].calls
+    assert calls.zero >= 1 and calls.map == calls.set_access
+    untouched = [b for b in range(1, kv.num_blocks) if b not in ids and loop.pool._state[b] == 1]
+    if untouched:  # a mapped block nobody wrote: zero, as vLLM's torch.zeros buffer would be
+        assert not buffer.tensor()[untouched[0] * buffer.bytes_per_block:][: buffer.bytes_per_block].any()
