@@ -42,21 +42,11 @@ class SharedElasticLedger:
         self._env = env
 
     def attach(self, key: InstanceKey, gpu: str, guarantee: int) -> Any:
-        from kvpolicy.runtime.client import attach
+        from kvpolicy.runtime.engines import attach_vllm
         from kvpolicy.runtime.errors import LedgerError
 
         try:
-            inst = attach(
-                model=key.model,
-                gpu=gpu,
-                engine="vllm",
-                rank=key.rank,
-                id=key.id,
-                engine_id=key.engine_id,
-                guarantee=guarantee,
-                elastic=True,
-                ledger_dir=self._env.ledger_dir,
-            )
+            inst = attach_vllm(key, gpu, self._env.ledger_dir, guarantee=guarantee, elastic=True)
         except LedgerError as exc:
             raise AdapterError(f"kvpolicy: cannot attach {key.id} to the ledger for its elastic KV cache: {exc}") from None
         return inst.limit_source()

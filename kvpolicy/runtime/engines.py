@@ -133,6 +133,18 @@ class _Key(Protocol):
     def id(self) -> str: ...
 
 
+def attach_vllm(key: _Key, gpu: str, ledger_dir: Path | str | None, **options: Any) -> Instance:
+    """The ledger instance of vLLM rank ``key`` on ``gpu`` (``options``: e.g. ``elastic``, ``guarantee``).
+
+    One place maps a vLLM rank to its ledger identity, for the static and the elastic paths.
+    Raises ``LedgerError``.
+    """
+    return attach(
+        model=key.model, gpu=gpu, engine="vllm", rank=key.rank, id=key.id, engine_id=key.engine_id,
+        ledger_dir=ledger_dir, **options,
+    )
+
+
 class VllmLedgerClient:
     """vLLM's ``VllmLedger``: instances keyed by the adapter's ``InstanceKey``, attached on first admission."""
 
@@ -144,15 +156,7 @@ class VllmLedgerClient:
         inst = self._instances.get(instance)
         if inst is None:
             try:
-                inst = attach(
-                    model=instance.model,
-                    gpu=gpu,
-                    engine="vllm",
-                    rank=instance.rank,
-                    id=instance.id,
-                    engine_id=instance.engine_id,
-                    ledger_dir=self._env.ledger_dir,
-                )
+                inst = attach_vllm(instance, gpu, self._env.ledger_dir)
             except LedgerError as exc:
                 raise LedgerAdmissionRefused(str(exc)) from None
             self._instances[instance] = inst
@@ -180,4 +184,4 @@ def connect_vllm_ledger(env: AdapterEnv | None = None) -> VllmLedgerClient:
     return VllmLedgerClient(env or AdapterEnv.from_environ())
 
 
-__all__ = ["LedgerAdmissionRefused", "attach_static", "connect_vllm_ledger", "measure_gpu"]
+__all__ = ["LedgerAdmissionRefused", "attach_static", "attach_vllm", "connect_vllm_ledger", "measure_gpu"]
