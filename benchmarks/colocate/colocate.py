@@ -196,7 +196,7 @@ def _decisions(log: Path) -> list[dict[str, Any]]:
     return out
 
 
-def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool) -> dict[str, Any]:
+def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, profile: bool = False) -> dict[str, Any]:
     """Run one mode end to end; returns (and writes to ``out/<mode>.json``) everything it measured."""
     out.mkdir(parents=True, exist_ok=True)
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
@@ -225,6 +225,8 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool) -> 
                     "--guarantee", str(guarantees[name]), "--scale", str(scale), "--out", str(run_dir / f"{name}.json")]
             if mode == "kvpolicy":
                 argv += ["--ledger-dir", str(ledger_dir)]
+            if profile:
+                argv.append("--profile")
             tenants.append(Child(name, argv, run_dir))
         children += tenants
         for t in tenants:
@@ -334,6 +336,8 @@ def _print_mode(result: dict[str, Any]) -> None:
         print(f"  {name}: tokens {s['tokens']:,}  completed {s['completed']}/{s['arrived']}  queued {s['queued']}  "
               f"preempted {s['preempted']}  abandoned {s['abandoned']}  corrupted {s['corrupted']}  oom {s['oom']}  "
               f"step p50 {s['step_ms_p50']:.2f} ms p99 {s['step_ms_p99']:.2f} ms  peak {t['peak_held'] / 2**30:.2f} GiB")
+        phases = "  ".join(f"{k} {v:.1f}" for k, v in s["phase_seconds"].items())
+        print(f"    {s['steps']:,} steps; seconds in {phases}{' (profiled)' if s['profiled'] else ''}")
     d = result["dsv4"]
     print(f"  dsv4 ({d['build']}): runtime-owned {d['ledger_runtime_reserved'] / 2**30:.3f} GiB")
     if "reload" in result:
@@ -350,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="directory for <mode>.json and logs-<mode>.txt (every process's stderr)")
     ap.add_argument("--duration-scale", type=float, default=1.0, metavar="F", help="multiply every duration of the trace by F")
     ap.add_argument("--keep-run-dir", action="store_true", help="keep the ledger and policy copy of the run")
+    ap.add_argument("--profile", action="store_true",
+                    help="tenants wait for the GPU after each phase of their work, so the phase times are GPU times (a diagnosis: it slows the steps)")
     ap.add_argument("--combine", metavar="DIR", help="build results.json and memory.png from DIR/static.json and DIR/kvpolicy.json")
     ap.add_argument("--results", metavar="DIR", help="where --combine writes (default: DIR itself)")
     ap.add_argument("--update-readme", action="store_true", help="with --combine: rewrite the results section of README.md")
@@ -362,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --mode and --out (or --combine DIR)")
     params = load_params(args.params).scaled(args.duration_scale)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: children are stopped in run_mode's finally
-    run_mode(params, args.mode, Path(args.out), args.duration_scale, args.keep_run_dir)
+    run_mode(params, args.mode, Path(args.out), args.duration_scale, args.keep_run_dir, args.profile)
     return 0
 
 

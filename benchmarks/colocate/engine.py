@@ -28,10 +28,10 @@ do), so no token is counted twice.
 from __future__ import annotations
 
 import sys
-
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,12 @@ class Counters:
     """Allocation refusals by reason (limit, admission, capacity, device)."""
 
 
+PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait")
+"""Where a step's wall time goes: the pool's allocations (elastic mapping included), the GPU work
+(the KV pattern writes, attention, the completion checks; launches only, unless profiling), freeing,
+``pool.sync()`` (limits, give-back unmapping), and the wait for the GPU at the step's end."""
+
+
 class Engine:
     def __init__(
         self,
@@ -94,6 +100,7 @@ class Engine:
         max_running: int,
         patience_s: float | None,
         is_oom: Callable[[BaseException], bool] = lambda exc: False,
+        profile: bool = False,
     ) -> None:
         self.pool = pool
         self.work = work
@@ -111,6 +118,9 @@ class Engine:
         self.step_seconds: list[float] = []
         self.last_stats = None
         """What the pool's ``sync()`` said at the end of the last step."""
+        self.profile = profile
+        """Wait for the GPU after each phase of GPU work, so its time is the phase's (slower: a diagnosis)."""
+        self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self, now: float) -> None:
@@ -120,9 +130,22 @@ class Engine:
         preempted = self._decode()
         if not preempted:
             self._admit()
-        self.last_stats = self.pool.sync()
-        self.work.synchronize()
+        with self._phase("sync"):
+            self.last_stats = self.pool.sync()
+        with self._phase("gpu_wait"):
+            self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
+
+    @contextmanager
+    def _phase(self, name: str, gpu: bool = False) -> Iterator[None]:
+        """Add the block's wall time to ``phase_seconds[name]`` (with ``profile``, its GPU work's too)."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            if gpu and self.profile:
+                self.work.synchronize()
+            self.phase_seconds[name] += time.perf_counter() - started
 
     def _arrivals(self, now: float) -> None:
         reqs = self.requests
@@ -146,7 +169,8 @@ class Engine:
         preempted = False
         while need:
             try:
-                ids = self._alloc(len(need))
+                with self._phase("alloc"):
+                    ids = self._alloc(len(need))
             except OutOfBlocks:
                 victim = self.running.pop()  # the youngest: the least work lost
                 self._preempt(victim)
@@ -159,20 +183,24 @@ class Engine:
             break
         # The new blocks are written before anything reads them (attention, the check of a
         # request that finishes in this very step) and before they can be freed and reused.
-        self._guard(self.work.write, writes_b, writes_k)
+        with self._phase("write", gpu=True):
+            self._guard(self.work.write, writes_b, writes_k)
         if not self.running:
             return preempted
         for r in self.running:
             r.generated += 1
         self.c.tokens += len(self.running)
-        self._guard(self.work.attend, [r.blocks[: r.n_blocks] for r in self.running], [r.context for r in self.running])
+        with self._phase("attend", gpu=True):
+            self._guard(self.work.attend, [r.blocks[: r.n_blocks] for r in self.running], [r.context for r in self.running])
         done = [r for r in self.running if r.generated >= r.req.output]
         if done:
             self.running = [r for r in self.running if r.generated < r.req.output]
-            self.check(done)
-            for r in done:
-                self.pool.free(r.blocks[: r.n_blocks].tolist())
-                r.blocks = None
+            with self._phase("check", gpu=True):
+                self.check(done)
+            with self._phase("free"):
+                for r in done:
+                    self.pool.free(r.blocks[: r.n_blocks].tolist())
+                    r.blocks = None
             self.c.completed += len(done)
             self.c.completed_output += sum(r.req.output for r in done)
         return preempted
@@ -197,7 +225,8 @@ class Engine:
                 self._blocked()
                 break
             try:
-                ids = self._alloc(n)
+                with self._phase("alloc"):
+                    ids = self._alloc(n)
             except OutOfBlocks:
                 self._blocked()
                 break
@@ -214,7 +243,8 @@ class Engine:
                 self.c.admitted += 1
             self.running.append(r)
             budget -= tokens
-        self._guard(self.work.write, writes_b, writes_k)
+        with self._phase("write", gpu=True):
+            self._guard(self.work.write, writes_b, writes_k)
 
     def _blocked(self) -> None:
         """Admission stopped for lack of memory: every request waiting now waits for memory."""
@@ -309,6 +339,8 @@ class Engine:
             "step_ms_p50": _pct(steps, 0.50) * 1000,
             "step_ms_p99": _pct(steps, 0.99) * 1000,
             "step_ms_max": (steps[-1] if steps else 0.0) * 1000,
+            "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
+            "profiled": self.profile,
         }
 
 

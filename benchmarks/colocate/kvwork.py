@@ -14,6 +14,8 @@ The pattern's 16-bit words are ``0x3C00 | ((j × m + k) & 0x3FF)`` for word ``j`
 block with key ``k`` and odd slope ``m`` (from the key), XOR a per-arena constant
 below 0x400: as bfloat16 these are finite numbers in [2⁻⁷, 2), so attention over them
 is ordinary arithmetic; a block of another key matches with probability about 2⁻²⁰.
+It repeats every 1,024 words, which is what makes writing and checking it cheap
+(``PERIOD``); a block that is wrong anywhere, even in one word, is still caught.
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ from kvpolicy.alloc.blocks import BlockPool
 from kvpolicy.alloc.tensors import block_bytes, kv_view
 
 KEY_BITS = 20
-ARENA_GROUP = 16
+PERIOD = 1024
+"""The pattern repeats every 1,024 words: ``j × m mod 2¹⁰`` depends on ``j mod 2¹⁰`` only. So a pass
+makes each block's 1,024-word period and broadcasts it over the block, and the GPU's traffic is the
+write (or the read) of the KV itself, not the arithmetic of a pattern as large as the blocks."""
 PASS_BYTES = 256 << 20
-"""Bytes of blocks per write or check pass (each pass builds temporaries of about that size;
-a check of every live block at once once asked the GPU for 39 GiB next to the pools)."""
-"""Arenas whose patterns are made (and read back) together: fewer kernel launches, bounded temporaries."""
+"""Bytes of blocks per check pass: its read-back copy is about that size (a check of every live
+block at once once asked the GPU for 39 GiB next to the pools)."""
 
 
 def block_key(request_key: int, ordinal: int) -> int:
@@ -47,12 +51,15 @@ class KVWork:
         layout = pool.geometry
         self.pool = pool
         self.device = torch.device("cuda", pool.driver.device) if pool.driver.kind == "cuda" else torch.device("cpu")
-        self.words = [block_bytes(pool, a).view(torch.int16) for a in range(len(pool.arenas))]
-        self.blocks_per_pass = max(1, PASS_BYTES // (pool.block_stride * min(ARENA_GROUP, len(pool.arenas))))
+        width = pool.block_stride // 2
+        self.period = PERIOD if width % PERIOD == 0 else width
+        # Each arena's blocks as [blocks, repeats, period] 16-bit words: a period broadcasts over a block.
+        self.words = [block_bytes(pool, a).view(torch.int16).view(-1, width // self.period, self.period)
+                      for a in range(len(pool.arenas))]
+        self.blocks_per_pass = max(1, PASS_BYTES // pool.block_stride)
         self.arena_xor = [(a * 37 + 1) & 0x3FF for a in range(len(pool.arenas))]
         self._xor = torch.tensor(self.arena_xor, dtype=torch.int16, device=self.device)[:, None, None]
-        width = pool.block_stride // 2
-        self._j = torch.arange(width, dtype=torch.int32, device=self.device)
+        self._j = torch.arange(self.period, dtype=torch.int32, device=self.device)
         self.layers = [(kv_view(pool, layer, "k"), kv_view(pool, layer, "v")) for layer in range(min(attn_layers, layout.num_layers))]
         self.block_tokens = layout.block_size
         self.window = window
@@ -66,32 +73,20 @@ class KVWork:
         """Accumulates a number from every attention output, so no step's work can be skipped."""
 
     # -- the pattern ----------------------------------------------------------------------
-    def _pattern(self, keys: list[int]) -> torch.Tensor:
+    def _expected(self, keys: list[int]) -> torch.Tensor:
+        """Every arena's pattern period for each key: ``[arenas, blocks, 1, period]``, broadcast over a block."""
         k = torch.tensor(keys, dtype=torch.int32).to(self.device)
         slope = (k >> 10) | 1
-        return ((self._j[None, :] * slope[:, None] + k[:, None]) & 0x3FF | 0x3C00).to(torch.int16)
-
-    def _groups(self):
-        """The arenas in groups, with their XOR constants as one tensor: one kernel makes a group's patterns."""
-        g = ARENA_GROUP
-        for start in range(0, len(self.words), g):
-            yield self.words[start : start + g], self._xor[start : start + g]
+        period = ((self._j[None, :] * slope[:, None] + k[:, None]) & 0x3FF | 0x3C00).to(torch.int16)
+        return (period[None] ^ self._xor)[:, :, None, :]
 
     def write(self, blocks: list[int], keys: list[int]) -> None:
         """Fill ``blocks`` (every arena) with the patterns of ``keys``."""
-        step = self.blocks_per_pass
-        for start in range(0, len(blocks), step):
-            self._write(blocks[start : start + step], keys[start : start + step])
-
-    def _write(self, blocks: list[int], keys: list[int]) -> None:
         if not blocks:
             return
         idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
-        pattern = self._pattern(keys)
-        for words, xor in self._groups():
-            patterns = pattern[None] ^ xor  # [arenas, blocks, words]
-            for w, p in zip(words, patterns):
-                w.index_copy_(0, idx, p)
+        for words, expected in zip(self.words, self._expected(keys)):
+            words[idx] = expected
 
     def check(self, blocks: list[int], keys: list[int]) -> list[int]:
         """Per block, how many 16-bit words differ from its pattern (0 everywhere: intact)."""
@@ -105,11 +100,9 @@ class KVWork:
         if not blocks:
             return []
         idx = torch.tensor(blocks, dtype=torch.int64).to(self.device)
-        pattern = self._pattern(keys)
         bad = torch.zeros(len(blocks), dtype=torch.int64, device=self.device)
-        for words, xor in self._groups():
-            read = torch.stack([w.index_select(0, idx) for w in words])  # [arenas, blocks, words]
-            bad += ((read ^ xor) != pattern[None]).sum(dim=(0, 2))
+        for words, expected in zip(self.words, self._expected(keys)):
+            bad += (words[idx] != expected).sum(dim=(1, 2))
         return bad.tolist()
 
     # -- attention ------------------------------------------------------------------------

@@ -161,6 +161,7 @@ def main() -> int:
     ap.add_argument("--ledger-dir")
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--profile", action="store_true", help="time each phase's GPU work (engine.Engine's profile)")
     args = ap.parse_args()
     params = load_params(args.params).scaled(args.scale)
     name = params.tenants[args.index]
@@ -185,7 +186,7 @@ def main() -> int:
         pool, work, requests,
         block_tokens=kv.block_tokens, max_request_blocks=params.max_request_blocks,
         prefill_tokens_per_step=params.engine.prefill_tokens_per_step, max_running=params.engine.max_running,
-        patience_s=params.engine.patience_s, is_oom=is_oom,
+        patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile,
     )
     engine.last_stats = pool.sync()
     recorder = Recorder(pool, params.engine.sample_every_s)

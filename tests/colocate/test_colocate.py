@@ -104,6 +104,8 @@ def _pool(blocks: int, limit: int):
 def test_the_kv_check_finds_a_changed_word_and_a_swapped_block() -> None:
     from kvwork import KVWork, block_key
 
+    from kvpolicy.alloc.tensors import block_bytes
+
     _, pool = _pool(256, 16 << 20)
     work = KVWork(pool, attn_layers=1, max_batch=8, window=0)
     ids = pool.alloc(4)
@@ -113,7 +115,13 @@ def test_the_kv_check_finds_a_changed_word_and_a_swapped_block() -> None:
     work.attend([__import__("numpy").array(ids)], [4 * 16 - 3])
     assert torch.isfinite(work.sink)  # the pattern reads as finite bf16 values
     arena, offset = pool.geometry.placement(0, "v")
-    work.words[arena][ids[2], offset // 2 + 100] ^= 1  # one bit of one word of layer 0's V
+    words = block_bytes(pool, arena).view(torch.int16)  # [blocks, words of a block in the arena]
+    # Word for word the documented pattern, computed over the whole block, not from its period.
+    j = torch.arange(words.shape[1], dtype=torch.int64)
+    k = keys[3]
+    documented = (((j * ((k >> 10) | 1) + k) & 0x3FF) | 0x3C00) ^ work.arena_xor[arena]
+    assert torch.equal(words[ids[3]].to(torch.int64), documented)
+    words[ids[2], offset // 2 + 100] ^= 1  # one bit of one word of layer 0's V
     assert work.check(ids, keys) == [0, 0, 1, 0]
     assert min(work.check(ids[:2], [keys[1], keys[0]])) > 0  # each block read as the other's
     del work
