@@ -6,9 +6,12 @@
 - ``check(blocks, keys)``: read the blocks back through the same views and count, per
   block, the elements that differ from the pattern: a block that was unmapped, remapped,
   handed to another request or overwritten shows up here.
-- ``attend(table, lens)``: one decode step's attention for a batch: a paged gather of each
-  request's blocks from the first ``attn_layers`` layers, then torch SDPA with one query
-  token per request and a mask over the padding.
+- ``attend(table, lens)``: one decode step's attention for a batch over the first
+  ``attn_layers`` layers, one query token per request. ``attention="paged"`` reads each
+  request's keys and values in place through its block table (``paged_attention``, a Triton
+  kernel, as engines' decode kernels do); ``"gather"`` copies each request's blocks out
+  (a paged gather) and runs torch SDPA with a mask over the padding — the reference, and
+  what a CPU runs.
 
 The pattern's 16-bit words are ``0x3C00 | ((j × m + k) & 0x3FF)`` for word ``j`` of a
 block with key ``k`` and odd slope ``m`` (from the key), XOR a per-arena constant
@@ -20,7 +23,7 @@ It repeats every 1,024 words, which is what makes writing and checking it cheap
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -46,7 +49,8 @@ def block_key(request_key: int, ordinal: int) -> int:
 
 class KVWork:
     def __init__(
-        self, pool: BlockPool, *, attn_layers: int, max_batch: int, window: int, max_tokens: int = 1 << 18, seed: int = 0
+        self, pool: BlockPool, *, attn_layers: int, max_batch: int, window: int, max_tokens: int = 1 << 18, seed: int = 0,
+        attention: Literal["paged", "gather"] = "gather",
     ) -> None:
         layout = pool.geometry
         self.pool = pool
@@ -71,6 +75,11 @@ class KVWork:
         self._q = torch.randn(max_batch, layout.num_heads, 1, layout.head_dim, generator=gen).to(self.device, dtype)
         self.sink = torch.zeros((), dtype=torch.float32, device=self.device)
         """Accumulates a number from every attention output, so no step's work can be skipped."""
+        self.attention = attention
+        if attention == "paged":
+            from paged_attention import paged_decode  # Triton: only where the paged kernel is asked for
+
+            self._paged_decode = paged_decode
 
     # -- the pattern ----------------------------------------------------------------------
     def _expected(self, keys: list[int]) -> torch.Tensor:
@@ -109,12 +118,16 @@ class KVWork:
     def attend(self, tables: list[np.ndarray], contexts: list[int]) -> None:
         """One decode step over the batch: ``tables[i]`` is request i's block ids, ``contexts[i]`` its tokens.
 
-        The batch is attended in slices of at most ``max_tokens`` gathered (padded) tokens.
+        With the gather, the batch is attended in slices of at most ``max_tokens`` gathered
+        (padded) tokens.
         """
         if not self.layers or not tables:
             return
         bt, window = self.block_tokens, self.window
         widths = [len(t) if not window else min(window, len(t)) for t in tables]
+        if self.attention == "paged":
+            self._attend_paged(tables, contexts, widths)
+            return
         start, width = 0, 0
         for i, w in enumerate(widths):
             if i > start and (i - start + 1) * max(width, w) * bt > self.max_tokens:
@@ -123,15 +136,30 @@ class KVWork:
             width = max(width, w)
         self._attend(tables[start:], contexts[start:], widths[start:])
 
-    def _attend(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
+    def _table(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The batch's block table (each row the blocks attended, padded) and each row's tokens."""
         bt = self.block_tokens
-        width = max(widths)
-        table = np.empty((len(tables), width), dtype=np.int64)
+        table = np.empty((len(tables), max(widths)), dtype=np.int64)
         lens = np.empty(len(tables), dtype=np.int64)
         for i, (blocks, w, ctx) in enumerate(zip(tables, widths, contexts)):
             table[i, :w] = blocks[len(blocks) - w:]
-            table[i, w:] = blocks[-1]  # padding points at a live block of the request; the mask hides it
+            table[i, w:] = blocks[-1]  # padding points at a live block of the request; never attended
             lens[i] = ctx - (len(blocks) - w) * bt
+        return table, lens
+
+    def _attend_paged(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
+        table, lens = self._table(tables, contexts, widths)
+        idx = torch.from_numpy(table).to(self.device)
+        n = torch.from_numpy(lens.astype(np.int32)).to(self.device)
+        q = self._q[: len(tables), :, 0, :]
+        for k_view, v_view in self.layers:
+            out = self._paged_decode(q, k_view, v_view, idx, n)
+            self.sink += out[:, :, 0].sum()
+
+    def _attend(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
+        bt = self.block_tokens
+        table, lens = self._table(tables, contexts, widths)
+        width = table.shape[1]
         idx = torch.from_numpy(table).to(self.device)
         n_tokens = width * bt
         valid = torch.arange(n_tokens, device=self.device)[None, :] < torch.from_numpy(lens).to(self.device)[:, None]

@@ -71,9 +71,14 @@ class KV(Strict):
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     block_tokens: int = Field(gt=0)
     chunk: Size = 2 << 20
-    attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over (paged gather + SDPA)")
+    attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over")
+    attention: Literal["paged", "gather"] = Field(
+        default="gather",
+        description="paged: a Triton decode kernel reads the KV in place through the block table (a GPU's way); "
+        "gather: copy each request's blocks out, then torch SDPA (the reference; a CPU's way)",
+    )
     attn_max_blocks: int = Field(default=0, ge=0, description="0: each request's whole context; else its last N blocks")
-    attn_max_tokens: int = Field(default=1 << 18, gt=0, description="gathered tokens per SDPA call (bounds temporaries)")
+    attn_max_tokens: int = Field(default=1 << 18, gt=0, description="gather: gathered tokens per SDPA call (bounds temporaries)")
     order: Literal["block_major", "layer_major"] = Field(
         default="block_major",
         description="block_major: a block's every layer in one run of memory (vLLM's BLHNC), so a 2 MiB block "

@@ -180,7 +180,7 @@ def main() -> int:
     driver, inst, pool = build_pool(params, args.mode, name, args.guarantee, args.ledger_dir)
     kv = params.kv
     work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks,
-                  max_tokens=kv.attn_max_tokens, seed=args.index)
+                  max_tokens=kv.attn_max_tokens, seed=args.index, attention=kv.attention)
     warm_up(work, pool)
     engine = Engine(
         pool, work, requests,

@@ -1,0 +1,121 @@
+"""Checks of the co-location tenants' paged decode kernel against the paged gather + SDPA it replaced.
+
+Both read a real block pool's per-layer views (block-major: a block's layers side by side).
+Imported by ``test_paged_attention`` for the GPU, and run as a script under the Triton
+interpreter for the CPU (``TRITON_INTERPRET=1`` must be set before Triton is first
+imported, so the CPU checks run in a process of their own): it prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "colocate"
+if str(BENCH) not in sys.path:
+    sys.path.append(str(BENCH))
+
+from kvwork import KVWork  # noqa: E402
+from paged_attention import paged_decode  # noqa: E402
+
+from kvpolicy.alloc import BlockPool, StaticLimit, open_driver  # noqa: E402
+from kvpolicy.alloc.layout import KVCacheLayout  # noqa: E402
+
+LAYOUT = KVCacheLayout(num_layers=3, block_size=16, num_heads=8, head_dim=128, dtype="bfloat16", order="block_major")
+BLOCKS = 96
+CONTEXTS = [1, 16, 17, 64, 200, 333]
+"""One token; a block exactly; one past it; several of the kernel's 64-token steps, ragged."""
+
+
+def make_pool(kind: str) -> BlockPool:
+    driver = open_driver(kind, device=0) if kind == "cuda" else open_driver("host", host_capacity=512 << 20)
+    return BlockPool(driver, LAYOUT, BLOCKS, chunk=2 << 20, limit=StaticLimit(BLOCKS * LAYOUT.block_bytes), name="attn")
+
+
+def fill_batch(work: KVWork, contexts: list[int], seed: int) -> list[np.ndarray]:
+    """Random KV in every block the batch uses; each request's own blocks, in a shuffled order."""
+    gen = torch.Generator().manual_seed(seed)
+    bt = LAYOUT.block_size
+    need = [-(-c // bt) for c in contexts]
+    ids = work.pool.alloc(sum(need))
+    ids = [ids[i] for i in torch.randperm(len(ids), generator=gen).tolist()]
+    for k_view, v_view in work.layers:
+        for view in (k_view, v_view):
+            view[ids] = torch.randn((len(ids), *view.shape[1:]), generator=gen).to(view.device, view.dtype)
+    tables, start = [], 0
+    for n in need:
+        tables.append(np.array(ids[start : start + n], dtype=np.int64))
+        start += n
+    return tables
+
+
+def reference(work: KVWork, q: torch.Tensor, layer: int, table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+    """Per request: its blocks gathered, cut to its tokens, SDPA in float32."""
+    k_view, v_view = work.layers[layer]
+    out = []
+    for i in range(len(lens)):
+        n = int(lens[i])
+        k = k_view[table[i]].flatten(0, 1)[:n].float().transpose(0, 1)  # [heads, tokens, dim]
+        v = v_view[table[i]].flatten(0, 1)[:n].float().transpose(0, 1)
+        out.append(torch.nn.functional.scaled_dot_product_attention(q[i].float()[:, None, :], k, v)[:, 0])
+    return torch.stack(out)
+
+
+def worst_error(work: KVWork, contexts: list[int], window: int, seed: int) -> float:
+    """The largest difference, over the batch and ``work``'s layers, between the kernel and the reference."""
+    tables = fill_batch(work, contexts, seed)
+    widths = [len(t) if not window else min(window, len(t)) for t in tables]
+    table, lens = work._table(tables, contexts, widths)
+    idx = torch.from_numpy(table).to(work.device)
+    n = torch.from_numpy(lens.astype(np.int32)).to(work.device)
+    q = work._q[: len(contexts), :, 0, :]
+    worst = 0.0
+    for layer, (k_view, v_view) in enumerate(work.layers):
+        got = paged_decode(q, k_view, v_view, idx, n)
+        worst = max(worst, (got - reference(work, q, layer, idx, n)).abs().max().item())
+    work.pool.free([int(b) for t in tables for b in t])
+    return worst
+
+
+def changed_by_poison(work: KVWork) -> list[float]:
+    """Per request of three, how much its output moves when one token of request 1's V changes."""
+    contexts = [40, 40, 40]
+    tables = fill_batch(work, contexts, seed=2)
+    table, lens = work._table(tables, contexts, [len(t) for t in tables])
+    idx = torch.from_numpy(table).to(work.device)
+    n = torch.from_numpy(lens.astype(np.int32)).to(work.device)
+    q = work._q[:3, :, 0, :]
+    k_view, v_view = work.layers[0]
+    before = paged_decode(q, k_view, v_view, idx, n)
+    v_view[int(tables[1][1]), 3] += 50.0  # token 19 of request 1, every head
+    after = paged_decode(q, k_view, v_view, idx, n)
+    work.pool.free([int(b) for t in tables for b in t])
+    return (after - before).abs().amax(dim=(1, 2)).tolist()
+
+
+def run(kind: str) -> dict[str, object]:
+    pool = make_pool(kind)
+    if kind == "host":
+        # Triton's interpreter copies a tensor's whole storage, here the pool's reservation: all of it
+        # must be readable. (The compiled kernel reads only the blocks in the tables.)
+        pool.ensure_mapped(range(pool.num_blocks))
+    try:
+        results: dict[str, object] = {}
+        for window in (0, 2):
+            work = KVWork(pool, attn_layers=2, max_batch=8, window=window)
+            results[f"window={window}"] = worst_error(work, CONTEXTS, window, seed=1 + window)
+            del work
+        work = KVWork(pool, attn_layers=1, max_batch=8, window=0)
+        results["poisoned"] = changed_by_poison(work)
+        del work
+        return results
+    finally:
+        pool.close()
+
+
+if __name__ == "__main__":
+    print(json.dumps(run("host")))
