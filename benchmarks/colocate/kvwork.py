@@ -153,7 +153,7 @@ class KVWork:
         n = torch.from_numpy(lens.astype(np.int32)).to(self.device)
         q = self._q[: len(tables), :, 0, :]
         for k_view, v_view in self.layers:
-            out = self._paged_decode(q, k_view, v_view, idx, n)
+            out = self._paged_decode(q, k_view, v_view, idx, n, anchor=int(table[0, 0]))
             self.sink += out[:, :, 0].sum()
 
     def _attend(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:

@@ -18,9 +18,9 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["anchor"])  # one compiled kernel, whatever the block
 def _decode(
-    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr,
+    q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, anchor,
     stride_qb, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_tb, stride_ob, stride_oh,
@@ -39,7 +39,7 @@ def _decode(
     for start in range(0, n, TOKENS):
         tok = start + t
         valid = tok < n
-        block = tl.load(table_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=0).to(tl.int64)
+        block = tl.load(table_ptr + b * stride_tb + tok // BLOCK, mask=valid, other=anchor).to(tl.int64) - anchor
         row = block * stride_kb + (tok % BLOCK) * stride_kt + h * stride_kh
         k = tl.load(k_ptr + row[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
         s = tl.where(valid, tl.sum(k * q[None, :], 1) * scale, float("-inf"))
@@ -54,12 +54,15 @@ def _decode(
 
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch.Tensor, lens: torch.Tensor,
-                 *, tokens_per_iteration: int = 64) -> torch.Tensor:
+                 *, anchor: int, tokens_per_iteration: int = 64) -> torch.Tensor:
     """Attention of ``q`` ``[batch, heads, head_dim]`` over each request's first ``lens[i]`` tokens.
 
     ``k``, ``v``: ``[num_blocks, block_size, heads, head_dim]`` views with the same strides and
     a contiguous last dimension (``kvpolicy.alloc.tensors.kv_view``); ``table``: ``[batch,
     width]`` block ids, row ``i`` holding request ``i``'s blocks in order; ``lens`` ≥ 1.
+    ``anchor``: a block in the table (so mapped). The kernel's K and V arguments point at
+    it, not at block 0: Triton refuses a pointer argument the driver does not know as
+    device memory, and an elastic pool's first chunk may be unmapped.
     Returns ``[batch, heads, head_dim]`` float32.
     """
     batch, heads, head_dim = q.shape
@@ -70,7 +73,7 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, table: torch
     block = k.shape[1]
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32, device=q.device)
     _decode[(batch, heads)](
-        q, k, v, table, lens, out,
+        q, k[anchor], v[anchor], table, lens, out, anchor,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         table.stride(0), out.stride(0), out.stride(1),

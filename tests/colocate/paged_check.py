@@ -75,7 +75,7 @@ def worst_error(work: KVWork, contexts: list[int], window: int, seed: int) -> fl
     q = work._q[: len(contexts), :, 0, :]
     worst = 0.0
     for layer, (k_view, v_view) in enumerate(work.layers):
-        got = paged_decode(q, k_view, v_view, idx, n)
+        got = paged_decode(q, k_view, v_view, idx, n, anchor=int(table[0, 0]))
         worst = max(worst, (got - reference(work, q, layer, idx, n)).abs().max().item())
     work.pool.free([int(b) for t in tables for b in t])
     return worst
@@ -90,11 +90,32 @@ def changed_by_poison(work: KVWork) -> list[float]:
     n = torch.from_numpy(lens.astype(np.int32)).to(work.device)
     q = work._q[:3, :, 0, :]
     k_view, v_view = work.layers[0]
-    before = paged_decode(q, k_view, v_view, idx, n)
+    anchor = int(table[0, 0])
+    before = paged_decode(q, k_view, v_view, idx, n, anchor=anchor)
     v_view[int(tables[1][1]), 3] += 50.0  # token 19 of request 1, every head
-    after = paged_decode(q, k_view, v_view, idx, n)
+    after = paged_decode(q, k_view, v_view, idx, n, anchor=anchor)
     work.pool.free([int(b) for t in tables for b in t])
     return (after - before).abs().amax(dim=(1, 2)).tolist()
+
+
+def far_blocks_only(kind: str) -> float:
+    """The kernel on blocks of the pool's last chunks, its first chunk never mapped (an elastic pool's
+    memory comes and goes): the worst difference from the reference."""
+    pool = make_pool(kind)
+    try:
+        per_chunk = max(1, (2 << 20) // LAYOUT.block_bytes)
+        ids = list(range(BLOCKS - 4 * per_chunk, BLOCKS))
+        pool.ensure_mapped(ids)
+        assert not pool.is_chunk_mapped(0), "block 0 should lie in an unmapped chunk"
+        pool.claim(ids)
+        pool.free(ids)
+        work = KVWork(pool, attn_layers=1, max_batch=8, window=0)
+        # alloc hands out the lowest free blocks that are mapped: the far ones.
+        worst = worst_error(work, [40, 70, 9], 0, seed=6)
+        del work
+        return worst
+    finally:
+        pool.close()
 
 
 def run(kind: str) -> dict[str, object]:
