@@ -115,6 +115,11 @@ class Engine(Strict):
         default=True,
         description="kvpolicy mode: pools give back free memory when another tenant is refused (docs/allocator.md)",
     )
+    give_back_delay_s: float = Field(
+        default=0.0, ge=0,
+        description="kvpolicy mode: free memory above the target goes back once it stayed free this long (0: at once); "
+        "a busy tenant then reuses a finished request's chunks instead of unmapping and mapping them again",
+    )
 
 
 class Budget(Strict):

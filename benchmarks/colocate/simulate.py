@@ -109,6 +109,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
     capacity = params.budget.elastic + headroom + runtime_reserved
     driver = open_driver("host", host_capacity=params.budget.elastic * 2)
     shared = SharedBudget(params.budget.elastic)
+    now = [0.0]  # the simulated clock, which the pools' give-back delay reads
     engines, sources = [], []
     for i, name in enumerate(params.tenants):
         if mode == "static":
@@ -119,7 +120,8 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
             guarantee = policy.model_settings(name).min_bytes(capacity)
             source = shared.source(name, guarantee)
             pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
-                             give_back_under_pressure=params.engine.give_back_under_pressure)
+                             give_back_under_pressure=params.engine.give_back_under_pressure,
+                             give_back_delay_s=params.engine.give_back_delay_s, clock=lambda: now[0])
             pool.ensure_mapped(range(guarantee // pool.block_bytes))
         engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,
                         max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,
@@ -132,6 +134,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
     v4 = InstanceFacts(id=f"{params.dsv4.model}/0", model=params.dsv4.model, engine="sglang", gpu=gpu,
                        pools={"all": PoolFacts(owner="runtime", bytes=runtime_reserved)})
     while t < params.trace.duration_s:
+        now[0] = t
         for engine in engines:
             engine.step(t)
         if mode == "kvpolicy":
@@ -152,6 +155,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
     out = {}
     for name, engine in zip(params.tenants, engines):
         out[name] = engine.summary()
+        out[name]["chunks_mapped"] = sum(arena.calls.as_dict()["cuMemMap"] for arena in engine.pool.arenas)
         engine.pool.close()
     return out
 
@@ -159,12 +163,16 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(HERE / "cpu.toml"), help="parameter file (default: cpu.toml, the scaled geometry)")
+    ap.add_argument("--give-back-delay", type=float, metavar="S", help="override engine.give_back_delay_s")
     ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
     args = ap.parse_args()
     params = load_params(args.params)
     if args.patience is not None:
         engine = params.engine.model_copy(update={"patience_s": args.patience or None})
+        params = params.model_copy(update={"engine": engine})
+    if args.give_back_delay is not None:
+        engine = params.engine.model_copy(update={"give_back_delay_s": args.give_back_delay})
         params = params.model_copy(update={"engine": engine})
     reserved = args.runtime_reserved
     if reserved is None:
@@ -177,7 +185,7 @@ def main() -> int:
         tokens[mode] = sum(s["tokens"] for s in result.values())
         print(f"{mode}: {tokens[mode]:,} tokens; " + "; ".join(
             f"{n} {s['tokens']:,} (completed {s['completed']}, abandoned {s['abandoned']}, preempted {s['preempted']})"
-            for n, s in result.items()))
+            for n, s in result.items()) + f"; {sum(s['chunks_mapped'] for s in result.values()):,} chunks mapped")
     print(f"tokens kvpolicy / static = {tokens['kvpolicy'] / tokens['static']:.2f} "
           f"(simulated clock, patience {params.engine.patience_s} s)")
     return 0

@@ -76,6 +76,7 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
         pool = BlockPool(
             driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
             give_back_under_pressure=params.engine.give_back_under_pressure,
+            give_back_delay_s=params.engine.give_back_delay_s,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission

@@ -27,6 +27,14 @@ else could take). Memory below the target is otherwise kept mapped, as a warm ca
 under pressure it goes where it is needed. A pool whose own admission was refused
 since its last ``sync()`` is the one short of memory and gives nothing back.
 
+Above the target. ``sync()`` gives back the fully free chunks held above the target:
+at once by default, or with ``give_back_delay_s`` only the memory that stayed free
+above the target through a whole period of that many seconds (the least seen at any
+``sync()`` of the period). A busy engine above its target frees a finished request's
+blocks and takes them again for the next one within a step or two: the delay keeps
+those chunks mapped instead of unmapping and mapping them again. Pressure and a
+lowered limit are not delayed.
+
 Limit protocol (``limits.LimitSource``): ``read()`` on every growth and ``sync()``;
 ``admit()`` once per growth for the bytes of the whole batch, then ``commit()`` what
 was mapped and ``rollback()`` the rest; ``release()`` after unmapping;
@@ -38,6 +46,7 @@ was mapped and ``rollback()`` the rest; ``release()`` after unmapping;
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -98,16 +107,21 @@ class BlockPool:
         before_unmap: Callable[[list[int]], None] | None = None,
         zero_new_chunks: bool = False,
         give_back_under_pressure: bool = True,
+        give_back_delay_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
         are unmapped, so an engine that keeps its own free lists can take their blocks out
         first (and wait for kernels in flight); if it raises, nothing is unmapped.
         ``zero_new_chunks`` fills every newly mapped chunk with zeros before its blocks
-        can be handed out. ``give_back_under_pressure``: see "Pressure" above."""
+        can be handed out. ``give_back_under_pressure``: see "Pressure" above;
+        ``give_back_delay_s``: see "Above the target" (``clock`` measures it)."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if grow_chunks < 1:
             raise ValueError(f"grow_chunks must be >= 1, got {grow_chunks}")
+        if give_back_delay_s < 0:
+            raise ValueError(f"give_back_delay_s must be >= 0, got {give_back_delay_s}")
         stride, n_arenas = geometry.block_stride, geometry.num_arenas
         self.geometry = geometry
         self.name = name
@@ -164,6 +178,10 @@ class BlockPool:
         self._starved = False  # its own admission was refused since the last sync()
         self.released_under_pressure = 0
         """Bytes given back because another instance was short of memory (cumulative)."""
+        self._delay = give_back_delay_s
+        self._clock = clock
+        self._period_start = clock()
+        self._idle_above: int | None = None  # the least free memory above the target seen this period
         self._reading = limit.read()
         self._observe(self._reading)
 
@@ -390,12 +408,26 @@ class BlockPool:
             self._observe(reading)
             if self._deferred:
                 self._continue_deferred(None)
-            if self.held_bytes > reading.target:
-                self._release_down_to(reading.target)
+            self._give_back_above_target(reading.target)
             if self._under_pressure:
                 self._give_back_under_pressure(reading)
             self._report()
         return self.stats()
+
+    def _give_back_above_target(self, target: int) -> None:
+        """Release free memory above ``target``: all of it, or what stayed free through a delay period."""
+        if not self._delay:
+            if self.held_bytes > target:
+                self._release_down_to(target)
+            return
+        above = max(0, self.held_bytes - max(target, self.used_bytes))
+        self._idle_above = above if self._idle_above is None else min(self._idle_above, above)
+        now = self._clock()
+        if now - self._period_start < self._delay:
+            return
+        if self._idle_above:
+            self._release_down_to(max(target, self.held_bytes - self._idle_above))
+        self._period_start, self._idle_above = now, None
 
     def _give_back_under_pressure(self, reading: LimitReading) -> None:
         """If another instance was refused memory since the last look, give back what this pool holds unused."""

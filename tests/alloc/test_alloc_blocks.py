@@ -169,6 +169,35 @@ def test_shrink_to_target_releases_highest_chunks_first(driver):
         check_pool(pool, limit, driver, base)
 
 
+def test_a_give_back_delay_returns_only_what_stayed_free_above_the_target_for_a_period(driver):
+    base = resources(driver)
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), give_back_delay_s=1.0,
+                            clock=lambda: now[0])
+    with pool:
+        ids = pool.alloc(40)  # 10 chunks, the target is 2
+        pool.free(ids[8:])  # chunks 2..9 free: 8 chunks above the target
+        assert pool.sync().held_bytes == 10 * CHUNK  # free for less than a period: kept
+        now[0] = 0.5
+        again = pool.alloc(12)  # the next request takes 3 of them back, without mapping
+        assert limit.calls("admit") == [10 * CHUNK]
+        assert pool.sync().held_bytes == 10 * CHUNK
+        now[0] = 1.0
+        # The period ends: the least free above the target at any sync was 5 chunks; they go.
+        assert pool.sync().held_bytes == 5 * CHUNK
+        assert [pool.is_chunk_mapped(c) for c in range(6)] == [True] * 5 + [False]
+        pool.free(again)
+        now[0] = 1.5
+        assert pool.sync().held_bytes == 5 * CHUNK  # free since 1.0 only
+        now[0] = 2.0
+        assert pool.sync().held_bytes == 2 * CHUNK == pool.stats().target
+        # Pressure is not delayed: another instance was refused, the free memory goes at once.
+        pool.free(ids[:8])
+        limit.press()
+        assert pool.sync().held_bytes == 1 * CHUNK  # one growth step kept; now[0] has not moved
+        check_pool(pool, limit, driver, base)
+
+
 def test_lowered_limit_defers_while_blocks_are_live_then_completes(driver):
     base = resources(driver)
     pool, limit = make_pool(driver)
