@@ -163,11 +163,13 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", default=str(HERE / "cpu.toml"), help="parameter file (default: cpu.toml, the scaled geometry)")
+    ap.add_argument("--duration-scale", type=float, default=1.0, metavar="F", help="multiply every duration of the trace by F")
     ap.add_argument("--give-back-delay", type=float, metavar="S", help="override engine.give_back_delay_s")
     ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
     args = ap.parse_args()
     params = load_params(args.params)
+    params = params.scaled(args.duration_scale)
     if args.patience is not None:
         engine = params.engine.model_copy(update={"patience_s": args.patience or None})
         params = params.model_copy(update={"engine": engine})
