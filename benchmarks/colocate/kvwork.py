@@ -123,11 +123,12 @@ class KVWork:
         """
         if not self.layers or not tables:
             return
-        bt, window = self.block_tokens, self.window
-        widths = [len(t) if not window else min(window, len(t)) for t in tables]
         if self.attention == "paged":
-            self._attend_paged(tables, contexts, widths)
+            for out in self.paged_outputs(tables, contexts):
+                self.sink += out[:, :, 0].sum()
             return
+        bt = self.block_tokens
+        widths = self._widths(tables)
         start, width = 0, 0
         for i, w in enumerate(widths):
             if i > start and (i - start + 1) * max(width, w) * bt > self.max_tokens:
@@ -135,6 +136,23 @@ class KVWork:
                 start, width = i, 0
             width = max(width, w)
         self._attend(tables[start:], contexts[start:], widths[start:])
+
+    def queries(self, batch: int) -> torch.Tensor:
+        """The step's query tokens: ``[batch, heads, head_dim]``, one per request."""
+        return self._q[:batch, :, 0, :]
+
+    def paged_outputs(self, tables: list[np.ndarray], contexts: list[int]) -> list[torch.Tensor]:
+        """Per attended layer, the paged kernel's ``[batch, heads, head_dim]`` float32 output (``attend``'s work)."""
+        table, lens = self._table(tables, contexts, self._widths(tables))
+        idx = torch.from_numpy(table).to(self.device)
+        n = torch.from_numpy(lens.astype(np.int32)).to(self.device)
+        q = self.queries(len(tables))
+        anchor = int(table[0, 0])
+        return [self._paged_decode(q, k, v, idx, n, anchor=anchor) for k, v in self.layers]
+
+    def _widths(self, tables: list[np.ndarray]) -> list[int]:
+        """Blocks attended per request: all of them, or the last ``window``."""
+        return [len(t) if not self.window else min(self.window, len(t)) for t in tables]
 
     def _table(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The batch's block table (each row the blocks attended, padded) and each row's tokens."""
@@ -146,15 +164,6 @@ class KVWork:
             table[i, w:] = blocks[-1]  # padding points at a live block of the request; never attended
             lens[i] = ctx - (len(blocks) - w) * bt
         return table, lens
-
-    def _attend_paged(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
-        table, lens = self._table(tables, contexts, widths)
-        idx = torch.from_numpy(table).to(self.device)
-        n = torch.from_numpy(lens.astype(np.int32)).to(self.device)
-        q = self._q[: len(tables), :, 0, :]
-        for k_view, v_view in self.layers:
-            out = self._paged_decode(q, k_view, v_view, idx, n, anchor=int(table[0, 0]))
-            self.sink += out[:, :, 0].sum()
 
     def _attend(self, tables: list[np.ndarray], contexts: list[int], widths: list[int]) -> None:
         bt = self.block_tokens

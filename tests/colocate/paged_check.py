@@ -20,7 +20,6 @@ if str(BENCH) not in sys.path:
     sys.path.append(str(BENCH))
 
 from kvwork import KVWork  # noqa: E402
-from paged_attention import paged_decode  # noqa: E402
 
 from kvpolicy.alloc import BlockPool, StaticLimit, open_driver  # noqa: E402
 from kvpolicy.alloc.layout import KVCacheLayout  # noqa: E402
@@ -53,30 +52,28 @@ def fill_batch(work: KVWork, contexts: list[int], seed: int) -> list[np.ndarray]
     return tables
 
 
-def reference(work: KVWork, q: torch.Tensor, layer: int, table: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-    """Per request: its blocks gathered, cut to its tokens, SDPA in float32."""
+def reference(work: KVWork, layer: int, tables: list[np.ndarray], contexts: list[int]) -> torch.Tensor:
+    """Per request: its attended blocks (all, or the last ``work.window``) gathered, cut to its
+    tokens, SDPA in float32 — written out here, not through ``KVWork``'s own block table."""
     k_view, v_view = work.layers[layer]
+    q = work.queries(len(tables))
+    bt = LAYOUT.block_size
     out = []
-    for i in range(len(lens)):
-        n = int(lens[i])
-        k = k_view[table[i]].flatten(0, 1)[:n].float().transpose(0, 1)  # [heads, tokens, dim]
-        v = v_view[table[i]].flatten(0, 1)[:n].float().transpose(0, 1)
+    for i, (blocks, context) in enumerate(zip(tables, contexts)):
+        skipped = max(0, len(blocks) - work.window) if work.window else 0
+        ids = torch.from_numpy(blocks[skipped:]).to(work.device)
+        n = context - skipped * bt
+        k = k_view[ids].flatten(0, 1)[:n].float().transpose(0, 1)  # [heads, tokens, dim]
+        v = v_view[ids].flatten(0, 1)[:n].float().transpose(0, 1)
         out.append(torch.nn.functional.scaled_dot_product_attention(q[i].float()[:, None, :], k, v)[:, 0])
     return torch.stack(out)
 
 
-def worst_error(work: KVWork, contexts: list[int], window: int, seed: int) -> float:
+def worst_error(work: KVWork, contexts: list[int], seed: int) -> float:
     """The largest difference, over the batch and ``work``'s layers, between the kernel and the reference."""
     tables = fill_batch(work, contexts, seed)
-    widths = [len(t) if not window else min(window, len(t)) for t in tables]
-    table, lens = work._table(tables, contexts, widths)
-    idx = torch.from_numpy(table).to(work.device)
-    n = torch.from_numpy(lens.astype(np.int32)).to(work.device)
-    q = work._q[: len(contexts), :, 0, :]
-    worst = 0.0
-    for layer, (k_view, v_view) in enumerate(work.layers):
-        got = paged_decode(q, k_view, v_view, idx, n, anchor=int(table[0, 0]))
-        worst = max(worst, (got - reference(work, q, layer, idx, n)).abs().max().item())
+    outputs = work.paged_outputs(tables, contexts)
+    worst = max((got - reference(work, layer, tables, contexts)).abs().max().item() for layer, got in enumerate(outputs))
     work.pool.free([int(b) for t in tables for b in t])
     return worst
 
@@ -85,15 +82,9 @@ def changed_by_poison(work: KVWork) -> list[float]:
     """Per request of three, how much its output moves when one token of request 1's V changes."""
     contexts = [40, 40, 40]
     tables = fill_batch(work, contexts, seed=2)
-    table, lens = work._table(tables, contexts, [len(t) for t in tables])
-    idx = torch.from_numpy(table).to(work.device)
-    n = torch.from_numpy(lens.astype(np.int32)).to(work.device)
-    q = work._q[:3, :, 0, :]
-    k_view, v_view = work.layers[0]
-    anchor = int(table[0, 0])
-    before = paged_decode(q, k_view, v_view, idx, n, anchor=anchor)
-    v_view[int(tables[1][1]), 3] += 50.0  # token 19 of request 1, every head
-    after = paged_decode(q, k_view, v_view, idx, n, anchor=anchor)
+    (before,) = work.paged_outputs(tables, contexts)
+    work.layers[0][1][int(tables[1][1]), 3] += 50.0  # token 19 of request 1, every head
+    (after,) = work.paged_outputs(tables, contexts)
     work.pool.free([int(b) for t in tables for b in t])
     return (after - before).abs().amax(dim=(1, 2)).tolist()
 
@@ -109,9 +100,9 @@ def far_blocks_only(kind: str) -> float:
         assert not pool.is_chunk_mapped(0), "block 0 should lie in an unmapped chunk"
         pool.claim(ids)
         pool.free(ids)
-        work = KVWork(pool, attn_layers=1, max_batch=8, window=0)
+        work = KVWork(pool, attn_layers=1, max_batch=8, window=0, attention="paged")
         # alloc hands out the lowest free blocks that are mapped: the far ones.
-        worst = worst_error(work, [40, 70, 9], 0, seed=6)
+        worst = worst_error(work, [40, 70, 9], seed=6)
         del work
         return worst
     finally:
@@ -127,10 +118,10 @@ def run(kind: str) -> dict[str, object]:
     try:
         results: dict[str, object] = {}
         for window in (0, 2):
-            work = KVWork(pool, attn_layers=2, max_batch=8, window=window)
-            results[f"window={window}"] = worst_error(work, CONTEXTS, window, seed=1 + window)
+            work = KVWork(pool, attn_layers=2, max_batch=8, window=window, attention="paged")
+            results[f"window={window}"] = worst_error(work, CONTEXTS, seed=1 + window)
             del work
-        work = KVWork(pool, attn_layers=1, max_batch=8, window=0)
+        work = KVWork(pool, attn_layers=1, max_batch=8, window=0, attention="paged")
         results["poisoned"] = changed_by_poison(work)
         del work
         return results
