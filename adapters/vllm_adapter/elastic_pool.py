@@ -439,9 +439,9 @@ def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> Ela
     for m in coordinator.single_type_managers:
         if m.block_pool is not shared:
             raise AdapterError("kvpolicy: a KV cache group has its own block pool (host-resident?); it cannot be elastic")
-    pool = ElasticPool.adopt(shared, buffer, **options)
     if manager.block_pool is not shared:
         raise AdapterError("kvpolicy: vLLM's KVCacheManager and its coordinator hold different block pools")
+    pool = ElasticPool.adopt(shared, buffer, **options)
     count = coordinator.get_num_blocks_to_allocate
 
     def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
