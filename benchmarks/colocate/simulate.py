@@ -155,7 +155,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
     out = {}
     for name, engine in zip(params.tenants, engines):
         out[name] = engine.summary()
-        out[name]["chunks_mapped"] = sum(arena.calls.as_dict()["cuMemMap"] for arena in engine.pool.arenas)
+        out[name]["chunks_mapped"] = engine.pool.calls.map
         engine.pool.close()
     return out
 
@@ -168,14 +168,13 @@ def main() -> int:
     ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
     args = ap.parse_args()
-    params = load_params(args.params)
-    params = params.scaled(args.duration_scale)
+    params = load_params(args.params).scaled(args.duration_scale)
+    overrides: dict[str, object] = {}
     if args.patience is not None:
-        engine = params.engine.model_copy(update={"patience_s": args.patience or None})
-        params = params.model_copy(update={"engine": engine})
+        overrides["patience_s"] = args.patience or None
     if args.give_back_delay is not None:
-        engine = params.engine.model_copy(update={"give_back_delay_s": args.give_back_delay})
-        params = params.model_copy(update={"engine": engine})
+        overrides["give_back_delay_s"] = args.give_back_delay
+    params = params.model_copy(update={"engine": params.engine.model_copy(update=overrides)})
     reserved = args.runtime_reserved
     if reserved is None:
         from dsv4 import planned, policy_reserve
