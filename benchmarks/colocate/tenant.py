@@ -216,7 +216,7 @@ def main() -> int:
         "revisions": recorder.revisions,
         "pool": {
             "num_blocks": pool.num_blocks, "block_bytes": pool.block_bytes, "group_bytes": pool.group_bytes,
-            "arenas": len(pool.arenas), "driver": driver.kind, "calls": _calls(pool),
+            "arenas": len(pool.arenas), "driver": driver.kind, "calls": pool.calls.as_dict(),
         },
         "device": describe_device(work.device) if args.index == 0 else None,
     }
@@ -232,15 +232,6 @@ def main() -> int:
     Path(args.out).write_text(json.dumps(result))
     print("done", flush=True)
     return 0
-
-
-def _calls(pool) -> dict[str, int]:
-    """Driver calls over all the pool's arenas (slotted CallCounts)."""
-    total: dict[str, int] = {}
-    for arena in pool.arenas:
-        for k, v in arena.calls.as_dict().items():
-            total[k] = total.get(k, 0) + v
-    return total
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from heapq import heappop, heappush
 from itertools import compress
 
 from kvpolicy.alloc.arena import Arena, MapResult, _note
+from kvpolicy.alloc.counters import CallCounts
 from kvpolicy.alloc.driver import Driver
 from kvpolicy.alloc.errors import (
     AllocError,
@@ -200,6 +201,11 @@ class BlockPool:
         return range(index * c // s, min(self.num_blocks, ((index + 1) * c - 1) // s + 1))
 
     # -- state -------------------------------------------------------------------------
+    @property
+    def calls(self) -> CallCounts:
+        """Driver calls over all the pool's arenas (a new object; each arena keeps its own)."""
+        return sum((arena.calls for arena in self.arenas), CallCounts())
+
     @property
     def held_bytes(self) -> int:
         return sum(a.held_bytes for a in self.arenas)

@@ -38,6 +38,10 @@ class CallCounts:
     def copy(self) -> CallCounts:
         return CallCounts(**asdict(self))
 
+    def __add__(self, other: CallCounts) -> CallCounts:
+        mine, theirs = asdict(self), asdict(other)
+        return CallCounts(**{k: mine[k] + theirs[k] for k in mine})
+
     def __sub__(self, other: CallCounts) -> CallCounts:
         mine, theirs = asdict(self), asdict(other)
         return CallCounts(**{k: mine[k] - theirs[k] for k in mine})

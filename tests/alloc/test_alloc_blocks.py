@@ -270,6 +270,7 @@ def test_unmap_failure_during_shrink_is_retried(driver):
     pool, limit = make_pool(driver, geometry=layout)
     with pool:
         pool.free(pool.alloc(8))
+        assert pool.calls.map == pool.calls.create == 8  # 4 chunks in each of the 2 arenas
         driver.inject("cuMemUnmap", "CUDA_ERROR_UNKNOWN", after=1)
         with pytest.raises(DriverError):
             pool.shrink(0)
