@@ -15,6 +15,7 @@ import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any, TypeVar
 
 from kvpolicy.evaluate.conditions import Condition, compile_condition
 from kvpolicy.evaluate.decision import (
@@ -44,6 +45,8 @@ RESERVE_POOL = "reserve"
 
 # ---- per-policy preparation (cached: the controller evaluates one policy many times) ----
 
+
+R = TypeVar("R")
 
 class _Prepared:
     """What does not depend on the facts: bindings, GPU settings, compiled conditions."""
@@ -84,13 +87,16 @@ class _Prepared:
             bounds = self._bounds[key] = (max(0, min(model.min_bytes(capacity), maximum)), maximum)
         return bounds
 
-    def output(self, cls, key: tuple, build):
-        """The frozen record for ``key`` (``build()`` makes it the first time)."""
-        record = self._outputs.get(key)
-        if record is None:
-            if len(self._outputs) > 8192:
-                self._outputs.clear()
-            record = self._outputs[key] = build()
+    def output(self, key: tuple) -> Any:
+        """The frozen record made before for ``key``, or None (the key's first item names the
+        record's kind, the rest are every value it is built from)."""
+        return self._outputs.get(key)
+
+    def keep(self, key: tuple, record: R) -> R:
+        """Remember ``record`` as the output for ``key``; returns it."""
+        if len(self._outputs) > 8192:
+            self._outputs.clear()
+        self._outputs[key] = record
         return record
 
     def headroom(self, gpu_id: str, capacity: int) -> int:
@@ -479,7 +485,10 @@ def _apply_shrink(prepared: _Prepared, rule: Rule, inst: _Inst, gpu: _Gpu, used_
     inst.target = min(inst.target, _out(inst.limit, gpu.chunk))
     shown = _out(value, gpu.chunk)
     key = ("action", rule.name.value, file, rule.span.line, shown)
-    inst.actions.append(prepared.output(Action, key, lambda: Action(rule=key[1], file=file, line=key[3], shrink_to=shown)))
+    action = prepared.output(key)
+    if action is None:
+        action = prepared.keep(key, Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=shown))
+    inst.actions.append(action)
     used_now[inst.id] = min(used_now[inst.id], math.floor(value))
     return shown
 
@@ -495,6 +504,14 @@ def _out(value: Exact, chunk: int) -> int:
 
 def _violations(prepared: _Prepared, inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
     found: list[Violation] = []
+
+    def violation(kind: str, pool: str | None, nbytes: int, maximum: int, line: int) -> None:
+        key = (kind, pool, nbytes, maximum, file, line)
+        record = prepared.output(key)
+        if record is None:
+            record = prepared.keep(key, Violation(kind=kind, pool=pool, bytes=nbytes, max=maximum, file=file, line=line))
+        found.append(record)
+
     settings = inst.settings
     limits = prepared.pool_limits(settings, capacity)
     for name in sorted(inst.facts.pools) if limits else ():
@@ -503,16 +520,12 @@ def _violations(prepared: _Prepared, inst: _Inst, capacity: int, file: str) -> t
             continue
         limit, line = limits[name]
         if pool.bytes > limit:
-            key = ("pool_over_max", name, pool.bytes, limit, file, line)
-            found.append(prepared.output(Violation, key, lambda k=key: Violation(
-                kind=k[0], pool=k[1], bytes=k[2], max=k[3], file=k[4], line=k[5])))
+            violation("pool_over_max", name, pool.bytes, limit, line)
     block = settings.block
     if settings.reserve is not None and block is not None and block.reserve is not None:
         total = inst.facts.runtime_bytes
         if total > settings.reserve:
-            key = ("reserve_exceeded", None, total, settings.reserve, file, block.reserve.span.line)
-            found.append(prepared.output(Violation, key, lambda k=key: Violation(
-                kind=k[0], pool=k[1], bytes=k[2], max=k[3], file=k[4], line=k[5])))
+            violation("reserve_exceeded", None, total, settings.reserve, block.reserve.span.line)
     return tuple(found)
 
 
@@ -523,35 +536,45 @@ def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
     inst_out: list[InstanceDecision] = []
     for gpu in gpus:
         used = sum(i.used for i in gpu.elastic)
+        budget, free = _out(gpu.budget, gpu.chunk), _out(gpu.budget - used, gpu.chunk)
+        guaranteed = sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic)
+        by_pool = tuple(gpu.reserved_by_pool.items())
         gpu_key = (
             "gpu", gpu.facts.id, gpu.capacity, gpu.headroom, gpu.facts.other_used, gpu.reserved,
-            tuple(gpu.reserved_by_pool.items()), _out(gpu.budget, gpu.chunk), _out(gpu.budget - used, gpu.chunk),
-            used, gpu.chunk, sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic),
+            by_pool, budget, free, used, gpu.chunk, guaranteed,
         )
-        gpu_out.append(prepared.output(GpuDecision, gpu_key, lambda k=gpu_key: GpuDecision(
-            id=k[1], capacity=k[2], headroom=k[3], other_used=k[4],
-            reserved=Reserved(total=k[5], by_pool=dict(k[6])),
-            elastic_budget=k[7], free=k[8], used=k[9], chunk=k[10], guaranteed=k[11],
-        )))
+        gpu_record = prepared.output(gpu_key)
+        if gpu_record is None:
+            gpu_record = prepared.keep(gpu_key, GpuDecision(
+                id=gpu.facts.id, capacity=gpu.capacity, headroom=gpu.headroom, other_used=gpu.facts.other_used,
+                reserved=Reserved(total=gpu.reserved, by_pool=dict(by_pool)),
+                elastic_budget=budget, free=free, used=used, chunk=gpu.chunk, guaranteed=guaranteed,
+            ))
+        gpu_out.append(gpu_record)
         for inst in gpu.instances:
             settings = inst.settings
+            guarantee, limit = _out(inst.guarantee, gpu.chunk), _out(inst.limit, gpu.chunk)
+            actions = tuple(inst.actions)
+            violations = _violations(prepared, inst, gpu.capacity, file)
             key = (
                 "instance", inst.id, inst.facts.model, settings.pattern, inst.facts.engine, gpu.facts.id,
-                _out(inst.guarantee, gpu.chunk), _out(inst.limit, gpu.chunk), inst.target,
-                inst.guarantee < inst.min, inst.elastic, tuple(inst.actions),
-                _violations(prepared, inst, gpu.capacity, file),
+                guarantee, limit, inst.target, inst.guarantee < inst.min, inst.elastic, actions, violations,
                 inst.guarantee_reason, inst.limit_bound, inst.level, inst.min, inst.max, settings.weight,
                 inst.facts.engine_group, inst.tp_size,
             )
-            inst_out.append(prepared.output(InstanceDecision, key, lambda k=key: InstanceDecision(
-                id=k[1], model=k[2], policy_model=k[3], engine=k[4], gpu=k[5],
-                guarantee=k[6], limit=k[7], target=k[8], shortfall=k[9], elastic=k[10],
-                actions=k[11], violations=k[12],
-                reasons=Reasons(
-                    guarantee=k[13], limit=k[14], priority_level=k[15], min=k[16], max=k[17],
-                    weight=k[18], engine_group=k[19], tensor_parallel_size=k[20],
-                ),
-            )))
+            record = prepared.output(key)
+            if record is None:
+                record = prepared.keep(key, InstanceDecision(
+                    id=inst.id, model=inst.facts.model, policy_model=settings.pattern, engine=inst.facts.engine,
+                    gpu=gpu.facts.id, guarantee=guarantee, limit=limit, target=inst.target,
+                    shortfall=inst.guarantee < inst.min, elastic=inst.elastic, actions=actions, violations=violations,
+                    reasons=Reasons(
+                        guarantee=inst.guarantee_reason, limit=inst.limit_bound, priority_level=inst.level,
+                        min=inst.min, max=inst.max, weight=settings.weight, engine_group=inst.facts.engine_group,
+                        tensor_parallel_size=inst.tp_size,
+                    ),
+                ))
+            inst_out.append(record)
     inst_out.sort(key=lambda d: d.id)
     return Decision(
         policy=PolicyRef(file=policy.file, sha256=policy.sha256),
