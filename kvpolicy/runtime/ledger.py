@@ -907,9 +907,9 @@ class GpuLedger:
             _, pub = pub_rec.read(mm, words)
             _, use = use_rec.read(mm, words)
             mine = use.mapped + use.pending
-            guarantee = self._counted_guarantee(ident_rec, pub_rec)
             if mine + nbytes > pub.limit:
                 return Refusal(nbytes, "limit", pub.limit, mine, 0, 0, "")
+            guarantee = self._counted_guarantee(ident_rec, pub)
             t = self.totals()
             f = self.figures()
             budget = elastic_budget(f, t)
@@ -954,21 +954,19 @@ class GpuLedger:
                     updated_at_ns=time.time_ns(),
                 ),
             )
-            held = use.mapped + use.pending
-            g = self._counted_guarantee(ident_rec, pub_rec)
+            unmet = 0
+            if rollback or release:  # a commit moves pending to mapped: what the instance holds stays
+                held = use.mapped + use.pending
+                g = self._counted_guarantee(ident_rec, pub_rec.read(mm, words)[1])
+                unmet = _unmet(g, held - rollback - release) - _unmet(g, held)
             self._adjust_totals(
-                elastic_pending=-commit - rollback,
-                elastic_mapped=commit - release,
-                unmet_guarantees=_unmet(g, held - rollback - release) - _unmet(g, held),
+                elastic_pending=-commit - rollback, elastic_mapped=commit - release, unmet_guarantees=unmet
             )
 
-    def _counted_guarantee(self, ident_rec, pub_rec) -> int:
-        """The slot's guarantee as the totals count it: only elastic instances have one."""
-        mm, words = self.seg.mm, self.seg.words
-        _, ident = ident_rec.read(mm, words)
-        if not ident.flags & L.FLAG_ELASTIC:
-            return 0
-        return pub_rec.read(mm, words)[1].guarantee
+    def _counted_guarantee(self, ident_rec, pub) -> int:
+        """The guarantee in published record ``pub`` as the totals count it: only elastic instances have one."""
+        _, ident = ident_rec.read(self.seg.mm, self.seg.words)
+        return pub.guarantee if ident.flags & L.FLAG_ELASTIC else 0
 
     def report_usage(self, claim: Claim, used: int) -> None:
         mm, words = self.seg.mm, self.seg.words
