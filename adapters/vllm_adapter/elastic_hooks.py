@@ -52,7 +52,6 @@ from .elastic_policy import (
     check_parallel,
     elastic_settings,
     marked_pools,
-    runtime_pools_in_model,
 )
 from .ledger import InstanceKey
 from .pools import PoolLayout, elastic_pool_facts
@@ -86,7 +85,6 @@ class ElasticPlan:
     gpu: str
     settings: ElasticSettings
     instance: Any
-    runtime_pools: tuple[str, ...]
     buffer: ElasticKVBuffer | None = None
     layout: PoolLayout | None = None
 
@@ -174,14 +172,13 @@ def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
             "kvpolicy: KV connectors (--kv-transfer-config) place or transfer KV blocks themselves; "
             "they cannot be combined with an elastic KV cache in this version"
         )
-    runtime = runtime_pools_in_model(env.policy, key.model)
     instance = ledger.attach(key, gpu, settings.guarantee)
     cache.kv_cache_memory_bytes = settings.virtual
     logger.info(
         "kvpolicy: %s on %s: elastic KV cache, planned for %d bytes (max), guarantee %d bytes, chunk %d",
         key.id, gpu, settings.virtual, settings.guarantee, settings.chunk,
     )
-    return ElasticPlan(key=key, gpu=gpu, settings=settings, instance=instance, runtime_pools=runtime)
+    return ElasticPlan(key=key, gpu=gpu, settings=settings, instance=instance)
 
 
 def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
@@ -234,7 +231,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
             "an elastic KV cache cannot live there"
         )
     layout_name = kv_cache_config.kv_cache_layout or worker.cache_config.get_resolved_kv_cache_layout().name
-    check_kv_cache_config(kv_cache_config, str(getattr(layout_name, "name", layout_name)), plan.runtime_pools)
+    check_kv_cache_config(kv_cache_config, str(getattr(layout_name, "name", layout_name)), plan.settings.runtime_pools)
     layout = PoolLayout.from_kv_cache_config(kv_cache_config)
     chunk = plan.settings.chunk
     pinned = pinned_chunks(layout.bytes_per_block, chunk) * chunk
@@ -265,13 +262,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
                 "0.33.0 does; this vLLM differs from the validated one"
             )
         forward = worker.vllm_config.compilation_config.static_forward_context
-        bound = {
-            name: getattr(forward[name], "kv_cache", None)
-            for group in kv_cache_config.kv_cache_groups
-            for name in group.layer_names
-            if name in forward
-        }
-        check_views(buffer, {k: v for k, v in bound.items() if hasattr(v, "data_ptr")})
+        check_views(buffer, {name: forward[name].kv_cache for g in kv_cache_config.kv_cache_groups for name in g.layer_names})
     except BaseException:
         buffer.close()
         raise

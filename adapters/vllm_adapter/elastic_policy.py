@@ -48,6 +48,8 @@ class ElasticSettings:
     """The model's ``max``: the capacity vLLM plans with; address space only, mapped on demand."""
     chunk: int
     """The GPU's mapping granularity (``chunk``)."""
+    runtime_pools: tuple[str, ...] = ()
+    """The model's pools the policy marks ``owner runtime`` (checked against the real KV cache at allocation)."""
 
 
 def marked_pools(pools: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -115,16 +117,9 @@ def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | 
             f"kvpolicy: {model!r}'s `min` {format_bytes(guarantee)} is above its `max` {format_bytes(maximum)} "
             f"on {gpu}; fix the policy {policy}."
         )
-    return ElasticSettings(model=model, pools=elastic, guarantee=guarantee, virtual=maximum, chunk=chunk)
-
-
-def runtime_pools_in_model(policy: Path | None, model: str) -> tuple[str, ...]:
-    """Pools of ``model`` the policy marks ``owner runtime`` (checked against the real KV cache at allocation)."""
-    if policy is None:
-        return ()
-    from kvpolicy.policy import load_policy
-
-    return marked_pools(load_policy(policy).model_settings(model).pools)[1]
+    return ElasticSettings(
+        model=model, pools=elastic, guarantee=guarantee, virtual=maximum, chunk=chunk, runtime_pools=runtime
+    )
 
 
 def check_parallel(world_size: int, backend: Any, data_parallel_size: int = 1) -> None:
