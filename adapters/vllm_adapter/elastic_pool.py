@@ -137,7 +137,6 @@ class ElasticPool:
         self._on_activity = on_activity
         self._clock = clock
         self._last_give_back = clock()
-        self._pressure_seen = buffer.limit.pressure()
         self._report_interval = report_interval
         self._last_report = float("-inf")
         self._reported_used = -1
@@ -265,10 +264,8 @@ class ElasticPool:
         held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
         new_revision = reading.revision != kv.revision
         due = now - self._last_give_back >= self._give_back_interval
-        pressure = lim.pressure()
-        give_back = due and (held > reading.target or pressure != self._pressure_seen)
+        give_back = due and (held > reading.target or kv.pressed)
         if new_revision or give_back:
-            self._pressure_seen = pressure
             self.flush()
             try:
                 kv.sync()  # apply: shrink to the limit (or defer); give back down to the target

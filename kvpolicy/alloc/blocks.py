@@ -233,6 +233,12 @@ class BlockPool:
         """Whether a lowered limit waits for live blocks to be freed."""
         return self._deferred
 
+    @property
+    def pressed(self) -> bool:
+        """Whether another instance was refused memory since this pool last looked: its next
+        ``sync()`` gives back under pressure (never, with ``give_back_under_pressure=False``)."""
+        return self._under_pressure and self._limit.pressure() != self._pressure_seen
+
     def is_live(self, block: int) -> bool:
         self._check_block(block)
         return block in self._live

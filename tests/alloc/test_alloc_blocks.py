@@ -375,8 +375,11 @@ def test_pressure_gives_back_free_memory_beyond_use_and_one_growth_step(driver):
         ids = pool.alloc(40)  # 10 chunks
         pool.free(ids[6:])  # 6 live blocks: chunks 0 and 1 (half)
         assert pool.sync().held_bytes == 10 * CHUNK  # under the target: kept, a warm cache
+        assert not pool.pressed
         limit.press()  # another instance was refused memory for the GPU's budget
+        assert pool.pressed
         stats = pool.sync()
+        assert not pool.pressed
         # What is in use (2 chunks) plus one growth step (2 chunks) stays; the free rest goes.
         assert stats.held_bytes == 4 * CHUNK and pool.released_under_pressure == 6 * CHUNK
         assert [pool.is_chunk_mapped(c) for c in range(5)] == [True, True, True, True, False]
@@ -407,6 +410,7 @@ def test_pressure_is_ignored_when_turned_off_or_while_a_limit_is_deferred(driver
     with off:
         off.free(off.alloc(40))
         off_limit.press()
+        assert not off.pressed
         assert off.sync().held_bytes == 10 * CHUNK
     pool, limit = make_pool(driver)
     with pool:
