@@ -17,6 +17,8 @@ ENV_ENABLE = "KVPOLICY_ENABLE"
 ENV_POLICY = "KVPOLICY_POLICY"
 ENV_MODEL = "KVPOLICY_MODEL"
 ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
+ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
+"""What the ranks of one engine share in the ledger (tensor parallel); each adapter has a default."""
 DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
 
 

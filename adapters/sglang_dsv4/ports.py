@@ -20,7 +20,7 @@ from typing import Protocol
 from kvpolicy.evaluate.facts import PoolFacts
 from kvpolicy.units import format_bytes
 
-from ..common import ENV_POLICY, AdapterEnv, AdapterError, read_policy
+from ..common import ENV_ENGINE_ID, ENV_POLICY, AdapterEnv, AdapterError, read_policy
 
 ENGINE = "sglang"
 
@@ -45,7 +45,7 @@ def default_engine_id(model: str) -> str:
     """What the ranks of one SGLang engine share: ``KVPOLICY_ENGINE_ID``, else the model and
     the launcher's pid (every scheduler is a child of the launcher), so two engines of
     one model never collide in the ledger."""
-    return os.environ.get("KVPOLICY_ENGINE_ID") or f"{model}@{os.getppid()}"
+    return os.environ.get(ENV_ENGINE_ID) or f"{model}@{os.getppid()}"
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,16 @@ class InstanceIdentity:
     rank: int
     pid: int = field(default_factory=os.getpid)
     engine: str = ENGINE
-    engine_id: str | None = None
-    """Shared by the engine's ranks (tensor parallel); default ``default_engine_id(model)``."""
+    engine_id: str = ""
+    """Shared by the engine's ranks (tensor parallel); by default ``default_engine_id(model)``."""
 
-    @property
-    def group(self) -> str:
-        return self.engine_id or default_engine_id(self.model)
+    def __post_init__(self) -> None:
+        if not self.engine_id:
+            object.__setattr__(self, "engine_id", default_engine_id(self.model))
 
     @property
     def instance_id(self) -> str:
-        return f"{self.group}/{self.rank}"
+        return f"{self.engine_id}/{self.rank}"
 
 
 class AdmissionRefused(AdapterError):

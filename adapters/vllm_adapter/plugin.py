@@ -39,6 +39,7 @@ from importlib import metadata
 from typing import Any
 
 from kvpolicy.adapters.common import (
+    ENV_ENGINE_ID,
     AdapterEnv,
     AdapterError,
     check_version,
@@ -53,7 +54,6 @@ from .pools import ALLOCATOR_GRANULE, PoolLayout, held_blocks_per_group, pool_fa
 
 logger = logging.getLogger(__name__)
 
-ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
 ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
 HOOK_MARK = "__kvpolicy_hook__"
 

@@ -85,6 +85,7 @@ class _Identity(Protocol):
     gpu: str
     rank: int
     engine: str
+    engine_id: str
 
     @property
     def instance_id(self) -> str: ...
@@ -116,7 +117,7 @@ def attach_static(ledger_dir: Path | str, identity: _Identity) -> StaticSession:
             engine=identity.engine,
             rank=identity.rank,
             id=identity.instance_id,
-            engine_id=getattr(identity, "group", None),
+            engine_id=identity.engine_id,
             ledger_dir=ledger_dir,
         )
     except LedgerError as exc:
