@@ -14,8 +14,6 @@ import pytest
 # vLLM picks its platform at first use; on a machine without a GPU it must be told.
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-from vllm_paths import CONFIGS, POLICY_MODELS, REPO  # noqa: F401  (re-exported for fixtures)
-
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("torch") is not None
 
 

@@ -19,8 +19,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-
-CONFIGS = Path(__file__).parent / "configs"
+from vllm_paths import CONFIGS
 
 
 @dataclass(frozen=True)
