@@ -24,6 +24,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
+import pool_loop  # noqa: E402
 from elastic_harness import build  # noqa: E402
 
 from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit  # noqa: E402
@@ -35,13 +36,8 @@ CAPACITY = 8 * GiB
 
 
 def check(loop, buffer) -> None:
-    pool = loop.pool
-    pool.flush()
-    pool.check_consistent()
-    kv = buffer.pool
-    for block in pool.blocks[1:]:
-        assert (block.ref_cnt > 0) == kv.is_live(block.block_id), f"block {block.block_id}: mirror differs"
-    assert kv.is_live(0), "the null block must stay live (pinned)"
+    pool_loop.check(loop.pool.vllm, buffer)
+    assert buffer.pool.is_live(0), "the null block must stay live (pinned)"
 
 
 @pytest.fixture
