@@ -43,7 +43,7 @@ def render() -> str:
     ]
     for rule in rules:
         out.append(
-            f"| [{rule.code}](#{_anchor(rule)}) | `{rule.name}` | {rule.severity.value} | "
+            f"| [{rule.code}](#{rule.anchor()}) | `{rule.name}` | {rule.severity.value} | "
             f"{'yes' if rule.suppressible else 'no'} | {_escape(rule.summary())} |"
         )
     for rule in rules:
@@ -65,11 +65,6 @@ def _section(rule: type[Rule]) -> list[str]:
     for heading in DOC_SECTIONS:
         lines += ["", f"### {heading}", "", sections[heading]]
     return lines
-
-
-def _anchor(rule: type[Rule]) -> str:
-    """GitHub's anchor for the heading ``KV001 unknown-unit`` (the SARIF helpUri uses it too)."""
-    return f"{rule.code.lower()}-{rule.name}"
 
 
 def _escape(text: str) -> str:

@@ -62,6 +62,11 @@ class Rule:
         return inspect.getdoc(cls).splitlines()[0]
 
     @classmethod
+    def anchor(cls) -> str:
+        """The rule's anchor in docs/lint-rules.md: GitHub's for the heading ``KV001 unknown-unit``."""
+        return f"{cls.code.lower()}-{cls.name}"
+
+    @classmethod
     def sections(cls) -> dict[str, str]:
         """The docstring's sections by heading (``## What it does`` ...), stripped."""
         doc = inspect.getdoc(cls) or ""

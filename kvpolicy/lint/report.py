@@ -68,7 +68,7 @@ def render_sarif(diagnostics: Sequence[Diagnostic]) -> str:
                                 "id": r.code,
                                 "name": r.name,
                                 "shortDescription": {"text": r.summary()},
-                                "helpUri": f"{RULES_DOC}#{r.code.lower()}-{r.name}",
+                                "helpUri": f"{RULES_DOC}#{r.anchor()}",
                                 "defaultConfiguration": {"level": _level(r.severity)},
                             }
                             for r in rules
