@@ -426,7 +426,7 @@ class PolicyBuilder:
             self.report(
                 InvalidDuration if attr.kind == "duration" else InvalidValue,
                 token,
-                f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {token.value} ({_kind_word(other_kind)})",
+                f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {token.value} ({_VALUE_KIND_WORDS[other_kind]})",
                 hint,
             )
             return False
@@ -580,11 +580,14 @@ def unknown_keyword(word: str, block: str | None) -> tuple[str, str]:
     return f"unknown keyword '{word}' {where}", hint
 
 
+_SHORT_ATTRIBUTES = {name.split(".", 1)[1]: name for name in v.ATTRIBUTES}
+"""``free`` → ``gpu.free``: each attribute by its name without the scope."""
+
+
 def _attribute_for(word: str) -> str | None:
     """The attribute a bare word in a comparison probably means (``free`` → ``gpu.free``)."""
-    short_names = {name.split(".", 1)[1]: name for name in v.ATTRIBUTES}
-    short = word if word in short_names else closest(word, short_names)
-    return short_names[short] if short is not None else None
+    short = word if word in _SHORT_ATTRIBUTES else closest(word, _SHORT_ATTRIBUTES)
+    return _SHORT_ATTRIBUTES[short] if short is not None else None
 
 
 def _unquote(text: str) -> str:
@@ -601,18 +604,11 @@ def _literal_kind(node) -> str:
     return "string"
 
 
-def _kind_word(kind: str) -> str:
-    """``a size``, ``a duration``...: what a value or an attribute is, for messages."""
-    return {
-        "zero": "a number",
-        "int": "a number without a unit",
-        "size": "a size",
-        "duration": "a duration",
-        "string": "a name",
-    }[kind]
-
-
-_ATTRIBUTE_KIND_WORDS = {"size": "a size", "duration": "a duration", "int": "a whole number", "string": "a name"}
+_KIND_WORDS = {"size": "a size", "duration": "a duration", "string": "a name"}
+_VALUE_KIND_WORDS = {**_KIND_WORDS, "zero": "a number", "int": "a number without a unit"}
+"""What a literal value is, for messages."""
+_ATTRIBUTE_KIND_WORDS = {**_KIND_WORDS, "int": "a whole number"}
+"""What an attribute holds, for messages."""
 
 
 def _compare_hint(attr: m.Attr) -> str:
