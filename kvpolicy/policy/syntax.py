@@ -29,10 +29,11 @@ from lark.lexer import Lexer
 from lark.parsers.lalr_analysis import Shift
 
 from kvpolicy.policy.errors import Diagnostic
+from kvpolicy.policy.vocabulary import TOP_LEVEL
 
 MAX_ERRORS = 20
 MAX_NESTING = 32
-TOP_LEVEL_BLOCKS = frozenset({"defaults", "gpu", "model", "rule"})
+TOP_LEVEL_BLOCKS = frozenset(TOP_LEVEL) - {"version"}
 """Statements that open a block only at the top level."""
 RECOVERED = "_kvpolicy_recovered_"
 """Name of the placeholder statement that stands in for a line with a syntax error."""

@@ -160,14 +160,11 @@ class _Explainer:
         hint: str | None = None,
         recover: int | bool = True,
         replacement: str | None = None,
+        rule=SyntaxErrorRule,
     ) -> Failure:
+        """The failure ``kind``, reported under ``rule`` (a few errors have a rule of their own)."""
         line = (None if self.at_end else self.token.line) if recover is True else (recover or None)
-        return Failure(kind, SyntaxErrorRule.at(self.file, span, message, hint), line, replacement)
-
-    def fail_with(self, rule, kind: str, span: Span, message: str, hint: str | None = None) -> Failure:
-        """A failure reported under another rule than syntax-error (it recovers the token's line)."""
-        line = None if self.at_end else self.token.line
-        return Failure(kind, rule.at(self.file, span, message, hint), line)
+        return Failure(kind, rule.at(self.file, span, message, hint), line, replacement)
 
     def explain(self) -> Failure:
         token, expected, previous = self.token, self.expected, self.previous
@@ -230,9 +227,10 @@ class _Explainer:
         ):
             # `grace 5 min`: a keyword is never read as a unit, so this is not one quantity
             span = _span(token)
-            return self.fail_with(
-                UnknownUnit, "keyword-as-unit", span, f"unknown unit '{token.value}'",
+            return self.fail(
+                "keyword-as-unit", span, f"unknown unit '{token.value}'",
                 f"did you mean '{UNIT_ALIASES[token.value]}'? (`{previous.value}{UNIT_ALIASES[token.value]}`)",
+                rule=UnknownUnit,
             )
         if "_SEP" in expected and token.type not in _STATEMENT_END and previous is not None:
             return self.fail(
@@ -349,7 +347,7 @@ class _Explainer:
             if line is None:
                 span, where = _end_of_text(self.lines), "at the end of the file"
             else:
-                span, where = Span.point(line, len(self.lines[line - 1]) - len(self.lines[line - 1].lstrip()) + 1), f"before line {line}"
+                span, where = Span.point(line, _indent(self.lines[line - 1])), f"before line {line}"
             diagnostics.append(SyntaxErrorRule.at(self.file, span, _missing_braces_message(blocks, where), _missing_braces_hint(blocks, self.session.recovered_lines)))
         return Failure("missing-close-brace", diagnostics[0], None, also=tuple(diagnostics[1:]))
 
@@ -392,7 +390,7 @@ class _Explainer:
         if block_head is not None and (block_head.type == "NAME" or block_head.value not in BLOCK_FIELDS):
             return None  # inside an unknown block: that block's keyword is reported
         message, hint = unknown_keyword(head.value, block_head.value if block_head is not None else None)
-        return self.fail_with(UnknownField, "misplaced-statement", _span(head), message, hint)
+        return self.fail("misplaced-statement", _span(head), message, hint, rule=UnknownField)
 
     def _head_type(self) -> str | None:
         head = self._statement_head()
