@@ -50,7 +50,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
         result = lint_bytes(data, name, gpu_capacity=args.gpu_capacity, facts=facts)
         diagnostics.extend(result.diagnostics)
-        sources[result.file] = data.decode("utf-8", errors="replace").split("\n")
+        text = result.text if result.text is not None else data.decode("utf-8", errors="replace")
+        sources[result.file] = text.split("\n")
     if args.format == "json":
         sys.stdout.write(report.render_json(diagnostics, len(inputs)))
     elif args.format == "sarif":

@@ -24,6 +24,8 @@ class LintResult:
     policy: Policy | None
     """The built policy; None when the text has errors (it must not be used)."""
     diagnostics: tuple[Diagnostic, ...]
+    text: str | None = None
+    """The text linted (bytes decoded, a byte order mark dropped); None when they could not be decoded."""
 
     @property
     def errors(self) -> tuple[Diagnostic, ...]:
@@ -66,7 +68,7 @@ def _lint_text(text: str, file: str, sha256: str | None, gpu_capacity: int | Non
         diagnostics = apply_suppressions(diagnostics, suppressions, file) + problems
     diagnostics.sort(key=Diagnostic.sort_key)
     has_errors = any(d.is_error for d in diagnostics)
-    return LintResult(file, None if has_errors else policy, tuple(diagnostics))
+    return LintResult(file, None if has_errors else policy, tuple(diagnostics), text)
 
 
 def decode_policy(data: bytes, file: str) -> str:

@@ -78,6 +78,17 @@ def test_text_shows_the_line_a_caret_and_the_hint(files, capsys) -> None:
     ]
 
 
+def test_text_shows_the_line_without_a_byte_order_mark(tmp_path, capsys) -> None:
+    path = tmp_path / "bom.kvp"
+    path.write_bytes(b"\xef\xbb\xbfversion 1; model \"x\" { reserve 4 GiBB }\n")
+    _, out, _ = lint([str(path)], capsys)
+    assert out.splitlines()[:3] == [
+        f"{path}:1:34: KV001 error: unknown unit 'GiBB'",
+        '   1 | version 1; model "x" { reserve 4 GiBB }',
+        "     |                                  ^^^^",
+    ]
+
+
 def test_sarif(files, capsys) -> None:
     code, out, _ = lint(["--format", "sarif", str(files["broken"]), str(files["warns"])], capsys)
     doc = json.loads(out)
