@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, TypeVar
 
 from kvpolicy.evaluate.facts import Facts
 from kvpolicy.policy.errors import Diagnostic
 from kvpolicy.policy.model import Node, Policy
+
+N = TypeVar("N", bound=Node)
 
 
 @dataclass(frozen=True)
@@ -37,13 +40,14 @@ class LintContext:
         return tuple(self.policy.walk())
 
     @cached_property
-    def _by_type(self) -> dict[type, list[Node]]:
-        index: dict[type, list[Node]] = {}
+    def _by_type(self) -> dict[type[Node], list[Any]]:
+        """Nodes by their exact type (so a list holds nodes of its key's type only)."""
+        index: dict[type[Node], list[Any]] = {}
         for node in self.nodes:
             index.setdefault(type(node), []).append(node)
         return index
 
-    def nodes_of(self, *types: type[Node]) -> list[Node]:
+    def nodes_of(self, *types: type[N]) -> list[N]:
         """The nodes of exactly these types, in source order (a policy of 10,000
         lines has some 20,000 nodes; most rules look at a few kinds)."""
         if len(types) == 1:

@@ -35,7 +35,7 @@ class DecimalUnit(Rule):
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for node in ctx.nodes_of(SizeLit):
-            if isinstance(node, SizeLit) and node.unit in DECIMAL_TO_BINARY:
+            if node.unit in DECIMAL_TO_BINARY:
                 binary = DECIMAL_TO_BINARY[node.unit]
                 yield self.at(
                     ctx.file, node.span,

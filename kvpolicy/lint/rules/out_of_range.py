@@ -55,5 +55,5 @@ class OutOfRange(Rule):
                         f"use a {setting} from {low} to {high}",
                     )
         for node in ctx.nodes_of(SizeLit):
-            if isinstance(node, SizeLit) and node.bytes > MAX_SIZE:
+            if node.bytes > MAX_SIZE:
                 yield self.at(ctx.file, node.span, f"{node.text} is too large", "sizes stay below 8 EiB")

@@ -35,5 +35,5 @@ class PercentOver100(Rule):
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for node in ctx.nodes_of(PercentLit):
-            if isinstance(node, PercentLit) and node.percent > 100:
+            if node.percent > 100:
                 yield self.at(ctx.file, node.span, f"{node.text} is more than the GPU's whole capacity", "a percentage is at most 100%")
