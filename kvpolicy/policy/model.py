@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
+from functools import cache
 from typing import Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict
@@ -42,16 +43,10 @@ class Node(BaseModel):
             stack.extend(reversed(list(node.children())))
 
 
-_NODE_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
+@cache
 def _node_fields(cls: type[Node]) -> tuple[str, ...]:
     """The fields of ``cls`` that can hold nodes (a walk skips numbers and strings)."""
-    names = _NODE_FIELDS.get(cls)
-    if names is None:
-        names = tuple(name for name, f in cls.model_fields.items() if _may_hold_nodes(f.annotation))
-        _NODE_FIELDS[cls] = names
-    return names
+    return tuple(name for name, f in cls.model_fields.items() if _may_hold_nodes(f.annotation))
 
 
 def _may_hold_nodes(annotation: object) -> bool:
