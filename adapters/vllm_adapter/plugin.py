@@ -73,7 +73,7 @@ def register() -> None:
         return
     check_version("vLLM", vllm_version(), VALIDATED_VLLM)
     # Children (engine core, workers) inherit the id, so all ranks share one engine id.
-    os.environ.setdefault(ENV_ENGINE_ID, f"vllm-{socket.gethostname()}-{os.getpid()}")
+    os.environ.setdefault(ENV_ENGINE_ID, _this_engine_id())
     install_hooks()
 
 
@@ -155,9 +155,14 @@ def served_model_name(vllm_config: Any) -> str:
     return name[0] if isinstance(name, (list, tuple)) else str(name)
 
 
+def _this_engine_id() -> str:
+    """The default engine id: this host and the process that loaded the plugin first."""
+    return f"vllm-{socket.gethostname()}-{os.getpid()}"
+
+
 def instance_key(vllm_config: Any, rank: int) -> InstanceKey:
     env = AdapterEnv.from_environ()
-    engine_id = os.environ.get(ENV_ENGINE_ID) or f"vllm-{socket.gethostname()}-{os.getpid()}"
+    engine_id = os.environ.get(ENV_ENGINE_ID) or _this_engine_id()
     dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
     return InstanceKey(engine_id=engine_id, model=env.model or served_model_name(vllm_config), rank=rank, dp_rank=dp_rank)
 
