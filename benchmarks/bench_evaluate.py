@@ -17,7 +17,7 @@ import statistics
 import time
 
 from kvpolicy.evaluate.decide import evaluate
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 from kvpolicy.policy import policy_from_text
 from kvpolicy.units import GiB
 

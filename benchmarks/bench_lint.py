@@ -31,7 +31,7 @@ from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.lint.registry import all_rules
 from kvpolicy.policy.build import PolicyBuilder
-from kvpolicy.policy.errors import Span
+from kvpolicy.diagnostics import Span
 from kvpolicy.policy.syntax import gc_paused, parse_tree, parser
 
 ENGINES = ("vllm", "sglang", None)

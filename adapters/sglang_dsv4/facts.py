@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 
 from . import footprint as fp
 

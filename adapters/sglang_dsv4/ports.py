@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.units import format_bytes
 
 from ..common import ENV_ENGINE_ID, ENV_POLICY, AdapterEnv, AdapterError, read_policy

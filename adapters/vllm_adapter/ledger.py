@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from kvpolicy.adapters.common import AdapterError
 
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.units import format_bytes
 
 

@@ -149,7 +149,7 @@ def build_plan(params: Params, policy: Path, ledger_dir: str, capacity: int, hea
     import torch
 
     import kvpolicy
-    from kvpolicy.evaluate.facts import PoolFacts
+    from kvpolicy.facts import PoolFacts
 
     reserve, _line = policy_reserve(params, policy)
     plan = planned(params, reserve)

@@ -93,7 +93,7 @@ class SimLimit:
 def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict]:
     """Per tenant, the engine's summary after the whole trace on a simulated clock."""
     from kvpolicy.evaluate.decide import evaluate
-    from kvpolicy.evaluate.facts import (
+    from kvpolicy.facts import (
         ElasticFacts,
         Facts,
         GpuFacts,

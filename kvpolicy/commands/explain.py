@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpolicy.evaluate.decide import evaluate
     from kvpolicy.evaluate.decision import State
     from kvpolicy.evaluate.explain import render_explain
-    from kvpolicy.evaluate.facts_io import FactsError, read_facts
+    from kvpolicy.facts_io import FactsError, read_facts
     from kvpolicy.policy import PolicyError, load_policy
 
     policy_path = Path(args.policy)

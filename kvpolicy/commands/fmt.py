@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpolicy.lint.engine import decode_policy
-    from kvpolicy.policy.errors import PolicyError
+    from kvpolicy.diagnostics import PolicyError
     from kvpolicy.policy.fmt import format_text
 
     if args.files == ["-"]:

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.facts_io import FactsError, read_facts
+    from kvpolicy.facts_io import FactsError, read_facts
     from kvpolicy.lint import report
     from kvpolicy.lint.engine import lint_bytes
 

@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from kvpolicy.evaluate.facts_io import FactsError, read_facts
+    from kvpolicy.facts_io import FactsError, read_facts
     from kvpolicy.runtime.controller import Controller, ControllerConfig
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError

@@ -30,7 +30,7 @@ from kvpolicy.evaluate.decision import (
     State,
     Violation,
 )
-from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
+from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.policy.model import Policy, Rule
 from kvpolicy.policy.resolve import (
     GpuSettings,

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvpolicy.evaluate.decide import evaluate
 from kvpolicy.evaluate.decision import Decision, State
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 from kvpolicy.policy import PolicyError, load_policy
 from kvpolicy.units import SIZE_UNITS, format_bytes
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from kvpolicy.evaluate.decision import Decision, State
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 
 SCHEMAS: dict[str, type[BaseModel]] = {
     "facts.schema.json": Facts,

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, TypeVar
 
-from kvpolicy.evaluate.facts import Facts
-from kvpolicy.policy.errors import Diagnostic
+from kvpolicy.facts import Facts
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.policy.model import Node, Policy
 
 N = TypeVar("N", bound=Node)

@@ -7,13 +7,13 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import all_rules
 from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
 from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
-from kvpolicy.policy.errors import Diagnostic, PolicyError, Span
+from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.policy.model import Policy
 from kvpolicy.policy.syntax import gc_paused, parse_tree
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from kvpolicy.policy.errors import Diagnostic, Severity, Span
+from kvpolicy.diagnostics import Diagnostic, Severity, Span
 
 if TYPE_CHECKING:
     from kvpolicy.lint.context import LintContext

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from kvpolicy import __version__
 from kvpolicy.lint.registry import all_rules
-from kvpolicy.policy.errors import Diagnostic, Severity
+from kvpolicy.diagnostics import Diagnostic, Severity
 
 LINT_SCHEMA = 1
 RULES_DOC = "https://github.com/kvpolicy/kvpolicy/blob/main/docs/lint-rules.md"

@@ -16,7 +16,7 @@ from kvpolicy.lint.registry import rule_by_code
 from kvpolicy.lint.rules.invalid_suppression import InvalidSuppression
 from kvpolicy.lint.rules.suppression_without_reason import SuppressionWithoutReason
 from kvpolicy.lint.rules.unused_suppression import UnusedSuppression
-from kvpolicy.policy.errors import Diagnostic, Span
+from kvpolicy.diagnostics import Diagnostic, Span
 
 _SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\](.*)")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpolicy.policy.errors import Diagnostic, PolicyError, Severity, Span
+from kvpolicy.diagnostics import Diagnostic, PolicyError, Severity, Span
 from kvpolicy.policy.model import Policy
 
 

@@ -24,7 +24,7 @@ from kvpolicy.lint.rules.unknown_field import UnknownField
 from kvpolicy.lint.rules.unknown_unit import UnknownUnit
 from kvpolicy.policy import model as m
 from kvpolicy.policy import vocabulary as v
-from kvpolicy.policy.errors import Diagnostic, Span
+from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.suggest import closest, did_you_mean
 from kvpolicy.policy.syntax import RECOVERED
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS, duration_seconds, size_bytes

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from lark import Token, Tree
 
 from kvpolicy.policy.build import first_token, last_token
-from kvpolicy.policy.errors import PolicyError
+from kvpolicy.diagnostics import PolicyError
 from kvpolicy.policy.syntax import gc_paused, parse_tree
 from kvpolicy.units import DURATION_UNITS
 

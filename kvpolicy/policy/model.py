@@ -15,7 +15,7 @@ from typing import Literal, Union, get_args
 
 from pydantic import BaseModel, ConfigDict
 
-from kvpolicy.policy.errors import Span
+from kvpolicy.diagnostics import Span
 from kvpolicy.units import percent_of
 
 

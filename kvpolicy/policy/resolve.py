@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from kvpolicy.policy import globs
-from kvpolicy.policy.errors import Span
+from kvpolicy.diagnostics import Span
 from kvpolicy.policy.model import (
     Amount,
     ModelBlock,

@@ -28,7 +28,7 @@ from lark.exceptions import UnexpectedToken
 from lark.lexer import Lexer
 from lark.parsers.lalr_analysis import Shift
 
-from kvpolicy.policy.errors import Diagnostic
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.policy.vocabulary import TOP_LEVEL
 
 MAX_ERRORS = 20

@@ -20,7 +20,7 @@ from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
 from kvpolicy.lint.rules.unknown_field import UnknownField
 from kvpolicy.lint.rules.unknown_unit import UnknownUnit
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
-from kvpolicy.policy.errors import Diagnostic, Span
+from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.syntax import (
     RECOVERED,
     BadCharacter,

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpolicy.alloc.limits import AckStatus, LimitReading
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.errors import Detached, LedgerError
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
 from kvpolicy.runtime.ledger import Claim, GpuLedger, Refusal, SlotView

@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpolicy.evaluate.facts import Facts, GpuFacts, InstanceFacts
+from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.layout import DEFAULT_SLOTS

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from kvpolicy.adapters.common import AdapterEnv, AdapterError, read_policy
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.client import Instance, attach
 from kvpolicy.runtime.errors import LedgerError
 

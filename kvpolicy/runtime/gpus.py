@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from typing import Protocol
 
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 from kvpolicy.runtime.directory import GpuSample
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpolicy.evaluate.facts import ElasticFacts, InstanceFacts, PoolFacts
+from kvpolicy.facts import ElasticFacts, InstanceFacts, PoolFacts
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.errors import (
     AdmissionRefused,

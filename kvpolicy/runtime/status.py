@@ -19,7 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvpolicy.evaluate.facts import ElasticFacts
+from kvpolicy.facts import ElasticFacts
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 

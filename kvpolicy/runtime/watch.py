@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpolicy.lint.engine import decode_policy, lint_text
-from kvpolicy.policy.errors import Diagnostic, PolicyError
+from kvpolicy.diagnostics import Diagnostic, PolicyError
 from kvpolicy.policy.model import Policy
 
 log = logging.getLogger("kvpolicy.watch")

@@ -6,7 +6,7 @@ import textwrap
 
 from kvpolicy.evaluate.decide import evaluate
 from kvpolicy.evaluate.decision import Decision, State
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 from kvpolicy.policy import Policy, policy_from_text
 from kvpolicy.units import GiB, MiB
 

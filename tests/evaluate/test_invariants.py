@@ -7,7 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 from kvpolicy.units import GiB, MiB, round_down
 
 from .helpers import make_policy, run

@@ -19,7 +19,7 @@ def test_published_schema_is_current(name):
 def test_facts_schema_accepts_the_design_example():
     import json
 
-    from kvpolicy.evaluate.facts import Facts
+    from kvpolicy.facts import Facts
 
     example = {
         "schema": 1, "now": 1764450000.0,

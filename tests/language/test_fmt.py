@@ -17,7 +17,7 @@ import pytest
 
 from kvpolicy.cli import main
 from kvpolicy.lint.engine import decode_policy, lint_text
-from kvpolicy.policy.errors import PolicyError
+from kvpolicy.diagnostics import PolicyError
 from kvpolicy.policy.fmt import format_text
 
 from .helpers import comment_texts, semantic_dump

@@ -161,7 +161,7 @@ def test_policy_error_carries_every_diagnostic(tmp_path) -> None:
 
 
 def test_policy_error_needs_an_error() -> None:
-    from kvpolicy.policy.errors import Diagnostic, Severity
+    from kvpolicy.diagnostics import Diagnostic, Severity
 
     warning = Diagnostic(file="p", line=1, col=1, end_line=1, end_col=2, code="KV019", name="decimal-unit",
                          severity=Severity.WARNING, message="m")

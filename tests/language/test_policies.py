@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.evaluate.facts_io import read_facts
+from kvpolicy.facts_io import read_facts
 from kvpolicy.lint.engine import lint_file
 from kvpolicy.policy import load_policy
 from kvpolicy.units import GiB

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
 
 from kvpolicy.lint.engine import LintResult, decode_policy, lint_text
-from kvpolicy.policy.errors import PolicyError
+from kvpolicy.diagnostics import PolicyError
 from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.syntax import parser
 

@@ -13,7 +13,7 @@ import kvpolicy.lint.rules
 from kvpolicy.lint import docs
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.lint.registry import DOC_SECTIONS, REGISTRY, Rule, all_rules, register
-from kvpolicy.policy.errors import Severity
+from kvpolicy.diagnostics import Severity
 from kvpolicy.units import GiB
 
 RULES = all_rules()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.alloc.limits import LimitReading
-from kvpolicy.evaluate.facts import Facts, PoolFacts
+from kvpolicy.facts import Facts, PoolFacts
 from kvpolicy.runtime.client import Instance, attach
 from kvpolicy.runtime.directory import GpuSample, LedgerDir
 from kvpolicy.runtime.errors import (

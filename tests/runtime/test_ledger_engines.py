@@ -10,7 +10,7 @@ from kvpolicy.adapters.common import AdapterEnv, AdapterError
 from kvpolicy.adapters.sglang_dsv4.ports import InstanceIdentity as SglangIdentity
 from kvpolicy.adapters.sglang_dsv4.ports import default_connector
 
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime import engines, ledger
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits

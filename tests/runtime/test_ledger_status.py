@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.client import attach
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.errors import LedgerError

@@ -14,7 +14,7 @@ from kvpolicy.adapters.sglang_dsv4.ports import (
     policy_reserve,
     require_policy_file,
 )
-from kvpolicy.evaluate.facts import PoolFacts
+from kvpolicy.facts import PoolFacts
 from kvpolicy.units import GiB, MiB
 
 POLICY = 'version 1\n\nmodel "deepseek-v4-flash" {\n  engine sglang\n  reserve 40 GiB\n}\n'

@@ -2,7 +2,7 @@ from collections.abc import Iterator
 
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
-from kvpolicy.policy.errors import Diagnostic, Severity
+from kvpolicy.diagnostics import Diagnostic, Severity
 from kvpolicy.policy.model import PercentLit, SizeLit
 from kvpolicy.units import format_bytes
 

@@ -2,7 +2,7 @@ from collections.abc import Iterator
 
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
-from kvpolicy.policy.errors import Diagnostic, Severity, Span
+from kvpolicy.diagnostics import Diagnostic, Severity, Span
 
 SUPPORTED_VERSION = 1
 

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from kvpolicy.engines import ENGINES
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
-from kvpolicy.policy.errors import Diagnostic, Severity, Span
+from kvpolicy.diagnostics import Diagnostic, Severity, Span
 from kvpolicy.policy.model import ModelBlock
 from kvpolicy.units import format_bytes
 

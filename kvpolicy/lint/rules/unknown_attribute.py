@@ -1,5 +1,5 @@
 from kvpolicy.lint.registry import Rule, register
-from kvpolicy.policy.errors import Severity
+from kvpolicy.diagnostics import Severity
 
 
 @register

@@ -3,7 +3,7 @@ from collections.abc import Iterator
 from kvpolicy.engines import ANY_ENGINE, ENGINES
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
-from kvpolicy.policy.errors import Diagnostic, Severity
+from kvpolicy.diagnostics import Diagnostic, Severity
 from kvpolicy.policy.suggest import did_you_mean
 
 

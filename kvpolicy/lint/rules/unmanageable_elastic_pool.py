@@ -3,7 +3,7 @@ from collections.abc import Iterator
 from kvpolicy.engines import DEEPSEEK_V4_POOLS, elastic_pools, pool_vocabulary
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Rule, register
-from kvpolicy.policy.errors import Diagnostic, Severity
+from kvpolicy.diagnostics import Diagnostic, Severity
 
 
 @register

@@ -1,4 +1,4 @@
-"""Source spans, diagnostics and PolicyError.
+"""Source spans, diagnostics and PolicyError (the base layer: every layer above reports through these).
 
 Syntax errors, semantic errors and lint findings are one family: a ``Diagnostic``
 with a position, a stable code and name, a severity, a message in the user's words

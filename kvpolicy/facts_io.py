@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from kvpolicy.evaluate.facts import Facts
+from kvpolicy.facts import Facts
 
 
 class FactsError(Exception):
