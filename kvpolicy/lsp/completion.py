@@ -58,7 +58,7 @@ def complete(doc: PolicyDocument, pos: Pos) -> Completions:
     replace = Region.on_line(pos.line, pos.col - len(typed), pos.col)
     token = outline.token_at(offset)
     if token is not None and token.kind == "COMMENT":
-        return Completions(_suppressible_codes(line_text), _word_region(pos, line_text)) if _SUPPRESSION.search(line_text) else Completions([], replace)
+        return Completions(_suppressible_codes(), _word_region(pos, line_text)) if _SUPPRESSION.search(line_text) else Completions([], replace)
     if token is not None and token.kind == "STRING" and token.offset < offset < token.end:
         return Completions([], replace)
     before = line_text[: len(line_text) - len(typed)]
@@ -193,5 +193,5 @@ def _model_names(doc: PolicyDocument, outline: Outline) -> list[Item]:
     return [Item(f'"{name}"', "value", "model in the facts") for name in names]
 
 
-def _suppressible_codes(line_text: str) -> list[Item]:
+def _suppressible_codes() -> list[Item]:
     return [Item(d.code, "code", d.name, d.summary) for d in rule_docs() if d.suppressible]

@@ -17,7 +17,7 @@ from typing import Any
 from kvpolicy.commands.common import parse_size
 from kvpolicy.commands.explain import sample_facts_path
 from kvpolicy.facts import Facts
-from kvpolicy.lsp.language import FactsError, read_facts
+from kvpolicy.facts_io import FactsError, read_facts
 
 SETTINGS_SECTION = "kvpolicy"
 SETTING_FACTS = "facts"

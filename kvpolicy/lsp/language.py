@@ -15,26 +15,24 @@ from functools import cache
 
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
-from kvpolicy.facts_io import FactsError, parse_facts, read_facts
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.lint.registry import all_rules, rule_by_code
 from kvpolicy.lint.report import RULES_DOC
-from kvpolicy.policy import globs
-from kvpolicy.policy import vocabulary
+from kvpolicy.policy import globs, vocabulary
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.model import ModelBlock, Policy, Rule
 from kvpolicy.policy.resolve import bind
-from kvpolicy.policy.syntax import grammar_text, parse_tree
+from kvpolicy.policy.syntax import parse_tree
 
 RULES_DOC_URL = RULES_DOC
 """docs/lint-rules.md in the repository; a rule's section is ``RULES_DOC_URL#anchor``.
 Defined once, in ``kvpolicy.lint.report`` (the SARIF output links the same pages)."""
 
 __all__ = [
-    "Diagnostic", "Facts", "FactsError", "ModelBlock", "Policy", "Rule", "RULES_DOC_URL", "RuleDoc", "Span",
-    "binding_block", "declared_capacity", "format_policy", "gpu_capacity", "grammar_text", "lint", "matches", "parse_facts", "partial_policy",
-    "read_facts", "rule_doc", "rule_docs", "specificity", "vocabulary",
+    "Diagnostic", "FormatRefused", "Linted", "ModelBlock", "Policy", "RULES_DOC_URL", "Rule", "RuleDoc", "Span",
+    "binding_block", "declared_capacity", "format_policy", "gpu_capacity", "lint", "matches", "partial_policy",
+    "rule_doc", "rule_docs", "vocabulary",
 ]
 
 
@@ -120,11 +118,6 @@ def binding_block(policy: Policy, model_name: str) -> ModelBlock | None:
 
 def matches(pattern: str, model_name: str) -> bool:
     return globs.matches(pattern, model_name)
-
-
-def specificity(pattern: str, index: int) -> tuple[int, int, int]:
-    """Larger wins: exact before glob, longer before shorter, earlier before later."""
-    return globs.specificity(pattern, index)
 
 
 def gpu_capacity(policy: Policy, gpu_id: str) -> int | None:

@@ -145,9 +145,6 @@ class PolicyServer(LanguageServer):
 
     # ---- conversions -------------------------------------------------------------------------
 
-    def codec(self, uri: str) -> Codec:
-        return Codec(self.workspace.get_text_document(uri).source, self.encoding)
-
     def location(self, place: Place) -> types.Location:
         text = self.text_of(place.path) or ""
         return types.Location(uri=from_fs_path(str(place.path)) or str(place.path), range=Codec(text, self.encoding).range(place.region))
@@ -161,7 +158,15 @@ class PolicyServer(LanguageServer):
         except (OSError, UnicodeDecodeError):
             return None
 
-    def edit(self, uri: str, edits: list[actions.Edit], codec: Codec) -> list[types.TextEdit]:
+    def policy(self, uri: str) -> tuple[PolicyDocument, Codec] | None:
+        """The analysis of a policy document, and its position codec; None for other documents."""
+        if not is_policy(uri):
+            return None
+        doc = self.analysis(uri)
+        return doc, Codec(doc.text, self.encoding)
+
+    @staticmethod
+    def edit(edits: list[actions.Edit], codec: Codec) -> list[types.TextEdit]:
         return [types.TextEdit(range=codec.range(e.region), new_text=e.text) for e in edits]
 
 
@@ -243,11 +248,9 @@ def create_server() -> PolicyServer:
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     def on_hover(ls: PolicyServer, params: types.HoverParams) -> types.Hover | None:
-        uri = params.text_document.uri
-        if not is_policy(uri):
+        if (policy := ls.policy(params.text_document.uri)) is None:
             return None
-        doc = ls.analysis(uri)
-        codec = Codec(doc.text, ls.encoding)
+        doc, codec = policy
         found = hover.hover(doc, codec.from_client(params.position))
         if found is None:
             return None
@@ -261,11 +264,9 @@ def create_server() -> PolicyServer:
         types.CompletionOptions(trigger_characters=[".", "["]),
     )
     def on_completion(ls: PolicyServer, params: types.CompletionParams) -> types.CompletionList | None:
-        uri = params.text_document.uri
-        if not is_policy(uri):
+        if (policy := ls.policy(params.text_document.uri)) is None:
             return None
-        doc = ls.analysis(uri)
-        codec = Codec(doc.text, ls.encoding)
+        doc, codec = policy
         found = completion.complete(doc, codec.from_client(params.position))
         replace = codec.range(found.replace)
         items = [
@@ -298,7 +299,7 @@ def create_server() -> PolicyServer:
                 message=f"kvpolicy: not formatted: line {d.line}:{d.col}: {d.message} (fix the syntax error first)",
             ))
             return None
-        return ls.edit(uri, edits, Codec(document.source, ls.encoding))
+        return ls.edit(edits, Codec(document.source, ls.encoding))
 
     @server.feature(
         types.TEXT_DOCUMENT_CODE_ACTION,
@@ -306,20 +307,19 @@ def create_server() -> PolicyServer:
     )
     def on_code_action(ls: PolicyServer, params: types.CodeActionParams) -> list[types.CodeAction] | None:
         uri = params.text_document.uri
-        if not is_policy(uri):
-            return None
         only = params.context.only
         if only and not any(str(k).startswith(types.CodeActionKind.QuickFix) for k in only):
             return []
-        doc = ls.analysis(uri)
-        codec = Codec(doc.text, ls.encoding)
+        if (policy := ls.policy(uri)) is None:
+            return None
+        doc, codec = policy
         return [
             types.CodeAction(
                 title=fix.title,
                 kind=types.CodeActionKind.QuickFix,
                 diagnostics=[to_lsp(fix.diagnostic, codec)],
                 is_preferred=fix.preferred or None,
-                edit=types.WorkspaceEdit(changes={uri: ls.edit(uri, list(fix.edits), codec)}),
+                edit=types.WorkspaceEdit(changes={uri: ls.edit(list(fix.edits), codec)}),
             )
             for fix in actions.fixes(doc, codec.region(params.range))
         ]

@@ -221,8 +221,3 @@ class LspClient:
         except ValueError:
             return ""
 
-
-def full_range(text: str) -> types.Range:
-    lines = text.split("\n")
-    return types.Range(start=types.Position(line=0, character=0),
-                       end=types.Position(line=len(lines) - 1, character=len(lines[-1])))

@@ -19,7 +19,6 @@ from kvpolicy.lsp.formatting import line_edits
 from kvpolicy.lsp.jsonpos import parse
 from kvpolicy.lsp.positions import Codec, Pos
 from kvpolicy.lsp.scan import scan
-from kvpolicy.policy.syntax import grammar_text
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS
 from tests.language.helpers import PROFILE, examples
 
@@ -29,7 +28,7 @@ TEXTMATE = ROOT / "editors" / "vscode" / "syntaxes" / "kvpolicy.tmLanguage.json"
 
 def lark_keywords() -> set[str]:
     """The grammar's keywords: its string terminals that are words."""
-    parser = Lark(grammar_text(), parser="lalr")
+    parser = Lark((ROOT / "grammar" / "kvpolicy.lark").read_text(encoding="utf-8"), parser="lalr")
     return {t.pattern.value for t in parser.terminals if t.pattern.type == "str" and re.fullmatch(r"[a-z_]+", t.pattern.value)}
 
 

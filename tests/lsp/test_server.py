@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from lsprotocol import types
 
-from kvpolicy.lint.report import RULES_DOC
+from kvpolicy.lsp.language import RULES_DOC_URL as RULES_DOC
 from kvpolicy.policy.fmt import format_text
-from tests.lsp.client import LspClient, full_range
+from tests.lsp.client import LspClient
 
 THREE_MISTAKES = """\
 version 1
@@ -163,6 +162,15 @@ def test_initialization_options_are_settings_for_clients_without_configuration(c
     assert [d.code for d in diagnostics] == ["KV017"]
 
 
+def test_settings_pushed_by_the_client_take_effect(client: LspClient, tmp_path: Path) -> None:
+    text = 'version 1\nmodel "a" { reserve 100 GiB }\nmodel "b" { reserve 60 GiB }\n'
+    uri, diagnostics = opened(client, tmp_path, text)
+    assert diagnostics == []
+    client.notify("workspace/didChangeConfiguration", types.DidChangeConfigurationParams(
+        settings={"kvpolicy": {"gpuCapacity": "141GiB"}}))
+    assert [d.code for d in client.diagnostics(uri, version=1)] == ["KV017"]
+
+
 def test_closing_a_policy_clears_its_diagnostics(client: LspClient, tmp_path: Path) -> None:
     uri, diagnostics = opened(client, tmp_path, THREE_MISTAKES)
     assert len(diagnostics) == 3
@@ -253,6 +261,7 @@ rule "r" {
   shrink to 
   grace 30
 }
+# kvpolicy: ignore[
 """
 
 
@@ -271,6 +280,9 @@ def test_completion(client: LspClient, tmp_path: Path) -> None:
     assert {"gpu.free", "model.idle", "model.priority"} <= set(when) and "not" in when
     assert labels(client, uri, 9, 22) == ["used", "idle", "priority", "weight", "min", "max", "target", "engine", "name"]
     assert labels(client, uri, 10, 12) == ["min", "target"]
+    # codes that a suppression may name (KV001 cannot be suppressed)
+    codes = labels(client, uri, 13, 19)
+    assert {"KV017", "KV019", "KV020", "KV021", "KV022"} == set(codes)
 
 
 def test_completion_replaces_the_word_being_typed(client: LspClient, tmp_path: Path) -> None:
