@@ -19,7 +19,7 @@ from kvpolicy.lint.engine import lint_text
 from kvpolicy.lint.registry import all_rules, rule_by_code
 from kvpolicy.lint.report import RULES_DOC
 from kvpolicy.policy import globs, vocabulary
-from kvpolicy.policy.build import PolicyBuilder
+from kvpolicy.policy.build import BLOCK_FIELDS, PolicyBuilder
 from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.model import ModelBlock, Policy, Rule
 from kvpolicy.policy.resolve import bind
@@ -30,7 +30,7 @@ RULES_DOC_URL = RULES_DOC
 Defined once, in ``kvpolicy.lint.report`` (the SARIF output links the same pages)."""
 
 __all__ = [
-    "Diagnostic", "FormatRefused", "Linted", "ModelBlock", "Policy", "RULES_DOC_URL", "Rule", "RuleDoc", "Span",
+    "BLOCK_FIELDS", "Diagnostic", "FormatRefused", "Linted", "ModelBlock", "Policy", "RULES_DOC_URL", "Rule", "RuleDoc", "Span",
     "binding_block", "declared_capacity", "format_policy", "gpu_capacity", "lint", "matches", "partial_policy",
     "rule_doc", "rule_docs", "vocabulary",
 ]

@@ -13,17 +13,10 @@ import bisect
 import re
 from dataclasses import dataclass, field
 
-from kvpolicy.lsp.language import vocabulary as v
+from kvpolicy.lsp.language import BLOCK_FIELDS as LANGUAGE_BLOCK_FIELDS
 
-BLOCK_FIELDS: dict[str, tuple[str, ...]] = {
-    "top": v.TOP_LEVEL,
-    "defaults": v.DEFAULTS_FIELDS,
-    "gpu": v.GPU_FIELDS,
-    "model": v.MODEL_FIELDS,
-    "pool": v.POOL_FIELDS,
-    "rule": v.RULE_FIELDS,
-}
-"""The statements each kind of block takes."""
+BLOCK_FIELDS: dict[str, tuple[str, ...]] = {key or "top": fields for key, fields in LANGUAGE_BLOCK_FIELDS.items()}
+"""The statements each kind of block takes (the parser's table; the top level is ``top``)."""
 
 _CHILD_BLOCKS = {"top": ("defaults", "gpu", "model", "rule"), "model": ("pool",)}
 """Which statements open a block of their own kind, in each kind of block."""
