@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 # Order is the order of ``kvpolicy --help``.
-COMMANDS = ("lint", "fmt", "explain", "test", "plan", "run", "status", "top")
+COMMANDS = ("lint", "fmt", "explain", "test", "plan", "run", "status", "top", "lsp")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""kvpolicy lsp: the language server for policy files (docs/editors.md)."""

@@ -1,0 +1,115 @@
+"""JSON with positions: which string is at the cursor, and where it sits in the document.
+
+The standard ``json`` module gives values without positions; navigation needs the
+path to the string under the cursor (``cases/0/expect/instances/chat/0``, as a key
+or a value) and the region of every string. A small recursive-descent reader of
+strict JSON; on malformed text it returns None (a test file being typed has no
+definitions until it parses).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+_SPACE = re.compile(r"[ \t\n\r]*")
+_STRING = re.compile(r'"(?:[^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"')
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_LITERALS = {"true": True, "false": False, "null": None}
+
+PathPart = str | int
+
+
+@dataclass(frozen=True)
+class JsonString:
+    value: str
+    start: int
+    end: int
+    """Offsets of the quotes (end exclusive)."""
+    path: tuple[PathPart, ...]
+    """Where it is: the keys and indices down to it; a key's path ends with itself."""
+    is_key: bool
+
+
+@dataclass(frozen=True)
+class JsonDocument:
+    value: Any
+    strings: tuple[JsonString, ...]
+
+    def string_at(self, offset: int) -> JsonString | None:
+        return next((s for s in self.strings if s.start <= offset <= s.end), None)
+
+
+class _Malformed(Exception):
+    pass
+
+
+def parse(text: str) -> JsonDocument | None:
+    strings: list[JsonString] = []
+    try:
+        value, end = _value(text, _skip(text, 0), (), strings)
+        if _skip(text, end) != len(text):
+            raise _Malformed
+    except (_Malformed, IndexError, RecursionError):
+        return None
+    return JsonDocument(value, tuple(strings))
+
+
+def _skip(text: str, pos: int) -> int:
+    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+
+
+def _value(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[Any, int]:
+    char = text[pos]
+    if char == "{":
+        result: dict[str, Any] = {}
+        pos = _skip(text, pos + 1)
+        if text[pos] == "}":
+            return result, pos + 1
+        while True:
+            key, pos = _string(text, pos, path, strings, is_key=True)
+            pos = _skip(text, pos)
+            if text[pos] != ":":
+                raise _Malformed
+            item, pos = _value(text, _skip(text, pos + 1), (*path, key), strings)
+            result[key] = item
+            pos = _skip(text, pos)
+            if text[pos] == "}":
+                return result, pos + 1
+            if text[pos] != ",":
+                raise _Malformed
+            pos = _skip(text, pos + 1)
+    if char == "[":
+        items: list[Any] = []
+        pos = _skip(text, pos + 1)
+        if text[pos] == "]":
+            return items, pos + 1
+        while True:
+            item, pos = _value(text, pos, (*path, len(items)), strings)
+            items.append(item)
+            pos = _skip(text, pos)
+            if text[pos] == "]":
+                return items, pos + 1
+            if text[pos] != ",":
+                raise _Malformed
+            pos = _skip(text, pos + 1)
+    if char == '"':
+        return _string(text, pos, path, strings, is_key=False)
+    number = _NUMBER.match(text, pos)
+    if number:
+        return json.loads(number.group()), number.end()
+    for word, literal in _LITERALS.items():
+        if text.startswith(word, pos):
+            return literal, pos + len(word)
+    raise _Malformed
+
+
+def _string(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString], *, is_key: bool) -> tuple[str, int]:
+    match = _STRING.match(text, pos)
+    if match is None:
+        raise _Malformed
+    value = json.loads(match.group())
+    strings.append(JsonString(value, pos, match.end(), (*path, value) if is_key else path, is_key))
+    return value, match.end()
