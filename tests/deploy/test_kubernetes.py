@@ -11,8 +11,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import textwrap
 import threading
 import time
@@ -29,7 +27,7 @@ from kvpolicy.adapters.vllm_adapter.elastic_hooks import ENV_GIVE_BACK, ENV_GROW
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime import client as ledger_client
 from kvpolicy.runtime.segment import Access
-from tests.deploy.conftest import DEPLOY
+from tests.deploy.conftest import DEPLOY, as_user, python_for
 
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
 KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # a long-supported release and the newest the schemas have
@@ -173,39 +171,6 @@ ENGINE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def as_user(uid: int, gid: int, groups: list[int] = ()) -> dict:
-    return {"user": uid, "group": gid, "extra_groups": list(groups)}
-
-
-def python_for(run_as: dict, env: dict[str, str], scratch: Path) -> str | None:
-    """A Python that the user of ``run_as`` can run with this checkout's kvpolicy: this one, or else
-    (when it lives where that user may not look, e.g. under /root) the system's python3 of the same
-    version in a venv that reads this environment's packages. None if neither can."""
-    probe = ["-c", "import kvpolicy.cli, kvpolicy.runtime.endpoints, kvpolicy.adapters.common"]
-
-    def works(python: str) -> bool:
-        try:
-            done = subprocess.run([python, *probe], cwd=scratch, env=env, capture_output=True, timeout=120, **run_as)
-        except PermissionError:
-            return False
-        return done.returncode == 0
-
-    if works(sys.executable):
-        return sys.executable
-    system = shutil.which("python3", path="/usr/bin:/bin")
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if system is None or subprocess.run([system, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True,
-                                        text=True).stdout.strip() != str(sys.version_info[:2]):
-        return None
-    venv = scratch / "python"
-    subprocess.run([system, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    packages = [p for p in sys.path if p.endswith("site-packages")]
-    (venv / "lib" / f"python{version}" / "site-packages" / "kvpolicy-checkout.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in packages))
-    python = str(venv / "bin" / "python")
-    return python if works(python) else None
-
-
 def get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=10) as reply:
@@ -214,15 +179,6 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
-
-
-@pytest.fixture
-def node():
-    """A directory standing for the node's filesystem, which uid 10000 may enter."""
-    base = Path(tempfile.mkdtemp(prefix="kvpolicy-node-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
-    base.chmod(0o755)
-    yield base
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def host_path(node: Path, path: str) -> Path:
