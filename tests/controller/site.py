@@ -8,6 +8,8 @@ import sys
 import textwrap
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from kvpolicy.runtime.controller import Controller, ControllerConfig
@@ -36,6 +38,17 @@ ENGINE = textwrap.dedent("""
             inst.acknowledge(reading.revision, "applied")
         time.sleep(0.002)
 """)
+
+
+def http_get(url: str) -> tuple[int, str]:
+    """Status and body of a GET; (0, "") while nothing listens there yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.status, reply.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError:
+        return 0, ""
 
 
 def wait_for(predicate, timeout=10.0):

@@ -6,8 +6,6 @@ import json
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -15,20 +13,12 @@ from kvpolicy.cli import build_parser, main
 from kvpolicy.commands import run as run_command
 from kvpolicy.runtime.controller import Controller
 from kvpolicy.runtime.health import ControllerHealth
-from tests.controller.site import POLICY, wait_for
-
-
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+from tests.controller.site import POLICY, http_get, wait_for
 
 
 def probe(url: str) -> tuple[int, dict[str, dict]]:
     """Status code and the checks of a probe, by name."""
-    code, body = get(url)
+    code, body = http_get(url)
     answer = json.loads(body)
     checks = {c["name"]: c for c in answer["checks"]}
     assert answer["ok"] == (code == 200) == all(c["ok"] for c in checks.values())
@@ -44,18 +34,18 @@ def test_ready_only_with_a_valid_policy_and_it_follows_reloads(site):
     assert "no valid policy loaded" in checks["policy"]["detail"] and ":3:49: KV001" in checks["policy"]["detail"]
     assert checks["ledger"]["ok"] and checks["gpu_figures"]["ok"]
     assert probe(f"{base}/healthz")[0] == 200  # a bad policy is not cured by a restart
-    assert "kvpolicy_policy_last_reload_successful 0.0" in get(f"{base}/metrics")[1]
+    assert "kvpolicy_policy_last_reload_successful 0.0" in http_get(f"{base}/metrics")[1]
 
     site.policy.write_text(POLICY)  # hot reload: ready without a restart
     assert wait_for(lambda: probe(f"{base}/readyz")[0] == 200)
     assert "revision 1" in probe(f"{base}/readyz")[1]["policy"]["detail"]
-    assert wait_for(lambda: "kvpolicy_policy_last_reload_successful 1.0" in get(f"{base}/metrics")[1])
+    assert wait_for(lambda: "kvpolicy_policy_last_reload_successful 1.0" in http_get(f"{base}/metrics")[1])
 
     site.policy.write_text(POLICY.replace("max 60%", "max 60 GiBB"))  # rejected: the last good one stays in force
     assert wait_for(lambda: "rejected" in probe(f"{base}/readyz")[1]["policy"]["detail"])
     code, checks = probe(f"{base}/readyz")
     assert code == 200 and "revision 1" in checks["policy"]["detail"]
-    assert "kvpolicy_policy_last_reload_successful 0.0" in get(f"{base}/metrics")[1]
+    assert "kvpolicy_policy_last_reload_successful 0.0" in http_get(f"{base}/metrics")[1]
 
 
 def test_not_ready_when_the_ledger_directory_becomes_unsafe(site):
@@ -93,10 +83,10 @@ def test_liveness_fails_when_the_heartbeat_is_stale(site):
 
 def test_metrics_and_unknown_paths(site):
     base = site.serve(site.controller())
-    code, text = get(f"{base}/metrics")
+    code, text = http_get(f"{base}/metrics")
     assert code == 200 and "kvpolicy_controller_heartbeat_timestamp_seconds" in text
-    assert get(f"{base}/nope")[0] == 404
-    code, index = get(f"{base}/")
+    assert http_get(f"{base}/nope")[0] == 404
+    code, index = http_get(f"{base}/")
     assert code == 200 and "/readyz" in index
 
 

@@ -14,8 +14,6 @@ import subprocess
 import textwrap
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,6 +25,7 @@ from kvpolicy.adapters.vllm_adapter.elastic_hooks import ENV_GIVE_BACK, ENV_GROW
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime import client as ledger_client
 from kvpolicy.runtime.segment import Access
+from tests.controller.site import http_get
 from tests.deploy.conftest import DEPLOY, as_user, python_for
 
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -171,16 +170,6 @@ ENGINE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
 def host_path(node: Path, path: str) -> Path:
     return node / path.lstrip("/")
 
@@ -246,11 +235,11 @@ def test_the_controller_starts_as_the_manifest_runs_it_and_turns_ready(node):
             time.sleep(0.05)
         assert port, "".join(log)
         base = f"http://127.0.0.1:{port[0]}"
-        while get(f"{base}/readyz")[0] != 200 and proc.poll() is None and time.monotonic() < deadline:
+        while http_get(f"{base}/readyz")[0] != 200 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        code, body = get(f"{base}/readyz")
+        code, body = http_get(f"{base}/readyz")
         assert code == 200, body + "".join(log)
-        assert get(f"{base}/healthz")[0] == 200
+        assert http_get(f"{base}/healthz")[0] == 200
 
         # An engine of another user in the ledger's group, as engine-example.yaml runs one.
         engine_env = {e["name"]: e["value"] for e in ENGINE["env"]}

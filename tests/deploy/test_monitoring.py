@@ -9,13 +9,12 @@ import re
 import subprocess
 import sys
 import textwrap
-import urllib.request
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controller.site import Site, wait_for
+from tests.controller.site import Site, http_get, wait_for
 from tests.deploy.conftest import DEPLOY, tool
 
 PROMETHEUS = DEPLOY / "prometheus"
@@ -164,8 +163,7 @@ def exported(tmp_path) -> set[str]:
         assert wait_for(lambda: (s := site.slot("chat/0")) and s.mapped and s.ack_revision == s.revision)
 
         def scrape() -> str:
-            with urllib.request.urlopen(f"{base}/metrics", timeout=10) as reply:
-                return reply.read().decode()
+            return http_get(f"{base}/metrics")[1]
 
         text = wait_for(lambda: (t := scrape()) and "kvpolicy_gpu_reserved_bytes{" in t and
                         "kvpolicy_instance_mapped_bytes{" in t and t)
