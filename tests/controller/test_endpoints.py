@@ -140,3 +140,16 @@ def test_a_busy_address_fails_the_start_naming_the_flag(tmp_path):
         )
     assert out.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in out.stderr and "--metrics-address" in out.stderr
+
+
+@pytest.mark.gpu
+def test_ready_with_nvml_figures(site):
+    from kvpolicy.runtime.gpus import nvml_sampler
+
+    sampler = nvml_sampler()
+    if sampler is None:
+        pytest.skip("no NVML GPU here (nvidia-ml-py and a driver)")
+    base = site.serve(site.controller(sampler=sampler))
+    code, checks = probe(f"{base}/readyz")
+    assert code == 200, checks
+    assert checks["gpu_figures"]["detail"].startswith("from NVML (")
