@@ -68,7 +68,7 @@ def measure_reload(root: Path, saves: int) -> dict[str, list[float]]:
     policy.write_text(POLICY.format(min_gib=1))
     controller = subprocess.Popen(
         [sys.executable, "-m", "kvpolicy.cli", "run", str(policy), "--ledger-dir", str(ledger),
-         "--gpu-capacity", "141GiB", "--log-level", "WARNING"],
+         "--gpu-capacity", "141GiB", "--metrics-address", "off", "--log-level", "WARNING"],
         stderr=subprocess.DEVNULL,
     )
     time.sleep(1.0)

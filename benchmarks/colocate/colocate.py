@@ -243,7 +243,8 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
             _write_facts(facts, params.device.gpu, capacity)
             controller = Child("controller", [py, "-c", "import sys; from kvpolicy.cli import main; sys.exit(main(sys.argv[1:]))",
                                               "run", str(policy_path), "--ledger-dir", str(ledger_dir), "--facts", str(facts),
-                                              "--tick", "0.1", "--log-level", "INFO"], run_dir)
+                                              "--tick", "0.1", "--metrics-address", "off", "--log-level", "INFO"],
+                               run_dir)
             children.append(controller)
             figures = _wait_published(ledger_dir, params.device.gpu, 60)
             timeline["controller_published"] = time.time()

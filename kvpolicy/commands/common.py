@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import socket
 from fractions import Fraction
 from pathlib import Path
 
@@ -45,3 +46,43 @@ def parse_size(text: str) -> int:
         hint = did_you_mean(unit, SIZE_UNITS)
         raise argparse.ArgumentTypeError(f"unknown unit {unit!r}" + (f"; {hint}" if hint else ""))
     return int(Fraction(number) * SIZE_UNITS[unit])
+
+
+_ADDRESS = re.compile(r"\[(?P<v6>[^\]]+)\]:(?P<v6port>[^:]*)|(?P<host>[^:\[\]]*):(?P<port>[^:]*)")
+_ADDRESS_EXAMPLES = "e.g. 127.0.0.1:9464 (this machine only), 0.0.0.0:9464 (every interface) or [::1]:9464"
+
+
+def parse_port(text: str) -> int:
+    """A TCP port, 0 to 65535 (0: any free port); argparse type."""
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    port = int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range: a port is 0 to 65535")
+    return port
+
+
+def parse_listen_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` → (host, port); argparse type for addresses to listen on.
+
+    The host must be given (binding every interface is a choice, not a default) and must
+    resolve; an IPv6 address goes in brackets.
+    """
+    match = _ADDRESS.fullmatch(text.strip())
+    if match is None:
+        if text.count(":") > 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:9464")
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT; {_ADDRESS_EXAMPLES}")
+    host = match["v6"] or match["host"]
+    try:
+        port = parse_port(match["v6port"] if match["v6"] else match["port"])
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    if not host:
+        raise argparse.ArgumentTypeError(f"{text!r} has no host; {_ADDRESS_EXAMPLES}")
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot resolve the host {host!r} ({reason})") from None
+    return host, port

@@ -5,6 +5,10 @@ GPU figures come from NVML when the machine has a GPU, else from ``--gpu-capacit
 or ``--facts``; with none of them it validates and reports only. ``--observe``
 computes and reports decisions without publishing. ``--once`` evaluates once and
 exits. SIGTERM or SIGINT stop it cleanly; engines keep their last limits.
+
+It serves /metrics (Prometheus), /healthz (liveness) and /readyz (readiness) on
+``--metrics-address`` (default 127.0.0.1:9464, this machine only; 0.0.0.0:9464 for
+every interface, as in a pod; ``off`` for none). Not with ``--once``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import sys
 import threading
 
 from kvpolicy.commands import add_format_option
-from kvpolicy.commands.common import parse_size
+from kvpolicy.commands.common import parse_listen_address, parse_port, parse_size
+
+DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
+_UNSET = object()  # --metrics-address not given
 
 
 def add_parser(sub) -> None:
@@ -26,7 +33,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--ledger-dir", metavar="DIR", help="ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
     parser.add_argument("--group", metavar="GROUP", help="share the ledger with this group (mode 0660)")
     parser.add_argument("--allow-foreign-owner", action="store_true", help="accept segments owned by another user")
-    parser.add_argument("--metrics-port", type=int, metavar="PORT", help="serve Prometheus metrics on this port")
+    parser.add_argument("--metrics-address", type=_metrics_address, default=_UNSET, metavar="HOST:PORT",
+                        help="serve /metrics, /healthz and /readyz here (default 127.0.0.1:9464; off: not at all)")
+    parser.add_argument("--metrics-port", type=parse_port, metavar="PORT",
+                        help="deprecated: the same as --metrics-address 0.0.0.0:PORT")
     parser.add_argument("--observe", action="store_true", help="compute and report decisions without publishing")
     parser.add_argument("--once", action="store_true", help="evaluate once, publish, print the decision and exit")
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="without NVML: every GPU has this capacity")
@@ -38,6 +48,19 @@ def add_parser(sub) -> None:
     parser.set_defaults(run=run)
 
 
+def _metrics_address(text: str) -> tuple[str, int] | None:
+    return None if text.strip().lower() == "off" else parse_listen_address(text)
+
+
+def _listen_address(args: argparse.Namespace) -> tuple[str, int] | None:
+    """Where to serve the endpoints (None: nowhere); ``--metrics-port`` keeps its old meaning."""
+    if args.metrics_port is not None:
+        if args.metrics_address is not _UNSET:
+            raise ValueError("--metrics-port is the deprecated spelling of --metrics-address: give only one")
+        return ("0.0.0.0", args.metrics_port)
+    return DEFAULT_METRICS_ADDRESS if args.metrics_address is _UNSET else args.metrics_address
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -46,10 +69,19 @@ def run(args: argparse.Namespace) -> int:
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError
     from kvpolicy.runtime.gpus import FactsSampler, StaticSampler, nvml_sampler
+    from kvpolicy.runtime.health import ControllerHealth
     from kvpolicy.runtime.metrics import ControllerMetrics
 
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     log = logging.getLogger("kvpolicy.run")
+    try:
+        listen = None if args.once else _listen_address(args)
+    except ValueError as exc:
+        print(f"kvpolicy run: {exc}", file=sys.stderr)
+        return 2
+    if args.metrics_port is not None:
+        log.warning("--metrics-port is deprecated: use --metrics-address 0.0.0.0:%d (or 127.0.0.1:%d for this "
+                    "machine only)", args.metrics_port, args.metrics_port)
     policy = Path(args.policy)
     if not policy.parent.is_dir():
         print(f"kvpolicy run: {policy.parent}: no such directory", file=sys.stderr)
@@ -72,11 +104,18 @@ def run(args: argparse.Namespace) -> int:
     log.info("ledger %s; GPU figures from %s%s", ledger.path, sampler.description if sampler else "nowhere (validate only)",
              "; observing, not publishing" if args.observe else "")
     metrics = ControllerMetrics(stuck_after=args.stuck_after)
-    if args.metrics_port:
-        metrics.serve(args.metrics_port)
-        log.info("metrics on :%d/metrics", args.metrics_port)
     config = ControllerConfig(policy=policy, observe=args.observe, tick=args.tick, stuck_after=args.stuck_after)
     controller = Controller(config, ledger, sampler, metrics)
+    if listen is not None:
+        host, port = listen
+        try:
+            server, _ = metrics.serve(port, host, ControllerHealth(controller))
+        except OSError as exc:
+            print(f"kvpolicy run: cannot listen on {_show(host, port)} ({exc.strerror or exc}): pass "
+                  "--metrics-address HOST:PORT with a free port, or --metrics-address off", file=sys.stderr)
+            ledger.close()
+            return 1
+        log.info("serving /metrics, /healthz and /readyz on http://%s", _show(host, server.server_port))
     try:
         if args.once:
             decision = controller.once()
@@ -105,3 +144,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         ledger.close()
+
+
+def _show(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

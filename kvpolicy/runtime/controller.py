@@ -95,6 +95,11 @@ class Controller:
     def publishing(self) -> bool:
         return not self.config.observe and self.sampler is not None
 
+    @property
+    def heartbeat_at(self) -> float | None:
+        """When the loop last wrote its heartbeat (wall clock), None before its first step."""
+        return self._last_beat or None
+
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
@@ -138,8 +143,10 @@ class Controller:
         self._wake.set()
 
     def _reloaded(self, result: ReloadResult) -> None:
-        if not result.ok and self.metrics:
-            self.metrics.reloads.labels("failed").inc()
+        if self.metrics:
+            self.metrics.last_reload_ok.set(int(result.ok))
+            if not result.ok:
+                self.metrics.reloads.labels("failed").inc()
 
     # ---- one step ---------------------------------------------------------------------------------
 

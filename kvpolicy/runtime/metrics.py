@@ -1,4 +1,5 @@
-"""Prometheus metrics of the controller (``kvpolicy run --metrics-port``).
+"""Prometheus metrics of the controller (``kvpolicy run --metrics-address``; served with
+``/healthz`` and ``/readyz`` by ``endpoints``).
 
 Figures that describe the present (per GPU and per instance) come from one
 collector over the latest decision and ledger view, so an instance that goes
@@ -11,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -125,6 +126,11 @@ class ControllerMetrics:
         self._snapshot.stuck_after = stuck_after
         self.registry.register(self._snapshot)
         self.reloads = Counter("kvpolicy_policy_reloads", "Policy reloads by result.", ["result"], registry=self.registry)
+        self.last_reload_ok = Gauge(
+            "kvpolicy_policy_last_reload_successful",
+            "1 if the policy file's last load succeeded, 0 if it was rejected (the last good policy stays in force).",
+            registry=self.registry,
+        )
         self.publishes = Counter("kvpolicy_publishes", "Revisions published to the ledger.", registry=self.registry)
         self.reclaimed = Counter("kvpolicy_reclaimed_instances", "Slots of dead engines reclaimed.", registry=self.registry)
         self.evaluation = Histogram(
@@ -140,7 +146,11 @@ class ControllerMetrics:
             self._snapshot.published_revision = published_revision
             self._snapshot.heartbeat = heartbeat
 
-    def serve(self, port: int, addr: str = "0.0.0.0"):
-        from prometheus_client import start_http_server
+    def serve(self, port: int, addr: str = "127.0.0.1", health=None):
+        """Serve ``/metrics`` (and ``/healthz``, ``/readyz`` with a ``health.ControllerHealth``) on ``addr:port``.
 
-        return start_http_server(port, addr=addr, registry=self.registry)
+        Returns (server, thread); ``server.server_port`` is the port bound (for ``port`` 0).
+        """
+        from kvpolicy.runtime.endpoints import serve
+
+        return serve(addr, port, self.registry, health)

@@ -138,6 +138,11 @@ def ensure_directory(path: Path, access: Access) -> None:
         if access.group is not None:
             os.chown(path, -1, access.group)
         os.chmod(path, access.dir_mode)  # mkdir's mode went through the umask
+    check_directory(path, access)
+
+
+def check_directory(path: Path, access: Access) -> None:
+    """Refuse a ledger directory that is a symlink, not a directory, or not to be trusted (``check_owner``)."""
     st = os.lstat(path)
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"

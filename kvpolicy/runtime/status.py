@@ -25,6 +25,8 @@ from kvpolicy.runtime.segment import Access
 
 STATUS_FILE = "status.json"
 STATUS_SCHEMA = 1
+STALE_AFTER = 10.0
+"""A controller whose heartbeat is older than this (seconds) is stale: in status, and for /healthz."""
 
 
 class _Model(BaseModel):
@@ -162,7 +164,7 @@ def read_status(ledger_dir: Path | str) -> Status | None:
         raise LedgerError(f"kvpolicy ledger: {path} is not a valid status file (schema {STATUS_SCHEMA}): {exc}") from None
 
 
-def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, stale_after: float = 10.0) -> Status:
+def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, stale_after: float = STALE_AFTER) -> Status:
     """``base`` (the controller's file, if any) with GPUs and instances refreshed from ``view`` (a LedgerView)."""
     from kvpolicy.runtime.ledger import elastic_budget
 

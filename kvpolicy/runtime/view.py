@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 
 from kvpolicy.runtime.directory import LedgerDir
-from kvpolicy.runtime.status import Status, live_status, read_status
+from kvpolicy.runtime.status import STALE_AFTER, Status, live_status, read_status
 from kvpolicy.units import format_bytes
 
 BAR_WIDTH = 60
 POOL_MARKS = "SCXIKOPQRT"
 
 
-def current_status(ledger: LedgerDir, stale_after: float = 10.0, stuck_after: float = 60.0) -> Status:
+def current_status(ledger: LedgerDir, stale_after: float = STALE_AFTER, stuck_after: float = 60.0) -> Status:
     """The controller's last status with GPUs and instances read live from the ledger.
 
     While the controller only observes, the limits it decided (not published) are kept.

@@ -7,11 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
-import threading
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -19,92 +16,8 @@ from kvpolicy.cli import main
 from kvpolicy.runtime.controller import Controller, ControllerConfig
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.gpus import StaticSampler
-from kvpolicy.runtime.metrics import ControllerMetrics
 from kvpolicy.runtime.status import read_status
-
-GiB = 1 << 30
-POLICY = """version 1
-defaults { headroom 2 GiB }
-model "chat" { priority 100; min 10 GiB; max 60%; weight 300 }
-model "batch" { priority 10; min 4 GiB; weight 100 }
-"""
-
-ENGINE = textwrap.dedent("""
-    import sys, time, kvpolicy
-    model, ledger = sys.argv[1], sys.argv[2]
-    inst = kvpolicy.attach(model=model, gpu="cuda:0", ledger_dir=ledger, elastic=True, id=model + "/0")
-    print("attached", flush=True)
-    last = None
-    while True:  # an engine's loop: apply each new revision and say so
-        reading = inst.read()
-        if reading != last:
-            last = reading
-            inst.acknowledge(reading.revision, "applied")
-        time.sleep(0.002)
-""")
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.005)
-    return predicate()
-
-
-class Site:
-    """A policy file, a ledger directory, and the controllers and engine processes a test
-    starts there; everything started is stopped when the test ends."""
-
-    def __init__(self, root: Path) -> None:
-        self.policy = root / "policy.kvp"
-        self.policy.write_text(POLICY)
-        self.ledger_dir = root / "ledger"
-        self._running: list[tuple[threading.Event, threading.Thread]] = []
-        self._engines: list[subprocess.Popen] = []
-
-    def controller(self, **config) -> Controller:
-        ledger = LedgerDir(self.ledger_dir, create=True)
-        config = {"tick": 0.2, **config}
-        controller = Controller(ControllerConfig(policy=self.policy, **config), ledger, StaticSampler(80 * GiB),
-                                ControllerMetrics())
-        stop = threading.Event()
-        thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
-        thread.start()
-        self._running.append((stop, thread))
-        assert wait_for(lambda: controller.decision is not None or controller.watcher.last_reload is not None)
-        return controller
-
-    def stop_controllers(self) -> None:
-        for stop, thread in self._running:
-            stop.set()
-            thread.join(5)
-        self._running.clear()
-
-    def engine(self, model: str) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", ENGINE, model, str(self.ledger_dir)], stdout=subprocess.PIPE,
-                                text=True)
-        self._engines.append(proc)
-        assert proc.stdout.readline().strip() == "attached"
-        return proc
-
-    def slot(self, instance: str):
-        return LedgerDir(self.ledger_dir).read().find(instance)
-
-    def close(self) -> None:
-        self.stop_controllers()
-        for proc in self._engines:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture()
-def site(tmp_path):
-    s = Site(tmp_path)
-    yield s
-    s.close()
+from tests.controller.site import POLICY, GiB, wait_for
 
 
 def test_engines_get_limits_and_a_policy_save_moves_them(site):
