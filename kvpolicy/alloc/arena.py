@@ -43,6 +43,15 @@ def _note(exc: BaseException, text: str) -> None:
         add_note(text)
 
 
+def raise_first(errors: list[DriverError], closing: str) -> None:
+    """Raise the first of ``errors`` (when there are any), each other one noted on it, after a close that tried every step."""
+    if errors:
+        first = errors[0]
+        for other in errors[1:]:
+            _note(first, f"also failed while closing {closing}: {other}")
+        raise first
+
+
 class Arena:
     """A VA reservation of ``capacity`` bytes, mapped in chunks of ``chunk`` bytes.
 
@@ -285,11 +294,7 @@ class Arena:
             except DriverError as exc:
                 self.calls.failures += 1
                 errors.append(exc)
-        if errors:
-            first = errors[0]
-            for other in errors[1:]:
-                _note(first, f"also failed while closing arena {self.name!r}: {other}")
-            raise first
+        raise_first(errors, f"arena {self.name!r}")
         self._closed = True
 
     @property

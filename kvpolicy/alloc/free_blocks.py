@@ -13,11 +13,11 @@ C-level set and list operations and the grid's tables, never the driver.
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left
 from heapq import heappop, heappush
 from itertools import compress, groupby
 
-from kvpolicy.alloc.live import check_claim, remove_live
+from kvpolicy.alloc.live import check_claim, refuse_free
 from kvpolicy.alloc.mapping import ChunkMapping
 
 
@@ -30,6 +30,7 @@ class FreeBlockIndex:
         self.name = mapping.name
         self.num_blocks = grid.num_blocks
         self._homes = grid.homes
+        self._first_homed = grid.first_homed
         self._spans = grid.spans  # chunks beyond the home: nonzero only for blocks that straddle
         self._straddling = not grid.blocks_per_chunk
         self._users = mapping.users  # live blocks touching each chunk (the mapping's own counts)
@@ -90,7 +91,14 @@ class FreeBlockIndex:
 
     def free(self, ids: list[int]) -> list[int]:
         """Make live ``ids`` free, all or nothing (``BlockError``); returns the chunks they left with no live block."""
-        remove_live(self.live, ids, self.num_blocks, self.name)
+        live = self.live
+        if not live.issuperset(ids):
+            refuse_free(live, ids, self.num_blocks, self.name)
+        before = len(live)
+        live.difference_update(ids)
+        if len(live) != before - len(ids):
+            live.update(ids)
+            refuse_free(live, ids, self.num_blocks, self.name)
         free_in, users, homes = self._free_in, self._users, self._homes
         ordered = sorted(ids)
         n = len(ordered)
@@ -104,7 +112,7 @@ class FreeBlockIndex:
             i = 0
             while i < n:  # one pass per home chunk, not per block
                 h = homes[ordered[i]]
-                j = bisect_right(ordered, h, i, key=homes.__getitem__)  # the first block of a later home
+                j = bisect_left(ordered, self._first_homed[h + 1], i)  # the first block of a later home
                 free_in[h].extend(ordered[i:j])
                 users[h] -= j - i
                 touched.append(h)

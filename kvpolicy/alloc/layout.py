@@ -179,6 +179,11 @@ class ChunkGrid:
         return table
 
     @cached_property
+    def first_homed(self) -> list[int]:
+        """For each chunk ``c`` and one past the last: the first block whose home is ``c`` or later."""
+        return [self.blocks_homed_in(c).start for c in range(self.num_chunks)] + [self.num_blocks]
+
+    @cached_property
     def spans(self) -> Sequence[int]:
         """Each block's chunks beyond its home (0 unless it straddles), as a table."""
         if self.blocks_per_chunk:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from kvpolicy.alloc.arena import Arena, MapResult, _note
+from kvpolicy.alloc.arena import Arena, MapResult, _note, raise_first
 from kvpolicy.alloc.counters import CallCounts
 from kvpolicy.alloc.errors import DeviceOutOfMemory, DriverError, OutOfBlocks
 from kvpolicy.alloc.layout import ChunkGrid
@@ -417,11 +417,7 @@ class ChunkMapping:
         released = before - self.held_bytes
         if released:
             self.limit.release(released)
-        if errors:
-            first = errors[0]
-            for other in errors[1:]:
-                _note(first, f"also failed while closing pool {self.name!r}: {other}")
-            raise first
+        raise_first(errors, f"pool {self.name!r}")
         self.closed = True
         self.mapped[:] = bytes(self.num_chunks)
         self.mapped_chunks = 0

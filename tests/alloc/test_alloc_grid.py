@@ -33,6 +33,8 @@ def test_chunks_and_blocks_agree_with_the_bytes(grid: ChunkGrid) -> None:
     for ci in range(grid.num_chunks):
         assert list(grid.blocks_touching(ci)) == [b for b in range(nb) if ci in chunks[b]]
         assert list(grid.blocks_homed_in(ci)) == [b for b in range(nb) if chunks[b][0] == ci]
+    for ci in range(grid.num_chunks + 1):
+        assert grid.first_homed[ci] == min((b for b in range(nb) if chunks[b][0] >= ci), default=nb)
     assert len(grid.homes) == len(grid.spans) == nb
     straddles = any(len(cs) > 1 for cs in chunks.values())
     if grid.blocks_per_chunk:
