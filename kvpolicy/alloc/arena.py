@@ -37,7 +37,8 @@ class MapResult:
         return sum(self.fresh)
 
 
-def _note(exc: BaseException, text: str) -> None:
+def note(exc: BaseException, text: str) -> None:
+    """Add ``text`` to the notes of ``exc`` (what else failed while handling it)."""
     add_note = getattr(exc, "add_note", None)  # Python 3.11+
     if add_note is not None:
         add_note(text)
@@ -48,7 +49,7 @@ def raise_first(errors: list[DriverError], closing: str) -> None:
     if errors:
         first = errors[0]
         for other in errors[1:]:
-            _note(first, f"also failed while closing {closing}: {other}")
+            note(first, f"also failed while closing {closing}: {other}")
         raise first
 
 
@@ -167,7 +168,7 @@ class Arena:
         except DriverError as exc:
             calls.failures += 1
             for err in self._undo(done, fresh):
-                _note(exc, f"while undoing the grow of arena {self.name!r}: {err}")
+                note(exc, f"while undoing the grow of arena {self.name!r}: {err}")
             raise
         return MapResult(tuple(done), tuple(fresh))
 
@@ -352,7 +353,7 @@ class Arena:
         except DriverError as err:
             self.calls.failures += 1
             self._stuck[index] = handle
-            _note(cause, f"chunk {index} of arena {self.name!r} could not be unmapped and is stuck: {err}")
+            note(cause, f"chunk {index} of arena {self.name!r} could not be unmapped and is stuck: {err}")
             return
         self._discard_noting(handle, new, cause)
 
@@ -360,7 +361,7 @@ class Arena:
         try:
             self._discard(handle, new)
         except DriverError as err:
-            _note(cause, f"a handle of arena {self.name!r} could not be released (kept for close): {err}")
+            note(cause, f"a handle of arena {self.name!r} could not be released (kept for close): {err}")
 
     def _undo(self, done: list[int], fresh: list[bool]) -> list[DriverError]:
         failures: list[DriverError] = []

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from kvpolicy.alloc.arena import Arena, MapResult, _note, raise_first
+from kvpolicy.alloc.arena import Arena, MapResult, note, raise_first
 from kvpolicy.alloc.counters import CallCounts
 from kvpolicy.alloc.errors import DeviceOutOfMemory, DriverError, OutOfBlocks
 from kvpolicy.alloc.layout import ChunkGrid
@@ -298,7 +298,7 @@ class ChunkMapping:
         except DriverError as exc:
             for arena, result in reversed(done):
                 for err in arena.undo_map(result):
-                    _note(exc, f"while undoing the grow of pool {self.name!r}: {err}")
+                    note(exc, f"while undoing the grow of pool {self.name!r}: {err}")
             self._settle(held, creating)
             if isinstance(exc, DeviceOutOfMemory):
                 raise OutOfBlocks(
