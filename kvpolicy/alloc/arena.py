@@ -2,7 +2,7 @@
 
 The arena reserves its whole virtual capacity once, so addresses (and any tensor
 views over them) never move; growing maps physical chunks into it and shrinking
-unmaps them. Facts that shape it (shared/DESIGN.md section 6, measured on an H200):
+unmaps them. Facts that shape it (measured on an H200, docs/allocator.md):
 cuMemCreate is ~30% of the cost of growing a chunk, so unmapped handles can be kept
 in a small pool and mapped again without it; cuMemSetAccess costs the same over one
 chunk or many, so it is called once per newly mapped chunk.
