@@ -78,7 +78,7 @@ def steady_state(driver: Driver, rounds: int, steps: int) -> dict[str, float]:
     stock = BlockPool(4096, enable_caching=True, hash_block_size=BLOCK_TOKENS)
     try:
         assert elastic.make_room(512)  # warm: 512 blocks mapped, so the loop never grows
-        held = buffer.pool.held_bytes
+        held = buffer.mapping.held_bytes
         times: dict[str, list[float]] = {"stock": [], "elastic": []}
         for _ in range(rounds):
             for name, vllm_pool, ours in (("stock", stock, None), ("elastic", pool, elastic)):
@@ -86,7 +86,7 @@ def steady_state(driver: Driver, rounds: int, steps: int) -> dict[str, float]:
                 for _ in range(steps):
                     _step(vllm_pool, ours)
                 times[name].append((time.perf_counter() - t0) / steps)
-        assert buffer.pool.held_bytes == held, "the steady-state loop grew or shrank the pool"
+        assert buffer.mapping.held_bytes == held, "the steady-state loop grew or shrank the pool"
         s, e = statistics.median(times["stock"]), statistics.median(times["elastic"])
         return {
             "stock_us_per_step": s * 1e6,
@@ -248,12 +248,12 @@ def give_back(driver: Driver, size: int, chunk: int, rounds: int) -> dict[str, f
             pool.cache_full_blocks(_Hashed(hashes), blocks, 0, n, BLOCK_TOKENS, 0)
             pool.free_blocks(reversed(blocks))  # free, still in the prefix cache
             elastic.on_step(active=False)
-            held = buffer.pool.held_bytes
+            held = buffer.mapping.held_bytes
             limit.set(0, 0)
             t0 = time.perf_counter()
             elastic.on_step(active=False)
             back_t.append(time.perf_counter() - t0)
-            assert buffer.pool.held_bytes == buffer.pinned, "not everything went back"
+            assert buffer.mapping.held_bytes == buffer.pinned, "not everything went back"
             assert len(pool.cached_block_hash_to_block) == 0, "cached blocks of unmapped chunks must be evicted"
             released = held - buffer.pinned
         finally:

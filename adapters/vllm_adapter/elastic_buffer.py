@@ -12,7 +12,7 @@ answers its one ``torch.zeros`` call with the arena tensor.
 **Zero fill.** vLLM zero-fills the buffer it allocates. Filling reserved address
 space would touch unmapped memory (a fault on the GPU), so the arena tensor is
 returned unfilled; instead each chunk is zeroed once, right after it is mapped and
-before any of its blocks is handed out (``BlockPool(zero_new_chunks=True)``: one
+before any of its blocks is handed out (``ChunkMapping(zero_new_chunks=True)``: one
 cuMemsetD8Async on a private stream, waited on). So every block vLLM ever sees has
 been zero at least once, as with the stock buffer, and nothing unmapped is touched.
 (A shared read-only zero page over the unused space would also do, but would cost a
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpolicy.adapters.common import AdapterError
 
-from kvpolicy.alloc import BlockPool, BlockSpec, Driver, LimitSource
+from kvpolicy.alloc import ChunkGrid, ChunkMapping, Driver, GiveBack, LimitSource, LiveBlocks
 from kvpolicy.units import format_bytes
 
 from .elastic_limits import PinnedFirst
@@ -48,16 +48,18 @@ UnmapListener = Callable[[list[int]], None]
 
 def pinned_chunks(bytes_per_block: int, chunk: int) -> int:
     """Chunks that hold block 0 (the null block), mapped for the buffer's whole life."""
-    return -(-bytes_per_block // chunk)
+    return len(ChunkGrid(bytes_per_block, chunk, 1).chunks_of(0))
 
 
 class ElasticKVBuffer:
     """One rank's KV backing buffer: ``num_blocks × bytes_per_block`` bytes of reserved address space.
 
     ``limit`` is the ledger's (elastic) LimitSource; ``pinned`` the bytes already
-    admitted statically for the null block's chunks. The block pool over it
-    (``self.pool``) is the allocator's; vLLM's scheduler drives it through
-    ``elastic_pool.ElasticPool``.
+    admitted statically for the null block's chunks. vLLM's scheduler hands out the
+    block ids and drives the allocator's parts through ``elastic_pool.ElasticPool``:
+    ``mapping`` (the arena, mapped chunk by chunk under the limit), ``live`` (the block
+    ids the scheduler holds, as the mapping must know them), ``give_back`` (when memory
+    goes back) and ``grid`` (which chunks a block's bytes touch).
     """
 
     def __init__(
@@ -84,28 +86,30 @@ class ElasticKVBuffer:
         self.limit = PinnedFirst(limit, pinned, pinned_used=bytes_per_block)
         self._listener: UnmapListener | None = None
         self._tensor: torch.Tensor | None = None
-        self.pool = BlockPool(
+        self.grow_chunks = grow_chunks
+        self.grid = ChunkGrid(bytes_per_block, chunk, num_blocks)
+        self.give_back = GiveBack(group_bytes=chunk, grow_chunks=grow_chunks, pressure=self.limit.pressure())
+        self.mapping = ChunkMapping(
             driver,
-            BlockSpec(block_stride=bytes_per_block),
-            num_blocks,
-            chunk=chunk,
+            self.grid,
             limit=self.limit,
-            grow_chunks=grow_chunks,
             name=name,
             before_unmap=self._before_unmap,
             zero_new_chunks=True,
+            used_bytes=lambda: self.live.used_bytes,
         )
+        self.live = LiveBlocks(self.mapping)
         try:
-            self.pool.claim([0])  # the null block: its chunks map now, from the static allowance
+            self.live.claim([0])  # the null block: its chunks map now, from the static allowance
         except BaseException:
-            self.pool.close()
+            self.mapping.close()
             raise
         self.bound = False
         """Whether a scheduler's block pool drives this buffer (``elastic_pool.ElasticPool.adopt``)."""
 
     @property
     def va(self) -> int:
-        return self.pool.arenas[0].va
+        return self.mapping.arenas[0].va
 
     def tensor(self) -> torch.Tensor:
         """The int8 buffer vLLM asked for, over the arena (made once; never moves)."""
@@ -114,7 +118,7 @@ class ElasticKVBuffer:
 
             from kvpolicy.alloc.tensors import arena_bytes
 
-            self._tensor = arena_bytes(self.pool.arenas[0])[: self.size].view(torch.int8)
+            self._tensor = arena_bytes(self.mapping.arenas[0])[: self.size].view(torch.int8)
         return self._tensor
 
     def set_listener(self, listener: UnmapListener | None) -> None:
@@ -129,12 +133,12 @@ class ElasticKVBuffer:
     def close(self) -> None:
         """Unmap and release everything; the tensor and vLLM's views become invalid."""
         self._tensor = None
-        self.pool.close()
+        self.mapping.close()
 
     def __repr__(self) -> str:
         return (
             f"ElasticKVBuffer({self.num_blocks} blocks × {format_bytes(self.bytes_per_block)}, "
-            f"{format_bytes(self.size)} reserved at {self.va:#x}, {format_bytes(self.pool.held_bytes)} held)"
+            f"{format_bytes(self.size)} reserved at {self.va:#x}, {format_bytes(self.mapping.held_bytes)} held)"
         )
 
 

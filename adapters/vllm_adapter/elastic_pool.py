@@ -20,20 +20,22 @@ bookkeeping around vLLM's code:
 - **Map before handing out.** Inside ``KVCacheManager.allocate_slots`` the scheduler
   asks the coordinator how many blocks a request needs and compares that with the
   free count; the adapter hooks that question (instance-level, at the scheduler's
-  construction, ``bind_scheduler``) and first *makes room*: it asks the allocator to ``grow`` — one
+  construction, ``bind_scheduler``) and first *makes room*: it asks the allocator's
+  mapping (``ChunkMapping.grow``, no block ids: the scheduler owns them) to map the
+  chunks that complete the blocks needed — one
   elastic admission in the ledger for the batch, then cuMemCreate/Map/SetAccess and
   a zero fill — and puts the new blocks at the head of the free queue. If the limit,
   the GPU's budget or the device says no, nothing changes and vLLM sees an ordinary
   allocation miss: the request waits, or vLLM preempts (it never sees an error).
-- **Mirror.** The allocator's pool unmaps only chunks none of whose blocks is live, so
+- **Mirror.** The allocator's mapping unmaps only chunks none of whose blocks is live, so
   before anything that may unmap (a new limit, giving back, a deferral) ``flush``
-  sets its live set to vLLM's truth (``ref_cnt > 0``) in one scan. vLLM's hot path
+  sets its live set (``LiveBlocks``) to vLLM's truth (``ref_cnt > 0``) in one scan. vLLM's hot path
   (``get_new_blocks``, ``free_blocks``, ``touch``) runs unchanged: nothing is recorded
   per block. Growth needs no mirror (new chunks hold no live block), and the bytes in
   use reported to the ledger come from vLLM's own count (blocks handed out).
 - **Give back** (``on_step``, between scheduler steps, never inside one — a prefix
   hit looked up in ``schedule()`` must still be in the queue when it is touched): a
-  new limit revision is applied at once (``BlockPool.sync``: fully free chunks are
+  new limit revision is applied at once (``GiveBack.sync``: fully free chunks are
   unmapped from the highest down; their cached blocks are evicted from the prefix
   cache first, and the device is synchronised before the unmap); memory above the
   target, and — when the ledger's pressure counter says another instance was
@@ -116,16 +118,19 @@ class ElasticPool:
         on_activity: Callable[[], None] | None,
         clock: Callable[[], float],
     ) -> None:
-        kv = buffer.pool
+        kv, grid = buffer.mapping, buffer.grid
         self.vllm = pool
         """vLLM's block pool: the scheduler's, still a plain ``BlockPool``."""
         self.blocks = pool.blocks
         self._buffer = buffer
         self._kv = kv
+        self._grid = grid
+        self._live = buffer.live
+        self._give_back = buffer.give_back
         self._limit = buffer.limit
         self._bpb = buffer.bytes_per_block
         self._chunk = buffer.chunk
-        self._pinned_chunks = frozenset(kv.chunks_of_block(0))
+        self._pinned_chunks = frozenset(grid.chunks_of(0))
         self._state = bytearray(pool.num_gpu_blocks)
         self._state[0] = _IN  # the null block: mapped for good, never in the queue
         self._n_in = 0  # blocks (null block excluded) in vLLM's hands: queued or handed out
@@ -150,9 +155,9 @@ class ElasticPool:
         usable: list[KVCacheBlock] = []
         for block in pool.blocks:
             block.prev_free_block = block.next_free_block = None
-        mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
-        for b in sorted({b for c in mapped for b in kv.blocks_of_chunk(c)} - {0}):
-            if all(kv.is_chunk_mapped(c) for c in kv.chunks_of_block(b)) and not kv.is_live(b):
+        mapped = [c for c in range(kv.num_chunks) if kv.is_mapped(c)]
+        for b in sorted({b for c in mapped for b in grid.blocks_touching(c)} - {0}):
+            if all(kv.is_mapped(c) for c in grid.chunks_of(b)) and not self._live.is_live(b):
                 usable.append(pool.blocks[b])
                 self._state[b] = _IN
         pool.free_block_queue = FreeKVCacheBlockQueue(usable)
@@ -220,7 +225,8 @@ class ElasticPool:
             return False
         self._growing = True
         try:  # no mirror needed: the chunks it maps hold no block vLLM uses
-            ids = self._kv.grow(n - free)
+            kv = self._kv
+            chunks = kv.grow(n - free, at_least=self._buffer.grow_chunks, requested=n - free, free=free)
         except OutOfBlocks as exc:
             self._refuse(n, exc.reason, exc)
             return False
@@ -232,7 +238,7 @@ class ElasticPool:
             self._growing = False
         blocks = []
         state = self._state
-        for b in ids:
+        for b in self._grid.completed_by(chunks, kv.mapped):
             assert state[b] == _OUT, f"block {b} became allocatable twice (state {state[b]})"
             state[b] = _IN
             blocks.append(self.blocks[b])
@@ -264,11 +270,11 @@ class ElasticPool:
         held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
         new_revision = reading.revision != kv.revision
         due = now - self._last_give_back >= self._give_back_interval
-        give_back = due and (held > reading.target or kv.pressed)
+        give_back = due and (held > reading.target or self._give_back.pressed(lim.pressure()))
         if new_revision or give_back:
             self.flush()
-            try:
-                kv.sync()  # apply: shrink to the limit (or defer); give back down to the target
+            try:  # apply: shrink to the limit (or defer); give back down to the target
+                self._give_back.sync(kv, self._live.used_bytes)
             except DriverError as exc:  # the pool stays true to the driver; the next step retries
                 logger.error("kvpolicy: giving elastic KV memory back failed (retried next step): %s", exc)
             self._last_give_back = now
@@ -294,7 +300,7 @@ class ElasticPool:
         """
         live = {b.block_id for b in self.blocks if b.ref_cnt}
         live.add(0)  # the null block: vLLM does not count its references; it stays pinned
-        self._kv.reconcile(live, None)
+        self._live.reconcile(live, None)
 
     def _drain(self) -> None:
         """While deferred: mirror the doomed chunks' blocks, so that each chunk that empties is unmapped.
@@ -304,20 +310,20 @@ class ElasticPool:
         for every block of every chunk the doomed blocks touch (one step out): a chunk can
         only empty where vLLM holds none of its blocks.
         """
-        kv, blocks = self._kv, self.blocks
-        ids = {b for c in self._doomed or () for b in kv.blocks_of_chunk(c)}
-        touched = {c for b in ids for c in kv.chunks_of_block(b)}
-        around = {b for c in touched for b in kv.blocks_of_chunk(c)}
+        grid, blocks = self._grid, self.blocks
+        ids = {b for c in self._doomed or () for b in grid.blocks_touching(c)}
+        touched = {c for b in ids for c in grid.chunks_of(b)}
+        around = {b for c in touched for b in grid.blocks_touching(c)}
         live = {b for b in around if blocks[b].ref_cnt}
         live.add(0)  # the null block stays pinned (vLLM does not count its references)
-        kv.reconcile(live, ids - live)
+        self._live.reconcile(live, ids - live)
 
     # -- shrinking ------------------------------------------------------------------------
     def _on_unmap(self, chunks: list[int]) -> None:
         """The allocator is about to unmap ``chunks``: take their blocks out of vLLM's circulation."""
         assert not self._growing, "kvpolicy: growth unmapped a chunk; only on_step may shrink (inside schedule() a prefix hit may still be pending)"
-        kv, state, blocks = self._kv, self._state, self.blocks
-        ids = sorted({b for c in chunks for b in kv.blocks_of_chunk(c)} - {0})
+        grid, state, blocks = self._grid, self._state, self.blocks
+        ids = sorted({b for c in chunks for b in grid.blocks_touching(c)} - {0})
         for b in ids:
             if state[b] == _IN and blocks[b].ref_cnt:
                 raise AssertionError(
@@ -348,12 +354,12 @@ class ElasticPool:
         if excess <= 0:
             return
         count = math.ceil(excess / self._chunk)
-        mapped = [c for c in range(kv.num_chunks - 1, -1, -1) if kv.is_chunk_mapped(c) and c not in self._pinned_chunks]
+        mapped = [c for c in range(kv.num_chunks - 1, -1, -1) if kv.is_mapped(c) and c not in self._pinned_chunks]
         self._set_doomed(frozenset(mapped[:count]))
-        self._park([self.blocks[b] for c in self._doomed for b in kv.blocks_of_chunk(c)])
+        self._park([self.blocks[b] for c in self._doomed for b in self._grid.blocks_touching(c)])
 
     def _park(self, candidates: list[KVCacheBlock]) -> None:
-        doomed, kv, state, queue = self._doomed, self._kv, self._state, self.vllm.free_block_queue
+        doomed, grid, state, queue = self._doomed, self._grid, self._state, self.vllm.free_block_queue
         if not doomed:
             return
         evict = self.vllm._maybe_evict_cached_block
@@ -361,7 +367,7 @@ class ElasticPool:
             b = block.block_id
             if state[b] != _IN or block.ref_cnt or b == 0:
                 continue
-            if not any(c in doomed for c in kv.chunks_of_block(b)):
+            if not any(c in doomed for c in grid.chunks_of(b)):
                 continue
             evict(block)  # a parked block can never be a prefix hit
             queue.remove(block)
@@ -400,7 +406,7 @@ class ElasticPool:
     def check_consistent(self) -> None:
         """Assert the invariants (tests call it after every step): every block vLLM can hand out or
         holds is in a mapped chunk, and the queue holds exactly the free ``_IN`` blocks."""
-        kv, state, queue = self._kv, self._state, self.vllm.free_block_queue
+        kv, grid, state, queue = self._kv, self._grid, self._state, self.vllm.free_block_queue
         queued = {b.block_id for b in queue.get_all_free_blocks()}
         assert len(queued) == queue.num_free_blocks, "the free queue's count is off"
         assert ("free_blocks" in vars(self.vllm)) == (self._doomed is not None), "free_blocks is shadowed iff draining"
@@ -408,7 +414,7 @@ class ElasticPool:
         for block in self.blocks[1:]:
             b = block.block_id
             st = state[b]
-            mapped = all(kv.is_chunk_mapped(c) for c in kv.chunks_of_block(b))
+            mapped = all(kv.is_mapped(c) for c in grid.chunks_of(b))
             if block.ref_cnt:
                 assert st == _IN and mapped, f"block {b} is in use but its chunk is not mapped (state {st})"
             if b in queued:

@@ -1,9 +1,13 @@
 """The elastic allocator: CUDA virtual memory mapped chunk by chunk under a limit.
 
 ``driver`` (cuda-python, or ``host`` simulation) → ``arena`` (one VA reservation,
-chunks mapped on demand, a handle pool) → ``blocks`` (KV block ids over arenas,
-growing and shrinking under a ``limits.LimitSource``) → ``tensors`` (zero-copy torch
-views). Nothing here imports torch or cuda-python until it is used.
+chunks mapped on demand, a handle pool) → ``mapping`` (a pool's arenas mapped chunk
+by chunk under a ``limits.LimitSource``; no block ids) → ``blocks`` (``BlockPool``:
+KV block ids over a mapping, with ``free_blocks``' index and ``giveback``'s policy) →
+``tensors`` (zero-copy torch views). ``layout.ChunkGrid`` is where blocks fall on
+chunks; an engine that hands out its own ids uses a ``ChunkMapping`` with
+``live.LiveBlocks`` and a ``GiveBack`` instead of a ``BlockPool``. Nothing here
+imports torch or cuda-python until it is used.
 """
 
 from kvpolicy.alloc.arena import Arena, MapResult
@@ -18,9 +22,12 @@ from kvpolicy.alloc.errors import (
     DriverUnavailable,
     OutOfBlocks,
 )
+from kvpolicy.alloc.giveback import GiveBack
 from kvpolicy.alloc.host import HostDriver
-from kvpolicy.alloc.layout import BlockSpec, KVCacheLayout
+from kvpolicy.alloc.layout import BlockSpec, ChunkGrid, KVCacheLayout
 from kvpolicy.alloc.limits import LimitReading, LimitSource, StaticLimit
+from kvpolicy.alloc.live import LiveBlocks
+from kvpolicy.alloc.mapping import ChunkMapping
 
 __all__ = [
     "AllocError",
@@ -29,15 +36,19 @@ __all__ = [
     "BlockPool",
     "BlockSpec",
     "CallCounts",
+    "ChunkGrid",
+    "ChunkMapping",
     "CudaDriver",
     "DeviceOutOfMemory",
     "Driver",
     "DriverError",
     "DriverUnavailable",
+    "GiveBack",
     "HostDriver",
     "KVCacheLayout",
     "LimitReading",
     "LimitSource",
+    "LiveBlocks",
     "MapResult",
     "OutOfBlocks",
     "PoolStats",

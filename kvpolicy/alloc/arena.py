@@ -2,7 +2,7 @@
 
 The arena reserves its whole virtual capacity once, so addresses (and any tensor
 views over them) never move; growing maps physical chunks into it and shrinking
-unmaps them. Facts that shape it (shared/DESIGN.md section 6, measured on an H200):
+unmaps them. Facts that shape it (measured on an H200, docs/allocator.md):
 cuMemCreate is ~30% of the cost of growing a chunk, so unmapped handles can be kept
 in a small pool and mapped again without it; cuMemSetAccess costs the same over one
 chunk or many, so it is called once per newly mapped chunk.
@@ -37,10 +37,20 @@ class MapResult:
         return sum(self.fresh)
 
 
-def _note(exc: BaseException, text: str) -> None:
+def note(exc: BaseException, text: str) -> None:
+    """Add ``text`` to the notes of ``exc`` (what else failed while handling it)."""
     add_note = getattr(exc, "add_note", None)  # Python 3.11+
     if add_note is not None:
         add_note(text)
+
+
+def raise_first(errors: list[DriverError], closing: str) -> None:
+    """Raise the first of ``errors`` (when there are any), each other one noted on it, after a close that tried every step."""
+    if errors:
+        first = errors[0]
+        for other in errors[1:]:
+            note(first, f"also failed while closing {closing}: {other}")
+        raise first
 
 
 class Arena:
@@ -158,7 +168,7 @@ class Arena:
         except DriverError as exc:
             calls.failures += 1
             for err in self._undo(done, fresh):
-                _note(exc, f"while undoing the grow of arena {self.name!r}: {err}")
+                note(exc, f"while undoing the grow of arena {self.name!r}: {err}")
             raise
         return MapResult(tuple(done), tuple(fresh))
 
@@ -285,11 +295,7 @@ class Arena:
             except DriverError as exc:
                 self.calls.failures += 1
                 errors.append(exc)
-        if errors:
-            first = errors[0]
-            for other in errors[1:]:
-                _note(first, f"also failed while closing arena {self.name!r}: {other}")
-            raise first
+        raise_first(errors, f"arena {self.name!r}")
         self._closed = True
 
     @property
@@ -347,7 +353,7 @@ class Arena:
         except DriverError as err:
             self.calls.failures += 1
             self._stuck[index] = handle
-            _note(cause, f"chunk {index} of arena {self.name!r} could not be unmapped and is stuck: {err}")
+            note(cause, f"chunk {index} of arena {self.name!r} could not be unmapped and is stuck: {err}")
             return
         self._discard_noting(handle, new, cause)
 
@@ -355,7 +361,7 @@ class Arena:
         try:
             self._discard(handle, new)
         except DriverError as err:
-            _note(cause, f"a handle of arena {self.name!r} could not be released (kept for close): {err}")
+            note(cause, f"a handle of arena {self.name!r} could not be released (kept for close): {err}")
 
     def _undo(self, done: list[int], fresh: list[bool]) -> list[DriverError]:
         failures: list[DriverError] = []

@@ -2,8 +2,9 @@
 
 A block pool needs two numbers: how many arenas it spans, and the stride of one
 block in each (block ``b`` occupies ``[b * block_stride, (b + 1) * block_stride)``
-of every arena). ``KVCacheLayout`` derives them from an engine's KV geometry in the
-two layouts engines use:
+of every arena). ``ChunkGrid`` says which chunks those bytes fall in — the one
+place that does that arithmetic. ``KVCacheLayout`` derives the two numbers from an
+engine's KV geometry in the two layouts engines use:
 
 - ``layer_major``: one contiguous tensor per layer and part (K, V, or an MLA
   latent), ``[num_blocks, block_size, num_heads, head_dim]`` — one arena each, so
@@ -15,7 +16,9 @@ two layouts engines use:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal, Protocol
 
 DTYPE_BYTES: dict[str, int] = {
@@ -119,3 +122,83 @@ class KVCacheLayout:
         if self.order == "layer_major":
             return slot, 0
         return 0, slot * self.page_bytes
+
+
+@dataclass(frozen=True)
+class ChunkGrid:
+    """How ``num_blocks`` blocks of ``block_stride`` bytes fall on chunks of ``chunk`` bytes, in each arena.
+
+    Block ``b`` is bytes ``[b * block_stride, (b + 1) * block_stride)``, chunk ``c``
+    bytes ``[c * chunk, (c + 1) * chunk)``. A block whose stride does not divide the
+    chunk may *straddle*: it touches two or more chunks and is usable only when all of
+    them are mapped. The first chunk a block touches is its *home*.
+    """
+
+    block_stride: int
+    chunk: int
+    num_blocks: int
+
+    def __post_init__(self) -> None:
+        if self.block_stride <= 0 or self.chunk <= 0 or self.num_blocks <= 0:
+            raise ValueError(
+                f"block_stride, chunk and num_blocks must be positive, got "
+                f"{self.block_stride}, {self.chunk}, {self.num_blocks}"
+            )
+
+    def chunks_of(self, block: int) -> range:
+        """The chunks block ``block``'s bytes touch, its home first."""
+        s, c = self.block_stride, self.chunk
+        return range(block * s // c, ((block + 1) * s - 1) // c + 1)
+
+    def blocks_touching(self, index: int) -> range:
+        """The blocks with bytes in chunk ``index`` (those straddling into it included)."""
+        s, c = self.block_stride, self.chunk
+        return range(index * c // s, min(self.num_blocks, ((index + 1) * c - 1) // s + 1))
+
+    def blocks_homed_in(self, index: int) -> range:
+        """The blocks whose first byte is in chunk ``index`` (empty where a block spans the whole chunk)."""
+        s, c = self.block_stride, self.chunk
+        return range(min(self.num_blocks, -(-index * c // s)), min(self.num_blocks, -(-(index + 1) * c // s)))
+
+    @property
+    def num_chunks(self) -> int:
+        """Chunks that hold the blocks: an arena's chunk count."""
+        return -(-self.num_blocks * self.block_stride // self.chunk)
+
+    @property
+    def blocks_per_chunk(self) -> int:
+        """Blocks per chunk when the stride divides the chunk (no block straddles), else 0."""
+        return self.chunk // self.block_stride if self.chunk % self.block_stride == 0 else 0
+
+    @cached_property
+    def homes(self) -> list[int]:
+        """Each block's home chunk, as a table: the allocator's hot path indexes it instead of dividing."""
+        table: list[int] = []
+        for c in range(self.num_chunks):
+            table += [c] * len(self.blocks_homed_in(c))  # one int object per chunk, shared by its blocks
+        return table
+
+    @cached_property
+    def first_homed(self) -> list[int]:
+        """For each chunk ``c`` and one past the last: the first block whose home is ``c`` or later."""
+        return [self.blocks_homed_in(c).start for c in range(self.num_chunks)] + [self.num_blocks]
+
+    @cached_property
+    def spans(self) -> Sequence[int]:
+        """Each block's chunks beyond its home (0 unless it straddles), as a table."""
+        if self.blocks_per_chunk:
+            return bytes(self.num_blocks)
+        extra = [len(self.chunks_of(b)) - 1 for b in range(self.num_blocks)]
+        return bytes(extra) if max(extra) < 256 else extra
+
+    def completed_by(self, indices: Iterable[int], mapped: Sequence[int]) -> list[int]:
+        """The blocks touching chunks ``indices`` whose chunks are all mapped (``mapped[c]`` true), ascending.
+
+        Called with the chunks just mapped, these are the blocks that mapping made usable.
+        """
+        done: set[int] = set()
+        for ci in indices:
+            for b in self.blocks_touching(ci):
+                if b not in done and all(mapped[x] for x in self.chunks_of(b)):
+                    done.add(b)
+        return sorted(done)

@@ -128,7 +128,7 @@ def check_pool(
         1 for b in range(nb) if not pool.is_live(b) and all(pool.is_chunk_mapped(c) for c in pool.chunks_of_block(b))
     )
     assert pool.free_blocks == allocatable
-    assert all(pool.is_chunk_mapped(c) for c in range(pool._low_unmapped)), "growth would skip an unmapped chunk"
+    assert all(pool.is_chunk_mapped(c) for c in range(pool.mapping.low_unmapped)), "growth would skip an unmapped chunk"
     fully_free = [c for c in range(nc) if pool.is_chunk_mapped(c) and touching[c] == 0]
     assert pool.fully_free_chunks() == fully_free
     held = pool.held_bytes

@@ -133,7 +133,7 @@ class PoolMachine(RuleBasedStateMachine):
     def pressure(self) -> None:
         """Another instance is refused memory: the next sync gives back all but use + one growth step."""
         self.limit.press()
-        starved = self.pool._starved
+        starved = self.pool.starved
         stats = self.pool.sync()
         self.failed = False
         g = self.group

@@ -168,10 +168,10 @@ for step in range(STEPS):
     pool.check_consistent()
     snap = inst.snapshot()
     acks.append((snap.ack_revision, snap.ack))
-    held_trace.append(buffer.pool.held_bytes - buffer.pinned)
+    held_trace.append(buffer.mapping.held_bytes - buffer.pinned)
     if snap.ack == "applied" and snap.ack_revision >= 1:
-        assert buffer.pool.held_bytes - buffer.pinned <= snap.limit, (step, buffer.pool.held_bytes, snap.limit)
-    assert snap.mapped == buffer.pool.held_bytes - buffer.pinned and snap.pending == 0
+        assert buffer.mapping.held_bytes - buffer.pinned <= snap.limit, (step, buffer.mapping.held_bytes, snap.limit)
+    assert snap.mapped == buffer.mapping.held_bytes - buffer.pinned and snap.pending == 0
     if step == STEPS // 4:
         reporter.maybe_report(core)
         live = inst.snapshot()

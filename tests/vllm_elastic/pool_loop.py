@@ -263,9 +263,9 @@ def check(pool: Any, buffer: Any) -> None:
     elastic = elastic_of(pool)
     elastic.flush()
     elastic.check_consistent()
-    kv = buffer.pool
+    kv = buffer.mapping
     for block in pool.blocks[1:]:
-        assert (block.ref_cnt > 0) == kv.is_live(block.block_id), f"block {block.block_id}: the mirror differs"
+        assert (block.ref_cnt > 0) == buffer.live.is_live(block.block_id), f"block {block.block_id}: the mirror differs"
 
 
 def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: int = 1) -> dict[str, Any]:
@@ -300,7 +300,7 @@ def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: in
             loop.step()
             if step % check_every == 0:
                 check(pool, buffer)
-            kv = buffer.pool
+            kv = buffer.mapping
             acks.add(limit.acked)
             held.append(kv.held_bytes - buffer.pinned)
             if not kv.deferred:
@@ -315,10 +315,10 @@ def soak(driver: Any, device: str, *, steps: int, seed: int = 0, check_every: in
             "acks": sorted(a for a in acks if a),
             "peak_phase1": max(held[: steps * 2 // 5]),
             "peak_phase3": max(held[steps * 3 // 5 : steps * 4 // 5]) if steps >= 5 else 0,
-            "idle_held": buffer.pool.held_bytes,
+            "idle_held": buffer.mapping.held_bytes,
             "pinned": buffer.pinned,
             "refusals": dict(loop.elastic.refusals),
-            "zero_calls": buffer.pool.arenas[0].calls.zero,
+            "zero_calls": buffer.mapping.arenas[0].calls.zero,
         }
     finally:
         loop = None  # drop the views before the arena goes

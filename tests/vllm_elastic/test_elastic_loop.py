@@ -37,7 +37,7 @@ CAPACITY = 8 * GiB
 
 def check(loop, buffer) -> None:
     pool_loop.check(loop.pool.vllm, buffer)
-    assert buffer.pool.is_live(0), "the null block must stay live (pinned)"
+    assert buffer.live.is_live(0), "the null block must stay live (pinned)"
 
 
 @pytest.fixture
@@ -97,7 +97,7 @@ def test_thousands_of_steps_on_the_ledger(ledger_dir: Path) -> None:
             loop.step()
             check(loop, buffer)
             view = inst.snapshot()
-            kv = buffer.pool
+            kv = buffer.mapping
             # The ledger's books are exactly what the pool holds beyond the pinned chunks.
             assert view.mapped == buffer.limit.elastic_held == kv.held_bytes - pinned and view.pending == 0
             assert view.static_admitted == pinned or view.pools["padding"].bytes == pinned
@@ -123,7 +123,7 @@ def test_thousands_of_steps_on_the_ledger(ledger_dir: Path) -> None:
         check(loop, buffer)
         publish(ledger_dir, 4, 4 * GiB, {"qwen/0": InstanceLimits(limit=512 * MiB, target=0, guarantee=32 * MiB)})
         loop.pool.on_step(active=False)
-        assert buffer.pool.held_bytes == pinned, "idle with target 0: only the null block's chunks stay"
+        assert buffer.mapping.held_bytes == pinned, "idle with target 0: only the null block's chunks stay"
         assert inst.snapshot().mapped == 0 and inst.snapshot().used == 0
     finally:
         loop.manager = None
@@ -160,10 +160,10 @@ def test_reached_limit_is_an_allocation_miss(host_loop) -> None:
             loop.submit()
         loop.step()
         check(loop, buffer)
-        assert buffer.pool.held_bytes <= 24 * MiB + buffer.pinned
+        assert buffer.mapping.held_bytes <= 24 * MiB + buffer.pinned
     assert loop.stats.misses > 50 and loop.stats.preemptions > 0 and loop.stats.finished > 5
     assert loop.pool.refusals["limit"] > 0 and set(loop.pool.refusals) <= {"limit"}
-    assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
+    assert limit.pending == 0 and limit.mapped == buffer.mapping.held_bytes - buffer.pinned
 
 
 @dataclass
@@ -218,7 +218,7 @@ def test_budget_taken_by_another_instance_is_a_miss(engine_beside_a_hog, ledger_
         assert ours.snapshot().mapped + other.snapshot().mapped <= 48 * MiB
     assert loop.pool.refusals["admission"] > 0 and loop.stats.misses > 0
     assert ours.last_refusal is None or ours.last_refusal.reason == "budget"
-    assert buffer.pool.held_bytes - buffer.pinned <= 8 * MiB
+    assert buffer.mapping.held_bytes - buffer.pinned <= 8 * MiB
     hog.free(taken)
     hog.shrink(0)  # the other instance gives its memory back: ours can grow into it
     before = loop.stats.finished
@@ -227,7 +227,7 @@ def test_budget_taken_by_another_instance_is_a_miss(engine_beside_a_hog, ledger_
             loop.submit()
         loop.step()
         check(loop, buffer)
-    assert buffer.pool.held_bytes - buffer.pinned > 8 * MiB and loop.stats.finished > before
+    assert buffer.mapping.held_bytes - buffer.pinned > 8 * MiB and loop.stats.finished > before
 
 
 def test_an_idle_engine_gives_its_cache_to_a_refused_instance(engine_beside_a_hog, ledger_dir: Path) -> None:
@@ -269,13 +269,13 @@ def test_shrinking_releases_only_fully_free_chunks(host_loop) -> None:
     loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=4)
     seen: list[list[int]] = []
     pool = loop.pool
-    kv = buffer.pool
+    kv = buffer.mapping
     listener = pool._on_unmap
 
     def audit(chunks: list[int]) -> None:  # before the pool's own listener: the state vLLM and the allocator see
         for c in chunks:
-            for b in kv.blocks_of_chunk(c):
-                assert pool.blocks[b].ref_cnt == 0 and not kv.is_live(b), f"chunk {c} unmapped with block {b} held"
+            for b in buffer.grid.blocks_touching(c):
+                assert pool.blocks[b].ref_cnt == 0 and not buffer.live.is_live(b), f"chunk {c} unmapped with block {b} held"
         seen.append(list(chunks))
         listener(chunks)
 
@@ -311,7 +311,7 @@ def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) ->
         loop.step()
     loop.drain()
     check(loop, buffer)
-    kv = buffer.pool
+    kv = buffer.mapping
     cached_before = len(loop.pool.vllm.cached_block_hash_to_block)
     assert cached_before > 0 and kv.held_bytes > 60 * MiB
     limit.set(256 * MiB, 40 * MiB)  # a lower target, same limit
@@ -320,7 +320,7 @@ def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) ->
     assert kv.held_bytes <= 40 * MiB + buffer.pinned
     cached_after = len(loop.pool.vllm.cached_block_hash_to_block)
     assert 0 < cached_after < cached_before
-    mapped = [c for c in range(kv.num_chunks) if kv.is_chunk_mapped(c)]
+    mapped = [c for c in range(kv.num_chunks) if kv.is_mapped(c)]
     assert mapped == list(range(len(mapped))), "the lowest chunks stay, the highest go"
     # New requests over the same prompts still hit what survived, with intact KV (Loop verifies hits).
     hits = loop.stats.prefix_hit_tokens
@@ -356,7 +356,7 @@ def test_device_out_of_memory_is_a_miss(host_loop) -> None:
             loop.submit()
         loop.step()
         check(loop, buffer)
-        assert limit.pending == 0 and limit.mapped == buffer.pool.held_bytes - buffer.pinned
+        assert limit.pending == 0 and limit.mapped == buffer.mapping.held_bytes - buffer.pinned
     assert loop.pool.refusals["device"] > 0 and loop.stats.finished > 0
     assert driver.in_use <= 48 * MiB
 
@@ -369,11 +369,11 @@ def test_driver_error_while_growing_is_a_miss_then_growth_resumes(host_loop) -> 
     loop.step()
     check(loop, buffer)
     assert loop.pool.refusals["error"] == 1 and loop.stats.misses >= 1 and not loop.running
-    assert buffer.pool.held_bytes == buffer.pinned and limit.pending == 0 and limit.mapped == 0
+    assert buffer.mapping.held_bytes == buffer.pinned and limit.pending == 0 and limit.mapped == 0
     loop.step()  # the next step grows
     check(loop, buffer)
-    assert loop.running and buffer.pool.held_bytes > buffer.pinned
-    assert buffer.pool.arenas[0].calls.zero >= 1  # new chunks are zeroed before their blocks go out
+    assert loop.running and buffer.mapping.held_bytes > buffer.pinned
+    assert buffer.mapping.arenas[0].calls.zero >= 1  # new chunks are zeroed before their blocks go out
 
 
 def test_growth_maps_before_handing_out_and_zeroes_new_chunks(host_loop) -> None:
@@ -384,10 +384,10 @@ def test_growth_maps_before_handing_out_and_zeroes_new_chunks(host_loop) -> None
     loop.step()
     check(loop, buffer)
     ids = loop.manager.get_block_ids(req.request_id)[0]
-    kv = buffer.pool
-    assert all(kv.is_chunk_mapped(c) for b in ids for c in kv.chunks_of_block(b))
+    kv = buffer.mapping
+    assert all(kv.is_mapped(c) for b in ids for c in buffer.grid.chunks_of(b))
     calls = kv.arenas[0].calls
     assert calls.zero >= 1 and calls.map == calls.set_access
-    untouched = [b for b in range(1, kv.num_blocks) if b not in ids and loop.pool._state[b] == 1]
+    untouched = [b for b in range(1, buffer.num_blocks) if b not in ids and loop.pool._state[b] == 1]
     if untouched:  # a mapped block nobody wrote: zero, as vLLM's torch.zeros buffer would be
         assert not buffer.tensor()[untouched[0] * buffer.bytes_per_block:][: buffer.bytes_per_block].any()

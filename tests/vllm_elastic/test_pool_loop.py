@@ -68,7 +68,7 @@ def test_any_limit_schedule_keeps_every_handed_out_block_mapped(seed, chunk_mib,
                 loop.submit()
             loop.step()
             check(pool, buffer)
-            kv = buffer.pool
+            kv = buffer.mapping
             assert limit.pending == 0 and limit.mapped == kv.held_bytes - buffer.pinned
             if not kv.deferred:
                 assert kv.held_bytes - buffer.pinned <= limit.read().limit

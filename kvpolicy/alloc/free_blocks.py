@@ -1,0 +1,231 @@
+"""A block pool's ids: which are live, and the free ones grouped by chunk, for page-aware placement.
+
+Placement prefers chunks that already hold live blocks, lowest index first, then
+free mapped chunks; so live blocks gather at low addresses and whole chunks at high
+ones become free and can go back to the GPU. Every free block that ``take`` can hand
+out lies wholly in mapped chunks (``add_mapped`` adds a chunk's blocks once all their
+chunks are mapped, ``drop`` takes them out before a chunk is unmapped). The index
+counts, in its mapping's ``users``, the live blocks touching each chunk.
+
+This is the allocator's hot path: ``take`` and ``free`` work on whole batches with
+C-level set and list operations and the grid's tables, never the driver.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from heapq import heappop, heappush
+from itertools import compress, groupby
+
+from kvpolicy.alloc.live import check_claim, refuse_free
+from kvpolicy.alloc.mapping import ChunkMapping
+
+
+class FreeBlockIndex:
+    """The live set and the free lists of ``mapping``'s blocks. Not thread-safe: the block pool serialises calls."""
+
+    def __init__(self, mapping: ChunkMapping) -> None:
+        grid = mapping.grid
+        self.grid = grid
+        self.name = mapping.name
+        self.num_blocks = grid.num_blocks
+        self._homes = grid.homes
+        self._first_homed = grid.first_homed
+        self._spans = grid.spans  # chunks beyond the home: nonzero only for blocks that straddle
+        self._straddling = not grid.blocks_per_chunk
+        self._users = mapping.users  # live blocks touching each chunk (the mapping's own counts)
+        self._mapped = mapping.mapped
+        n = mapping.num_chunks
+        # Live block ids. A set, not a per-block flag array: checking, adding and removing
+        # a batch of ids are then single C-level calls, which is most of alloc/free's cost.
+        self.live: set[int] = set()
+        """The live ids (read-only outside this class)."""
+        self._free_in: list[list[int]] = [[] for _ in range(n)]  # allocatable free blocks by home chunk
+        self._partial: list[int] = []  # heap of home chunks with free blocks and live ones (lazy)
+        self._empty: list[int] = []  # heap of home chunks with free blocks and no live ones (lazy)
+        self._in_partial = bytearray(n)
+        self._in_empty = bytearray(n)
+        self.num_free = 0
+        """Free blocks in mapped chunks: what ``take`` can hand out."""
+        self.num_live = 0
+
+    # -- the hot path --------------------------------------------------------------------
+    def take(self, n: int) -> list[int]:
+        """``n`` free ids (``0 < n <= num_free``), now live."""
+        free_in, users = self._free_in, self._users
+        out: list[int] | None = None
+        need = n
+        while need:
+            partial = self._partial
+            if partial and free_in[partial[0]] and users[partial[0]]:
+                h = partial[0]  # the usual case, without a call
+            else:
+                h = self._pick_home()
+                assert h >= 0, f"pool {self.name!r} counted {self.num_free} free blocks but found none"
+            lst = free_in[h]
+            k = len(lst)
+            if k <= need:
+                taken = lst
+                free_in[h] = []
+            else:
+                k = need
+                cut = len(lst) - k
+                taken = lst[cut:]
+                del lst[cut:]
+                if not self._in_partial[h]:
+                    heappush(partial, h)
+                    self._in_partial[h] = 1
+            self.live.update(taken)
+            users[h] += k
+            if self._straddling:
+                self._count_straddlers(taken, h)
+            if out is None:
+                out = taken
+            else:
+                out += taken
+            need -= k
+        self.num_free -= n
+        self.num_live += n
+        assert out is not None
+        return out
+
+    def free(self, ids: list[int]) -> list[int]:
+        """Make live ``ids`` free, all or nothing (``BlockError``); returns the chunks they left with no live block."""
+        live = self.live
+        if not live.issuperset(ids):
+            refuse_free(live, ids, self.num_blocks, self.name)
+        before = len(live)
+        live.difference_update(ids)
+        if len(live) != before - len(ids):
+            live.update(ids)
+            refuse_free(live, ids, self.num_blocks, self.name)
+        free_in, users, homes = self._free_in, self._users, self._homes
+        ordered = sorted(ids)
+        n = len(ordered)
+        h = homes[ordered[0]]
+        if homes[ordered[-1]] == h:  # all in one home chunk: the usual case
+            free_in[h].extend(ordered)
+            users[h] -= n
+            touched = [h]
+        else:
+            touched = []
+            i = 0
+            while i < n:  # one pass per home chunk, not per block
+                h = homes[ordered[i]]
+                j = bisect_left(ordered, self._first_homed[h + 1], i)  # the first block of a later home
+                free_in[h].extend(ordered[i:j])
+                users[h] -= j - i
+                touched.append(h)
+                i = j
+        if self._straddling:
+            spans = self._spans
+            for b in compress(ordered, map(spans.__getitem__, ordered)):
+                h = homes[b]
+                for ci in range(h + 1, h + 1 + spans[b]):
+                    users[ci] -= 1
+                    touched.append(ci)
+        emptied: list[int] = []
+        for ci in touched:
+            if users[ci]:
+                if free_in[ci] and not self._in_partial[ci]:
+                    heappush(self._partial, ci)
+                    self._in_partial[ci] = 1
+            else:
+                emptied.append(ci)
+                if free_in[ci] and not self._in_empty[ci]:
+                    heappush(self._empty, ci)
+                    self._in_empty[ci] = 1
+        self.num_free += n
+        self.num_live -= n
+        return emptied
+
+    def _count_straddlers(self, taken: list[int], home: int) -> None:
+        users, free_in, spans = self._users, self._free_in, self._spans
+        for b in compress(taken, map(spans.__getitem__, taken)):
+            for ci in range(home + 1, home + 1 + spans[b]):
+                users[ci] += 1
+                if free_in[ci]:
+                    self._ensure_partial(ci)
+
+    def _pick_home(self) -> int:
+        """The home chunk to allocate from: partly used first, then fully free; lowest index first."""
+        free_in, users = self._free_in, self._users
+        partial = self._partial
+        while partial:
+            h = partial[0]
+            if free_in[h] and users[h]:
+                return h
+            heappop(partial)
+            self._in_partial[h] = 0
+            if free_in[h]:
+                self._ensure_empty(h)
+        empty = self._empty
+        while empty:
+            h = empty[0]
+            if free_in[h]:
+                return h
+            heappop(empty)
+            self._in_empty[h] = 0
+        return -1
+
+    def _ensure_partial(self, h: int) -> None:
+        if not self._in_partial[h]:
+            heappush(self._partial, h)
+            self._in_partial[h] = 1
+
+    def _ensure_empty(self, h: int) -> None:
+        if not self._in_empty[h]:
+            heappush(self._empty, h)
+            self._in_empty[h] = 1
+
+    # -- ids the engine picks ------------------------------------------------------------
+    def check_claim(self, ids: list[int]) -> None:
+        """``ids`` may be claimed: distinct, in range, not live (else ``BlockError``)."""
+        check_claim(ids, self.live, self.num_blocks, self.name)
+
+    def claim(self, ids: list[int]) -> None:
+        """Make free ids live; their chunks must be mapped (``check_claim`` first, then map)."""
+        homes, spans, users, free_in = self._homes, self._spans, self._users, self._free_in
+        for b in ids:
+            h = homes[b]
+            free_in[h].remove(b)
+            self.live.add(b)
+            for ci in range(h, h + 1 + spans[b]):
+                users[ci] += 1
+                if free_in[ci]:
+                    self._ensure_partial(ci)
+        self.num_free -= len(ids)
+        self.num_live += len(ids)
+
+    # -- the mapping changes -------------------------------------------------------------
+    def add_mapped(self, chunks: list[int]) -> list[int]:
+        """``chunks`` were just mapped: their blocks whose chunks are all mapped become allocatable (returned, ascending)."""
+        added = self.grid.completed_by(chunks, self._mapped)
+        free_in, users = self._free_in, self._users
+        for home, group in groupby(added, self._homes.__getitem__):
+            blocks = list(group)
+            free_in[home].extend(reversed(blocks))  # lowest id is popped first
+            self.num_free += len(blocks)
+            if users[home]:
+                self._ensure_partial(home)
+            else:
+                self._ensure_empty(home)
+        return added
+
+    def drop(self, chunks: list[int]) -> None:
+        """``chunks`` are about to be unmapped: their blocks (and those straddling into them) stop being allocatable."""
+        free_in, homes, blocks_touching = self._free_in, self._homes, self.grid.blocks_touching
+        for ci in chunks:
+            touching = blocks_touching(ci)
+            first, last = touching[0], touching[-1]
+            for home in range(homes[first], homes[last] + 1):
+                lst = free_in[home]
+                if lst:
+                    kept = [b for b in lst if not first <= b <= last]
+                    self.num_free -= len(lst) - len(kept)
+                    lst[:] = kept
+            assert not any(b in self.live for b in touching), "a live block in a chunk being unmapped"
+
+    def close(self) -> None:
+        """The pool closed: nothing is allocatable any more."""
+        self.num_free = 0

@@ -1,0 +1,169 @@
+"""When an elastic pool gives memory back, and how much: pure decisions, and the state they carry between syncs.
+
+Every ``sync()`` of a pool first applies the limit in force (a lowered limit is never
+delayed: ``ChunkMapping.apply``, then a deferral continues), then gives back for two
+reasons, each a decision here of how many bytes to keep:
+
+- **Above the target.** The fully free chunks held above the target go: at once by
+  default, or with a give-back delay of ``D`` seconds only the memory that stayed free
+  above the target through a whole period of ``D`` (the least seen at any sync of the
+  period). A busy engine above its target frees a finished request's blocks and takes
+  them again a step or two later; the delay keeps those chunks mapped instead of
+  unmapping and mapping them again.
+- **Under pressure.** When another instance's elastic admission was refused for the
+  GPU's budget, the limit source's ``pressure()`` counter moves; the next sync gives
+  back the free memory beyond what the pool uses (whole chunk groups) plus one growth
+  step, never below its guarantee (memory no one else could take). Memory below the
+  target is otherwise kept mapped, as a warm cache. A pool whose own admission was
+  refused since its last sync is the one short of memory and gives nothing back; nor
+  does one whose lowered limit is deferred (the deferral is shrinking it already).
+
+The functions decide; ``GiveBack`` keeps their state (the period, the pressure and
+refusals last seen) and carries the decisions out on a ``ChunkMapping``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpolicy.alloc.mapping import ChunkMapping
+
+
+def idle_above_target(held: int, used: int, target: int) -> int:
+    """Bytes held above the target that no live block uses: what could go back for the target now."""
+    return max(0, held - max(target, used))
+
+
+@dataclass(frozen=True)
+class IdlePeriod:
+    """One period of a give-back delay: when it started, and the least idle memory above the target seen in it."""
+
+    start: float
+    least_idle: int | None = None
+
+    def noting(self, idle: int) -> IdlePeriod:
+        """The period after a sync that saw ``idle`` bytes free above the target."""
+        return IdlePeriod(self.start, idle if self.least_idle is None else min(self.least_idle, idle))
+
+    def over(self, now: float, delay: float) -> bool:
+        return now - self.start >= delay
+
+    def keep(self, held: int, target: int) -> int | None:
+        """At the period's end: give back down to this (None: nothing), the memory idle through all of it."""
+        return max(target, held - self.least_idle) if self.least_idle else None
+
+
+def pressure_floor(used: int, guarantee: int, *, group_bytes: int, grow_chunks: int) -> int:
+    """What a pool keeps when another instance is short of memory: its use in whole chunk groups
+    plus one growth step, never less than its guarantee."""
+    in_use = -(-used // group_bytes) * group_bytes
+    return max(guarantee, in_use + grow_chunks * group_bytes)
+
+
+def keep_under_pressure(
+    *,
+    pressed: bool,
+    starved: bool,
+    deferred: bool,
+    used: int,
+    guarantee: int,
+    group_bytes: int,
+    grow_chunks: int,
+) -> int | None:
+    """Bytes to give back down to for another instance's refusal (None: nothing).
+
+    ``pressed``: the pressure counter moved since the last look; ``starved``: this pool's
+    own admission was refused since then; ``deferred``: its lowered limit is deferred.
+    """
+    if not pressed or starved or deferred:
+        return None
+    return pressure_floor(used, guarantee, group_bytes=group_bytes, grow_chunks=grow_chunks)
+
+
+class GiveBack:
+    """One pool's give-back policy: the decisions above with their state between syncs.
+
+    ``pressure`` and ``refusals`` are the limit source's pressure counter and the
+    mapping's admission refusals when the pool starts (what was before is not news).
+    """
+
+    def __init__(
+        self,
+        *,
+        group_bytes: int,
+        grow_chunks: int = 1,
+        delay_s: float = 0.0,
+        under_pressure: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        pressure: int = 0,
+        refusals: int = 0,
+    ) -> None:
+        if grow_chunks < 1:
+            raise ValueError(f"grow_chunks must be >= 1, got {grow_chunks}")
+        if delay_s < 0:
+            raise ValueError(f"give_back_delay_s must be >= 0, got {delay_s}")
+        self.group_bytes = group_bytes
+        self.grow_chunks = grow_chunks
+        self.delay_s = delay_s
+        self.under_pressure = under_pressure
+        self._clock = clock
+        self._period = IdlePeriod(clock())
+        self._pressure_seen = pressure
+        self._refusals_seen = refusals
+        self.released_under_pressure = 0
+        """Bytes given back because another instance was short of memory (cumulative)."""
+
+    def pressed(self, pressure: int) -> bool:
+        """Whether the next ``sync`` gives back under pressure, given the limit source's counter now."""
+        return self.under_pressure and pressure != self._pressure_seen
+
+    def starved(self, refusals: int) -> bool:
+        """Whether the pool's own admission was refused since the last ``sync``, given the mapping's count now."""
+        return refusals != self._refusals_seen
+
+    def sync(self, mapping: ChunkMapping, used: int) -> None:
+        """A pool's ``sync()``: apply the limit in force, continue a deferral, give back above the
+        target and under pressure, report. ``used``: the bytes of live blocks."""
+        reading = mapping.refresh()
+        if mapping.deferred:
+            mapping.continue_deferred(None)
+        self._above_target(mapping, used, reading.target)
+        if self.under_pressure:
+            self._under_pressure(mapping, used, reading.guarantee)
+        mapping.report()
+
+    def _above_target(self, mapping: ChunkMapping, used: int, target: int) -> None:
+        held = mapping.held_bytes
+        if not self.delay_s:
+            if held > target:
+                mapping.release_down_to(target)
+            return
+        self._period = self._period.noting(idle_above_target(held, used, target))
+        now = self._clock()
+        if not self._period.over(now, self.delay_s):
+            return
+        keep = self._period.keep(held, target)
+        if keep is not None:
+            mapping.release_down_to(keep)
+        self._period = IdlePeriod(now)
+
+    def _under_pressure(self, mapping: ChunkMapping, used: int, guarantee: int) -> None:
+        pressure, refusals = mapping.limit.pressure(), mapping.admission_refusals
+        keep = keep_under_pressure(
+            pressed=pressure != self._pressure_seen,
+            starved=refusals != self._refusals_seen,
+            deferred=mapping.deferred,
+            used=used,
+            guarantee=guarantee,
+            group_bytes=self.group_bytes,
+            grow_chunks=self.grow_chunks,
+        )
+        self._pressure_seen, self._refusals_seen = pressure, refusals
+        if keep is not None:
+            before = mapping.held_bytes
+            mapping.release_down_to(keep)
+            self.released_under_pressure += before - mapping.held_bytes
