@@ -29,15 +29,7 @@ from typing import Any
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime import codec
 from kvpolicy.runtime import layout as L
-from kvpolicy.runtime.admission import (
-    Holding,
-    Refusal,
-    elastic_budget,
-    explain_budget,
-    refuse_elastic,
-    refuse_reserve,
-    refuse_static,
-)
+from kvpolicy.runtime.admission import Holding, Refusal, refuse_elastic, refuse_reserve, refuse_static
 from kvpolicy.runtime.errors import CorruptSegment, Detached, DuplicateInstance, LedgerError, SlotsFull
 from kvpolicy.runtime.liveness import ProcessIdentity, SlotOwners, this_process
 from kvpolicy.runtime.reader import SegmentReader
@@ -46,6 +38,7 @@ from kvpolicy.runtime.segment import Access, Segment
 from kvpolicy.runtime.values import ADMITTED_POOL, GpuFigures, GpuLimits, InstanceLimits, SlotView, Totals
 from kvpolicy.runtime.writes import Change, SegmentWriter
 
+# GpuLedger's vocabulary, defined in ``values`` and ``admission``, is importable from here too.
 __all__ = [
     "ADMITTED_POOL",
     "Claim",
@@ -56,8 +49,6 @@ __all__ = [
     "Refusal",
     "SlotView",
     "Totals",
-    "elastic_budget",
-    "explain_budget",
 ]
 
 
