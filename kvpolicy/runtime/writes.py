@@ -134,7 +134,7 @@ class SegmentWriter:
     # --- claim and free --------------------------------------------------------------------------
 
     def claim(self, slot: SlotRecords, identity: Any, guarantee: int) -> int:
-        """A new occupant in the free ``slot``: its limit is ``guarantee`` until a publish. The identity's seq.
+        """A new occupant in the free ``slot``, its limit ``guarantee`` until a publish; the identity record's new seq.
 
         ``identity`` (``codec.identity``) carries the new epoch; the other records take it first,
         so a reader sees the occupant only once its identity is visible, with every record its own.
@@ -176,7 +176,7 @@ class SegmentWriter:
         slot.identity.write(mm, words, slot.identity.zero()._replace(epoch=epoch))
 
     def mark_elastic(self, slot: SlotRecords, ident: Any) -> int:
-        """The occupant (identity ``ident``) has an elastic pool: its guarantee starts counting. The identity's seq.
+        """The occupant (identity ``ident``) has an elastic pool: its guarantee counts. The identity record's new seq.
 
         1. identity (flag elastic); 2. totals (G + guarantee, Σ unmet + what it lacks of it).
         """
