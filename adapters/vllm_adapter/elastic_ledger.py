@@ -54,9 +54,9 @@ class SharedElasticLedger:
     def admit_pinned(self, instance: Any, nbytes: int) -> int:
         # The same static admission the runtime-owned path makes (GPU figures measured here
         # before any controller published).
-        from kvpolicy.runtime.engines import _admit
+        from kvpolicy.runtime.engines import admit_static
 
-        return _admit(instance, nbytes, self._env.policy)
+        return admit_static(instance, nbytes, self._env.policy)
 
     def capacity(self, gpu: str) -> int | None:
         from kvpolicy.runtime.client import resolve_access

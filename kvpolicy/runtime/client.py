@@ -31,10 +31,12 @@ from typing import Any
 
 from kvpolicy.alloc.limits import AckStatus, LimitReading
 from kvpolicy.facts import PoolFacts
+from kvpolicy.runtime.admission import Refusal
 from kvpolicy.runtime.errors import Detached, LedgerError
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
-from kvpolicy.runtime.ledger import Claim, GpuLedger, Refusal, SlotView
+from kvpolicy.runtime.ledger import Claim, GpuLedger
 from kvpolicy.runtime.segment import Access, add_unlock_hook, holds_any_lock, list_gpus
+from kvpolicy.runtime.values import GpuFigures, SlotView
 
 ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
 ENV_LEDGER_GROUP = "KVPOLICY_LEDGER_GROUP"
@@ -87,7 +89,7 @@ class Instance:
         """Why the last elastic admission said no (None after one that said yes)."""
         self._attached = True
         self._words = ledger.seg.words
-        self._pub = ledger._slots[claim.index][1]
+        self._pub = ledger.records.slots[claim.index].published
         self._pub_seq_index = self._pub.seq_index
         self._pub_seen = -1
         self._reading = LimitReading(0, 0, 0)
@@ -185,6 +187,15 @@ class Instance:
     def touch(self) -> None:
         """The instance served something now (facts: ``idle_seconds``). One store, no lock."""
         self._ledger.touch(self._claim.index)
+
+    def gpu_figures(self) -> GpuFigures:
+        """The GPU's figures as the ledger holds them: published, provisional (engines' own) or none yet."""
+        return self._ledger.figures()
+
+    def gpu_instances(self) -> list[SlotView]:
+        """Every instance attached on this GPU, this one included (slots that fail their checks are left out)."""
+        views, _ = self._ledger.slots()
+        return views
 
     def snapshot(self) -> SlotView:
         """The slot as others read it."""

@@ -26,7 +26,6 @@ from kvpolicy.evaluate.decide import evaluate
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.runtime.directory import LedgerDir, LedgerView
 from kvpolicy.runtime.gpus import GpuSampler
-from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits
 from kvpolicy.runtime.metrics import ControllerMetrics
 from kvpolicy.runtime.status import (
     ControllerStatus,
@@ -40,6 +39,7 @@ from kvpolicy.runtime.status import (
     Status,
     write_status,
 )
+from kvpolicy.runtime.values import GpuLimits, InstanceLimits
 from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher, ReloadResult
 
 log = logging.getLogger("kvpolicy.controller")

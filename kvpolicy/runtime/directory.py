@@ -35,16 +35,10 @@ from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
-from kvpolicy.runtime.ledger import (
-    GpuFigures,
-    GpuLedger,
-    GpuLimits,
-    InstanceLimits,
-    SlotView,
-    Totals,
-)
+from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.liveness import this_process
 from kvpolicy.runtime.segment import Access, check_owner, ensure_directory, list_gpus
+from kvpolicy.runtime.values import GpuFigures, GpuLimits, InstanceLimits, SlotView, Totals
 
 CONTROLLER_LOCK = "controller.lock"
 _FLOCK = struct.Struct("hhxxxxqqixxxx")
@@ -79,9 +73,7 @@ class GpuState:
     @property
     def accounted(self) -> int:
         """Bytes the ledger knows to be on the GPU now: reported runtime-owned pools and elastic mapped."""
-        return sum(
-            sum(p.bytes for p in v.pools.values() if p.owner == "runtime") + v.mapped for v in self.instances
-        )
+        return sum(v.accounted for v in self.instances)
 
     @property
     def reserved_by_pool(self) -> dict[str, int]:

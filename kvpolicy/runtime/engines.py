@@ -65,14 +65,18 @@ def policy_gpu_figures(policy: Path | None, gpu: str, capacity: int) -> tuple[in
     return cap, settings.headroom_bytes(cap)
 
 
-def _admit(inst: Instance, nbytes: int, policy: Path | None) -> int:
+def admit_static(inst: Instance, nbytes: int, policy: Path | None) -> int:
+    """Admit ``nbytes`` of runtime-owned memory for ``inst`` (its reserve), or LedgerAdmissionRefused with the figures.
+
+    Before any controller published, the GPU's figures are measured here (the current device)
+    with the headroom and any capacity override of ``policy``.
+    """
     figures: dict[str, Any] = {}
-    if inst._ledger.figures().source != "published":
+    if inst.gpu_figures().source != "published":
         m = measure_gpu()
         if m is not None:
             capacity, headroom = policy_gpu_figures(policy, inst.gpu, m.capacity)
-            views, _ = inst._ledger.slots()
-            accounted = sum(sum(p.bytes for p in v.pools.values() if p.owner == "runtime") + v.mapped for v in views)
+            accounted = sum(v.accounted for v in inst.gpu_instances())
             figures = {"capacity": capacity, "headroom": headroom, "other_used": max(0, m.used - accounted)}
     try:
         return inst.admit_static(nbytes, reserve=nbytes, **figures)
@@ -99,7 +103,7 @@ class StaticSession:
         self._policy = policy
 
     def admit(self, nbytes: int) -> int:
-        return _admit(self.instance, nbytes, self._policy)
+        return admit_static(self.instance, nbytes, self._policy)
 
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
         try:
@@ -163,7 +167,7 @@ class VllmLedgerClient:
             self._instances[instance] = inst
         elif inst.gpu != gpu:
             raise LedgerAdmissionRefused(f"kvpolicy: {instance.id} is attached on {inst.gpu}, not {gpu}")
-        return _admit(inst, nbytes, self._env.policy)
+        return admit_static(inst, nbytes, self._env.policy)
 
     def report_pools(self, instance: _Key, pools: Mapping[str, PoolFacts]) -> None:
         inst = self._instances.get(instance)
@@ -185,4 +189,11 @@ def connect_vllm_ledger(env: AdapterEnv | None = None) -> VllmLedgerClient:
     return VllmLedgerClient(env or AdapterEnv.from_environ())
 
 
-__all__ = ["LedgerAdmissionRefused", "attach_static", "attach_vllm", "connect_vllm_ledger", "measure_gpu"]
+__all__ = [
+    "LedgerAdmissionRefused",
+    "admit_static",
+    "attach_static",
+    "attach_vllm",
+    "connect_vllm_ledger",
+    "measure_gpu",
+]

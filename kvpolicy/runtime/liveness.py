@@ -6,12 +6,20 @@ identity: after the owner dies the kernel may hand the pid to another process, b
 never with the same start time. Engines in other containers live in other pid
 namespaces, where their pid means nothing to us; for them only the slot's lock
 (see ``segment``) tells whether the owner lives.
+
+``SlotOwners`` puts the two together for the slots of one segment: the owner locks
+this process holds, and whether another slot's owner still lives.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpolicy.runtime.segment import Segment
+    from kvpolicy.runtime.values import SlotView
 
 
 @dataclass(frozen=True)
@@ -57,3 +65,44 @@ def is_alive(pid: int, recorded_start: int) -> bool:
         return False
     now = start_time(pid)
     return now is not None and (recorded_start == 0 or now == recorded_start)
+
+
+class SlotOwners:
+    """Who holds the slots of one segment: the owner locks taken through it, and everyone else's."""
+
+    __slots__ = ("_held", "_proc_readable", "_seg")
+
+    def __init__(self, segment: Segment) -> None:
+        self._seg = segment
+        self._held: set[int] = set()  # slots whose owner lock this descriptor holds
+        self._proc_readable = os.path.exists("/proc/self/stat")
+
+    def holds(self, index: int) -> bool:
+        """Whether this open segment holds slot ``index``'s owner lock."""
+        return index in self._held
+
+    def take(self, index: int) -> bool:
+        """Take slot ``index``'s owner lock; False if a live owner elsewhere holds it."""
+        if not self._seg.try_hold_slot(index):
+            return False
+        self._held.add(index)
+        return True
+
+    def drop(self, index: int) -> None:
+        """Give slot ``index``'s owner lock back (after the slot was freed)."""
+        self._held.discard(index)
+        self._seg.drop_slot(index)
+
+    def held_anywhere(self, index: int) -> bool:
+        """Whether anyone — this open segment or another — holds slot ``index``'s owner lock."""
+        return index in self._held or self._seg.slot_held_elsewhere(index)
+
+    def alive(self, view: SlotView) -> bool:
+        """Whether the slot's owner lives: it holds the slot lock and (same pid namespace) its pid and start time match."""
+        if view.index in self._held:
+            return True
+        if not self._seg.slot_held_elsewhere(view.index):
+            return False
+        if self._proc_readable and view.pidns and view.pidns == pid_namespace():
+            return is_alive(view.pid, view.start_time)
+        return True

@@ -17,6 +17,11 @@ store, and the reader's body loads must happen between its two ``seq`` loads. On
 x86-64 (TSO) plain loads and stores already behave so. Elsewhere (AArch64)
 ``fence()`` orders them: it releases and re-acquires a lock held by this thread,
 and a store-release followed by a load-acquire is a full barrier there.
+
+``SegmentRecords`` places the records of one segment at their layout offsets: the
+header's GPU and totals records and, per slot, ``SlotRecords`` (identity, published,
+usage, reservation and the activity word), read together consistently by
+``SlotRecords.read``. What the values mean is ``codec``'s business.
 """
 
 from __future__ import annotations
@@ -28,13 +33,17 @@ import struct
 import threading
 import zlib
 from collections import namedtuple
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
+from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.errors import CorruptSegment
 from kvpolicy.runtime.layout import CRC_SIZE, RecordSpec
 
 READ_RETRIES = 10_000
 """Retries of a lock-free read before giving up; a writer holds a record for microseconds."""
+SLOT_READ_RETRIES = 1000
+"""Retries of a slot's read across its records (a claim or free in progress moves them)."""
 
 if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
 
@@ -61,6 +70,11 @@ _CRC = struct.Struct("<Q")
 def _compiled(spec: RecordSpec) -> tuple[struct.Struct, Any]:
     """The body's Struct and value tuple class, built once per record kind."""
     return struct.Struct(spec.body_format), namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
+
+
+def value_type(spec: RecordSpec) -> Any:
+    """The named tuple class of ``spec``'s values (the one ``Record.read`` returns)."""
+    return _compiled(spec)[1]
 
 
 class Record:
@@ -151,3 +165,88 @@ class Record:
         """Write both copies (a new segment only: nobody else can see it yet)."""
         self.write(mm, words, values)
         self.write(mm, words, values)
+
+
+# --- a segment's records --------------------------------------------------------------------------
+
+# The header's single words, as indices into ``Segment.words`` (each read or stored whole).
+GENERATION = L.OFF_GENERATION // 8
+HEARTBEAT = L.OFF_HEARTBEAT // 8
+DIRTY = L.OFF_DIRTY // 8
+PRESSURE = L.OFF_PRESSURE // 8
+
+
+class SlotValues(NamedTuple):
+    """One slot's records as read together: every record of the same occupant (same epoch)."""
+
+    identity: Any
+    published: Any
+    usage: Any
+    reservation: Any
+    activity: int
+    """The last-activity word (ns), stored without the lock."""
+
+
+class SlotRecords:
+    """Slot ``index``'s records and its activity word, at their layout offsets."""
+
+    __slots__ = ("activity", "identity", "index", "published", "reservation", "usage", "where")
+
+    def __init__(self, index: int, where: str) -> None:
+        base = L.slot_offset(index)
+        self.index = index
+        self.where = where = f"{where} slot {index}"
+        self.identity = Record(L.IDENTITY_RECORD, base + L.SLOT_OFF_IDENTITY, where)
+        self.published = Record(L.PUBLISHED_RECORD, base + L.SLOT_OFF_PUBLISHED, where)
+        self.usage = Record(L.USAGE_RECORD, base + L.SLOT_OFF_USAGE, where)
+        self.reservation = Record(L.RESERVATION_RECORD, base + L.SLOT_OFF_RESERVATION, where)
+        self.activity = (base + L.SLOT_OFF_ACTIVITY) // 8
+        """Index of the last-activity word in the segment's words."""
+
+    def __iter__(self) -> Iterator[Record]:
+        return iter((self.identity, self.published, self.usage, self.reservation))
+
+    def read(self, mm: mmap.mmap, words: memoryview) -> SlotValues | None:
+        """The slot's records of one occupant (None if the slot is free); CorruptSegment if no such read comes.
+
+        The identity record's sequence word brackets the read, and every record must carry the
+        identity's epoch: a claim or free in progress (or a record of the previous occupant) is
+        read again.
+        """
+        identity, published, usage, reservation = self.identity, self.published, self.usage, self.reservation
+        for _ in range(SLOT_READ_RETRIES):
+            s1, ident = identity.read(mm, words)
+            if ident.state == L.SLOT_FREE:
+                return None
+            _, pub = published.read(mm, words)
+            _, use = usage.read(mm, words)
+            _, res = reservation.read(mm, words)
+            activity = words[self.activity]
+            if identity.seq(words) != s1:
+                continue  # the slot was claimed, freed or changed meanwhile
+            if not pub.epoch == use.epoch == res.epoch == ident.epoch:
+                continue  # a claim is in progress; its identity is not visible yet
+            return SlotValues(ident, pub, use, res, activity)
+        raise CorruptSegment(f"{self.where}: no consistent read in {SLOT_READ_RETRIES} tries")
+
+
+class SegmentRecords:
+    """Every record of a segment with ``slot_count`` slots: the header's GPU and totals records, then the slots'."""
+
+    __slots__ = ("gpu", "slots", "totals")
+
+    def __init__(self, slot_count: int, where: str) -> None:
+        self.gpu = Record(L.GPU_RECORD, L.OFF_GPU_RECORD, where)
+        self.totals = Record(L.TOTALS_RECORD, L.OFF_TOTALS_RECORD, where)
+        self.slots = tuple(SlotRecords(i, where) for i in range(slot_count))
+
+    def __iter__(self) -> Iterator[Record]:
+        yield self.gpu
+        yield self.totals
+        for slot in self.slots:
+            yield from slot
+
+    def initialise(self, mm: mmap.mmap, words: memoryview) -> None:
+        """Every record zero, both copies: GPU figures unknown, zero totals, every slot free (a new segment only)."""
+        for rec in self:
+            rec.initialise(mm, words, rec.zero())

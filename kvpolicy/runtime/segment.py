@@ -55,6 +55,7 @@ from kvpolicy.runtime.errors import (
     LedgerError,
     UnsafeSegment,
 )
+from kvpolicy.runtime.records import SegmentRecords
 
 SUFFIX = ".ledger"
 _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on Linux (x86-64 and AArch64)
@@ -268,11 +269,9 @@ class Segment:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             seg = cls(path, gpu, fd, mm, slot_count)
-            from kvpolicy.runtime.ledger import (
-                initialise_segment,  # the records are the ledger's business
-            )
-
-            initialise_segment(seg)
+            header = pack_header(gpu, slot_count)
+            mm[: len(header)] = header
+            SegmentRecords(slot_count, f"kvpolicy ledger: {path}").initialise(mm, seg.words)
             try:
                 os.link(tmp, path)
             except FileExistsError:

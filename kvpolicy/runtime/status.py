@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvpolicy.facts import ElasticFacts
+from kvpolicy.runtime.admission import elastic_budget
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 
@@ -166,8 +167,6 @@ def read_status(ledger_dir: Path | str) -> Status | None:
 
 def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, stale_after: float = STALE_AFTER) -> Status:
     """``base`` (the controller's file, if any) with GPUs and instances refreshed from ``view`` (a LedgerView)."""
-    from kvpolicy.runtime.ledger import elastic_budget
-
     gpus: list[GpuStatus] = []
     instances: list[InstanceStatus] = []
     for gpu, state in sorted(view.gpus.items()):

@@ -224,8 +224,8 @@ def _die_inside_a_change(ledger_dir: Path) -> None:
                   handle_signals=False)
     assert inst.admit(4 * CHUNK)
     led = inst._ledger
-    led._change().__enter__()  # holds the write lock, dirty set
-    use = led._slots[inst.slot][2]
+    led.change().__enter__()  # holds the write lock, dirty set
+    use = led.records.slots[inst.slot].usage
     _, u = use.read(led.seg.mm, led.seg.words)
     use.write(led.seg.mm, led.seg.words, u._replace(pending=u.pending + 8 * CHUNK))  # slot moved, totals not
     os.kill(os.getpid(), signal.SIGKILL)

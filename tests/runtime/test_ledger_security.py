@@ -208,7 +208,7 @@ def test_damaged_slot_is_reported_not_trusted(ledger_dir: Path) -> None:
     inst = attach(model="m", gpu="cuda:0", ledger_dir=ledger_dir, slots=4, handle_signals=False)
     try:
         led = GpuLedger.open(ledger_dir, "cuda:0")
-        ident = led._slots[inst.slot][0]
+        ident = led.records.slots[inst.slot].identity
         visible = ident.offset + 8 + (ident.seq(led.seg.words) & 1) * L.IDENTITY_RECORD.copy_size
         led.seg.mm[visible + 70] ^= 0xFF  # flip a byte of the instance id
         views, problems = led.slots()

@@ -1,0 +1,139 @@
+"""The ledger's values: a GPU's figures and totals, an instance's slot, the limits a controller publishes.
+
+Readers get these from the records (``codec`` decodes them); admission (``admission``)
+takes them as inputs; the controller hands ``GpuLimits`` and ``InstanceLimits`` to
+``GpuLedger.publish``. Nothing here touches shared memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvpolicy.facts import ElasticFacts, InstanceFacts, PoolFacts
+
+ADMITTED_POOL = "admitted"
+"""The pool name under which facts show a static admission not yet replaced by a pool report."""
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """The GPU's C, H, U (and A once published), and where they come from."""
+
+    source: str
+    """``none``, ``provisional`` (engines' own figures before any controller) or ``published``."""
+    revision: int
+    capacity: int
+    headroom: int
+    other_used: int
+    elastic_budget: int | None
+    published_at: float
+    controller_pid: int
+
+    @property
+    def known(self) -> bool:
+        return self.source != "none"
+
+
+@dataclass(frozen=True)
+class Totals:
+    runtime_reserved: int
+    elastic_mapped: int
+    elastic_pending: int
+    guarantees: int
+    active: int
+    unmet_guarantees: int = 0
+    """Σ max(0, g_i − held_i): guaranteed memory not yet held, kept free for its owners."""
+
+    @property
+    def elastic_committed(self) -> int:
+        """Σ mapped + pending: what elastic admission has let through and not yet seen released."""
+        return self.elastic_mapped + self.elastic_pending
+
+
+@dataclass(frozen=True)
+class SlotView:
+    """One attached instance as read from its slot, consistent across its records."""
+
+    index: int
+    epoch: int
+    gpu: str
+    id: str
+    model: str
+    engine: str
+    engine_id: str | None
+    rank: int
+    pid: int
+    start_time: int
+    pidns: int
+    uid: int
+    attached_at: float
+    elastic: bool
+    revision: int
+    limit: int
+    target: int
+    guarantee: int
+    published_at: float
+    used: int
+    mapped: int
+    pending: int
+    ack_revision: int
+    ack: str | None
+    deferred_since: float | None
+    static_admitted: int
+    reserve: int | None
+    pools: dict[str, PoolFacts]
+    last_activity: float
+
+    @property
+    def runtime_reserved(self) -> int:
+        """R_i: the admission not yet replaced by a report, plus reported runtime-owned pool bytes."""
+        return self.static_admitted + sum(p.bytes for p in self.pools.values() if p.owner == "runtime")
+
+    @property
+    def accounted(self) -> int:
+        """Bytes of the instance the ledger knows to be on the GPU now: reported runtime-owned pools and elastic mapped."""
+        return sum(p.bytes for p in self.pools.values() if p.owner == "runtime") + self.mapped
+
+    def idle_seconds(self, now: float) -> float:
+        return max(0.0, now - self.last_activity)
+
+    def stuck(self, now: float, after: float) -> bool:
+        """A deferral older than ``after`` seconds."""
+        return self.ack == "deferred" and self.deferred_since is not None and now - self.deferred_since > after
+
+    def facts(self, now: float) -> InstanceFacts:
+        """The instance as ``kvpolicy.evaluate`` sees it."""
+        pools = dict(self.pools)
+        if self.static_admitted:
+            pools[ADMITTED_POOL] = PoolFacts(owner="runtime", bytes=self.static_admitted)
+        return InstanceFacts(
+            id=self.id,
+            model=self.model,
+            engine=self.engine,
+            engine_id=self.engine_id,
+            gpu=self.gpu,
+            rank=self.rank,
+            pid=self.pid,
+            pools=pools,
+            elastic=ElasticFacts(used=self.used, mapped=self.mapped) if self.elastic else None,
+            idle_seconds=self.idle_seconds(now),
+        )
+
+
+@dataclass(frozen=True)
+class GpuLimits:
+    """What the controller publishes for a GPU."""
+
+    capacity: int
+    headroom: int
+    other_used: int
+    elastic_budget: int
+
+
+@dataclass(frozen=True)
+class InstanceLimits:
+    """What the controller publishes for an instance."""
+
+    limit: int
+    target: int
+    guarantee: int
