@@ -19,7 +19,7 @@ been zero at least once, as with the stock buffer, and nothing unmapped is touch
 mapping per unused chunk and a remap on every growth.)
 
 **Null block.** Block 0 is vLLM's null block, which kernels may read at any time;
-the chunks holding it are mapped at start and never released (see elastic_limits).
+the chunks holding it are mapped at start and never released (see ``limits``).
 
 **Unmapping** waits for the device first (``Driver.synchronize``): cuMemUnmap does not
 wait for kernels in flight, and with async scheduling a step may still be reading
@@ -33,12 +33,11 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvpolicy.adapters.common import AdapterError
-
+from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.alloc import BlockPool, BlockSpec, Driver, LimitSource
 from kvpolicy.units import format_bytes
 
-from .elastic_limits import PinnedFirst
+from .limits import PinnedFirst
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +56,7 @@ class ElasticKVBuffer:
     ``limit`` is the ledger's (elastic) LimitSource; ``pinned`` the bytes already
     admitted statically for the null block's chunks. The block pool over it
     (``self.pool``) is the allocator's; vLLM's scheduler drives it through
-    ``elastic_pool.ElasticPool``.
+    ``pool.ElasticPool``.
     """
 
     def __init__(
@@ -101,7 +100,7 @@ class ElasticKVBuffer:
             self.pool.close()
             raise
         self.bound = False
-        """Whether a scheduler's block pool drives this buffer (``elastic_pool.ElasticPool.adopt``)."""
+        """Whether a scheduler's block pool drives this buffer (``pool.ElasticPool.adopt``)."""
 
     @property
     def va(self) -> int:
