@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import add_format_option, missing_extra
 from kvpolicy.commands.common import parse_size
 
 
@@ -39,6 +39,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = missing_extra("run", "runtime")
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+
     from pathlib import Path
 
     from kvpolicy.facts_io import FactsError, read_facts
