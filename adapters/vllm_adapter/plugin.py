@@ -28,7 +28,6 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 from kvpolicy.adapters.common import check_version, require_attr
@@ -56,6 +55,8 @@ def register() -> None:
 
 
 def vllm_version() -> str:
+    from importlib import metadata  # the engine has it loaded; a disabled plugin does not need it
+
     try:
         return metadata.version("vllm")
     except metadata.PackageNotFoundError:
