@@ -1,53 +1,15 @@
-"""What both engine adapters share: activation from the environment and loud failures.
+"""What both engine adapters check at start: the engine's version, the hook targets, the policy.
 
-Activation is explicit (DESIGN §7): nothing happens unless ``KVPOLICY_ENABLE=1``.
-Once enabled, anything the adapter cannot do — an engine version it was not
-validated against, a hook target that is missing, an admission the ledger refuses —
-is an ``AdapterError`` raised at engine start, never a silent no-op.
+Each failure is an ``AdapterError`` (``kvpolicy.adapters.errors``) whose message says
+what to fix; the settings themselves come from ``kvpolicy.adapters.settings``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-ENV_ENABLE = "KVPOLICY_ENABLE"
-ENV_POLICY = "KVPOLICY_POLICY"
-ENV_MODEL = "KVPOLICY_MODEL"
-ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
-ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
-"""What the ranks of one engine share in the ledger (tensor parallel); each adapter has a default."""
-DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
-
-
-class AdapterError(RuntimeError):
-    """A start-up failure of an enabled adapter; the message says what and how to fix it."""
-
-
-@dataclass(frozen=True)
-class AdapterEnv:
-    """The adapter's settings, read from the environment of the engine process."""
-
-    enabled: bool
-    policy: Path | None
-    model: str | None
-    ledger_dir: Path
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str] | None = None) -> AdapterEnv:
-        env = os.environ if environ is None else environ
-        flag = env.get(ENV_ENABLE, "").strip().lower()
-        if flag not in ("", "0", "1", "true", "false", "yes", "no"):
-            raise AdapterError(f"{ENV_ENABLE}={env[ENV_ENABLE]!r}: expected 1 or 0")
-        policy = env.get(ENV_POLICY)
-        return cls(
-            enabled=flag in ("1", "true", "yes"),
-            policy=Path(policy) if policy else None,
-            model=env.get(ENV_MODEL) or None,
-            ledger_dir=Path(env.get(ENV_LEDGER_DIR) or DEFAULT_LEDGER_DIR),
-        )
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 
 
 def check_version(engine: str, found: str, validated: tuple[str, ...]) -> None:

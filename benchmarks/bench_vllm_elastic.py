@@ -44,8 +44,8 @@ DECODES_PER_STEP = 32
 
 def _pools(driver: Driver, num_blocks: int, chunk: int, limit: StaticLimit) -> tuple[Any, Any, Any]:
     """(vLLM's BlockPool, the ElasticPool beside it, the ElasticKVBuffer)."""
-    from kvpolicy.adapters.vllm_adapter.elastic_buffer import ElasticKVBuffer, pinned_chunks
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool
+    from kvpolicy.adapters.vllm_adapter.elastic.buffer import ElasticKVBuffer, pinned_chunks
+    from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool
     from vllm.v1.core.block_pool import BlockPool
 
     buffer = ElasticKVBuffer(
@@ -114,8 +114,8 @@ def manager_steady_state(driver: Driver, rounds: int, steps: int) -> dict[str, A
         from vllm.v1.request import Request
     except Exception as exc:  # the minimal vLLM package (GPU machine): not carried
         return {"skipped": f"needs vLLM's full package ({type(exc).__name__}: {exc})"}
-    from kvpolicy.adapters.vllm_adapter.elastic_buffer import ElasticKVBuffer, pinned_chunks
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import bind_scheduler
+    from kvpolicy.adapters.vllm_adapter.elastic.buffer import ElasticKVBuffer, pinned_chunks
+    from kvpolicy.adapters.vllm_adapter.elastic.pool import bind_scheduler
 
     init_none_hash(sha256)
     num_blocks = 4096

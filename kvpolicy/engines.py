@@ -37,7 +37,7 @@ ENGINES: dict[str, EngineVocabulary] = {
         pools=DEEPSEEK_V4_POOLS
         | {"full", "mla", "sliding_window", "sliding_window_mla", "chunked_local", "mamba", "cross_attention"}
         | {"other", "padding", "free_blocks"},
-        # Standard attention caches run on the allocator (adapters/vllm_adapter/elastic_*);
+        # Standard attention caches run on the allocator (adapters/vllm_adapter/elastic/);
         # DeepSeek-V4's pools stay runtime-owned (its indexer aliases compressed entries on
         # the decode hot path). Mirrors kvpolicy.adapters.vllm_adapter.pools.VLLM_ELASTIC_POOLS.
         elastic_pools=frozenset({"full", "mla", "sliding_window"}),

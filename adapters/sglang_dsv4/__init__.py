@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import logging
 
-from ..common import AdapterEnv, AdapterError, check_version
+from ..common import check_version
+from ..errors import AdapterError
+from ..settings import AdapterEnv
 
 VALIDATED_VERSIONS = ("0.5.23",)
 ENTRY_POINT_GROUP = "sglang.srt.plugins"

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from kvpolicy.runtime.gpus import gpu_id
 from kvpolicy.units import format_bytes
 
-from ..common import AdapterError, require_attr
+from ..common import require_attr
+from ..errors import AdapterError
 from . import plan as closed
 from .facts import PoolMeasurement, measure_pool
 from .geometry import ModelGeometry

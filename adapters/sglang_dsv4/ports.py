@@ -20,7 +20,9 @@ from typing import Protocol
 from kvpolicy.facts import PoolFacts
 from kvpolicy.units import format_bytes
 
-from ..common import ENV_ENGINE_ID, ENV_POLICY, AdapterEnv, AdapterError, read_policy
+from ..common import read_policy
+from ..errors import AdapterError
+from ..settings import ENV_POLICY, AdapterEnv
 
 ENGINE = "sglang"
 
@@ -45,7 +47,7 @@ def default_engine_id(model: str) -> str:
     """What the ranks of one SGLang engine share: ``KVPOLICY_ENGINE_ID``, else the model and
     the launcher's pid (every scheduler is a child of the launcher), so two engines of
     one model never collide in the ledger."""
-    return os.environ.get(ENV_ENGINE_ID) or f"{model}@{os.getppid()}"
+    return AdapterEnv.from_environ().engine_id or f"{model}@{os.getppid()}"
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,26 @@
-"""The vLLM adapter (validated: vLLM 0.33.0): policy-sized KV cache and per-pool facts.
+"""The vLLM adapter (validated: vLLM 0.33.0): a policy-sized KV cache, elastic or not, and per-pool facts.
 
-Modules, in the order data flows:
+Its parts, in the order data flows:
 
-- ``specs`` / ``model_specs`` / ``planning`` / ``plan``: pure mirrors of vLLM's KV
-  planning (config.json → layer specs → groups → blocks); ``kvpolicy plan --engine vllm``.
-- ``pools``: the pool vocabulary and per-pool facts from a real ``KVCacheConfig``
-  and the scheduler's block pool.
-- ``ledger``: what the adapter needs from the ledger (static admission, pool reports).
-- ``policy``: reading this model's ``reserve``.
-- ``plugin``: the ``vllm.general_plugins`` entry point and the hooks (imports vllm lazily).
+- ``planning/``: pure mirrors of vLLM's KV planning, no torch, no vllm — ``hf_config``
+  (a model's config.json → ``layer_specs``), ``kv_cache_planning`` (specs → groups →
+  bytes per block → blocks), ``plan`` (what ``kvpolicy plan --engine vllm`` prints).
+- ``pools``: the pool vocabulary, and the split of a rank's one KV buffer into pools
+  (per-pool facts from a real ``KVCacheConfig`` and the scheduler's block pool).
+- ``identity``: who a rank is in the ledger (``InstanceKey``) and which GPU it uses.
+- ``static/``: a runtime-owned KV cache — the model's ``reserve`` (``reserve``), its
+  admission in the ledger (``ledger``), and vLLM sized from it (``sizing``).
+- ``elastic/``: a KV cache on kvpolicy's allocator — what the policy says (``policy``),
+  the ledger instance (``ledger``), the limit with the pinned null block (``limits``),
+  the worker's buffer (``buffer``), the scheduler's block pool (``pool``), and the
+  steps that tie them to vLLM's start and steps (``lifecycle``).
+- ``reports``: the live split, from the engine core to each worker to the ledger.
+- ``hooks``: what each patched vLLM method runs; ``plugin``: the entry point that
+  installs them. Settings (``KVPOLICY_*``) are read in ``kvpolicy.adapters.settings``.
 
 Named ``vllm_adapter``, not ``vllm``, so that nothing here can shadow the real package.
-Importing this package imports neither torch nor vllm.
+Importing this package imports neither torch nor vllm (only ``elastic.pool`` imports vllm).
 """
+
+VALIDATED_VLLM = ("0.33.0",)
+"""The vLLM versions the adapter was validated against; an enabled plugin refuses any other."""

@@ -55,8 +55,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     """Print the plan; 0 ok, 1 the input cannot be planned (message on stderr), 2 usage error."""
     from pydantic import ValidationError
 
-    from kvpolicy.adapters.vllm_adapter.model_specs import ModelSpecError, load_config
-    from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
+    from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
     if not args.model_config or not args.max_model_len:
         print("kvpolicy plan --engine vllm: --model-config and --max-model-len are required", file=sys.stderr)

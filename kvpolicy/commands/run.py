@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_size
 
 DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
@@ -62,6 +62,11 @@ def _listen_address(args: argparse.Namespace) -> tuple[str, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    missing = missing_extra("run", "runtime")
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
+
     from pathlib import Path
 
     from kvpolicy.facts_io import FactsError, read_facts

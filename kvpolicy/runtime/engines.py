@@ -2,7 +2,7 @@
 
 - SGLang DeepSeek-V4 (``adapters/sglang_dsv4/ports.py``): ``attach_static(ledger_dir, identity)``
   returns a session with ``admit(nbytes) -> int`` and ``report_pools(pools)``.
-- vLLM (``adapters/vllm_adapter/ledger.py``): ``connect_vllm_ledger(env)`` returns an object
+- vLLM (``adapters/vllm_adapter/static/ledger.py``): ``connect_vllm_ledger(env)`` returns an object
   with ``admit(instance, gpu, nbytes) -> int``, ``report_pools(instance, pools)`` and
   ``release(instance)``.
 
@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError, read_policy
+from kvpolicy.adapters.common import read_policy
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.client import Instance, attach
 from kvpolicy.runtime.errors import LedgerError

@@ -19,9 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvpolicy.adapters import common as adapter_env
-from kvpolicy.adapters.vllm_adapter import plugin as vllm_plugin
-from kvpolicy.adapters.vllm_adapter.elastic_hooks import ENV_GIVE_BACK, ENV_GROW
+from kvpolicy.adapters import settings as adapter_env
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime import client as ledger_client
 from kvpolicy.runtime.segment import Access
@@ -33,7 +31,7 @@ KUBERNETES_VERSIONS = ("1.30.0", "1.37.0")  # a long-supported release and the n
 ENGINE_ENV = {  # every variable the adapters and the ledger client read
     adapter_env.ENV_ENABLE, adapter_env.ENV_POLICY, adapter_env.ENV_MODEL, adapter_env.ENV_LEDGER_DIR,
     adapter_env.ENV_ENGINE_ID, ledger_client.ENV_LEDGER_GROUP, ledger_client.ENV_ALLOW_FOREIGN_OWNER,
-    vllm_plugin.ENV_REPORT_INTERVAL, ENV_GIVE_BACK, ENV_GROW,
+    adapter_env.ENV_REPORT_INTERVAL, adapter_env.ENV_GIVE_BACK_INTERVAL, adapter_env.ENV_GROW_BYTES,
 }
 
 

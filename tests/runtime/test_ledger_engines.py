@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.adapters.sglang_dsv4.ports import InstanceIdentity as SglangIdentity
 from kvpolicy.adapters.sglang_dsv4.ports import default_connector
 
@@ -18,7 +19,7 @@ from kvpolicy.units import GiB
 
 
 @dataclass(frozen=True)
-class VllmKey:  # the shape of adapters/vllm_adapter/ledger.py InstanceKey
+class VllmKey:  # the shape of adapters/vllm_adapter/identity.py InstanceKey
     engine_id: str
     model: str
     rank: int = 0

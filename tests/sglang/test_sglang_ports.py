@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.adapters.sglang_dsv4.ports import (
     AdmissionRefused,
     InProcessLedger,

@@ -10,7 +10,8 @@ import textwrap
 
 import pytest
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.adapters.sglang_dsv4 import hooks, plan as closed
 from kvpolicy.adapters.sglang_dsv4.facts import OTHER, measure_pool
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry

@@ -12,8 +12,9 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from kvpolicy.adapters.vllm_adapter.ledger import InProcessLedger, InstanceKey
-from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
+from kvpolicy.adapters.vllm_adapter.static.ledger import InProcessLedger
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.pools import (
     FREE_POOL,
     PADDING_POOL,
@@ -73,7 +74,7 @@ def test_idle_facts_add_up_to_the_backing_buffer(allocated) -> None:
 
 def test_layout_matches_the_plan(allocated) -> None:
     """The adapter's view of the real config equals kvpolicy plan's groups, pool by pool."""
-    from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
 
     case, plan, layout, _ = allocated
     ours = make_plan(
@@ -160,7 +161,8 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
     """The hooks around Worker.initialize_from_config, EngineCore._initialize_kv_caches and
     EngineCore.step, with vLLM's real configs, block pool, UniProcExecutor.collective_rpc and
     run_method; the engine core and worker objects stand in for ones that need a GPU."""
-    from kvpolicy.adapters.vllm_adapter import plugin
+    from kvpolicy.adapters.vllm_adapter import hooks
+    from kvpolicy.adapters.vllm_adapter.static.ledger import set_static_ledger
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
     _, plan, layout, buffer_bytes = allocated
@@ -168,11 +170,11 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
     monkeypatch.setenv("KVPOLICY_MODEL", "m")
     monkeypatch.setenv("KVPOLICY_REPORT_INTERVAL", "0")
     ledger = InProcessLedger({})
-    plugin.set_ledger(ledger)
+    set_static_ledger(ledger)
     try:
         # Worker: vLLM allocated its buffer; the hook reports all blocks free.
         worker = SimpleNamespace(vllm_config=plan.config, rank=0)
-        allocated_hook = plugin._allocated_hook(lambda self, config: None)
+        allocated_hook = hooks.allocated_hook(lambda self, config: None)
         allocated_hook(worker, plan.kv_cache_config)
         key = InstanceKey("eng", "m", rank=0)
         idle = ledger.reports[key]
@@ -189,9 +191,9 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
         executor.collective_rpc = collective_rpc
         manager = _manager(plan)
         core = SimpleNamespace(model_executor=executor, scheduler=SimpleNamespace(kv_cache_manager=manager))
-        start = plugin._start_report_hook(lambda self, cfg: manager.coordinator.kv_cache_config)
+        start = hooks.start_report_hook(lambda self, cfg: manager.coordinator.kv_cache_config)
         start(core, plan.config)
-        step = plugin._step_report_hook(lambda self: ("outputs", True))
+        step = hooks.step_report_hook(lambda self: ("outputs", True))
 
         for group_manager in manager.coordinator.single_type_managers:
             group_manager.allocate_new_blocks("r", 200, 200)
@@ -204,5 +206,5 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
         step(core)  # nothing changed: nothing sent
         assert executor.sent == 1
     finally:
-        plugin.set_ledger(None)
+        set_static_ledger(None)
 

@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvpolicy.adapters.vllm_adapter.model_specs import (
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     ModelSpecError,
     SpecSettings,
     load_config,
     model_specs,
 )
-from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
+from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 from vllm_paths import CONFIGS, POLICY_MODELS
 
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, parse_size, run_vllm

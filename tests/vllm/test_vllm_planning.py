@@ -12,12 +12,12 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from kvpolicy.adapters.vllm_adapter.model_specs import (
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     SpecSettings,
     load_config,
     model_specs,
 )
-from kvpolicy.adapters.vllm_adapter.plan import PlanError, PlanSettings, make_plan
+from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
 from kvpolicy.units import GiB, MiB
 
@@ -135,7 +135,7 @@ def test_plan_equals_get_kv_cache_configs(spec: tuple, budget: int) -> None:
 
 def test_v4_groups_hold_the_same_layers() -> None:
     """Not only the sizes: the same layers land in the same groups."""
-    from kvpolicy.adapters.vllm_adapter.planning import KVCacheLayout, kv_cache_groups
+    from kvpolicy.adapters.vllm_adapter.planning.kv_cache_planning import KVCacheLayout, kv_cache_groups
     from real_vllm import real_plan
 
     case = _case(CASES_SPEC[0])

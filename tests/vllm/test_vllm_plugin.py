@@ -19,15 +19,12 @@ import pytest
 
 pytestmark = pytest.mark.vllm
 
-from kvpolicy.adapters.common import AdapterError
-from kvpolicy.adapters.vllm_adapter import plugin
-from kvpolicy.adapters.vllm_adapter.ledger import (
-    AdmissionRefused,
-    InProcessLedger,
-    InstanceKey,
-)
-from kvpolicy.adapters.vllm_adapter.model_specs import load_config
-from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
+from kvpolicy.adapters.vllm_adapter.static import sizing
+from kvpolicy.adapters.vllm_adapter.static.ledger import AdmissionRefused, InProcessLedger, set_static_ledger
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
+from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
 from vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB
@@ -47,13 +44,12 @@ import json, os, sys
 from types import SimpleNamespace
 from vllm.plugins import load_general_plugins
 from vllm.v1.worker.gpu_worker import Worker
-from kvpolicy.adapters.vllm_adapter import plugin
-from kvpolicy.adapters.vllm_adapter.ledger import InProcessLedger
+from kvpolicy.adapters.vllm_adapter.static.ledger import InProcessLedger, set_static_ledger
 
 load_general_plugins()  # vLLM's own loader: finds kvpolicy through its entry point
 hooked = getattr(Worker.determine_available_memory, "__kvpolicy_hook__", False)
 ledger = InProcessLedger({"cuda:3": 80 * 2**30})
-plugin.set_ledger(ledger)
+set_static_ledger(ledger)
 
 from vllm.engine.arg_utils import EngineArgs
 cfg = EngineArgs(model=sys.argv[1], skip_tokenizer_init=True, load_format="dummy", max_model_len=4096).create_engine_config()
@@ -279,26 +275,26 @@ def enabled(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     ledger = InProcessLedger({"cuda:2": 10 * GiB})
-    plugin.set_ledger(ledger)
-    plugin._admitted.clear()
+    set_static_ledger(ledger)
+    sizing.forget_admissions()
     yield ledger
-    plugin.set_ledger(None)
-    plugin._admitted.clear()
+    set_static_ledger(None)
+    sizing.forget_admissions()
 
 
 def test_size_kv_cache_admits_then_sets_the_switch(worker, enabled) -> None:
-    admitted = plugin.size_kv_cache(worker, reserve_of=lambda env, model: 4 * GiB)
+    admitted = sizing.size_kv_cache(worker, reserve_of=lambda env, model: 4 * GiB)
     assert admitted == worker.cache_config.kv_cache_memory_bytes == 4 * GiB
     assert enabled.admitted == {InstanceKey("eng", "qwen3-8b", rank=1): ("cuda:2", 4 * GiB)}
     # Profiling again (wake-up) keeps the one admission.
-    assert plugin.size_kv_cache(worker, reserve_of=lambda env, model: 4 * GiB) == 4 * GiB
+    assert sizing.size_kv_cache(worker, reserve_of=lambda env, model: 4 * GiB) == 4 * GiB
     assert enabled.unreserved("cuda:2") == 6 * GiB
 
 
 def test_budget_is_whole_allocator_granules(worker, enabled) -> None:
     """An odd reserve: vLLM gets whole 2 MiB granules, so its rounded-up buffer fits the admission."""
     odd = 3 * GiB + 12_345
-    assert plugin.size_kv_cache(worker, reserve_of=lambda env, model: odd) == 3 * GiB
+    assert sizing.size_kv_cache(worker, reserve_of=lambda env, model: odd) == 3 * GiB
     assert worker.cache_config.kv_cache_memory_bytes == 3 * GiB
     assert enabled.unreserved("cuda:2") == 10 * GiB - odd  # the ledger holds what it admitted
 
@@ -306,17 +302,17 @@ def test_budget_is_whole_allocator_granules(worker, enabled) -> None:
 def test_block_override_is_refused(worker, enabled) -> None:
     worker.cache_config.num_gpu_blocks_override = 1000
     with pytest.raises(AdapterError, match="--num-gpu-blocks-override=1000 would size"):
-        plugin.size_kv_cache(worker, reserve_of=lambda env, model: GiB)
+        sizing.size_kv_cache(worker, reserve_of=lambda env, model: GiB)
     assert enabled.admitted == {}
 
 
 def test_conflicting_kv_cache_memory_is_refused(worker, enabled) -> None:
     worker.cache_config.kv_cache_memory_bytes = 2 * GiB
     with pytest.raises(AdapterError, match="disagrees with the policy's reserve of 1073741824 bytes"):
-        plugin.size_kv_cache(worker, reserve_of=lambda env, model: GiB)
+        sizing.size_kv_cache(worker, reserve_of=lambda env, model: GiB)
 
 
 def test_admission_refusal_has_figures(worker, enabled) -> None:
     with pytest.raises(AdmissionRefused, match=r"cannot reserve 12 GiB .* only 10 GiB"):
-        plugin.size_kv_cache(worker, reserve_of=lambda env, model: 12 * GiB)
+        sizing.size_kv_cache(worker, reserve_of=lambda env, model: 12 * GiB)
     assert worker.cache_config.kv_cache_memory_bytes is None

@@ -11,19 +11,16 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvpolicy.adapters.common import AdapterError
-from kvpolicy.adapters.vllm_adapter.ledger import (
-    AdmissionRefused,
-    InProcessLedger,
-    InstanceKey,
-)
-from kvpolicy.adapters.vllm_adapter.model_specs import load_config, model_specs
-from kvpolicy.adapters.vllm_adapter.planning import (
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.vllm_adapter.identity import InstanceKey, gpu_of, worker_gpu
+from kvpolicy.adapters.vllm_adapter.static.ledger import AdmissionRefused, InProcessLedger
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.planning.kv_cache_planning import (
     KVCacheLayout,
     bytes_per_block,
     kv_cache_groups,
 )
-from kvpolicy.adapters.vllm_adapter.plugin import _wrap, gpu_of, worker_gpu
+from kvpolicy.adapters.vllm_adapter.plugin import wrap
 from kvpolicy.adapters.vllm_adapter.pools import (
     ACCOUNTING_POOLS,
     ALLOCATOR_GRANULE,
@@ -171,11 +168,11 @@ def test_missing_hook_target_names_it() -> None:
         pass
 
     with pytest.raises(AdapterError, match=r"cannot install the live pool report hook: .*Engine\.step does not exist"):
-        _wrap(Engine, "step", "live pool report", lambda original: original)
+        wrap(Engine, "step", "live pool report", lambda original: original)
 
 
 def test_reporter_is_throttled_and_sends_only_changes() -> None:
-    from kvpolicy.adapters.vllm_adapter.plugin import EngineReporter
+    from kvpolicy.adapters.vllm_adapter.reports import EngineReporter
 
     
     clock = iter([0.0, 0.4, 1.5])

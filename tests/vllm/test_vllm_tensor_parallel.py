@@ -14,12 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from kvpolicy.adapters.vllm_adapter.model_specs import (
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     SpecSettings,
     load_config,
     model_specs,
 )
-from kvpolicy.adapters.vllm_adapter.plan import PlanSettings, make_plan
+from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
 from vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB

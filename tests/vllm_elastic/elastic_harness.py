@@ -25,13 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
 
 import torch  # noqa: E402
 
-from kvpolicy.adapters.vllm_adapter.elastic_buffer import (  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.buffer import (  # noqa: E402
     ElasticKVBuffer,
     allocation_context,
     check_views,
     pinned_chunks,
 )
-from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool, bind_scheduler  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, bind_scheduler  # noqa: E402
 from kvpolicy.alloc import Driver, LimitSource  # noqa: E402
 
 

@@ -38,13 +38,13 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 
-from kvpolicy.adapters.vllm_adapter.elastic_pool import elastic_of  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.pool import elastic_of  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
 
-from kvpolicy.adapters.vllm_adapter import elastic_hooks  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic import lifecycle  # noqa: E402
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir  # noqa: E402
 from kvpolicy.runtime.directory import LedgerDir  # noqa: E402
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits  # noqa: E402
@@ -62,7 +62,7 @@ cfg.parallel_config.distributed_executor_backend = "uni"
 specs = layer_specs(case)  # builds the real model on meta: its attention layers are in the forward context
 
 # The engine core's pre-hook: the policy marks the model elastic, so vLLM is asked for BLHNC.
-elastic_hooks.prepare_engine(cfg, "qwen3-8b")
+lifecycle.prepare_engine(cfg, "qwen3-8b")
 import os  # noqa: E402
 
 layout_env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
@@ -103,7 +103,7 @@ groups = get_global_kv_cache_groups(cfg, [dict(specs)])
 kv_cache_config.kv_cache_layout = "BLHNC"
 worker.initialize_from_config(kv_cache_config)
 runner = worker.model_runner
-plan = worker._kvpolicy_elastic
+plan = lifecycle.plan_of(worker)
 buffer = plan.buffer
 bound_layer = next(iter(cfg.compilation_config.static_forward_context.values())).kv_cache
 view_in_buffer = buffer.va <= bound_layer.data_ptr() < buffer.va + buffer.size
@@ -130,10 +130,10 @@ def publish(revision, limit, target):
         assert not skipped, skipped
 
 
-from kvpolicy.adapters.vllm_adapter import plugin  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.reports import EngineReporter  # noqa: E402
 
 # The engine core's live report, as the plugin's step hook sends it (the executor runs it on the worker).
-reporter = plugin.EngineReporter(interval=0)
+reporter = EngineReporter(interval=0)
 core.model_executor = SimpleNamespace(collective_rpc=lambda fn, args=(), non_block=False: fn(worker, *args))
 live_pools = None
 hasher = get_request_block_hasher(16, sha256)
@@ -164,7 +164,7 @@ for step in range(STEPS):
     rids = list(out.num_scheduled_tokens)
     mro = ModelRunnerOutput(req_ids=rids, req_id_to_index={r: i for i, r in enumerate(rids)}, sampled_token_ids=sampled)
     scheduler.update_from_output(out, mro)
-    elastic_hooks.after_step(core)  # what the plugin's EngineCore.step hook runs
+    lifecycle.after_step(core)  # what the plugin's EngineCore.step hook runs
     pool.check_consistent()
     snap = inst.snapshot()
     acks.append((snap.ack_revision, snap.ack))

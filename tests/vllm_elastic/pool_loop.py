@@ -3,7 +3,7 @@
 It makes the calls vLLM's KV cache manager makes on the block pool — ``get_cached_block``
 for prefix hits, ``touch``, ``get_new_blocks``, ``cache_full_blocks``, ``free_blocks`` in
 reverse order — with the elastic pool's ``make_room`` where vLLM's allocation check is
-(see ``elastic_pool.bind_scheduler``): admit (with prefix hits), prefill, decode,
+(see ``elastic.pool.bind_scheduler``): admit (with prefix hits), prefill, decode,
 finish, preempt on a miss. It needs only ``vllm.v1.core.block_pool`` (and what that
 imports), so the same loop runs on the GPU machine, where vLLM's package cannot be
 installed. The "model" writes a signature of each token into its block (at both ends
@@ -74,7 +74,7 @@ class PoolLoop:
         max_len: int = 512,
         verify: bool = True,
     ) -> None:
-        from kvpolicy.adapters.vllm_adapter.elastic_pool import elastic_of
+        from kvpolicy.adapters.vllm_adapter.elastic.pool import elastic_of
 
         self.pool = pool
         self.elastic = elastic_of(pool)
@@ -244,8 +244,8 @@ def make_pools(
     """(vLLM BlockPool made elastic, its ElasticKVBuffer) for ``num_blocks`` virtual blocks."""
     from vllm.v1.core.block_pool import BlockPool
 
-    from kvpolicy.adapters.vllm_adapter.elastic_buffer import ElasticKVBuffer, pinned_chunks
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool
+    from kvpolicy.adapters.vllm_adapter.elastic.buffer import ElasticKVBuffer, pinned_chunks
+    from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool
 
     buffer = ElasticKVBuffer(
         driver, num_blocks=num_blocks, bytes_per_block=bytes_per_block, chunk=chunk, limit=limit,
@@ -258,7 +258,7 @@ def make_pools(
 
 def check(pool: Any, buffer: Any) -> None:
     """The invariants after a step: see ElasticPool.check_consistent, plus the mirror."""
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import elastic_of
+    from kvpolicy.adapters.vllm_adapter.elastic.pool import elastic_of
 
     elastic = elastic_of(pool)
     elastic.flush()

@@ -132,7 +132,7 @@ import torch
 from real_vllm import Case, layer_specs, vllm_config, real_plan
 from elastic_harness import make_buffer
 from vllm.v1.worker.gpu.attn_utils import init_kv_cache
-from kvpolicy.adapters.vllm_adapter.elastic_buffer import allocation_context, check_views
+from kvpolicy.adapters.vllm_adapter.elastic.buffer import allocation_context, check_views
 from kvpolicy.alloc import HostDriver, StaticLimit
 
 case = Case("qwen3-8b", 16, max_model_len=1024, layout="BLHNC", max_num_batched_tokens=1024)

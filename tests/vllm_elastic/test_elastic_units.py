@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.adapters.common import AdapterError
-from kvpolicy.adapters.vllm_adapter.elastic_limits import PinnedFirst
-from kvpolicy.adapters.vllm_adapter.elastic_policy import check_parallel, elastic_settings
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.vllm_adapter.elastic.limits import PinnedFirst
+from kvpolicy.adapters.vllm_adapter.elastic.policy import check_parallel, elastic_settings
 from kvpolicy.adapters.vllm_adapter.pools import VLLM_ELASTIC_POOLS
 from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit
 from kvpolicy.units import GiB, MiB

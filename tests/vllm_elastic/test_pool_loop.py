@@ -85,8 +85,9 @@ def test_prefix_cache_reset_usage_and_the_unbound_guard() -> None:
 
     from pool_loop import PoolLoop, check, make_pools
 
-    from kvpolicy.adapters.common import AdapterError
-    from kvpolicy.adapters.vllm_adapter import elastic_buffer, elastic_hooks
+    from kvpolicy.adapters.errors import AdapterError
+    from kvpolicy.adapters.vllm_adapter.elastic import buffer as elastic_buffer
+    from kvpolicy.adapters.vllm_adapter.elastic import lifecycle
     from kvpolicy.alloc import StaticLimit
 
     bpb = 36 * 8 * 128 * 2 * 2 * 16
@@ -114,9 +115,9 @@ def test_prefix_cache_reset_usage_and_the_unbound_guard() -> None:
         elastic_buffer.publish(orphan)
         core = SimpleNamespace(scheduler=SimpleNamespace(kv_cache_manager=SimpleNamespace(block_pool=object())))
         with pytest.raises(AdapterError, match="not adopted by the scheduler"):
-            elastic_hooks.after_step(core)
+            lifecycle.after_step(core)
         assert elastic_buffer.take_unbound(64, bpb) is orphan
-        elastic_hooks.after_step(core)  # nothing left: a stock engine steps as before
+        lifecycle.after_step(core)  # nothing left: a stock engine steps as before
         orphan.close()
     finally:
         del loop
@@ -130,8 +131,8 @@ def test_adoption_leaves_vllms_pool_a_plain_block_pool() -> None:
     from pool_loop import make_pools
     from vllm.v1.core.block_pool import BlockPool
 
-    from kvpolicy.adapters.common import AdapterError
-    from kvpolicy.adapters.vllm_adapter.elastic_pool import ElasticPool, elastic_of
+    from kvpolicy.adapters.errors import AdapterError
+    from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, elastic_of
     from kvpolicy.alloc import StaticLimit
 
     bpb = 36 * 8 * 128 * 2 * 2 * 16

@@ -2,7 +2,7 @@
 
 The arithmetic of ``vllm/v1/core/kv_cache_planning.py`` (``get_kv_cache_groups``,
 ``_get_kv_cache_bytes_per_block``, ``get_kv_cache_configs``) and of
-``get_max_concurrency_for_kv_cache_config``, for the spec kinds in specs.py, with the
+``get_max_concurrency_for_kv_cache_config``, for the spec kinds in layer_specs.py, with the
 hybrid KV cache manager on and no PP, DCP, HiSparse or speculative decoding. Every
 group draws its blocks from one shared pool of ``num_blocks`` blocks of
 ``bytes_per_block`` bytes; block 0 is vLLM's null block and never holds KV.
@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
-from .specs import LayerSpec, SpecKind, cdiv, is_uniform_type
+from .layer_specs import LayerSpec, SpecKind, cdiv, is_uniform_type
 
 
 class PlanError(ValueError):

@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpolicy.adapters.common import ENV_POLICY, AdapterError, read_policy
-
+from kvpolicy.adapters.common import read_policy
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import ENV_POLICY
 from kvpolicy.units import format_bytes, round_down
 
-from .pools import (
+from ..pools import (
     DEEPSEEK_V4_POOLS,
     VLLM_ELASTIC_POOLS,
     deepseek_v4_pool,

@@ -1,7 +1,7 @@
 """``kvpolicy plan --engine vllm``: what vLLM 0.33 would allocate for a model and a budget.
 
-Pure code on top of model_specs.py and planning.py; the JSON is
-``shared/CONTRACTS.md``'s ``plan --engine vllm`` shape plus extra fields.
+Pure code on top of ``hf_config`` and ``kv_cache_planning``; ``VllmPlan`` is the JSON
+that ``kvpolicy plan --engine vllm --format json`` prints.
 """
 
 from __future__ import annotations
@@ -11,12 +11,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from . import planning
-from .model_specs import Family, ModelSpecs, SpecSettings, model_specs
-from .planning import Group, KVCacheLayout, PlanError
-from .pools import PADDING_POOL
+from .. import VALIDATED_VLLM
+from ..pools import PADDING_POOL
+from .hf_config import Family, ModelSpecs, SpecSettings, model_specs
+from .kv_cache_planning import (
+    Group,
+    KVCacheLayout,
+    PlanError,
+    blocks_per_request,
+    bytes_per_block,
+    check_fits,
+    kv_cache_groups,
+    num_blocks_for_budget,
+    validate_layout,
+)
 
-VALIDATED_VLLM = ("0.33.0",)
 PLAN_SCHEMA = 1
 
 
@@ -115,14 +124,14 @@ def make_plan(
         raise PlanError("give exactly one of a budget or a number of blocks")
     specs = model_specs(config, settings)
     layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
-    groups = planning.kv_cache_groups(specs.layers, layout)
-    planning.validate_layout(groups, layout)
-    block_bytes = planning.bytes_per_block(groups, layout)
-    blocks = planning.num_blocks_for_budget(budget, block_bytes) if budget is not None else num_blocks
+    groups = kv_cache_groups(specs.layers, layout)
+    validate_layout(groups, layout)
+    block_bytes = bytes_per_block(groups, layout)
+    blocks = num_blocks_for_budget(budget, block_bytes) if budget is not None else num_blocks
     assert blocks is not None
     in_flight = settings.max_in_flight_tokens
-    request_blocks = planning.blocks_per_request(groups, settings.max_model_len, in_flight)
-    planning.check_fits(blocks, block_bytes, request_blocks, settings.max_model_len)
+    request_blocks = blocks_per_request(groups, settings.max_model_len, in_flight)
+    check_fits(blocks, block_bytes, request_blocks, settings.max_model_len)
     concurrency = blocks / request_blocks
     return VllmPlan(
         model=specs.family,
@@ -170,4 +179,4 @@ def _pool_plans(groups: list[Group], s: PlanSettings) -> dict[str, PoolPlan]:
     return {name: PoolPlan(**entry) for name, entry in acc.items()}
 
 
-__all__ = ["VALIDATED_VLLM", "PlanError", "PlanSettings", "VllmPlan", "make_plan"]
+__all__ = ["PlanError", "PlanSettings", "VllmPlan", "make_plan"]

@@ -1,4 +1,4 @@
-"""The elastic KV cache's hooks into vLLM 0.33, called from ``plugin``'s wrappers.
+"""The elastic KV cache's life in one engine process, step by step, called from ``hooks``.
 
 In the order they run in one engine process (engine core and its one worker):
 
@@ -29,11 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError, read_policy
+from kvpolicy.adapters.common import read_policy
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import AdapterEnv, VllmEnv
 
-from kvpolicy.units import MiB
-
-from .elastic_buffer import (
+from ..identity import InstanceKey
+from ..pools import PoolLayout, elastic_pool_facts
+from .buffer import (
     ElasticKVBuffer,
     allocation_context,
     check_views,
@@ -43,8 +45,8 @@ from .elastic_buffer import (
     take_unbound,
     unbound,
 )
-from .elastic_ledger import elastic_ledger
-from .elastic_policy import (
+from .ledger import elastic_ledger
+from .policy import (
     BLOCK_OUTERMOST_LAYOUTS,
     ELASTIC_LAYOUT,
     ElasticSettings,
@@ -53,28 +55,11 @@ from .elastic_policy import (
     elastic_settings,
     marked_pools,
 )
-from .ledger import InstanceKey
-from .pools import PoolLayout, elastic_pool_facts
 
 logger = logging.getLogger(__name__)
 
-ENV_GIVE_BACK = "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"
-ENV_GROW = "KVPOLICY_ELASTIC_GROW_BYTES"
-DEFAULT_GIVE_BACK = 1.0
-DEFAULT_GROW = 16 * MiB
-
-
-def _env_number(name: str, default: float, unit: str) -> float:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise AdapterError(f"kvpolicy: {name}={text!r}: expected {unit}") from None
-    if value < 0:
-        raise AdapterError(f"kvpolicy: {name}={text!r} must be >= 0")
-    return value
+PLAN_ATTR = "_kvpolicy_elastic"
+"""The worker attribute that holds its ``ElasticPlan`` from sizing on."""
 
 
 @dataclass
@@ -87,6 +72,11 @@ class ElasticPlan:
     instance: Any
     buffer: ElasticKVBuffer | None = None
     layout: PoolLayout | None = None
+
+
+def plan_of(worker: Any) -> ElasticPlan | None:
+    """The worker's elastic plan, or None when its KV cache is runtime-owned (or not sized yet)."""
+    return getattr(worker, PLAN_ATTR, None)
 
 
 # ---------------------------------------------------------------- engine core
@@ -123,7 +113,7 @@ def after_step(engine_core: Any) -> None:
     """After each engine step: the elastic pool's between-steps work (nothing for other engines)."""
     scheduler = getattr(engine_core, "scheduler", None)
     manager = getattr(scheduler, "kv_cache_manager", None)
-    from .elastic_pool import elastic_of  # vLLM's block pool module: loaded by the scheduler by now
+    from .pool import elastic_of  # vLLM's block pool module: loaded by the scheduler by now
 
     elastic = elastic_of(getattr(manager, "block_pool", None))
     if elastic is not None:
@@ -145,7 +135,7 @@ def after_step(engine_core: Any) -> None:
 
 def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
     """At sizing: the worker's elastic plan (ledger instance attached, vLLM told to plan the virtual
-    capacity), or None when the policy marks no pool of this model elastic."""
+    capacity, the plan kept on the worker), or None when the policy marks no pool of this model elastic."""
     env = AdapterEnv.from_environ()
     ledger = elastic_ledger()
     if not model_is_elastic(env, key.model):
@@ -178,7 +168,9 @@ def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
         "kvpolicy: %s on %s: elastic KV cache, planned for %d bytes (max), guarantee %d bytes, chunk %d",
         key.id, gpu, settings.virtual, settings.guarantee, settings.chunk,
     )
-    return ElasticPlan(key=key, gpu=gpu, settings=settings, instance=instance)
+    plan = ElasticPlan(key=key, gpu=gpu, settings=settings, instance=instance)
+    setattr(worker, PLAN_ATTR, plan)
+    return plan
 
 
 def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
@@ -241,7 +233,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
         raise AdapterError(f"kvpolicy: {plan.key.id}: only {admitted} of the {pinned} bytes for the null block were admitted")
     device = getattr(worker.model_runner, "device", None) or worker.device
     driver = _driver_for(device, plan, pinned)
-    grow_bytes = int(_env_number(ENV_GROW, DEFAULT_GROW, "bytes"))
+    grow_bytes = VllmEnv.from_environ().grow_bytes
     buffer = ElasticKVBuffer(
         driver,
         num_blocks=layout.num_blocks,
@@ -290,15 +282,15 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
     buffer = take_unbound(kv_cache_config.num_blocks, tensors[0].size // kv_cache_config.num_blocks)
     if buffer is None:
         return None
-    from .elastic_pool import bind_scheduler
-    from .plugin import ENV_REPORT_INTERVAL
+    from .pool import bind_scheduler
 
     on_activity = getattr(buffer.limit.inner, "touch", None)
+    settings = VllmEnv.from_environ()
     pool = bind_scheduler(
         manager,
         buffer,
-        give_back_interval=_env_number(ENV_GIVE_BACK, DEFAULT_GIVE_BACK, "seconds"),
-        report_interval=_env_number(ENV_REPORT_INTERVAL, 1.0, "seconds"),
+        give_back_interval=settings.give_back_interval,
+        report_interval=settings.report_interval,
         on_activity=on_activity,
     )
     logger.info("kvpolicy: the scheduler's block pool is elastic over %r", buffer)

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from kvpolicy.adapters.common import AdapterEnv, AdapterError
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import AdapterEnv
 
-from .ledger import InstanceKey
+from ..identity import InstanceKey
 
 
 class ElasticLedger(Protocol):

@@ -58,13 +58,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kvpolicy.adapters.common import AdapterError
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
+from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.alloc import DriverError, OutOfBlocks
 
-from .elastic_buffer import ElasticKVBuffer
+from .buffer import ElasticKVBuffer
 
 logger = logging.getLogger(__name__)
 

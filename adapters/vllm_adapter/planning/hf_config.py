@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
-from .specs import LayerSpec, SpecKind
+from .layer_specs import LayerSpec, SpecKind
 
 Family = Literal["deepseek_v4", "mla", "standard"]
 

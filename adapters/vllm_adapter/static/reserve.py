@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpolicy.adapters.common import ENV_ENABLE, ENV_POLICY, AdapterError, read_policy
+from kvpolicy.adapters.common import read_policy
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 
 
 def policy_reserve(policy: Path | None, model: str) -> int:

@@ -19,7 +19,7 @@ been zero at least once, as with the stock buffer, and nothing unmapped is touch
 mapping per unused chunk and a remap on every growth.)
 
 **Null block.** Block 0 is vLLM's null block, which kernels may read at any time;
-the chunks holding it are mapped at start and never released (see elastic_limits).
+the chunks holding it are mapped at start and never released (see ``limits``).
 
 **Unmapping** waits for the device first (``Driver.synchronize``): cuMemUnmap does not
 wait for kernels in flight, and with async scheduling a step may still be reading
@@ -33,12 +33,12 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from kvpolicy.adapters.common import AdapterError
+from kvpolicy.adapters.errors import AdapterError
 
 from kvpolicy.alloc import ChunkGrid, ChunkMapping, Driver, GiveBack, LimitSource, LiveBlocks
 from kvpolicy.units import format_bytes
 
-from .elastic_limits import PinnedFirst
+from .limits import PinnedFirst
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +56,7 @@ class ElasticKVBuffer:
 
     ``limit`` is the ledger's (elastic) LimitSource; ``pinned`` the bytes already
     admitted statically for the null block's chunks. vLLM's scheduler hands out the
-    block ids and drives the allocator's parts through ``elastic_pool.ElasticPool``:
+    block ids and drives the allocator's parts through ``pool.ElasticPool``:
     ``mapping`` (the arena, mapped chunk by chunk under the limit), ``live`` (the block
     ids the scheduler holds, as the mapping must know them), ``give_back`` (when memory
     goes back) and ``grid`` (which chunks a block's bytes touch).
@@ -105,7 +105,7 @@ class ElasticKVBuffer:
             self.mapping.close()
             raise
         self.bound = False
-        """Whether a scheduler's block pool drives this buffer (``elastic_pool.ElasticPool.adopt``)."""
+        """Whether a scheduler's block pool drives this buffer (``pool.ElasticPool.adopt``)."""
 
     @property
     def va(self) -> int:

@@ -1,44 +1,27 @@
-"""What the vLLM adapter needs from the ledger, as two small protocols.
+"""What the vLLM adapter needs from the ledger for a runtime-owned KV cache, as two small protocols.
 
 - ``StaticAdmission.admit``: at engine start, each worker reserves its KV budget on
   its GPU, atomically across processes, before vLLM sizes the cache from it.
-- ``PoolReporter.report_pools``: the engine core reports each rank's pools.
+- ``PoolReporter.report_pools``: each rank reports its pools (``reports``).
 
-``InProcessLedger`` implements both inside one process (tests, single-engine
-tools). The shared-memory ledger client (``kvpolicy.runtime``) plugs in through
-``plugin.set_ledger`` / ``connect_ledger`` without changes here.
+``static_ledger()`` is this process's ledger: the shared-memory ledger client
+(``kvpolicy.runtime``) under ``KVPOLICY_LEDGER_DIR``, connected on first use, unless
+``set_static_ledger`` gave another. ``InProcessLedger`` implements both protocols
+inside one process (tests, single-engine tools).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from kvpolicy.adapters.common import AdapterError
-
+from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.settings import ENV_ENABLE, AdapterEnv
 from kvpolicy.facts import PoolFacts
 from kvpolicy.units import format_bytes
 
-
-@dataclass(frozen=True)
-class InstanceKey:
-    """One engine process on one GPU: rank ``rank`` of engine ``engine_id``.
-
-    Every rank of one vLLM engine shares ``engine_id`` (tensor/pipeline parallel
-    ranks are one engine, DESIGN §4); ``dp_rank`` tells data-parallel engines apart.
-    """
-
-    engine_id: str
-    model: str
-    rank: int = 0
-    dp_rank: int = 0
-
-    @property
-    def id(self) -> str:
-        dp = f"/dp{self.dp_rank}" if self.dp_rank else ""
-        return f"{self.engine_id}{dp}/{self.rank}"
+from ..identity import InstanceKey
 
 
 class AdmissionRefused(AdapterError):
@@ -64,7 +47,36 @@ class PoolReporter(Protocol):
 
 
 class VllmLedger(StaticAdmission, PoolReporter, Protocol):
-    """Both halves; what ``connect_ledger`` returns."""
+    """Both halves; what ``static_ledger`` returns."""
+
+
+_ledger: VllmLedger | None = None
+
+
+def set_static_ledger(ledger: VllmLedger | None) -> None:
+    """Use ``ledger`` for admission and reports in this process (None: back to ``connect_ledger``)."""
+    global _ledger
+    _ledger = ledger
+
+
+def connect_ledger(env: AdapterEnv) -> VllmLedger:
+    """The shared-memory ledger under ``env.ledger_dir``, through its client."""
+    try:
+        from kvpolicy.runtime.engines import connect_vllm_ledger
+    except ImportError:
+        raise AdapterError(
+            f"kvpolicy: no ledger client in this install (kvpolicy.runtime.engines), so the KV budget "
+            f"cannot be admitted on the GPU ({env.ledger_dir}). Update kvpolicy, or unset {ENV_ENABLE}."
+        ) from None
+    return connect_vllm_ledger(env)
+
+
+def static_ledger() -> VllmLedger:
+    """This process's ledger for static admission and pool reports."""
+    global _ledger
+    if _ledger is None:
+        _ledger = connect_ledger(AdapterEnv.from_environ())
+    return _ledger
 
 
 class InProcessLedger:

@@ -1,0 +1,126 @@
+"""Every ``KVPOLICY_*`` variable the engine adapters read, each parsed here once, with one validation.
+
+| variable | read by | value | default |
+|---|---|---|---|
+| ``KVPOLICY_ENABLE`` | both | ``1``/``true``/``yes`` or ``0``/``false``/``no`` | off |
+| ``KVPOLICY_POLICY`` | both | the policy file | none |
+| ``KVPOLICY_MODEL`` | both | the policy's name for the engine's model | the served model name |
+| ``KVPOLICY_LEDGER_DIR`` | both | the ledger directory | ``/dev/shm/kvpolicy`` |
+| ``KVPOLICY_ENGINE_ID`` | both | what every rank of one engine shares in the ledger | per adapter |
+| ``KVPOLICY_REPORT_INTERVAL`` | vLLM | seconds between live pool reports, ≥ 0 | 1 |
+| ``KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL`` | vLLM | seconds between give-backs of memory above the target, ≥ 0 | 1 |
+| ``KVPOLICY_ELASTIC_GROW_BYTES`` | vLLM | bytes one growth of the elastic KV cache maps at least, a whole number ≥ 0 | 16 MiB |
+
+Activation is explicit: nothing happens unless ``KVPOLICY_ENABLE=1``. An empty
+variable is an unset one. A value that does not parse is an ``AdapterError`` naming
+the variable and what it expects. The engines' entry points read ``AdapterEnv`` in
+every process, enabled or not, so this module imports only the standard library.
+(The controller's ledger options, ``KVPOLICY_LEDGER_GROUP`` and
+``KVPOLICY_LEDGER_ALLOW_FOREIGN_OWNER``, belong to the ledger client,
+``kvpolicy.runtime.client``.)
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpolicy.adapters.errors import AdapterError
+
+ENV_ENABLE = "KVPOLICY_ENABLE"
+ENV_POLICY = "KVPOLICY_POLICY"
+ENV_MODEL = "KVPOLICY_MODEL"
+ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
+ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
+ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
+ENV_GIVE_BACK_INTERVAL = "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"
+ENV_GROW_BYTES = "KVPOLICY_ELASTIC_GROW_BYTES"
+
+DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
+DEFAULT_REPORT_INTERVAL = 1.0
+DEFAULT_GIVE_BACK_INTERVAL = 1.0
+DEFAULT_GROW_BYTES = 16 << 20  # 16 MiB: ledger admissions per batch of blocks, not per block
+
+_ON = ("1", "true", "yes")
+_OFF = ("0", "false", "no")
+
+
+@dataclass(frozen=True)
+class AdapterEnv:
+    """What both adapters read from the environment of the engine process."""
+
+    enabled: bool
+    policy: Path | None
+    model: str | None
+    ledger_dir: Path
+    engine_id: str | None = None
+    """``KVPOLICY_ENGINE_ID``; None: the adapter's default (see each adapter)."""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> AdapterEnv:
+        env = os.environ if environ is None else environ
+        policy = _text(env, ENV_POLICY)
+        return cls(
+            enabled=_flag(env, ENV_ENABLE),
+            policy=Path(policy) if policy else None,
+            model=_text(env, ENV_MODEL),
+            ledger_dir=Path(_text(env, ENV_LEDGER_DIR) or DEFAULT_LEDGER_DIR),
+            engine_id=_text(env, ENV_ENGINE_ID),
+        )
+
+
+@dataclass(frozen=True)
+class VllmEnv:
+    """What the vLLM adapter alone reads from the environment (read only once it is enabled)."""
+
+    report_interval: float = DEFAULT_REPORT_INTERVAL
+    """Seconds between live pool reports (the engine core's split, and the elastic pool's bytes in use)."""
+    give_back_interval: float = DEFAULT_GIVE_BACK_INTERVAL
+    """Seconds between give-backs of elastic memory above the target."""
+    grow_bytes: int = DEFAULT_GROW_BYTES
+    """Bytes one growth of the elastic KV cache maps at least, while the limit allows."""
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> VllmEnv:
+        env = os.environ if environ is None else environ
+        return cls(
+            report_interval=_seconds(env, ENV_REPORT_INTERVAL, DEFAULT_REPORT_INTERVAL),
+            give_back_interval=_seconds(env, ENV_GIVE_BACK_INTERVAL, DEFAULT_GIVE_BACK_INTERVAL),
+            grow_bytes=_bytes(env, ENV_GROW_BYTES, DEFAULT_GROW_BYTES),
+        )
+
+
+def _text(env: Mapping[str, str], name: str) -> str | None:
+    return env.get(name) or None
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text and text not in _ON + _OFF:
+        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected 1 or 0")
+    return text in _ON
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected seconds >= 0, e.g. 1 or 0.5")
+    return value
+
+
+def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()):
+        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected a whole number of bytes >= 0, e.g. {default}")
+    return int(text)

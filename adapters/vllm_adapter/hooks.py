@@ -1,0 +1,101 @@
+"""What each vLLM method the plugin patches runs: vLLM's own method, and around it the static or the elastic part.
+
+Each ``*_hook(original)`` returns the replacement for one method (``plugin.install_hooks``
+installs them). Where the model's KV cache is elastic (``elastic.lifecycle``) they
+route there; otherwise to the runtime-owned path (``static``); the live reports
+(``reports``) serve both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .elastic import lifecycle as elastic
+from .identity import instance_key, policy_model, worker_gpu
+from .pools import PoolLayout
+from .reports import LAYOUT_ATTR, EngineReporter, report_worker_pools
+from .static.sizing import size_kv_cache
+
+Method = Callable[..., Any]
+
+REPORTER_ATTR = "_kvpolicy_reporter"
+"""The engine core attribute that holds its ``EngineReporter`` (none for attention-free models)."""
+
+
+def size_worker_cache(worker: Any) -> int:
+    """The bytes vLLM sizes this worker's KV cache with: the policy's ``max`` (address space only)
+    when the model is elastic, else its ``reserve``, admitted in the ledger."""
+    plan = elastic.plan_of(worker) or elastic.plan_worker(worker, instance_key(worker.vllm_config, worker.rank),
+                                                          worker_gpu(worker))
+    if plan is not None:  # memory is admitted chunk by chunk, as the cache grows
+        worker.cache_config.kv_cache_memory_bytes = plan.settings.virtual
+        return plan.settings.virtual
+    return size_kv_cache(worker)
+
+
+def sizing_hook(original: Method) -> Method:
+    """``Worker.determine_available_memory``: size the cache from the policy, then let vLLM profile."""
+
+    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        size_worker_cache(self)
+        return original(self, *args, **kwargs)
+
+    return determine_available_memory
+
+
+def allocated_hook(original: Method) -> Method:
+    """``Worker.initialize_from_config``: an elastic buffer goes on the allocator; a runtime-owned one
+    reports its pools (all blocks free) once vLLM allocated it."""
+
+    def initialize_from_config(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
+        plan = elastic.plan_of(self)
+        if plan is not None:  # the buffer goes on the allocator; it reports its pools when made
+            with elastic.elastic_allocation(self, plan):
+                return original(self, kv_cache_config, *args, **kwargs)
+        result = original(self, kv_cache_config, *args, **kwargs)
+        if kv_cache_config.kv_cache_tensors:  # attention-free models have no KV buffer
+            setattr(self, LAYOUT_ATTR, PoolLayout.from_kv_cache_config(kv_cache_config))
+            report_worker_pools(self)
+        return result
+
+    return initialize_from_config
+
+
+def manager_hook(original: Method) -> Method:
+    """``KVCacheManager.__init__``: the scheduler's block pool becomes elastic over this process's buffer."""
+
+    def __init__(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, kv_cache_config, *args, **kwargs)
+        elastic.bind_manager(self, kv_cache_config)
+
+    return __init__
+
+
+def start_report_hook(original: Method) -> Method:
+    """``EngineCore._initialize_kv_caches``: ask for the elastic layout before vLLM resolves it; then
+    start the live reports."""
+
+    def _initialize_kv_caches(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
+        elastic.prepare_engine(vllm_config, policy_model(vllm_config))  # before vLLM resolves the layout
+        result = original(self, vllm_config, *args, **kwargs)
+        if result.kv_cache_groups:  # attention-free models have nothing to report
+            setattr(self, REPORTER_ATTR, EngineReporter.from_environ())
+        return result
+
+    return _initialize_kv_caches
+
+
+def step_report_hook(original: Method) -> Method:
+    """``EngineCore.step`` / ``step_with_batch_queue``: the elastic pool's between-steps work, then the
+    live report."""
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        elastic.after_step(self)  # before the report: it may change what the pools hold
+        reporter = getattr(self, REPORTER_ATTR, None)
+        if reporter is not None:
+            reporter.maybe_report(self)
+        return result
+
+    return step

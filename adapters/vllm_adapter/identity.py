@@ -1,0 +1,82 @@
+"""Who a vLLM rank is in the ledger: its ``InstanceKey`` (engine id, model, rank) and its GPU."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpolicy.adapters.settings import AdapterEnv
+
+
+@dataclass(frozen=True)
+class InstanceKey:
+    """One engine process on one GPU: rank ``rank`` of engine ``engine_id``.
+
+    Every rank of one vLLM engine shares ``engine_id`` (tensor/pipeline parallel
+    ranks are one engine); ``dp_rank`` tells data-parallel engines apart.
+    """
+
+    engine_id: str
+    model: str
+    rank: int = 0
+    dp_rank: int = 0
+
+    @property
+    def id(self) -> str:
+        dp = f"/dp{self.dp_rank}" if self.dp_rank else ""
+        return f"{self.engine_id}{dp}/{self.rank}"
+
+
+def default_engine_id() -> str:
+    """The default engine id: this host and the process that loaded the plugin first.
+
+    ``register`` puts it in ``KVPOLICY_ENGINE_ID`` for the processes vLLM starts after it."""
+    return f"vllm-{socket.gethostname()}-{os.getpid()}"
+
+
+def served_model_name(vllm_config: Any) -> str:
+    name = getattr(vllm_config.model_config, "served_model_name", None) or vllm_config.model_config.model
+    return name[0] if isinstance(name, (list, tuple)) else str(name)
+
+
+def policy_model(vllm_config: Any) -> str:
+    """The policy's name for the model: ``KVPOLICY_MODEL``, else vLLM's served model name."""
+    return AdapterEnv.from_environ().model or served_model_name(vllm_config)
+
+
+def instance_key(vllm_config: Any, rank: int) -> InstanceKey:
+    env = AdapterEnv.from_environ()
+    dp_rank = getattr(vllm_config.parallel_config, "data_parallel_rank", 0) or 0
+    return InstanceKey(
+        engine_id=env.engine_id or default_engine_id(),
+        model=env.model or served_model_name(vllm_config),
+        rank=rank,
+        dp_rank=dp_rank,
+    )
+
+
+def worker_gpu(worker: Any) -> str:
+    """The ledger's id of the GPU an initialized vLLM worker uses (see ``gpu_of``)."""
+    assigned = getattr(worker.parallel_config, "assigned_physical_gpu_ids", None)
+    if assigned is not None and worker.local_rank < len(assigned):
+        return f"cuda:{assigned[worker.local_rank]}"
+    return gpu_of(worker.local_rank)
+
+
+def gpu_of(local_rank: int, environ: Mapping[str, str] | None = None) -> str:
+    """The ledger's id of logical GPU ``local_rank``: ``cuda:N`` with N the physical index
+    (through CUDA_VISIBLE_DEVICES), or the UUID that CUDA_VISIBLE_DEVICES names.
+
+    (vLLM's ``Worker.init_device`` turns ``local_rank`` into the DP-adjusted logical
+    index before the KV cache is sized.) Physical indices match NVML's only with
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    """
+    env = os.environ if environ is None else environ
+    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    if local_rank < len(visible):
+        device = visible[local_rank]
+        return f"cuda:{device}" if device.isdigit() else device
+    return f"cuda:{local_rank}"
