@@ -109,9 +109,10 @@ class PolicyWatcher:
                 return self._reject(now, sha, result.errors[0])
             revision = self.current.revision + 1 if self.current else 1
             loaded = LoadedPolicy(policy=result.policy, sha256=sha, revision=revision, loaded_at=now)
-            self.current = loaded
-            self.reloads += 1
+            # The result first: whoever sees the new policy in `current` also sees its reload as ok.
             self._record(ReloadResult(ok=True, at=now, sha256=sha))
+            self.reloads += 1
+            self.current = loaded
             log.info("policy %s revision %d loaded (sha256 %s)", self.display_name, revision, sha[:12])
         if self.on_change is not None:
             self.on_change(loaded)
