@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -66,18 +67,31 @@ def kv_cache_configurator(geometry, server_args_obj, *, gpu_id=0, draft=False):
     return kvc
 
 
-def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
+@dataclass
+class BuiltPools:
+    """What ``build_pools_through_sglang`` made: SGLang's config and sizes, the request table, the V4 pool."""
+
+    config: object
+    sizes: object
+    req_to_token_pool: object
+    pool: object
+
+
+def build_pools_through_sglang(kvc, pre_model_load_memory_gb=80.0) -> BuiltPools:
     """What ``KVCacheConfigurator.configure`` does for a V4 target: profile → config → pools.
 
     Runs the real ``_resolve_memory_pool_config`` (which calls ``_profile_available_bytes``,
-    hooked or not), ``_derive_pool_sizes``, a real ``ReqToTokenPool`` and ``_build_dsv4_kv_pool``.
+    hooked or not), ``_derive_pool_sizes``, the real ``_build_req_to_token_pool`` (on
+    ``kvc.device``, as ``_init_pools`` does) and ``_build_dsv4_kv_pool``.
     """
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-
     config = kvc._resolve_memory_pool_config(pre_model_load_memory_gb)
     sizes = kvc._derive_pool_sizes(config=config)
-    req_pool = ReqToTokenPool(size=sizes.max_running_requests, max_context_len=8, device="cpu",
-                              enable_memory_saver=False)
+    return BuiltPools(config, sizes, *build_from_sizes(kvc, sizes))
+
+
+def build_from_sizes(kvc, sizes):
+    """The request table and the V4 pool SGLang builds for ``sizes`` (``_init_pools`` for a V4 target)."""
+    req_pool = kvc._build_req_to_token_pool(max_num_reqs=sizes.max_running_requests)
     pool = kvc._build_dsv4_kv_pool(
         max_running_requests=sizes.max_running_requests,
         full_max_total_num_tokens=sizes.full_max_total_num_tokens,
@@ -90,4 +104,27 @@ def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
         c128_state_dtype=sizes.c128_state_dtype,
         req_to_token_pool=req_pool,
     )
-    return config, sizes, pool
+    return req_pool, pool
+
+
+def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
+    """``build_pools_through_sglang`` as (config, sizes, V4 pool)."""
+    built = build_pools_through_sglang(kvc, pre_model_load_memory_gb)
+    return built.config, built.sizes, built.pool
+
+
+def tensor_bytes_by_pool(pool, req_to_token_pool=None) -> dict[str, int]:
+    """Sums of the real tensors' bytes per policy pool, read straight off SGLang's objects
+    (independently of facts.py); a pool the config has no layer for is absent."""
+    sums = {"swa": sum(t.nbytes for t in pool.swa_kv_pool.kv_buffer)}
+    for ratio, name in ((4, "c4"), (128, "c128")):
+        if pool.kv_pools.get(ratio) is not None:
+            sums[name] = sum(t.nbytes for t in pool.kv_pools[ratio].kv_buffer)
+    if pool.index_pools.get(4) is not None:
+        sums["indexer"] = sum(t.nbytes for t in pool.index_pools[4].index_k_with_scale_buffer)
+    states = [p for p in [*pool.compress_state_pools, *pool.indexer_compress_state_pools] if p is not None]
+    if states:
+        sums["compressor_state"] = sum(p.kv_score_buffer.kv_score.nbytes for p in states)
+    if req_to_token_pool is not None:
+        sums["req_to_token"] = req_to_token_pool.req_to_token.nbytes
+    return sums

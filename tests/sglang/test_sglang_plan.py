@@ -11,11 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, ModelGeometry, load_geometry
+from kvpolicy.adapters.sglang_dsv4.footprint import footprint
 from kvpolicy.adapters.sglang_dsv4.plan import (
+    REQ_TO_TOKEN,
+    V4_POOL_NAMES,
     PlanError,
     PlanSettings,
     budget_for_reserve,
     plan_for_full_tokens,
+    pool_tensors,
+    size_from_full_tokens,
 )
 from kvpolicy.cli import main
 from kvpolicy.units import GiB, MiB
@@ -33,12 +38,18 @@ def test_released_configs_have_the_layer_counts_of_the_reference():
 
 
 def test_flash_4m_tokens_matches_the_pool_measured_on_the_h200():
-    # shared/reference/sglang-dsv4.md: 4M full tokens, 256 running requests, swa 0.1·N:
-    # 32,453,830,144 tensor bytes; cuMemGetInfo dropped by 32,671,531,008.
-    plan = plan_for_full_tokens(load_geometry(FLASH), PlanSettings(max_running_requests=256, swa_ratio=0.1), 4 << 20)
-    assert plan.total_bytes == 32_453_830_144
-    assert plan.total_footprint == 32_671_531_008
-    assert sum(p.tensors for p in plan.pools.values()) == 167
+    # Measured on an H200 (a V4 pool built alone): 4M full tokens, 256 running requests,
+    # swa 0.1·N: 32,453,830,144 tensor bytes; cuMemGetInfo dropped by 32,671,531,008.
+    geometry, settings = load_geometry(FLASH), PlanSettings(max_running_requests=256, swa_ratio=0.1)
+    plan = plan_for_full_tokens(geometry, settings, 4 << 20)
+    v4 = [p for name, p in plan.pools.items() if name in V4_POOL_NAMES]
+    assert sum(p.bytes for p in v4) == 32_453_830_144
+    tensors = pool_tensors(geometry, settings, size_from_full_tokens(geometry, settings, 4 << 20))
+    assert footprint(t.nbytes for t in tensors if t.pool != REQ_TO_TOKEN) == 32_671_531_008
+    assert sum(p.tensors for p in v4) == 167
+    # Beside the pool, SGLang's request-to-token table: 257 rows of 1M + 4 int32 entries.
+    assert plan.pools[REQ_TO_TOKEN].bytes == 257 * (1_048_576 + 4) * 4
+    assert plan.total_bytes == 32_453_830_144 + 257 * (1_048_576 + 4) * 4
 
 
 def test_flash_coefficient_per_full_token():
@@ -121,7 +132,7 @@ def test_plan_text_has_a_bar_per_pool(capsys):
 
 def test_plan_errors_exit_1_with_a_message(capsys):
     code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "1MiB")
-    assert code == 1 and "not enough memory" in err
+    assert code == 1 and "SWA pool (0 tokens) cannot hold even one request" in err  # as SGLang refuses it
     code, _, err = run_cli(capsys, "--model-config", str(REPO / "nope.json"), "--budget", "1GiB")
     assert code == 1 and "nope.json" in err
 

@@ -16,7 +16,15 @@ from kvpolicy.adapters.sglang_dsv4.facts import OTHER, measure_pool
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
 from kvpolicy.adapters.sglang_dsv4.ports import InProcessLedger, Reserve
 from kvpolicy.units import GiB, MiB
-from sglang_support import HERE, MODELS, TINY_RATIOS, build_pool_through_sglang, kv_cache_configurator
+from sglang_support import (
+    HERE,
+    MODELS,
+    TINY_RATIOS,
+    build_pool_through_sglang,
+    build_pools_through_sglang,
+    kv_cache_configurator,
+    tensor_bytes_by_pool,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -63,21 +71,6 @@ def test_plan_equals_the_real_configurator(server_args, shape, budget, flags):
     )
 
 
-def tensor_bytes_by_pool(pool) -> dict[str, int]:
-    """Sums of the real tensors' bytes, read straight off the pool (independently of facts.py)."""
-    sums = {
-        "swa": sum(t.nbytes for t in pool.swa_kv_pool.kv_buffer),
-        "c4": sum(t.nbytes for t in pool.kv_pools[4].kv_buffer),
-        "c128": sum(t.nbytes for t in pool.kv_pools[128].kv_buffer),
-        "indexer": sum(t.nbytes for t in pool.index_pools[4].index_k_with_scale_buffer),
-        "compressor_state": sum(
-            p.kv_score_buffer.kv_score.nbytes
-            for p in [*pool.compress_state_pools, *pool.indexer_compress_state_pools] if p is not None
-        ),
-    }
-    return sums
-
-
 POOL_CASES = [
     ("tiny", 64 * MiB, dict(max_running_requests=16)),
     ("tiny", 20 * MiB, dict(max_running_requests=2, swa_full_tokens_ratio=0.3)),
@@ -94,13 +87,13 @@ def test_facts_and_plan_equal_the_real_pool(server_args, shape, budget, flags):
     original = type(kvc)._profile_available_bytes
     type(kvc)._profile_available_bytes = lambda self, pre: budget  # only the free-memory probe is replaced
     try:
-        _config, _sizes, pool = build_pool_through_sglang(kvc)
+        built = build_pools_through_sglang(kvc)
     finally:
         type(kvc)._profile_available_bytes = original
-    real = tensor_bytes_by_pool(pool)
-    m = measure_pool(pool)
+    real = tensor_bytes_by_pool(built.pool, built.req_to_token_pool)
+    m = measure_pool(built.pool, built.req_to_token_pool)
     assert {k: f.tensor_bytes for k, f in m.facts.items()} == real  # nothing under "other" on this path
-    assert m.cross_check_ok and m.enumerated_bytes == sum(real.values())
+    assert m.cross_check_ok and m.enumerated_bytes == sum(real.values()) - real["req_to_token"]
     predicted = closed.plan_for_budget(geometry, hooks.live_settings(kvc), budget)
     assert {k: p.bytes for k, p in predicted.pools.items()} == real
     assert {k: p.footprint for k, p in predicted.pools.items()} == {k: f.bytes for k, f in m.facts.items()}
@@ -163,17 +156,19 @@ def test_the_budget_hook_makes_the_real_pool_fit_the_admitted_reserve(server_arg
     kvc = kv_cache_configurator(geometry, server_args(mem_fraction_static=0.9, **flags))
     free_memory_is(kvc, 64 * GiB, monkeypatch)
     ledger, state = adapter(reserve, {"cuda:0": 80 * GiB})
-    config, _sizes, pool = build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0)
+    built = build_pools_through_sglang(kvc, pre_model_load_memory_gb=80.0)
+    config, pool = built.config, built.pool
     m = state.measurements[-1]
-    assert m.footprint <= reserve
+    assert m.footprint <= reserve  # the V4 pools and the request table
     assert reserve - m.footprint < 64 * MiB + len(m.tensors) * 2 * MiB  # and the reserve is used
-    assert sum(tensor_bytes_by_pool(pool).values()) == m.tensor_bytes
+    assert sum(tensor_bytes_by_pool(pool, built.req_to_token_pool).values()) == m.tensor_bytes
     (instance_id, report), = ledger.reports["cuda:0"].items()
     assert instance_id == f"deepseek-v4-flash@{os.getppid()}/0"  # the engine (launcher) and the TP rank
-    assert set(report) == {"swa", "c4", "c128", "indexer", "compressor_state"}
+    assert set(report) == {"swa", "c4", "c128", "indexer", "compressor_state", "req_to_token"}
+    assert report["req_to_token"].tensor_bytes == built.req_to_token_pool.req_to_token.nbytes
     assert ledger.admitted["cuda:0"] == {}  # the report replaced the admission
     assert ledger.held("cuda:0") == m.footprint
-    assert pool.mem_usage == pytest.approx(m.tensor_bytes / GiB)
+    assert pool.mem_usage == pytest.approx(m.pool_tensor_bytes / GiB)  # SGLang's metric: the KV pool
     assert config.max_total_num_tokens == state.admitted[0].reserve.tokens.full
 
 
