@@ -23,6 +23,7 @@ from sglang_support import (
     build_pool_through_sglang,
     build_pools_through_sglang,
     kv_cache_configurator,
+    real_sizes,
     tensor_bytes_by_pool,
 )
 
@@ -32,15 +33,6 @@ TINY = ModelGeometry(num_hidden_layers=7, compress_ratios=TINY_RATIOS, max_posit
 FLASH = load_geometry(MODELS / "deepseek-v4-flash.json")
 PRO = load_geometry(MODELS / "deepseek-v4-pro.json")
 SHAPES = {"tiny": TINY, "flash": FLASH, "pro": PRO}
-
-
-def real_sizes(kvc, budget):
-    """What SGLang's own configurator makes of ``budget`` (the steps of _resolve_memory_pool_config)."""
-    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
-
-    config = kvc.config_from_budget(budget)
-    config.max_running_requests = kvc.resolve_max_num_reqs(config.max_total_num_tokens)
-    return create_memory_pool_configurator(kvc).finalize_with_max_running_requests(config)
 
 
 CASES = [
@@ -272,3 +264,54 @@ def test_plugin_with_a_missing_hook_target_stops_the_process(tmp_path, policy_fi
 def test_plugin_without_a_policy_stops_the_process(tmp_path):
     done = run_sglang_plugins(tmp_path, {"KVPOLICY_ENABLE": "1"})
     assert done.returncode == 1 and "KVPOLICY_POLICY is not set" in done.stderr
+
+
+def test_plan_with_a_policy_plans_what_the_budget_hook_builds(sglang_env, tmp_path, monkeypatch, capsys):
+    """``kvpolicy plan --policy`` against the adapter at start-up: a real resolution, the real hooks reading
+    the same policy, the real configurator and pools."""
+    import json
+
+    from kvpolicy.adapters.sglang_dsv4.launch import Hardware
+    from kvpolicy.adapters.sglang_dsv4.ports import policy_reserve
+    from kvpolicy.cli import main
+    from sglang_support import engine_reading, published_resolution, resolve_for_real, single_process_parallel
+
+    model_dir = tmp_path / "tiny-v4"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": 7,
+        "num_nextn_predict_layers": 1, "head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128,
+        "sliding_window": 128, "max_position_embeddings": 65536, "compress_ratios": list(TINY_RATIOS),
+    }))
+    policy = tmp_path / "p.kvp"
+    policy.write_text('version 1\n\nmodel "tiny-v4" {\n  engine sglang\n  reserve 48 MiB\n}\n')
+    flags = ["--max-running-requests", "8"]
+    code = main(["plan", "--policy", str(policy), "--model", "tiny-v4", "--model-config",
+                 str(model_dir / "config.json"), *flags, "--format", "json"])
+    planned = json.loads(capsys.readouterr().out)
+    assert code == 0 and planned["policy"] == {
+        "policy": str(policy), "model": "tiny-v4", "block": "tiny-v4", "line": 3, "gpu": "cuda:0", "reserve": 48 * MiB,
+    }
+
+    real = resolve_for_real(model_dir, Hardware(), flags)
+    ledger = InProcessLedger({"cuda:0": 80 * GiB})
+    env = AdapterEnv(enabled=True, policy=policy, model="tiny-v4", ledger_dir=tmp_path)
+    state = hooks.AdapterState(reserve_source=policy_reserve(env), connect=ledger.session, model_name="tiny-v4")
+    with single_process_parallel(), published_resolution(real):
+        _live, _dtype, kvc = engine_reading(model_dir, real, device="cpu")
+        free_memory_is(kvc, 64 * GiB, monkeypatch)
+        hooks.install(state)
+        try:
+            build_pools_through_sglang(kvc)
+        finally:
+            hooks.uninstall()
+    m = state.measurements[-1]
+    assert planned["budget"] == state.admitted[0].reserve.budget  # the budget the hook handed SGLang
+    assert {k: p["bytes"] for k, p in planned["pools"].items() if p["tensors"]} == {
+        k: f.tensor_bytes for k, f in m.facts.items()
+    }
+    assert {k: p["footprint"] for k, p in planned["pools"].items() if p["tensors"]} == {
+        k: f.bytes for k, f in m.facts.items()
+    }
+    assert planned["total_footprint"] == m.footprint <= 48 * MiB
+    assert planned["pools"]["req_to_token"]["bytes"] == 9 * (65536 + 4) * 4  # 8 requests + 1 padding row
