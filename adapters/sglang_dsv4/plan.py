@@ -149,7 +149,7 @@ class _Configurator:
         self.g, self.s = g, s
         self.P = s.page_size
         if self.P % 128:
-            raise PlanError(f"page size {self.P}: must be a multiple of 128 for compressed attention")
+            raise PlanError(f"page size {self.P}: must be a multiple of 128 for compressed attention", kind="page_size")
         self.L, self.L4, self.L128 = g.num_hidden_layers, g.layers(4), g.layers(128)
         self.attn_head_dim = g.qk_nope_head_dim + g.qk_rope_head_dim
         self.ring4 = RING_C4 if self.L4 else 0
@@ -170,8 +170,8 @@ class _Configurator:
         return page_bytes(p) / p
 
     def _swa_cap_tokens(self) -> int | None:
-        # Cap mode: SGLang sizes SWA from the request cap when the operator gave
-        # --max-running-requests but no explicit --swa-full-tokens-ratio.
+        # Cap mode: SGLang sizes SWA from the request cap when max_running_requests is
+        # set (a V4 launch always sets it) and the ratio is not explicit (deepseek_v41).
         s = self.s
         if s.swa_ratio is not None or self.requested is None:
             return None
@@ -492,6 +492,8 @@ MAX_BUDGET_FACTOR = 16
 
 def _smallest_pool_hint(geometry: ModelGeometry, settings: PlanSettings, reserve: int) -> str:
     conf = _Configurator(geometry, settings)
+    if conf.bytes_per_full_token == 0:
+        return "no layer's storage grows with the full tokens, so SGLang cannot size it from a budget"
     requests = conf._requests_estimate(reserve)
     state = conf._c128_state_fixed_bytes(requests)
     table = req_to_token_bytes(settings, geometry, requests)
