@@ -1,7 +1,8 @@
 """Per-pool reservation facts read from a live ``DeepSeekV4TokenToKVPool`` and its request table.
 
-The five policy pools are read where SGLang 0.5.23 keeps them (``_recognised``). The request-to-token table (``ReqToTokenPool.req_to_token``, one
-int32 row per request slot) is the instance's too: SGLang allocates it just before
+The five policy pools are read where SGLang 0.5.23 keeps them (``_recognised``).
+The request-to-token table (``ReqToTokenPool.req_to_token``, one int32 row per
+request slot) is the instance's too: SGLang allocates it just before
 the V4 pool, outside the configurator's budget, and it is reported as the pool
 ``req_to_token``. Anything else the pool holds — tensors of
 paths this adapter does not know (HIP unified pools, V4.1 request windows,

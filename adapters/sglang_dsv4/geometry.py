@@ -13,7 +13,6 @@ from typing import Any
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     PositiveInt,
     ValidationError,
     model_validator,
@@ -28,7 +27,9 @@ V4_ARCHITECTURE = "DeepseekV4ForCausalLM"
 """The architecture SGLang 0.5.23 builds DeepSeek-V4 pools for (V4 and V4.1 configs alike)."""
 # Where SGLang looks for a model's context length, first match wins
 # (sglang/srt/utils/hf_transformers/common.py, CONTEXT_LENGTH_KEYS).
-CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"
+)
 
 
 class ModelGeometry(BaseModel):

@@ -173,7 +173,8 @@ def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
     if m.footprint > entry.admitted:
         raise AdapterError(
             f"kvpolicy: the DeepSeek-V4 pools and request table take {format_bytes(m.footprint)} "
-            f"({m.footprint} B) on {entry.identity.gpu}, more than the {format_bytes(entry.admitted)} ({entry.admitted} B) "
+            f"({m.footprint} B) on {entry.identity.gpu}, more than the {format_bytes(entry.admitted)} "
+            f"({entry.admitted} B) "
             f"admitted for reserve at {entry.reserve_where}. Refusing to run over the policy."
         )
     if entry.reserve is not None and m.tensor_bytes != entry.reserve.total_bytes:

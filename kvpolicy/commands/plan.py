@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
         return exc.code
     if engine == "sglang":
         if args.num_blocks is not None:
-            print("kvpolicy plan --engine sglang: --num-blocks is vLLM's; give --budget or --full-tokens", file=sys.stderr)
+            print("kvpolicy plan --engine sglang: --num-blocks is vLLM's; give --budget or --full-tokens",
+                  file=sys.stderr)
             return 2
         return run_sglang(args, target)
     if args.full_tokens is not None:
