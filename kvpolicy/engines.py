@@ -25,8 +25,9 @@ DEEPSEEK_V4_POOLS = frozenset({"swa", "c4", "c128", "indexer", "compressor_state
 ENGINES: dict[str, EngineVocabulary] = {
     "sglang": EngineVocabulary(
         name="sglang",
-        # DeepSeek-V4's runtime-owned pools; `other` holds buffers the adapter does not recognise.
-        pools=DEEPSEEK_V4_POOLS | {"other"},
+        # DeepSeek-V4's runtime-owned pools, the request-to-token table SGLang allocates beside
+        # them (`req_to_token`), and `other` for buffers the adapter does not recognise.
+        pools=DEEPSEEK_V4_POOLS | {"req_to_token", "other"},
         elastic_pools=frozenset(),
     ),
     "vllm": EngineVocabulary(

@@ -1,7 +1,10 @@
-"""Per-pool reservation facts read from a live ``DeepSeekV4TokenToKVPool``.
+"""Per-pool reservation facts read from a live ``DeepSeekV4TokenToKVPool`` and its request table.
 
-The five policy pools are read where SGLang 0.5.23 keeps them (see
-shared/reference/sglang-dsv4.md). Anything else the pool holds — tensors of
+The five policy pools are read where SGLang 0.5.23 keeps them (``_recognised``).
+The request-to-token table (``ReqToTokenPool.req_to_token``, one int32 row per
+request slot) is the instance's too: SGLang allocates it just before
+the V4 pool, outside the configurator's budget, and it is reported as the pool
+``req_to_token``. Anything else the pool holds — tensors of
 paths this adapter does not know (HIP unified pools, V4.1 request windows,
 ratio-1/2 pools, small per-slot tensors) — is found by walking the pool's
 objects and reported under ``other``: never dropped. Each tensor is counted once
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 from kvpolicy.facts import PoolFacts
 
 from . import footprint as fp
+from .plan import REQ_TO_TOKEN
 
 logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
 
@@ -56,7 +60,13 @@ class PoolMeasurement:
 
     @property
     def tensor_bytes(self) -> int:
+        """Everything measured: the V4 pool's tensors and the request-to-token table."""
         return sum(t.nbytes for t in self.tensors)
+
+    @property
+    def pool_tensor_bytes(self) -> int:
+        """The V4 pool's tensors alone (what its own buffer enumerations cover)."""
+        return sum(t.nbytes for t in self.tensors if t.pool != REQ_TO_TOKEN)
 
     @property
     def footprint(self) -> int:
@@ -64,7 +74,7 @@ class PoolMeasurement:
 
     @property
     def cross_check_ok(self) -> bool:
-        return self.enumerated_bytes is None or self.enumerated_bytes == self.tensor_bytes
+        return self.enumerated_bytes is None or self.enumerated_bytes == self.pool_tensor_bytes
 
 
 def _storage_key(t) -> tuple[str, int]:
@@ -150,8 +160,9 @@ def _enumerated_bytes(pool) -> int | None:
     return total
 
 
-def measure_pool(pool) -> PoolMeasurement:
-    """Read every tensor of a live pool; per policy pool, its tensor bytes and footprint."""
+def measure_pool(pool, req_to_token_pool=None) -> PoolMeasurement:
+    """Read every tensor of a live pool (and of the request table, if given, allocated first);
+    per policy pool, its tensor bytes and footprint."""
     seen_storage: set[tuple[str, int]] = set()
     tensors: list[LiveTensor] = []
     device_type = "cpu"
@@ -165,6 +176,8 @@ def measure_pool(pool) -> PoolMeasurement:
         device_type = t.device.type
         tensors.append(LiveTensor(pool_name, part, t.untyped_storage().nbytes(), where))
 
+    if req_to_token_pool is not None:
+        add(REQ_TO_TOKEN, REQ_TO_TOKEN, "req_to_token_pool.req_to_token", req_to_token_pool.req_to_token)
     for pool_name, part, where, t in _recognised(pool):
         add(pool_name, part, where, t)
     for where, t in _walk(pool, "", set()):
@@ -178,11 +191,11 @@ def measure_pool(pool) -> PoolMeasurement:
             "kvpolicy: DeepSeek-V4 pool cross-check failed: the adapter counts %d bytes in %d "
             "tensors, the pool's own buffer enumerations (%s) add up to %d bytes (difference %+d). "
             "The ledger gets the adapter's figure, which includes everything it found.",
-            m.tensor_bytes,
-            len(tensors),
+            m.pool_tensor_bytes,
+            sum(t.pool != REQ_TO_TOKEN for t in tensors),
             ", ".join(ENUMERATIONS),
             enumerated,
-            m.tensor_bytes - (enumerated or 0),
+            m.pool_tensor_bytes - (enumerated or 0),
         )
     return m
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
-    Field,
     PositiveInt,
     ValidationError,
     model_validator,
@@ -23,6 +23,13 @@ from pydantic import (
 V4_NOPE_DIM = 448
 V4_ROPE_DIM = 64
 SUPPORTED_RATIOS = frozenset({0, 4, 128})
+V4_ARCHITECTURE = "DeepseekV4ForCausalLM"
+"""The architecture SGLang 0.5.23 builds DeepSeek-V4 pools for (V4 and V4.1 configs alike)."""
+# Where SGLang looks for a model's context length, first match wins
+# (sglang/srt/utils/hf_transformers/common.py, CONTEXT_LENGTH_KEYS).
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"
+)
 
 
 class ModelGeometry(BaseModel):
@@ -30,6 +37,9 @@ class ModelGeometry(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
+    architectures: tuple[str, ...] = (V4_ARCHITECTURE,)
+    model_type: str = "deepseek_v4"
+    """``deepseek_v4`` or ``deepseek_v41``: SGLang's launch defaults differ (see ``launch.py``)."""
     num_hidden_layers: PositiveInt
     head_dim: PositiveInt = 512
     qk_rope_head_dim: PositiveInt = 64
@@ -37,9 +47,12 @@ class ModelGeometry(BaseModel):
     sliding_window: PositiveInt = 128
     compress_ratios: tuple[int, ...]
     kv_source_layer_ids: tuple[int, ...] = ()
-    max_position_embeddings: PositiveInt = Field(
-        description="context length SGLang uses when --context-length is not given"
-    )
+    max_position_embeddings: PositiveInt
+    max_sequence_length: PositiveInt | None = None
+    seq_length: PositiveInt | None = None
+    max_seq_len: PositiveInt | None = None
+    model_max_length: PositiveInt | None = None
+    rope_scaling: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _v4_shaped(self) -> ModelGeometry:
@@ -73,6 +86,23 @@ class ModelGeometry(BaseModel):
     def layers(self, ratio: int) -> int:
         """How many of the target model's layers have compress ratio ``ratio``."""
         return self.stage_ratios.count(ratio)
+
+    @property
+    def derived_context_length(self) -> int:
+        """The context length SGLang derives from the config when --context-length is not given.
+
+        SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config
+        has, times the RoPE scaling factor unless the scaling keeps its own
+        ``original_max_position_embeddings`` or is ``llama3``. transformers 5 fills
+        ``original_max_position_embeddings`` into every ``yarn`` scaling, so a yarn
+        factor never applies either (checked against the real resolution in the tests).
+        """
+        length = next(getattr(self, key) for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
+        rope = self.rope_scaling or {}
+        kind = rope.get("rope_type") or rope.get("type")
+        if not rope or "original_max_position_embeddings" in rope or kind in ("llama3", "yarn"):
+            return int(length)
+        return int(rope.get("factor", 1) * length)
 
 
 class GeometryError(ValueError):

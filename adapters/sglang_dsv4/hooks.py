@@ -2,11 +2,16 @@
 
 - ``KVCacheConfigurator._profile_available_bytes`` (the budget): instead of the
   free memory at start-up, hand the DeepSeek-V4 configurator the largest budget
-  whose real pools fit the model's policy ``reserve``, after the ledger admitted
-  that reserve on this GPU.
+  for which the real V4 pools *and* the request-to-token table fit the model's
+  policy ``reserve``, after the ledger admitted that reserve on this GPU. SGLang
+  allocates the table (``ReqToTokenPool``: requests + 1 rows of context + 4 int32
+  entries) outside the budget it gives the configurator, so the closed forms price
+  it with the pools (``plan.budget_for_reserve``): the footprint of table + pools,
+  in allocation order on the caching allocator, is what must fit the reserve.
 - ``KVCacheConfigurator._build_dsv4_kv_pool`` (the facts): measure the pool just
-  built, per policy pool, set its ``mem_usage``, check it fits what was admitted,
-  and report it to the ledger.
+  built and the request table it is handed, per policy pool (the table as
+  ``req_to_token``), set the pool's ``mem_usage``, check the total fits what was
+  admitted, and report it to the ledger.
 
 Both wrap the original and change nothing for non-V4 models or draft workers.
 Anything the adapter cannot do correctly is an ``AdapterError`` at start-up.
@@ -132,9 +137,9 @@ def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *arg
     if chosen.total_footprint > free:
         raise AdapterError(
             f"kvpolicy: reserve {format_bytes(reserve.bytes)} at {reserve.where} needs "
-            f"{format_bytes(chosen.total_footprint)} of KV pools on cuda:{kvc.gpu_id}, but after weights "
-            f"and SGLang's runtime slack only {format_bytes(free)} ({free} B) is free. Lower the reserve, "
-            "or raise --mem-fraction-static."
+            f"{format_bytes(chosen.total_footprint)} of KV pools and request table on cuda:{kvc.gpu_id}, but "
+            f"after weights and SGLang's runtime slack only {format_bytes(free)} ({free} B) is free. Lower the "
+            "reserve, or raise --mem-fraction-static."
         )
     _cross_check_configurator(kvc, chosen, settings)
     identity = InstanceIdentity(model=model, gpu=gpu_id(kvc.gpu_id), rank=_tp_rank())
@@ -157,9 +162,9 @@ def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
     pool = original(kvc, *args, **kwargs)
     if kvc.is_draft_worker:
         return pool
-    m = measure_pool(pool)
+    m = measure_pool(pool, kwargs.get("req_to_token_pool"))
     state.measurements.append(m)
-    pool.mem_usage = m.tensor_bytes / GB  # SGLang's kv_cache_memory_usage_gb reads it (0 otherwise)
+    pool.mem_usage = m.pool_tensor_bytes / GB  # SGLang's kv_cache_memory_usage_gb reads it (0 otherwise)
     entry = state.admitted.get(kvc.gpu_id)
     if entry is None:
         raise AdapterError(
@@ -168,8 +173,9 @@ def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
         )
     if m.footprint > entry.admitted:
         raise AdapterError(
-            f"kvpolicy: the DeepSeek-V4 pools take {format_bytes(m.footprint)} ({m.footprint} B) on "
-            f"{entry.identity.gpu}, more than the {format_bytes(entry.admitted)} ({entry.admitted} B) "
+            f"kvpolicy: the DeepSeek-V4 pools and request table take {format_bytes(m.footprint)} "
+            f"({m.footprint} B) on {entry.identity.gpu}, more than the {format_bytes(entry.admitted)} "
+            f"({entry.admitted} B) "
             f"admitted for reserve at {entry.reserve_where}. Refusing to run over the policy."
         )
     if entry.reserve is not None and m.tensor_bytes != entry.reserve.total_bytes:

@@ -1,20 +1,22 @@
 """Closed forms for DeepSeek-V4's KV pools on SGLang 0.5.23: budget → token counts → bytes.
 
 Two halves, each matching SGLang byte for byte on the validated path (the tests
-compare them with the real ``DSV4PoolConfigurator`` and the real
-``DeepSeekV4TokenToKVPool``):
+compare them with the real ``DSV4PoolConfigurator``, ``ReqToTokenPool`` and
+``DeepSeekV4TokenToKVPool`` over random configs):
 
 - ``size_from_budget`` replays ``DSV4PoolConfigurator.calculate_pool_sizes`` and what
   ``KVCacheConfigurator`` does around it (user token cap, ``resolve_max_num_reqs``,
-  ``finalize_with_max_running_requests``), float arithmetic in SGLang's order;
-- ``pool_tensors`` lists the tensors the pool then allocates, in allocation order,
-  so the footprint model (``footprint.py``) can price them.
+  ``finalize_with_max_running_requests``), float arithmetic in SGLang's order, and
+  refuses what SGLang refuses, in SGLang's order, with its reason;
+- ``pool_tensors`` lists the tensors SGLang then allocates, in allocation order — the
+  request-to-token table, then the V4 pool's — so the footprint model
+  (``footprint.py``) can price them.
 
 The validated path is SGLang's default CUDA path: the V4 paged layout (not V4.1,
 unified or trtllm), fp32 compressor state, offline c128 compression, no
 speculative decoding, no HiSparse, no PP, no PD decode role, no encoder replay.
 ``kvpolicy plan`` and the adapter's budget hook both use this module; it imports
-neither torch nor sglang.
+neither torch nor sglang. What a launch resolves these settings to is ``launch.py``.
 """
 
 from __future__ import annotations
@@ -29,20 +31,41 @@ from . import footprint as fp
 from .geometry import ModelGeometry
 
 VALIDATED_SGLANG = "0.5.23"
-POOL_NAMES = ("swa", "c4", "c128", "indexer", "compressor_state")
+V4_POOL_NAMES = ("swa", "c4", "c128", "indexer", "compressor_state")
+"""The pools of ``DeepSeekV4TokenToKVPool``."""
+REQ_TO_TOKEN = "req_to_token"
+"""SGLang's request-to-token table (``ReqToTokenPool.req_to_token``): runtime-owned memory
+of the instance beside the V4 pools, reported as a pool of its own."""
+POOL_NAMES = (*V4_POOL_NAMES, REQ_TO_TOKEN)
 
 # SGLang constants on the validated path (deepseek_v4_memory_pool.py, pool_configurator.py).
 V4_BYTES_PER_TOKEN = 584  # KVLayout.V4.bytes_per_token
 V4_PAGE_ALIGN = 576  # KVLayout.V4.page_align
+V4_PAGE_SIZE = 256  # _build_dsv4_kv_pool asserts it on CUDA
 DEFAULT_SWA_RATIO = 0.1  # DSV4_DEFAULT_SWA_FULL_TOKENS_RATIO
 RING_C4 = 8  # compress-state ring rows per SWA page (ratio 4, no speculation)
 RING_C128 = 128  # rows per request (ratio 128, no speculation)
 STATE_DTYPE_BYTES = 4  # SGLANG_DSV4_COMPRESS_STATE_DTYPE=float32
 REQUEST_ESTIMATE_MIN, REQUEST_ESTIMATE_MAX = 2048, 4096
+REQ_TO_TOKEN_EXTRA_CONTEXT = 4  # get_req_to_token_extra_context_len() without speculative decoding
+REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32 token locations
+
+
+RefusalKind = Literal[
+    "swa_cap_no_room", "swa_too_small", "not_enough_memory", "no_per_token_pool", "page_size", "kv_cache_dtype"
+]
 
 
 class PlanError(ValueError):
-    """SGLang would refuse these settings (it raises at start-up); the message says why."""
+    """SGLang would refuse these settings (it raises at start-up); the message says why.
+
+    ``kind`` names which of SGLang's checks refuses, so callers (and the tests that
+    compare with the real engine) can tell refusals apart without parsing the text.
+    """
+
+    def __init__(self, message: str, kind: RefusalKind | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class PlanSettings(BaseModel):
@@ -50,15 +73,16 @@ class PlanSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    page_size: PositiveInt = 256
+    page_size: PositiveInt = V4_PAGE_SIZE
     max_running_requests: PositiveInt | None = None
-    """--max-running-requests; without it SGLang estimates 2048..4096 from the capacity."""
+    """As published (a V4 launch resolves it to 256); without it the configurator estimates 2048..4096."""
     swa_ratio: float | None = Field(default=None, gt=0, le=1)
-    """--swa-full-tokens-ratio when given explicitly (then SWA is sized by ratio)."""
+    """--swa-full-tokens-ratio when resolved as explicitly set (then SWA is sized by ratio);
+    a ``deepseek_v4`` launch resolves it to 0.1, a ``deepseek_v41`` one leaves it unset."""
     context_length: PositiveInt | None = None
-    """--context-length; default: the model's max_position_embeddings."""
+    """--context-length; default: what SGLang derives from the config."""
     chunked_prefill_size: int = 8192
-    """--chunked-prefill-size (SGLang's default on an H200 is 8192)."""
+    """--chunked-prefill-size per attention-DP rank (a launch on a 90–160 GiB GPU resolves 8192)."""
     max_total_tokens: PositiveInt | None = None
     """--max-total-tokens: a user cap on the full-token capacity."""
     attn_dp_size: PositiveInt = 1
@@ -69,7 +93,7 @@ class PlanSettings(BaseModel):
     """SGLANG_SWA_EVICTION_INTERVAL."""
 
     def context(self, geometry: ModelGeometry) -> int:
-        return self.context_length or geometry.max_position_embeddings
+        return self.context_length or geometry.derived_context_length
 
 
 class Tokens(BaseModel):
@@ -125,7 +149,7 @@ class _Configurator:
         self.g, self.s = g, s
         self.P = s.page_size
         if self.P % 128:
-            raise PlanError(f"page size {self.P}: must be a multiple of 128 for compressed attention")
+            raise PlanError(f"page size {self.P}: must be a multiple of 128 for compressed attention", kind="page_size")
         self.L, self.L4, self.L128 = g.num_hidden_layers, g.layers(4), g.layers(128)
         self.attn_head_dim = g.qk_nope_head_dim + g.qk_rope_head_dim
         self.ring4 = RING_C4 if self.L4 else 0
@@ -146,8 +170,8 @@ class _Configurator:
         return page_bytes(p) / p
 
     def _swa_cap_tokens(self) -> int | None:
-        # Cap mode: SGLang sizes SWA from the request cap when the operator gave
-        # --max-running-requests but no explicit --swa-full-tokens-ratio.
+        # Cap mode: SGLang sizes SWA from the request cap when max_running_requests is
+        # set (a V4 launch always sets it) and the ratio is not explicit (deepseek_v41).
         s = self.s
         if s.swa_ratio is not None or self.requested is None:
             return None
@@ -203,6 +227,14 @@ class _Configurator:
         return state_rows * 2 * self.attn_head_dim * STATE_DTYPE_BYTES * self.L128
 
     def full_tokens_for_budget(self, available_bytes: int) -> int:
+        """``calculate_pool_sizes`` up to the full-token count (before its ``_compute_dsv4_sizes``)."""
+        if self.bytes_per_full_token == 0:
+            raise PlanError(
+                "SGLang 0.5.23 cannot size this pool from a budget: no layer has storage that grows with "
+                "the full tokens (no ratio-4 or ratio-128 layer) and SWA is sized by the request cap, so "
+                "its configurator divides by zero bytes per full token. Give --swa-ratio, or --full-tokens",
+                kind="no_per_token_pool",
+            )
         c128_fixed = self._c128_state_fixed_bytes(self._requests_estimate(available_bytes))
         swa_fixed = 0 + (0 if self.swa_cap_tokens is None else self.swa_cap_tokens * self.bytes_per_swa_token)
         fixed = c128_fixed + 0 + swa_fixed + 0 + 0
@@ -213,38 +245,59 @@ class _Configurator:
             full -= self.P
         if full <= 0 and self.swa_cap_tokens is not None:
             raise PlanError(
-                f"the SWA pool cap ({self.swa_cap_tokens} tokens) leaves no room for the full KV "
-                f"pool within {available_bytes} bytes: lower --max-running-requests or raise the budget"
+                f"SGLang's SWA pool cap ({self.swa_cap_tokens} tokens, from {self.requested} running "
+                f"requests) leaves no room for the full KV pool within {available_bytes} bytes: lower "
+                "--max-running-requests or --swa-prefix-tails, or raise the budget",
+                kind="swa_cap_no_room",
             )
         return full
 
-    def sizes(self, full: int, budget: int | None) -> Sizes:
+    def _pool_tokens(self, full: int) -> tuple[int, int]:
+        """``_compute_dsv4_sizes`` and the ``MemoryPoolConfig`` check: (full, swa) tokens, or SGLang's refusal."""
         P = self.P
-        if self.s.max_total_tokens is not None:
-            full = min(full, self.s.max_total_tokens)
         full = full // P * P
-        if full <= 0:
-            raise PlanError(
-                "not enough memory: the budget leaves no full-token page for the KV cache "
-                f"(SGLang: 'Not enough memory'); {self.bytes_per_full_token:.2f} bytes per full token"
-            )
         if self.swa_cap_tokens is None:
             swa = int(full * self.swa_ratio) // P * P
             if self.g.sliding_window + P >= swa:
                 raise PlanError(
-                    f"SWA pool ({swa} tokens) cannot hold even one request: SGLang needs more than "
-                    f"sliding window ({self.g.sliding_window}) + page size ({P}); raise the budget, "
-                    f"the full tokens or --swa-ratio"
+                    f"SWA pool ({swa} tokens) cannot hold even one request: SGLang admits a request only "
+                    f"into more than sliding window ({self.g.sliding_window}) + page size ({P}) tokens; "
+                    "raise the budget, the full tokens or --swa-ratio",
+                    kind="swa_too_small",
                 )
         else:
             swa = self.swa_cap_tokens
+        if full <= 0:
+            raise PlanError(
+                "not enough memory: no full-token page of the KV cache fits (SGLang: 'Not enough memory'); "
+                f"{self.bytes_per_full_token:.2f} bytes per full token",
+                kind="not_enough_memory",
+            )
+        return full, swa
+
+    def sizes_for_budget(self, budget: int) -> Sizes:
+        """``config_from_budget``: the budget's sizes, then the user token cap re-applied."""
+        full, swa = self._pool_tokens(self.full_tokens_for_budget(budget))
+        cap = self.s.max_total_tokens
+        if cap is not None and cap < full:
+            full, swa = self._pool_tokens(cap)
+        return self._finalized(full, swa, budget)
+
+    def sizes_for_full_tokens(self, full: int) -> Sizes:
+        """``calculate_pool_sizes_from_max_tokens``: sizes for a pinned full-token count."""
+        cap = self.s.max_total_tokens
+        full, swa = self._pool_tokens(full if cap is None else min(full, cap))
+        return self._finalized(full, swa, None)
+
+    def _finalized(self, full: int, swa: int, budget: int | None) -> Sizes:
+        """``resolve_max_num_reqs`` and ``finalize_with_max_running_requests``."""
         estimated = int(full / self.s.context(self.g) * 512)
         estimated = max(min(estimated, REQUEST_ESTIMATE_MAX), REQUEST_ESTIMATE_MIN)
         requests = min(self.requested if self.requested is not None else estimated, full // 2)
         return Sizes(
             mode=self.mode,
             tokens=Tokens(full=full, swa=swa, c4=full // 4, c128=full // 128),
-            c4_state_pool_size=swa // P * self.ring4,
+            c4_state_pool_size=swa // self.P * self.ring4,
             c128_state_pool_size=(requests + 1) * RING_C128 if self.L128 else 0,
             max_running_requests=requests,
             budget=budget,
@@ -253,19 +306,32 @@ class _Configurator:
 
 def size_from_budget(geometry: ModelGeometry, settings: PlanSettings, budget: int) -> Sizes:
     """The sizes SGLang's configurator picks when ``_profile_available_bytes`` returns ``budget``."""
-    conf = _Configurator(geometry, settings)
-    return conf.sizes(conf.full_tokens_for_budget(budget), budget)
+    return _Configurator(geometry, settings).sizes_for_budget(budget)
 
 
 def size_from_full_tokens(geometry: ModelGeometry, settings: PlanSettings, full: int) -> Sizes:
     """The sizes for a given full-token capacity (as ``--max-total-tokens`` would pin it)."""
-    return _Configurator(geometry, settings).sizes(full, None)
+    return _Configurator(geometry, settings).sizes_for_full_tokens(full)
 
 
-def pool_tensors(geometry: ModelGeometry, sizes: Sizes, page_size: int = 256) -> list[PoolTensor]:
-    """The pool's tensors in allocation order, as ``DeepSeekV4TokenToKVPool.__init__`` creates them."""
-    g, P, t = geometry, page_size, sizes.tokens
-    out: list[PoolTensor] = []
+def req_to_token_bytes(settings: PlanSettings, geometry: ModelGeometry, max_running_requests: int) -> int:
+    """``ReqToTokenPool.req_to_token``: int32, (requests + 1 padding row) × (context length + 4)."""
+    rows = max_running_requests + 1
+    return rows * (settings.context(geometry) + REQ_TO_TOKEN_EXTRA_CONTEXT) * REQ_TO_TOKEN_ENTRY_BYTES
+
+
+def pool_tensors(geometry: ModelGeometry, settings: PlanSettings, sizes: Sizes) -> list[PoolTensor]:
+    """The device tensors SGLang allocates for these sizes, in order: ``ReqToTokenPool``'s table,
+    then what ``DeepSeekV4TokenToKVPool.__init__`` creates."""
+    g, P, t = geometry, settings.page_size, sizes.tokens
+    if P != V4_PAGE_SIZE:
+        raise PlanError(
+            f"page size {P}: SGLang 0.5.23 builds DeepSeek-V4 pools only with page size {V4_PAGE_SIZE} on CUDA "
+            "('In paged swa mode, page_size must be 256.')",
+            kind="page_size",
+        )
+    table = req_to_token_bytes(settings, geometry, sizes.max_running_requests)
+    out: list[PoolTensor] = [PoolTensor(REQ_TO_TOKEN, REQ_TO_TOKEN, table)]
 
     def pages(size: int, tokens_per_page: int) -> int:
         # The allocator reserves one logical (full) page, hence size + P.
@@ -304,7 +370,8 @@ class PoolFigures(BaseModel):
 
 
 class Plan(BaseModel):
-    """``kvpolicy plan --engine sglang --format json`` (shared/CONTRACTS.md); fields are only ever added."""
+    """The pools SGLang builds for some sizes (documented field by field in docs/sglang.md); fields are only
+    ever added. ``pools`` has the five V4 pools and ``req_to_token``; the totals cover all six."""
 
     schema_: Literal[1] = Field(default=1, alias="schema")
     engine: Literal["sglang"] = "sglang"
@@ -316,7 +383,7 @@ class Plan(BaseModel):
     budget: int | None = None
     """The available-bytes budget the configurator was given (absent with --full-tokens)."""
     mode: Literal["ratio", "cap"]
-    """How SWA is sized: a ratio of full tokens, or a cap from --max-running-requests."""
+    """How SWA is sized: a ratio of full tokens, or a cap from the running requests."""
     max_running_requests: int
     settings: PlanSettings
 
@@ -335,14 +402,14 @@ def figures(tensors: list[PoolTensor]) -> dict[str, PoolFigures]:
         f.bytes += tensor.nbytes
         f.footprint += charge
         f.tensors += 1
-        if tensor.pool == "compressor_state":
+        if tensor.pool == "compressor_state":  # per ratio; the other pools have one part each
             f.parts[tensor.part] = f.parts.get(tensor.part, 0) + tensor.nbytes
     return acc
 
 
 def make_plan(geometry: ModelGeometry, settings: PlanSettings, sizes: Sizes) -> Plan:
     """Bytes and footprint per pool for ``sizes``."""
-    pools = figures(pool_tensors(geometry, sizes, settings.page_size))
+    pools = figures(pool_tensors(geometry, settings, sizes))
     return Plan(
         tokens=sizes.tokens,
         pools=pools,
@@ -366,15 +433,18 @@ def plan_for_full_tokens(geometry: ModelGeometry, settings: PlanSettings, full: 
 
 
 def budget_for_reserve(geometry: ModelGeometry, settings: PlanSettings, reserve: int) -> Plan:
-    """The budget to hand SGLang so that its real pools' footprint is as large as fits in ``reserve``.
+    """The budget to hand SGLang so that what it allocates for the KV cache — the V4 pools and the
+    request-to-token table — takes at most ``reserve`` bytes of GPU memory (footprint), and as many as fit.
 
-    A budget of exactly ``reserve`` is wrong both ways: SGLang's pools come out
-    above the budget it is given (a reserved page per layer per pool, state rows
-    rounded up) and the caching allocator rounds each tensor up again; and when
-    --max-running-requests is not given, SGLang prices the c128 compressor state
-    for up to 4096 requests while sizing, then allocates it for the (often 2048)
-    requests it settles on, leaving part of the budget unused. So this searches the
-    budget — below or above ``reserve`` — for the largest one whose footprint fits.
+    SGLang's configurator sizes the V4 pools from the budget and allocates the
+    request-to-token table outside it, so a budget of exactly ``reserve`` is wrong
+    both ways: the table comes on top, the pools come out above the budget (a
+    reserved page per layer per pool, state rows rounded up) and the caching
+    allocator rounds each tensor up again; and when --max-running-requests is not
+    given, SGLang prices the c128 compressor state for up to 4096 requests while
+    sizing, then allocates it for the (often 2048) requests it settles on, leaving
+    part of the budget unused. So this searches the budget — below or above
+    ``reserve`` — for the largest one whose total footprint (pools + table) fits.
     Raises ``PlanError`` if not even the smallest pool SGLang accepts fits.
     """
 
@@ -422,15 +492,19 @@ MAX_BUDGET_FACTOR = 16
 
 def _smallest_pool_hint(geometry: ModelGeometry, settings: PlanSettings, reserve: int) -> str:
     conf = _Configurator(geometry, settings)
+    if conf.bytes_per_full_token == 0:
+        return "no layer's storage grows with the full tokens, so SGLang cannot size it from a budget"
     requests = conf._requests_estimate(reserve)
     state = conf._c128_state_fixed_bytes(requests)
-    if state >= reserve:
+    table = req_to_token_bytes(settings, geometry, requests)
+    if state + table >= reserve:
         how = "--max-running-requests" if settings.max_running_requests is None else "a lower --max-running-requests"
         return (
-            f"SGLang sets aside {state} bytes of c128 compressor state for {requests} requests "
-            f"before any token; set {how}"
+            f"SGLang sets aside {state} bytes of c128 compressor state for {requests} requests and a "
+            f"{table}-byte request-to-token table ({requests + 1} rows of {settings.context(geometry)} tokens) "
+            f"before any token; set {how} or a lower --context-length"
         )
     if conf.mode == "cap":
-        return f"SWA cap of {conf.swa_cap_tokens} tokens from --max-running-requests"
+        return f"SWA cap of {conf.swa_cap_tokens} tokens from {conf.requested} running requests"
     need = (geometry.sliding_window + settings.page_size) / conf.swa_ratio
     return f"SWA needs over {math.ceil(need)} full tokens at swa ratio {conf.swa_ratio}"

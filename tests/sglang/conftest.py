@@ -7,13 +7,13 @@ the packages SGLang imports but never runs while building pools.
 
 from __future__ import annotations
 
-from types import SimpleNamespace as NS
+from contextlib import ExitStack
 
 import pytest
 
 import sglang_standins
 
-from sglang_support import SGLANG_MISSING, SKIP_REASON
+from sglang_support import SGLANG_MISSING, SKIP_REASON, published_server_args, single_process_parallel
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,28 +39,6 @@ def sglang_env():
 @pytest.fixture
 def server_args(sglang_env):
     """Publish SGLang server args for one test (and restore the previous context after)."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
-    from sglang.srt.runtime_context import get_context, get_parallel
-
-    overrides = []
-
-    def publish(**fields):
-        fields.setdefault("page_size", 256)
-        fields.setdefault("kv_cache_dtype", "fp8_e4m3")
-        fields.setdefault("device", "cpu")
-        fields.setdefault("mem_fraction_static", 0.9)
-        fields.setdefault("cuda_graph_config", CudaGraphConfig(
-            decode=PhaseConfig(backend=Backend.DISABLED), prefill=PhaseConfig(backend=Backend.DISABLED)))
-        ov = get_context().override_server_args(**fields)
-        args = ov.install()
-        overrides.append(ov)
-        return args
-
-    parallel = get_parallel().override(world_group=NS(cpu_group=None))
-    parallel.__enter__()
-    yield publish
-    parallel.__exit__(None, None, None)
-    for ov in reversed(overrides):
-        ov.restore()
-
-
+    with ExitStack() as stack:
+        stack.enter_context(single_process_parallel())
+        yield lambda **fields: stack.enter_context(published_server_args(**fields))

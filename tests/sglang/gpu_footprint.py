@@ -93,8 +93,8 @@ def run_cases() -> list[dict]:
                 seconds = time.perf_counter() - t0
                 free1, reserved1 = free_bytes(), torch.cuda.memory_reserved()
                 m = state.measurements[-1]
-                # build_pool_through_sglang also allocates a tiny ReqToTokenPool (a few KiB in
-                # the small pool): at most one 2 MiB segment beside the V4 pool.
+                # The measurement covers the request-to-token table build_pool_through_sglang
+                # allocates first (as SGLang does) and the V4 pool.
                 results.append({
                     "case": name,
                     "reserve": reserve,

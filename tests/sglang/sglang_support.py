@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace as NS
 
@@ -14,6 +17,45 @@ SGLANG_MISSING = importlib.util.find_spec("sglang") is None or importlib.util.fi
 SKIP_REASON = "sglang 0.5.23 and torch not installed (pip install -r requirements/sglang-cpu.txt)"
 
 TINY_RATIOS = (0, 0, 4, 128, 4, 128, 4, 0)  # 7 target layers + 1 MTP layer, V4-shaped
+
+
+@contextmanager
+def single_process_parallel() -> Iterator[None]:
+    """SGLang's parallel context for one process (no world group), as its own tests set it."""
+    from sglang.srt.runtime_context import get_parallel
+
+    with get_parallel().override(world_group=NS(cpu_group=None)):
+        yield
+
+
+@contextmanager
+def published_server_args(**fields) -> Iterator[object]:
+    """Publish SGLang server args (CPU, page 256, fp8 KV, no CUDA graphs unless given); restore after."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
+    from sglang.srt.runtime_context import get_context
+
+    fields.setdefault("page_size", 256)
+    fields.setdefault("kv_cache_dtype", "fp8_e4m3")
+    fields.setdefault("device", "cpu")
+    fields.setdefault("mem_fraction_static", 0.9)
+    fields.setdefault("cuda_graph_config", CudaGraphConfig(
+        decode=PhaseConfig(backend=Backend.DISABLED), prefill=PhaseConfig(backend=Backend.DISABLED)))
+    override = get_context().override_server_args(**fields)
+    try:
+        yield override.install()
+    finally:
+        override.restore()
+
+
+@contextmanager
+def published_resolution(server_args) -> Iterator[object]:
+    """Publish a really resolved ``ServerArgs`` (``prepare_server_args(...).resolve_once()``) as SGLang's
+    launcher does; restore the previous context after."""
+    from sglang.srt.runtime_context import get_context
+
+    with published_server_args():  # saves the current context; restoring it drops ours too
+        get_context().set_server_args(server_args)
+        yield server_args
 
 
 def dsv4_model_config(geometry):
@@ -66,18 +108,31 @@ def kv_cache_configurator(geometry, server_args_obj, *, gpu_id=0, draft=False):
     return kvc
 
 
-def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
+@dataclass
+class BuiltPools:
+    """What ``build_pools_through_sglang`` made: SGLang's config and sizes, the request table, the V4 pool."""
+
+    config: object
+    sizes: object
+    req_to_token_pool: object
+    pool: object
+
+
+def build_pools_through_sglang(kvc, pre_model_load_memory_gb=80.0) -> BuiltPools:
     """What ``KVCacheConfigurator.configure`` does for a V4 target: profile → config → pools.
 
     Runs the real ``_resolve_memory_pool_config`` (which calls ``_profile_available_bytes``,
-    hooked or not), ``_derive_pool_sizes``, a real ``ReqToTokenPool`` and ``_build_dsv4_kv_pool``.
+    hooked or not), ``_derive_pool_sizes``, the real ``_build_req_to_token_pool`` (on
+    ``kvc.device``, as ``_init_pools`` does) and ``_build_dsv4_kv_pool``.
     """
-    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-
     config = kvc._resolve_memory_pool_config(pre_model_load_memory_gb)
     sizes = kvc._derive_pool_sizes(config=config)
-    req_pool = ReqToTokenPool(size=sizes.max_running_requests, max_context_len=8, device="cpu",
-                              enable_memory_saver=False)
+    return BuiltPools(config, sizes, *build_from_sizes(kvc, sizes))
+
+
+def build_from_sizes(kvc, sizes):
+    """The request table and the V4 pool SGLang builds for ``sizes`` (``_init_pools`` for a V4 target)."""
+    req_pool = kvc._build_req_to_token_pool(max_num_reqs=sizes.max_running_requests)
     pool = kvc._build_dsv4_kv_pool(
         max_running_requests=sizes.max_running_requests,
         full_max_total_num_tokens=sizes.full_max_total_num_tokens,
@@ -90,4 +145,87 @@ def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
         c128_state_dtype=sizes.c128_state_dtype,
         req_to_token_pool=req_pool,
     )
-    return config, sizes, pool
+    return req_pool, pool
+
+
+def real_sizes(kvc, budget):
+    """What SGLang's own configurator makes of ``budget`` (the steps of ``_resolve_memory_pool_config``)."""
+    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
+
+    config = kvc.config_from_budget(budget)
+    config.max_running_requests = kvc.resolve_max_num_reqs(config.max_total_num_tokens)
+    return create_memory_pool_configurator(kvc).finalize_with_max_running_requests(config)
+
+
+def real_tensors(kvc, config) -> list[tuple[str, int]]:
+    """(policy pool, bytes) of each tensor SGLang allocates for ``config`` on ``kvc.device``, in
+    allocation order: the request-to-token table, then the V4 pool's tensors."""
+    from kvpolicy.adapters.sglang_dsv4.facts import _recognised
+    from kvpolicy.adapters.sglang_dsv4.plan import REQ_TO_TOKEN
+
+    req_pool, pool = build_from_sizes(kvc, kvc._derive_pool_sizes(config=config))
+    return [(REQ_TO_TOKEN, req_pool.req_to_token.nbytes)] + [
+        (name, t.nbytes) for name, _part, _where, t in _recognised(pool)
+    ]
+
+
+def build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0):
+    """``build_pools_through_sglang`` as (config, sizes, V4 pool)."""
+    built = build_pools_through_sglang(kvc, pre_model_load_memory_gb)
+    return built.config, built.sizes, built.pool
+
+
+def tensor_bytes_by_pool(pool, req_to_token_pool=None) -> dict[str, int]:
+    """Sums of the real tensors' bytes per policy pool, read straight off SGLang's objects
+    (independently of facts.py); a pool the config has no layer for is absent."""
+    sums = {"swa": sum(t.nbytes for t in pool.swa_kv_pool.kv_buffer)}
+    for ratio, name in ((4, "c4"), (128, "c128")):
+        if pool.kv_pools.get(ratio) is not None:
+            sums[name] = sum(t.nbytes for t in pool.kv_pools[ratio].kv_buffer)
+    if pool.index_pools.get(4) is not None:
+        sums["indexer"] = sum(t.nbytes for t in pool.index_pools[4].index_k_with_scale_buffer)
+    states = [p for p in [*pool.compress_state_pools, *pool.indexer_compress_state_pools] if p is not None]
+    if states:
+        sums["compressor_state"] = sum(p.kv_score_buffer.kv_score.nbytes for p in states)
+    if req_to_token_pool is not None:
+        sums["req_to_token"] = req_to_token_pool.req_to_token.nbytes
+    return sums
+
+
+@contextmanager
+def gpu_memory_is(mib: float) -> Iterator[None]:
+    """What SGLang's ``get_device_memory_capacity`` answers (nvidia-smi's memory.total on CUDA), in MiB."""
+    from unittest import mock
+
+    import sglang.srt.arg_groups.memory_hook as memory_hook
+
+    with mock.patch.object(memory_hook, "get_device_memory_capacity", lambda device=None: mib):
+        yield
+
+
+def resolve_for_real(model_dir, hardware, argv: list[str]):
+    """SGLang's own resolution of ``sglang serve --model-path DIR ARGV`` on ``hardware`` (a launch.Hardware),
+    on this machine's CPU with the GPU memory SGLang would read stubbed."""
+    from sglang.srt.server_args import prepare_server_args
+
+    with gpu_memory_is(hardware.gpu_memory_mib):
+        args = prepare_server_args(
+            ["--model-path", str(model_dir), "--device", "cpu", "--tp-size", str(hardware.tp_size), *argv]
+        )
+        args.resolve_once()
+    return args
+
+
+def engine_reading(model_dir, server_args, device: str = "meta"):
+    """With ``server_args`` published: (what the adapter's hooks read, the KV dtype, a configurator on the
+    real ``ModelConfig`` of the resolution)."""
+    from kvpolicy.adapters.sglang_dsv4 import hooks
+    from kvpolicy.adapters.sglang_dsv4.geometry import load_geometry
+    from sglang.srt.arg_groups.overrides import model_config_of, resolution_result
+
+    kvc = kv_cache_configurator(load_geometry(Path(model_dir) / "config.json"), server_args)
+    kvc.model_config = model_config_of(server_args)  # the real ModelConfig: its context length, ratios, window
+    kvc.attn_dp_size = resolution_result(server_args, "attn_dp_size")
+    kvc.page_size = resolution_result(server_args, "page_size")
+    kvc.device = device
+    return hooks.live_settings(kvc), resolution_result(server_args, "kv_cache_dtype"), kvc

@@ -11,11 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, ModelGeometry, load_geometry
+from kvpolicy.adapters.sglang_dsv4.footprint import footprint
 from kvpolicy.adapters.sglang_dsv4.plan import (
+    REQ_TO_TOKEN,
+    V4_POOL_NAMES,
     PlanError,
     PlanSettings,
     budget_for_reserve,
     plan_for_full_tokens,
+    pool_tensors,
+    size_from_full_tokens,
 )
 from kvpolicy.cli import main
 from kvpolicy.units import GiB, MiB
@@ -33,12 +38,18 @@ def test_released_configs_have_the_layer_counts_of_the_reference():
 
 
 def test_flash_4m_tokens_matches_the_pool_measured_on_the_h200():
-    # shared/reference/sglang-dsv4.md: 4M full tokens, 256 running requests, swa 0.1·N:
-    # 32,453,830,144 tensor bytes; cuMemGetInfo dropped by 32,671,531,008.
-    plan = plan_for_full_tokens(load_geometry(FLASH), PlanSettings(max_running_requests=256, swa_ratio=0.1), 4 << 20)
-    assert plan.total_bytes == 32_453_830_144
-    assert plan.total_footprint == 32_671_531_008
-    assert sum(p.tensors for p in plan.pools.values()) == 167
+    # Measured on an H200 (a V4 pool built alone): 4M full tokens, 256 running requests,
+    # swa 0.1·N: 32,453,830,144 tensor bytes; cuMemGetInfo dropped by 32,671,531,008.
+    geometry, settings = load_geometry(FLASH), PlanSettings(max_running_requests=256, swa_ratio=0.1)
+    plan = plan_for_full_tokens(geometry, settings, 4 << 20)
+    v4 = [p for name, p in plan.pools.items() if name in V4_POOL_NAMES]
+    assert sum(p.bytes for p in v4) == 32_453_830_144
+    tensors = pool_tensors(geometry, settings, size_from_full_tokens(geometry, settings, 4 << 20))
+    assert footprint(t.nbytes for t in tensors if t.pool != REQ_TO_TOKEN) == 32_671_531_008
+    assert sum(p.tensors for p in v4) == 167
+    # Beside the pool, SGLang's request-to-token table: 257 rows of 1M + 4 int32 entries.
+    assert plan.pools[REQ_TO_TOKEN].bytes == 257 * (1_048_576 + 4) * 4
+    assert plan.total_bytes == 32_453_830_144 + 257 * (1_048_576 + 4) * 4
 
 
 def test_flash_coefficient_per_full_token():
@@ -121,7 +132,7 @@ def test_plan_text_has_a_bar_per_pool(capsys):
 
 def test_plan_errors_exit_1_with_a_message(capsys):
     code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "1MiB")
-    assert code == 1 and "not enough memory" in err
+    assert code == 1 and "SWA pool (0 tokens) cannot hold even one request" in err  # as SGLang refuses it
     code, _, err = run_cli(capsys, "--model-config", str(REPO / "nope.json"), "--budget", "1GiB")
     assert code == 1 and "nope.json" in err
 
@@ -143,3 +154,75 @@ def test_plan_imports_neither_torch_nor_sglang():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out
+
+
+def test_plan_defaults_to_a_default_launch_and_says_so(capsys):
+    code, out, _ = run_cli(capsys, "--model-config", str(FLASH), "--budget", "4GiB")
+    assert code == 0
+    assert "launch: deepseek_v4 on GPUs of 140.40 GiB (143,771 MiB), TP 1" in out
+    rows = {line.split("  ")[1].strip(): line for line in out.splitlines() if line.startswith("  ") and "  " in line[2:]}
+    assert "256" in rows["page size"] and "SGLang's DeepSeek-V4 override" in rows["page size"]
+    assert "fp8_e4m3" in rows["KV cache dtype"]
+    assert "256" in rows["max running requests"] and "default" in rows["max running requests"]
+    assert "0.1" in rows["SWA full-tokens ratio"] and "explicit" in rows["SWA full-tokens ratio"]
+    assert "8,192" in rows["chunked prefill size"] and "143,771 MiB" in rows["chunked prefill size"]
+    assert "1,048,576" in rows["context length"]
+    assert "(ratio 0.1)" in out and "req_to_token" in out  # the example: SGLang builds it by ratio
+
+
+def test_plan_json_reports_the_launch_it_assumes(capsys):
+    code, out, _ = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--gpu-memory", "40GiB",
+                           "--tp-size", "4", "--attn-dp-size", "2", "--page-size", "128", "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    launch, settings = doc["launch"], doc["settings"]
+    assert launch["model_type"] == "deepseek_v4" and launch["kv_cache_dtype"] == "fp8_e4m3"
+    assert launch["hardware"] == {"gpu_memory": 40 * GiB, "tp_size": 4}
+    assert settings["chunked_prefill_size"] == 4096 // 2  # 4096 below 60 GiB, per attention-DP rank
+    assert settings["page_size"] == 256 and "replaces --page-size 128" in launch["sources"]["page_size"]
+    assert settings["attn_dp_size"] == 2 and doc["mode"] == "ratio"
+    assert set(launch["sources"]) >= {"page_size", "kv_cache_dtype", "max_running_requests", "swa_ratio",
+                                      "chunked_prefill_size", "context_length"}
+
+
+def test_a_deepseek_v41_config_sizes_swa_from_the_request_cap(capsys, tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**json.loads(FLASH.read_text()), "model_type": "deepseek_v41"}))
+    code, out, _ = run_cli(capsys, "--model-config", str(config), "--budget", "40GiB", "--format", "json")
+    doc = json.loads(out)
+    assert code == 0 and doc["mode"] == "cap" and doc["settings"]["swa_ratio"] is None
+    code, out, _ = run_cli(capsys, "--model-config", str(config), "--budget", "40GiB", "--swa-ratio", "0.1",
+                           "--format", "json")
+    assert code == 0 and json.loads(out)["mode"] == "ratio"
+
+
+def test_launch_refusals_exit_with_sglangs_reason(capsys, monkeypatch):
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--swa-ratio", "1.5")
+    assert code == 2 and "(0, 1.0]" in err
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--kv-cache-dtype", "fp8_e5m2")
+    assert code == 2 and "fp8_e5m2 is not supported" in err
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--kv-cache-dtype", "bfloat16")
+    assert code == 1 and "DeepSeekV4SingleKVPool asserts fp8" in err
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--tp-size", "4",
+                           "--attn-dp-size", "3")
+    assert code == 2 and "not a multiple" in err
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--context-length", "2000000")
+    assert code == 2 and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in err
+    monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
+    code, out, _ = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--context-length", "2000000",
+                           "--format", "json")
+    assert code == 0 and json.loads(out)["settings"]["context_length"] == 2_000_000
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--num-blocks", "5")
+    assert code == 2 and "--num-blocks is vLLM's" in err
+
+
+def test_the_derived_context_length_follows_sglangs_rules():
+    flash = json.loads(FLASH.read_text())
+    derived = lambda **extra: ModelGeometry.model_validate({**flash, **extra}).derived_context_length  # noqa: E731
+    assert derived() == 1_048_576
+    assert derived(seq_length=5000, model_max_length=7000) == 5000  # the first key SGLang looks at wins
+    assert derived(max_position_embeddings=65536, rope_scaling={"type": "linear", "factor": 4}) == 262_144
+    assert derived(max_position_embeddings=65536, rope_scaling={"rope_type": "dynamic", "factor": 2.5}) == 163_840
+    assert derived(max_position_embeddings=65536, rope_scaling={"type": "yarn", "factor": 16}) == 65536
+    assert derived(max_position_embeddings=65536,
+                   rope_scaling={"type": "linear", "factor": 4, "original_max_position_embeddings": 4096}) == 65536

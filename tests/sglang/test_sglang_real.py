@@ -17,7 +17,16 @@ from kvpolicy.adapters.sglang_dsv4.facts import OTHER, measure_pool
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
 from kvpolicy.adapters.sglang_dsv4.ports import InProcessLedger, Reserve
 from kvpolicy.units import GiB, MiB
-from sglang_support import HERE, MODELS, TINY_RATIOS, build_pool_through_sglang, kv_cache_configurator
+from sglang_support import (
+    HERE,
+    MODELS,
+    TINY_RATIOS,
+    build_pool_through_sglang,
+    build_pools_through_sglang,
+    kv_cache_configurator,
+    real_sizes,
+    tensor_bytes_by_pool,
+)
 
 pytestmark = pytest.mark.sglang
 
@@ -25,15 +34,6 @@ TINY = ModelGeometry(num_hidden_layers=7, compress_ratios=TINY_RATIOS, max_posit
 FLASH = load_geometry(MODELS / "deepseek-v4-flash.json")
 PRO = load_geometry(MODELS / "deepseek-v4-pro.json")
 SHAPES = {"tiny": TINY, "flash": FLASH, "pro": PRO}
-
-
-def real_sizes(kvc, budget):
-    """What SGLang's own configurator makes of ``budget`` (the steps of _resolve_memory_pool_config)."""
-    from sglang.srt.model_executor.pool_configurator import create_memory_pool_configurator
-
-    config = kvc.config_from_budget(budget)
-    config.max_running_requests = kvc.resolve_max_num_reqs(config.max_total_num_tokens)
-    return create_memory_pool_configurator(kvc).finalize_with_max_running_requests(config)
 
 
 CASES = [
@@ -64,21 +64,6 @@ def test_plan_equals_the_real_configurator(server_args, shape, budget, flags):
     )
 
 
-def tensor_bytes_by_pool(pool) -> dict[str, int]:
-    """Sums of the real tensors' bytes, read straight off the pool (independently of facts.py)."""
-    sums = {
-        "swa": sum(t.nbytes for t in pool.swa_kv_pool.kv_buffer),
-        "c4": sum(t.nbytes for t in pool.kv_pools[4].kv_buffer),
-        "c128": sum(t.nbytes for t in pool.kv_pools[128].kv_buffer),
-        "indexer": sum(t.nbytes for t in pool.index_pools[4].index_k_with_scale_buffer),
-        "compressor_state": sum(
-            p.kv_score_buffer.kv_score.nbytes
-            for p in [*pool.compress_state_pools, *pool.indexer_compress_state_pools] if p is not None
-        ),
-    }
-    return sums
-
-
 POOL_CASES = [
     ("tiny", 64 * MiB, dict(max_running_requests=16)),
     ("tiny", 20 * MiB, dict(max_running_requests=2, swa_full_tokens_ratio=0.3)),
@@ -95,13 +80,13 @@ def test_facts_and_plan_equal_the_real_pool(server_args, shape, budget, flags):
     original = type(kvc)._profile_available_bytes
     type(kvc)._profile_available_bytes = lambda self, pre: budget  # only the free-memory probe is replaced
     try:
-        _config, _sizes, pool = build_pool_through_sglang(kvc)
+        built = build_pools_through_sglang(kvc)
     finally:
         type(kvc)._profile_available_bytes = original
-    real = tensor_bytes_by_pool(pool)
-    m = measure_pool(pool)
+    real = tensor_bytes_by_pool(built.pool, built.req_to_token_pool)
+    m = measure_pool(built.pool, built.req_to_token_pool)
     assert {k: f.tensor_bytes for k, f in m.facts.items()} == real  # nothing under "other" on this path
-    assert m.cross_check_ok and m.enumerated_bytes == sum(real.values())
+    assert m.cross_check_ok and m.enumerated_bytes == sum(real.values()) - real["req_to_token"]
     predicted = closed.plan_for_budget(geometry, hooks.live_settings(kvc), budget)
     assert {k: p.bytes for k, p in predicted.pools.items()} == real
     assert {k: p.footprint for k, p in predicted.pools.items()} == {k: f.bytes for k, f in m.facts.items()}
@@ -164,17 +149,19 @@ def test_the_budget_hook_makes_the_real_pool_fit_the_admitted_reserve(server_arg
     kvc = kv_cache_configurator(geometry, server_args(mem_fraction_static=0.9, **flags))
     free_memory_is(kvc, 64 * GiB, monkeypatch)
     ledger, state = adapter(reserve, {"cuda:0": 80 * GiB})
-    config, _sizes, pool = build_pool_through_sglang(kvc, pre_model_load_memory_gb=80.0)
+    built = build_pools_through_sglang(kvc, pre_model_load_memory_gb=80.0)
+    config, pool = built.config, built.pool
     m = state.measurements[-1]
-    assert m.footprint <= reserve
+    assert m.footprint <= reserve  # the V4 pools and the request table
     assert reserve - m.footprint < 64 * MiB + len(m.tensors) * 2 * MiB  # and the reserve is used
-    assert sum(tensor_bytes_by_pool(pool).values()) == m.tensor_bytes
+    assert sum(tensor_bytes_by_pool(pool, built.req_to_token_pool).values()) == m.tensor_bytes
     (instance_id, report), = ledger.reports["cuda:0"].items()
     assert instance_id == f"deepseek-v4-flash@{os.getppid()}/0"  # the engine (launcher) and the TP rank
-    assert set(report) == {"swa", "c4", "c128", "indexer", "compressor_state"}
+    assert set(report) == {"swa", "c4", "c128", "indexer", "compressor_state", "req_to_token"}
+    assert report["req_to_token"].tensor_bytes == built.req_to_token_pool.req_to_token.nbytes
     assert ledger.admitted["cuda:0"] == {}  # the report replaced the admission
     assert ledger.held("cuda:0") == m.footprint
-    assert pool.mem_usage == pytest.approx(m.tensor_bytes / GiB)
+    assert pool.mem_usage == pytest.approx(m.pool_tensor_bytes / GiB)  # SGLang's metric: the KV pool
     assert config.max_total_num_tokens == state.admitted[0].reserve.tokens.full
 
 
@@ -278,3 +265,54 @@ def test_plugin_with_a_missing_hook_target_stops_the_process(tmp_path, policy_fi
 def test_plugin_without_a_policy_stops_the_process(tmp_path):
     done = run_sglang_plugins(tmp_path, {"KVPOLICY_ENABLE": "1"})
     assert done.returncode == 1 and "KVPOLICY_POLICY is not set" in done.stderr
+
+
+def test_plan_with_a_policy_plans_what_the_budget_hook_builds(sglang_env, tmp_path, monkeypatch, capsys):
+    """``kvpolicy plan --policy`` against the adapter at start-up: a real resolution, the real hooks reading
+    the same policy, the real configurator and pools."""
+    import json
+
+    from kvpolicy.adapters.sglang_dsv4.launch import Hardware
+    from kvpolicy.adapters.sglang_dsv4.ports import policy_reserve
+    from kvpolicy.cli import main
+    from sglang_support import engine_reading, published_resolution, resolve_for_real, single_process_parallel
+
+    model_dir = tmp_path / "tiny-v4"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": 7,
+        "num_nextn_predict_layers": 1, "head_dim": 512, "qk_rope_head_dim": 64, "index_head_dim": 128,
+        "sliding_window": 128, "max_position_embeddings": 65536, "compress_ratios": list(TINY_RATIOS),
+    }))
+    policy = tmp_path / "p.kvp"
+    policy.write_text('version 1\n\nmodel "tiny-v4" {\n  engine sglang\n  reserve 48 MiB\n}\n')
+    flags = ["--max-running-requests", "8"]
+    code = main(["plan", "--policy", str(policy), "--model", "tiny-v4", "--model-config",
+                 str(model_dir / "config.json"), *flags, "--format", "json"])
+    planned = json.loads(capsys.readouterr().out)
+    assert code == 0 and planned["policy"] == {
+        "policy": str(policy), "model": "tiny-v4", "block": "tiny-v4", "line": 3, "gpu": "cuda:0", "reserve": 48 * MiB,
+    }
+
+    real = resolve_for_real(model_dir, Hardware(), flags)
+    ledger = InProcessLedger({"cuda:0": 80 * GiB})
+    env = AdapterEnv(enabled=True, policy=policy, model="tiny-v4", ledger_dir=tmp_path)
+    state = hooks.AdapterState(reserve_source=policy_reserve(env), connect=ledger.session, model_name="tiny-v4")
+    with single_process_parallel(), published_resolution(real):
+        _live, _dtype, kvc = engine_reading(model_dir, real, device="cpu")
+        free_memory_is(kvc, 64 * GiB, monkeypatch)
+        hooks.install(state)
+        try:
+            build_pools_through_sglang(kvc)
+        finally:
+            hooks.uninstall()
+    m = state.measurements[-1]
+    assert planned["budget"] == state.admitted[0].reserve.budget  # the budget the hook handed SGLang
+    assert {k: p["bytes"] for k, p in planned["pools"].items() if p["tensors"]} == {
+        k: f.tensor_bytes for k, f in m.facts.items()
+    }
+    assert {k: p["footprint"] for k, p in planned["pools"].items() if p["tensors"]} == {
+        k: f.bytes for k, f in m.facts.items()
+    }
+    assert planned["total_footprint"] == m.footprint <= 48 * MiB
+    assert planned["pools"]["req_to_token"]["bytes"] == 9 * (65536 + 4) * 4  # 8 requests + 1 padding row
