@@ -106,8 +106,8 @@ class VllmStartup:
 def vllm_startup_budget(target: PolicyTarget) -> VllmStartup:
     """The vLLM adapter's sizing (``plugin.size_kv_cache``): an elastic model plans its ``max`` with the
     block-outermost layout; a static one its ``reserve`` in whole allocator granules."""
-    from kvpolicy.adapters.common import AdapterError
-    from kvpolicy.adapters.vllm_adapter.elastic_policy import ELASTIC_LAYOUT, elastic_settings
+    from kvpolicy.adapters.errors import AdapterError
+    from kvpolicy.adapters.vllm_adapter.elastic.policy import ELASTIC_LAYOUT, elastic_settings
     from kvpolicy.adapters.vllm_adapter.pools import ALLOCATOR_GRANULE
 
     try:
