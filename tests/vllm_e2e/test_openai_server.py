@@ -22,7 +22,7 @@ from tiny_model import TinyLlama
 
 pytestmark = pytest.mark.vllm_engine
 
-PROMPTS = ["Hello, my name is", "The capital of France is"]
+PROMPTS = ["Hello, my name is", "The capital of France is"]  # five tokens or more: see test_offline_engine
 MAX_TOKENS = 12
 
 
