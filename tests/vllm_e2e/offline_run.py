@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import time
 from pathlib import Path
 
@@ -28,6 +27,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=512)
     return parser.parse_args()
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak RSS (VmHWM). Not ru_maxrss: Linux carries that across exec from the
+    process that forked this one (pytest, gigabytes), so it would report the parent's peak."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def main() -> None:
@@ -62,7 +70,7 @@ def main() -> None:
         "import_s": imported - started,
         "build_s": built - imported,
         "generate_s": generated - built,
-        "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "max_rss_bytes": peak_rss_bytes(),
     }
     args.result.write_text(json.dumps(result, indent=2))
 
