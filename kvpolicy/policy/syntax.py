@@ -1,11 +1,14 @@
 """Text → Lark parse tree, with syntax errors people can act on.
 
 The grammar (``grammar/kvpolicy.lark``) is the single source of truth for the
-tokens: ``PolicyLexer`` compiles its terminals into one regular expression and,
-like Lark's contextual lexer, turns a word into a keyword only where the parser
-accepts that keyword (so ``order priority asc`` reads ``priority`` as a name).
-One regex instead of a lexer per parser state is what makes a 10,000-line policy
-lint in well under a second.
+tokens. Lark's contextual lexer reads a word as a keyword only where the parser
+accepts that keyword (so ``order priority asc`` reads ``priority`` as a name);
+the grammar is written so that this is exact (``tests/language/test_syntax.py``
+checks it over the parser's states). ``Layout``, the postlexer, sees every token
+before the parser does: it drops newlines inside parentheses, passes a run of
+separators on as one, refuses nesting deeper than ``MAX_NESTING``, and records
+what the error messages need (the tokens so far, the blocks and parentheses
+still open) in the ``Trace`` of the parse.
 
 On a syntax error the offending line is replaced (keeping its braces balanced) and
 the text parsed again, so one run reports several errors.
@@ -14,7 +17,9 @@ the text parsed again, so one run reports several errors.
 from __future__ import annotations
 
 import gc
+import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -22,11 +27,10 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
 
+import lark
 from lark import Lark, Token, Tree
-from lark.common import LexerConf
-from lark.exceptions import UnexpectedToken
-from lark.lexer import Lexer
-from lark.parsers.lalr_analysis import Shift
+from lark.exceptions import UnexpectedCharacters, UnexpectedToken
+from lark.lark import PostLex
 
 from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.policy.vocabulary import TOP_LEVEL
@@ -38,8 +42,6 @@ TOP_LEVEL_BLOCKS = frozenset(TOP_LEVEL) - {"version"}
 RECOVERED = "_kvpolicy_recovered_"
 """Name of the placeholder statement that stands in for a line with a syntax error."""
 
-_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
 
 @cache
 def grammar_text() -> str:
@@ -47,12 +49,14 @@ def grammar_text() -> str:
 
 
 @dataclass
-class _Session:
-    """Per-parse state the lexer fills in (the Lark instance is shared)."""
+class Trace:
+    """What one parse saw, for the error messages (the Lark parser is shared; each
+    parse has its own trace)."""
 
     comments: list[Token] = field(default_factory=list)
     history: list[Token] = field(default_factory=list)
-    open_braces: list[tuple[Token, Token]] = field(default_factory=list)
+    """Every token the parser took, in order."""
+    open_braces: list[tuple[Token, Token | None]] = field(default_factory=list)
     """(the '{', the first token of the statement it opens), innermost last."""
     open_parens: list[Token] = field(default_factory=list)
     blocks: list[tuple[Token, Token | None]] = field(default_factory=list)
@@ -66,7 +70,7 @@ class _Session:
     another block, with the blocks open around it: a sign of a forgotten '}'."""
 
 
-_SESSION: ContextVar[_Session] = ContextVar("kvpolicy_parse_session")
+_TRACE: ContextVar[Trace] = ContextVar("kvpolicy_parse_trace")
 
 
 class NestingTooDeep(Exception):
@@ -76,174 +80,110 @@ class NestingTooDeep(Exception):
         self.what = what
 
 
-class BadCharacter(Exception):
-    def __init__(self, line: int, col: int, char: str) -> None:
-        super().__init__(char)
-        self.line, self.col, self.char = line, col, char
+class Layout(PostLex):
+    """The postlexer: statements, separators and nesting, between Lark's lexer and its parser.
 
+    It records a token in the trace once the parser has taken it (when the parser asks
+    for the next one), so an error message sees the blocks and parentheses open before
+    the token it is about, whichever of the lexer or the parser refused that token.
+    """
 
-class PolicyLexer(Lexer):
-    """One-regex contextual lexer built from the grammar's terminals."""
+    always_accept = ("NAME", "ATTRIBUTE", "_SEP")
+    """Terminals every parser state's lexer knows, so that a word is lexed whole
+    (``tox`` is a name, never the keyword ``to`` and a name ``x``), an attribute is
+    lexed as one wherever it stands, and a newline inside parentheses reaches this
+    postlexer, which drops it."""
 
-    __future_interface__ = 2
-
-    def __init__(self, conf: LexerConf) -> None:
-        keywords: dict[str, str] = {}
-        punctuation: dict[str, str] = {}
-        groups: list[tuple[int, str, str]] = []
-        for term in conf.terminals:
-            if term.pattern.type == "str":
-                table = keywords if _WORD.fullmatch(term.pattern.value) else punctuation
-                table[term.pattern.value] = term.name
-            else:
-                groups.append((-term.priority, term.name, term.pattern.to_regexp()))
-        groups.sort()  # higher priority first (ATTRIBUTE before NAME)
-        self.keywords = keywords
-        self.punctuation = punctuation
-        self.ignored = frozenset(conf.ignore)
-        alternatives = [f"(?P<{_group(name)}>{regexp})" for _, name, regexp in groups]
-        puncts = sorted(punctuation, key=len, reverse=True)
-        alternatives.append("(?P<PUNCT>" + "|".join(re.escape(p) for p in puncts) + ")")
-        # Spaces before a token are skipped in the same match: a third of the matches
-        # a policy needs otherwise. (At the end of the text, or before a character
-        # nothing matches, the spaces still match on their own, as the ignored terminal.)
-        self.master = re.compile("[ \t\f]*(?:" + "|".join(alternatives) + ")")
-        self.group_names = {_group(name): name for _, name, _ in groups}
-
-    def lex(self, lexer_state, parser_state) -> Iterator[Token]:  # type: ignore[override]
-        text: str = lexer_state.text.text
-        session = _SESSION.get()
-        states = parser_state.parse_conf.parse_table.states
-        match = self.master.match
-        keywords, punctuation, ignored, names = (
-            self.keywords,
-            self.punctuation,
-            self.ignored,
-            self.group_names,
-        )
-        history = session.history
-        line, line_start, pos, end_of_text = 1, 0, 0, len(text)
-        parens = session.open_parens
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        trace = _TRACE.get()
+        history, parens, braces = trace.history, trace.open_parens, trace.open_braces
         statement_head: Token | None = None
         nots = 0  # 'not's in a row: each nests the condition one level deeper
         after_sep = False
-        new_token = _NEW_TOKEN
-        while pos < end_of_text:
-            m = match(text, pos)
-            if m is None:
-                raise BadCharacter(line, pos - line_start + 1, text[pos])
-            group = m.lastgroup
-            kind = names.get(group, group)
-            value = m.group(group)
-            end = m.end()
-            pos = end - len(value)  # where the token starts, after any spaces
-            col = pos - line_start + 1
-            if kind in ignored:
-                if kind == "COMMENT":
-                    session.comments.append(
-                        new_token("COMMENT", value, pos, line, col, line, col + len(value), end)
-                    )
-                pos = end
-                continue
-            if kind == "_SEP":
-                token = None if after_sep else new_token("_SEP", value, pos, line, col, line, col + 1, end)
-                if value != ";":
-                    line += 1
-                    line_start = end
-                    if parens:  # newlines inside parentheses do not end a statement
-                        pos = end
-                        continue
-                pos = end
+        for token in stream:
+            if token.type == "_SEP":
+                if parens and token.value != ";":
+                    continue  # newlines inside parentheses do not end a statement
                 statement_head = None
-                # A run of separators (blank lines, comment lines, ';' at a line's end)
-                # is passed on as one: the grammar takes any number wherever it takes one.
-                if token is not None:
+                # The grammar takes one separator where a statement ends: a run of them
+                # (blank lines, comment lines, ';' at a line's end) is passed on as one.
+                if not after_sep:
                     after_sep = True
-                    history.append(token)
                     yield token
+                    history.append(token)
                 continue
             after_sep = False
-            if kind == "NAME":
-                keyword = keywords.get(value)
-                if keyword is not None and (
-                    _would_shift(states, parser_state.state_stack, keyword)
-                    or not _would_shift(states, parser_state.state_stack, "NAME")
-                ):
-                    kind = keyword
-            elif kind == "PUNCT":
-                kind = punctuation[value]
-            token = new_token(kind, value, pos, line, col, line, col + len(value), end)
+            value = token.value
             if statement_head is None:
                 statement_head = token
-            if kind == "NOT":
+            if token.type == "NOT":
                 nots += 1
-                if nots + len(parens) > MAX_NESTING:
-                    raise NestingTooDeep(token, f"conditions nested more than {MAX_NESTING} deep")
             elif value != "(":
                 nots = 0
+            if nots + len(parens) + (value == "(") > MAX_NESTING:
+                what = "parentheses" if value == "(" else "conditions"
+                raise NestingTooDeep(token, f"{what} nested more than {MAX_NESTING} deep")
+            if value == "{" and len(braces) >= MAX_NESTING:
+                raise NestingTooDeep(token, f"blocks nested more than {MAX_NESTING} deep")
+            yield token
+            history.append(token)  # the parser took it
             if value == "(":
                 parens.append(token)
-                if len(parens) + nots > MAX_NESTING:
-                    raise NestingTooDeep(token, f"parentheses nested more than {MAX_NESTING} deep")
             elif value == ")" and parens:
                 parens.pop()
             elif value == "{":
-                if session.open_braces and statement_head is not None and statement_head.value in TOP_LEVEL_BLOCKS:
-                    session.nested_heads.append((statement_head, tuple(session.open_braces)))
-                session.open_braces.append((token, statement_head))
-                session.blocks.append((token, statement_head))
-                if len(session.open_braces) > MAX_NESTING:
-                    raise NestingTooDeep(token, f"blocks nested more than {MAX_NESTING} deep")
+                if braces and statement_head.value in TOP_LEVEL_BLOCKS:
+                    trace.nested_heads.append((statement_head, tuple(braces)))
+                braces.append((token, statement_head))
+                trace.blocks.append((token, statement_head))
                 statement_head = None
             elif value == "}":
-                if session.open_braces:
-                    session.closed_by[session.open_braces.pop()[0].start_pos] = token
+                if braces:
+                    trace.closed_by[braces.pop()[0].start_pos] = token
                 statement_head = None
-            pos = end
-            history.append(token)
-            yield token
 
 
-_NEW_TOKEN = getattr(Token, "_future_new", Token)
-"""Lark's Token constructor without its check for a deprecated keyword (a third of the cost)."""
+def _keep_comment(token: Token) -> Token:
+    _TRACE.get().comments.append(token)
+    return token
 
 
-def _would_shift(states, stack: list, token_type: str) -> bool:
-    """Whether the parser, in the state ``stack``, would shift ``token_type``.
-
-    LALR merges states, so a state's table may list a keyword as a lookahead
-    (for a reduction) even where, after the reductions, the keyword is invalid;
-    replaying the reductions on a copy of the stack gives the exact answer.
-    """
-    action = states[stack[-1]].get(token_type)
-    if action is None or action[0] is Shift:  # most words: decided without a copy of the stack
-        return action is not None
-    stack = list(stack)
-    while True:
-        action = states[stack[-1]].get(token_type)
-        if action is None:
-            return False
-        kind, arg = action
-        if kind is Shift:
-            return True
-        if arg.expansion:
-            del stack[-len(arg.expansion) :]
-        stack.append(states[stack[-1]][arg.origin.name][1])
-
-
-def _group(terminal: str) -> str:
-    return terminal.lstrip("_") or "SEP"
+def _end_on_its_line(separator: Token) -> Token:
+    """A newline ends on its own line, one column on (Lark ends it at the start of the
+    next line): a diagnostic at the end of a line stays on that line."""
+    separator.end_line, separator.end_column = separator.line, separator.column + 1
+    return separator
 
 
 @cache
 def parser() -> Lark:
+    """The policy parser, built once per process (from Lark's cache of the analysed
+    grammar where it can: a tenth of the time of the analysis)."""
     return Lark(
         grammar_text(),
         parser="lalr",
-        lexer=PolicyLexer,
+        lexer="contextual",
+        postlex=Layout(),
+        lexer_callbacks={"COMMENT": _keep_comment, "_SEP": _end_on_its_line},
         keep_all_tokens=True,  # spans and fmt read keywords, braces and separators
         maybe_placeholders=False,
+        cache=_cache_file(),
     )
+
+
+def _cache_file() -> str | bool:
+    """Where Lark keeps the analysed grammar between runs (it checks that the file is
+    of this grammar, these options and this Lark): a directory of this user's own.
+    Lark's default, the shared temporary directory, would let another user plant the
+    pickle it loads. False (no cache) where no such directory can be made."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    directory = os.path.join(base, "kvpolicy")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError:
+        return False
+    python = "".join(map(str, sys.version_info[:2]))
+    return os.path.join(directory, f"grammar-lark{lark.__version__}-py{python}.pickle")
 
 
 @contextmanager
@@ -273,7 +213,7 @@ class SyntaxResult:
     comments: list[Token]
     diagnostics: list[Diagnostic]
     kinds: list[str] = field(default_factory=list)
-    """The kind of each syntax error found, in the order found (``syntax_messages.ERROR_EXAMPLES``)."""
+    """The kind of each syntax error found, in the order found (``syntax_messages.MATCHERS``)."""
 
 
 def parse_tree(text: str, file: str) -> SyntaxResult:
@@ -286,15 +226,15 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
     kinds: list[str] = []
     recovered: set[int] = set()
     while len(diagnostics) < MAX_ERRORS:
-        session = _Session(recovered_lines=frozenset(recovered))
-        reset = _SESSION.set(session)
+        trace = Trace(recovered_lines=frozenset(recovered))
+        reset = _TRACE.set(trace)
         try:
             tree = parser().parse("\n".join(lines))
-            return SyntaxResult(tree, session.comments, diagnostics, kinds)
-        except (UnexpectedToken, BadCharacter, NestingTooDeep) as exc:
-            failure: Failure = explain_failure(exc, session, lines, file)
+            return SyntaxResult(tree, trace.comments, diagnostics, kinds)
+        except (UnexpectedToken, UnexpectedCharacters, NestingTooDeep) as exc:
+            failure: Failure = explain_failure(exc, trace, lines, file)
         finally:
-            _SESSION.reset(reset)
+            _TRACE.reset(reset)
         line = failure.recover_line
         if line in recovered:
             break  # the placeholder did not help: the first report stands
@@ -307,7 +247,7 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
         if failure.replacement is not None:
             lines[line - 1] = failure.replacement
         else:
-            open_before = sum(1 for brace, _ in session.open_braces if brace.line < line)
+            open_before = sum(1 for brace, _ in trace.open_braces if brace.line < line)
             lines[line - 1] = _placeholder(lines[line - 1], open_before)
     return SyntaxResult(None, [], diagnostics, kinds)
 

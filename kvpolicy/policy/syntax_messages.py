@@ -13,21 +13,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from functools import cache
+
 from lark import Token
-from lark.exceptions import UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
 from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
 from kvpolicy.lint.rules.unknown_field import UnknownField
 from kvpolicy.lint.rules.unknown_unit import UnknownUnit
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
 from kvpolicy.diagnostics import Diagnostic, Span
-from kvpolicy.policy.syntax import (
-    RECOVERED,
-    BadCharacter,
-    NestingTooDeep,
-    _Session,
-    parser,
-)
+from kvpolicy.policy.syntax import RECOVERED, NestingTooDeep, Trace, parser
 from kvpolicy.policy.vocabulary import UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -131,8 +127,8 @@ class Failure:
     """More errors found at once (e.g. several blocks left open at the end)."""
 
 
-def explain_failure(exc: Exception, session: _Session, lines: list[str], file: str) -> Failure:
-    if isinstance(exc, BadCharacter):
+def explain_failure(exc: Exception, session: Trace, lines: list[str], file: str) -> Failure:
+    if isinstance(exc, UnexpectedCharacters):
         return _bad_character(exc, file)
     if isinstance(exc, NestingTooDeep):
         span = _span(exc.token)
@@ -142,15 +138,19 @@ def explain_failure(exc: Exception, session: _Session, lines: list[str], file: s
 
 
 class _Explainer:
-    def __init__(self, exc: UnexpectedToken, session: _Session, lines: list[str], file: str) -> None:
-        self.token: Token = exc.token
+    def __init__(self, exc: UnexpectedToken, session: Trace, lines: list[str], file: str) -> None:
+        self.token: Token = _as_keyword(exc.token)
         self.expected: set[str] = set(exc.accepts or exc.expected)
         self.session = session
         self.lines = lines
         self.file = file
         self.at_end = self.token.type == "$END"
-        self.history = session.history if self.at_end else session.history[:-1]
+        self.history = session.history
         self.previous: Token | None = self.history[-1] if self.history else None
+        if self.previous is not None and self.previous.type == "_SEP":
+            # the postlexer merges a run of separators into one, so after one the user
+            # may always write another: the grammar has no need to say so
+            self.expected.add("_SEP")
 
     def fail(
         self,
@@ -463,6 +463,27 @@ def _missing_braces_hint(blocks: list[tuple[Token, Token | None]], recovered: fr
     return "add one '}' for each block"
 
 
+@cache
+def _keywords() -> dict[str, str]:
+    """Each keyword's terminal by its spelling (``priority`` → ``PRIORITY``)."""
+    return {
+        t.pattern.value: t.name
+        for t in parser().terminals
+        if t.pattern.type == "str" and _WORD.fullmatch(t.pattern.value)
+    }
+
+
+def _as_keyword(token: Token) -> Token:
+    """The refused token, a keyword if it is spelled as one.
+
+    The lexer reads a keyword as a NAME where the parser cannot take that keyword; when
+    the parser cannot take a NAME there either, the word is better explained as the
+    keyword it is (``'model' needs a quoted string, found 'max'``).
+    """
+    keyword = _keywords().get(token.value) if token.type == "NAME" else None
+    return token if keyword is None else Token.new_borrow_pos(keyword, token.value, token)
+
+
 def _found(token: Token) -> str:
     if token.type == "$END":
         return "the end of the file"
@@ -497,8 +518,8 @@ _BAD_CHARACTER_HINTS = {
 }
 
 
-def _bad_character(exc: BadCharacter, file: str) -> Failure:
-    span = Span.point(exc.line, exc.col)
+def _bad_character(exc: UnexpectedCharacters, file: str) -> Failure:
+    span = Span.point(exc.line, exc.column)
     if exc.char == '"':
         diagnostic = SyntaxErrorRule.at(file, span, "unterminated string", 'close the string with " on the same line')
         return Failure("unterminated-string", diagnostic, exc.line)
