@@ -29,7 +29,7 @@ from pathlib import Path
 
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.lint.registry import all_rules
+from kvpolicy.lint.registry import all_checks
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.diagnostics import Span
 from kvpolicy.policy.syntax import gc_paused, parse_tree, parser
@@ -102,7 +102,7 @@ def _median(fn, runs: int, clock=time.perf_counter) -> float:
 
 
 def _check(ctx: LintContext) -> list:
-    return [d for rule in all_rules() for d in rule().check(ctx)]
+    return [d for check in all_checks() for d in check().check(ctx)]
 
 
 def bench_size(lines: int, runs: int) -> dict[str, float]:

@@ -18,11 +18,9 @@ from functools import cache
 from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
-from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
-from kvpolicy.lint.rules.unknown_field import UnknownField
-from kvpolicy.lint.rules.unknown_unit import UnknownUnit
-from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
+from kvpolicy.catalogue import SYNTAX_ERROR, UNKNOWN_FIELD, UNKNOWN_UNIT
 from kvpolicy.diagnostics import Diagnostic, Span
+from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
 from kvpolicy.policy.syntax import RECOVERED, NestingTooDeep, Trace, parser
 from kvpolicy.policy.vocabulary import UNIT_ALIASES
 
@@ -132,7 +130,7 @@ def explain_failure(exc: Exception, session: Trace, lines: list[str], file: str)
         return _bad_character(exc, file)
     if isinstance(exc, NestingTooDeep):
         span = _span(exc.token)
-        return Failure("too-deep", SyntaxErrorRule.at(file, span, exc.what, "flatten the structure"), None)
+        return Failure("too-deep", SYNTAX_ERROR.at(file, span, exc.what, "flatten the structure"), None)
     assert isinstance(exc, UnexpectedToken)
     return _Explainer(exc, session, lines, file).explain()
 
@@ -160,7 +158,7 @@ class _Explainer:
         hint: str | None = None,
         recover: int | bool = True,
         replacement: str | None = None,
-        rule=SyntaxErrorRule,
+        rule=SYNTAX_ERROR,
     ) -> Failure:
         """The failure ``kind``, reported under ``rule`` (a few errors have a rule of their own)."""
         line = (None if self.at_end else self.token.line) if recover is True else (recover or None)
@@ -230,7 +228,7 @@ class _Explainer:
             return self.fail(
                 "keyword-as-unit", span, f"unknown unit '{token.value}'",
                 f"did you mean '{UNIT_ALIASES[token.value]}'? (`{previous.value}{UNIT_ALIASES[token.value]}`)",
-                rule=UnknownUnit,
+                rule=UNKNOWN_UNIT,
             )
         if "_SEP" in expected and token.type not in _STATEMENT_END and previous is not None:
             return self.fail(
@@ -348,7 +346,7 @@ class _Explainer:
                 span, where = _end_of_text(self.lines), "at the end of the file"
             else:
                 span, where = Span.point(line, _indent(self.lines[line - 1])), f"before line {line}"
-            diagnostics.append(SyntaxErrorRule.at(self.file, span, _missing_braces_message(blocks, where), _missing_braces_hint(blocks, self.session.recovered_lines)))
+            diagnostics.append(SYNTAX_ERROR.at(self.file, span, _missing_braces_message(blocks, where), _missing_braces_hint(blocks, self.session.recovered_lines)))
         return Failure("missing-close-brace", diagnostics[0], None, also=tuple(diagnostics[1:]))
 
     def _unclosed_by_indentation(self) -> list[tuple[Token, Token | None, int | None]]:
@@ -390,7 +388,7 @@ class _Explainer:
         if block_head is not None and (block_head.type == "NAME" or block_head.value not in BLOCK_FIELDS):
             return None  # inside an unknown block: that block's keyword is reported
         message, hint = unknown_keyword(head.value, block_head.value if block_head is not None else None)
-        return self.fail("misplaced-statement", _span(head), message, hint, rule=UnknownField)
+        return self.fail("misplaced-statement", _span(head), message, hint, rule=UNKNOWN_FIELD)
 
     def _head_type(self) -> str | None:
         head = self._statement_head()
@@ -521,11 +519,11 @@ _BAD_CHARACTER_HINTS = {
 def _bad_character(exc: UnexpectedCharacters, file: str) -> Failure:
     span = Span.point(exc.line, exc.column)
     if exc.char == '"':
-        diagnostic = SyntaxErrorRule.at(file, span, "unterminated string", 'close the string with " on the same line')
+        diagnostic = SYNTAX_ERROR.at(file, span, "unterminated string", 'close the string with " on the same line')
         return Failure("unterminated-string", diagnostic, exc.line)
     if not exc.char.isprintable() or exc.char.isspace():
         shown = f"U+{ord(exc.char):04X}"
     else:
         shown = f'"{exc.char}"' if exc.char == "'" else f"'{exc.char}'"
     hint = _BAD_CHARACTER_HINTS.get(exc.char)
-    return Failure("bad-character", SyntaxErrorRule.at(file, span, f"unexpected character {shown}", hint), exc.line)
+    return Failure("bad-character", SYNTAX_ERROR.at(file, span, f"unexpected character {shown}", hint), exc.line)
