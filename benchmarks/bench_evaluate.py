@@ -18,7 +18,7 @@ import time
 
 from kvpolicy.evaluate.decide import evaluate
 from kvpolicy.facts import Facts
-from kvpolicy.policy import policy_from_text
+from kvpolicy.lint.load import policy_from_text
 from kvpolicy.units import GiB
 
 POOLS = ("swa", "c4", "c128", "indexer", "compressor_state")

@@ -35,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     from kvpolicy.evaluate.decision import State
     from kvpolicy.evaluate.explain import render_explain
     from kvpolicy.facts_io import FactsError, read_facts
-    from kvpolicy.policy import PolicyError, load_policy
+    from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.lint.load import load_policy
 
     policy_path = Path(args.policy)
     if not policy_path.is_file():

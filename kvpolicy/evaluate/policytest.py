@@ -27,10 +27,11 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvpolicy.diagnostics import PolicyError
 from kvpolicy.evaluate.decide import evaluate
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts
-from kvpolicy.policy import PolicyError, load_policy
+from kvpolicy.lint.load import load_policy
 from kvpolicy.units import SIZE_UNITS, format_bytes
 
 TEST_SUFFIX = ".kvtest.json"
