@@ -218,7 +218,7 @@ class SyntaxResult:
 
 def parse_tree(text: str, file: str) -> SyntaxResult:
     """Parse ``text``; on syntax errors, recover line by line and report each one."""
-    from kvpolicy.policy.syntax_messages import Failure, explain_failure
+    from kvpolicy.policy.syntax_messages import explain_failure
 
     original = text.split("\n")
     lines = list(original)
@@ -232,7 +232,7 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
             tree = parser().parse("\n".join(lines))
             return SyntaxResult(tree, trace.comments, diagnostics, kinds)
         except (UnexpectedToken, UnexpectedCharacters, NestingTooDeep) as exc:
-            failure: Failure = explain_failure(exc, trace, lines, file)
+            matcher, failure = explain_failure(exc, trace, lines, file)
         finally:
             _TRACE.reset(reset)
         line = failure.recover_line
@@ -240,7 +240,7 @@ def parse_tree(text: str, file: str) -> SyntaxResult:
             break  # the placeholder did not help: the first report stands
         for diagnostic in (failure.diagnostic, *failure.also):
             diagnostics.append(_inside(diagnostic, original))
-        kinds.append(failure.kind)
+        kinds.append(matcher.kind)
         if line is None:
             break
         recovered.add(line)
