@@ -31,7 +31,7 @@ def sample_facts_path(policy: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.decide import evaluate
+    from kvpolicy.evaluate.decide import evaluate, prepare
     from kvpolicy.evaluate.decision import State
     from kvpolicy.evaluate.explain import render_explain
     from kvpolicy.facts_io import FactsError, read_facts
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except (FactsError, OSError, ValueError) as exc:
         print(f"kvpolicy explain: {exc}", file=sys.stderr)
         return 1
-    decision, _ = evaluate(policy, facts, state)
+    decision, _ = evaluate(prepare(policy), facts, state)
     if args.format == "json":
         sys.stdout.write(decision.to_json() + "\n")
     else:
