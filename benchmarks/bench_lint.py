@@ -31,10 +31,11 @@ from pathlib import Path
 
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.lint.registry import all_checks
+from kvpolicy.lint.rules import all_checks
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.diagnostics import Span
-from kvpolicy.policy.syntax import gc_paused, parse_tree, parser
+from kvpolicy.policy.lark_parser import parser
+from kvpolicy.policy.syntax import gc_paused, parse_tree
 
 ENGINES = ("vllm", "sglang", None)
 V4_POOLS = ("swa", "c4", "c128", "indexer", "compressor_state")

@@ -11,7 +11,7 @@ from kvpolicy.catalogue import SYNTAX_ERROR
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import all_checks
+from kvpolicy.lint.rules import all_checks
 from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.policy.model import Policy

@@ -2,7 +2,8 @@
 
 A rule's identity and documentation are in ``kvpolicy.catalogue``; a check is the
 code that finds that rule's diagnostics in a built Policy. Each lives in its own
-module of ``kvpolicy/lint/rules/`` and is registered with ``@register``.
+module of ``kvpolicy/lint/rules/`` and is registered with ``@register``; that
+package lists them all (``kvpolicy.lint.rules.all_checks``).
 """
 
 from __future__ import annotations
@@ -44,10 +45,3 @@ def register(cls: type[Check]) -> type[Check]:
         raise ValueError(f"{cls.__name__}: {rule.code} already has a check ({CHECKS[rule.code].__name__})")
     CHECKS[rule.code] = cls
     return cls
-
-
-def all_checks() -> list[type[Check]]:
-    """Every check, by its rule's code."""
-    import kvpolicy.lint.rules  # noqa: F401  (registers them)
-
-    return [CHECKS[code] for code in sorted(CHECKS)]

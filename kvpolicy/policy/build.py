@@ -30,7 +30,6 @@ from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy import model as m
 from kvpolicy.policy import vocabulary as v
 from kvpolicy.policy.suggest import closest, did_you_mean
-from kvpolicy.policy.syntax import RECOVERED
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS, duration_seconds, size_bytes
 
 _QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*(%|[A-Za-z_][A-Za-z0-9_]*)?")
@@ -144,7 +143,7 @@ class PolicyBuilder:
 
     def unknown(self, tree: Tree, block: str | None) -> None:
         word: Token = args(tree)[0]
-        if word.value == RECOVERED:
+        if word.value == v.RECOVERED:
             return  # stands in for a line that already has a syntax error
         message, hint = unknown_keyword(word.value, block)
         self.report(UNKNOWN_FIELD, word, message, hint)

@@ -26,8 +26,8 @@ from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 from kvpolicy.catalogue import SYNTAX_ERROR, UNKNOWN_FIELD, UNKNOWN_UNIT, Rule
 from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
-from kvpolicy.policy.syntax import RECOVERED, NestingTooDeep, Trace, parser
-from kvpolicy.policy.vocabulary import UNIT_ALIASES
+from kvpolicy.policy.lark_parser import NestingTooDeep, Trace, parser
+from kvpolicy.policy.vocabulary import RECOVERED, UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 

@@ -16,7 +16,7 @@ from collections import deque
 
 from lark import Token
 
-from kvpolicy.policy.syntax import parser
+from kvpolicy.policy.lark_parser import parser
 
 MAX_STACK = 9
 """Deep enough for a pool block in a model block and a condition in parentheses."""

@@ -21,7 +21,7 @@ from lark import Lark
 from kvpolicy.lint.engine import LintResult, decode_policy, lint_text
 from kvpolicy.diagnostics import PolicyError
 from kvpolicy.policy.fmt import format_text
-from kvpolicy.policy.syntax import grammar_text
+from kvpolicy.policy.lark_parser import grammar_text
 
 from .helpers import PROFILE, TERMINAL_NAMES, comment_texts, examples, semantic_dump, shows_terminal_name
 from .strategies import mutated, valid_policies

@@ -15,7 +15,8 @@ from kvpolicy.catalogue import CHECK, DOC_SECTIONS, UNKNOWN_UNIT, Rule, all_rule
 from kvpolicy.diagnostics import Severity
 from kvpolicy.lint import docs
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.lint.registry import CHECKS, Check, all_checks, register
+from kvpolicy.lint.registry import CHECKS, Check, register
+from kvpolicy.lint.rules import all_checks
 from kvpolicy.units import GiB
 
 RULES = all_rules()

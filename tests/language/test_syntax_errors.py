@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.policy.syntax import MAX_ERRORS, parse_tree, parser
+from kvpolicy.policy.lark_parser import parser
+from kvpolicy.policy.syntax import MAX_ERRORS, parse_tree
 from kvpolicy.policy.syntax_messages import ERROR_EXAMPLES, MATCHERS, describe
 
 from .helpers import TERMINAL_NAMES, shows_terminal_name

@@ -1,6 +1,7 @@
 """Every check, one module each; importing this package registers them all."""
 
-from kvpolicy.lint.rules import (  # noqa: F401
+from kvpolicy.lint.registry import CHECKS, Check
+from kvpolicy.lint.rules import (  # noqa: F401  (each registers its check)
     decimal_unit,
     duplicate_definition,
     incomplete_rule,
@@ -18,3 +19,8 @@ from kvpolicy.lint.rules import (  # noqa: F401
     unmanageable_elastic_pool,
     unreachable_model,
 )
+
+
+def all_checks() -> list[type[Check]]:
+    """Every check, by its rule's code."""
+    return [CHECKS[code] for code in sorted(CHECKS)]
