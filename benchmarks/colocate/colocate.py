@@ -107,7 +107,7 @@ class Child:
 
 
 def _policy_figures(params: Params, policy_path: Path) -> tuple[Any, int, int]:
-    from kvpolicy.policy import load_policy
+    from kvpolicy.lint.load import load_policy
 
     policy = load_policy(policy_path)
     settings = policy.gpu_settings(params.device.gpu)

@@ -51,7 +51,7 @@ def plan_settings(params: Params):
 
 def policy_reserve(params: Params, policy: Path) -> tuple[int, int]:
     """(reserve bytes, line) of the V4 model in the policy."""
-    from kvpolicy.policy import load_policy
+    from kvpolicy.lint.load import load_policy
 
     settings = load_policy(policy).model_settings(params.dsv4.model)
     if not settings.reserve:

@@ -27,10 +27,11 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvpolicy.evaluate.decide import evaluate
+from kvpolicy.diagnostics import PolicyError
+from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts
-from kvpolicy.policy import PolicyError, load_policy
+from kvpolicy.lint.load import load_policy
 from kvpolicy.units import SIZE_UNITS, format_bytes
 
 TEST_SUFFIX = ".kvtest.json"
@@ -129,17 +130,18 @@ def run_test_file(path: Path) -> list[CaseResult]:
         raise TestFileError(f"{path}: its policy does not load: {exc}") from None
     except OSError as exc:
         raise TestFileError(f"{path}: cannot read its policy {policy_path}: {exc.strerror}") from None
+    prepared = prepare(policy)  # once for every case and step
     results = []
     for case in spec.cases:
         try:
-            failures = _run_case(policy, case, path.parent)
+            failures = _run_case(prepared, case, path.parent)
         except (OSError, ValidationError, ValueError) as exc:
             failures = [f"cannot run: {_short(exc)}"]
         results.append(CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures))
     return results
 
 
-def _run_case(policy, case: Case, base: Path) -> list[str]:
+def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:
     raw = case.facts if isinstance(case.facts, dict) else json.loads((base / case.facts).read_text(encoding="utf-8"))
     facts_data = _with_bytes(raw)
     state = State.model_validate(case.state) if case.state is not None else None

@@ -36,7 +36,7 @@ PARAMS = [BENCH / "default.toml", BENCH / "cpu.toml", SMALL]
 @pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.name)
 def test_parameter_files_and_their_policies_are_clean(path: Path) -> None:
     from kvpolicy.lint.engine import lint_file
-    from kvpolicy.policy import policy_from_text
+    from kvpolicy.lint.load import policy_from_text
 
     params = load_params(path)
     result = lint_file(params.policy)
