@@ -62,9 +62,11 @@ def allocated_hook(original: Method) -> Method:
     def initialize_from_config(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
         plan = elastic.plan_of(self)
         if plan is not None:  # the buffer goes on the allocator; it reports its pools when made
-            with as_startup_failure(_rank(self, "allocating its elastic KV cache")):
-                with elastic.elastic_allocation(self, plan):
-                    return original(self, kv_cache_config, *args, **kwargs)
+            with (
+                as_startup_failure(_rank(self, "allocating its elastic KV cache")),
+                elastic.elastic_allocation(self, plan),
+            ):
+                return original(self, kv_cache_config, *args, **kwargs)
         result = original(self, kv_cache_config, *args, **kwargs)
         if kv_cache_config.kv_cache_tensors:  # attention-free models have no KV buffer
             setattr(self, LAYOUT_ATTR, PoolLayout.from_kv_cache_config(kv_cache_config))
