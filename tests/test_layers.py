@@ -34,15 +34,6 @@ _PACKAGE_LAYERS = {
     "kvpolicy.lsp": "commands",  # the editors' front end, beside the CLI's
 }
 
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # Issue 13 (item 2, the engine-ledger boundary): the runtime still holds engine glue
-    # that belongs at the adapter edge. Another change of the renovation removes these;
-    # nothing of policy, lint or evaluate may ever be listed here.
-    ("kvpolicy.runtime.engines", "kvpolicy.adapters.common"),
-}
-"""(importer, imported) edges that point up today and are being removed."""
-
-
 def layer_of(module: str) -> str | None:
     """The layer of a kvpolicy module (None: not kvpolicy's)."""
     for prefix, layer in sorted(_PACKAGE_LAYERS.items(), key=lambda item: -len(item[0])):
@@ -142,16 +133,8 @@ def test_every_module_has_a_layer() -> None:
 
 
 def test_no_import_points_up() -> None:
-    upward = [(a, b, line) for a, b, line in _upward_edges() if (a, b) not in KNOWN_UPWARD]
+    upward = _upward_edges()
     assert upward == [], "\n".join(f"{MODULES[a].relative_to(ROOT)}:{line}: {a} imports {b}" for a, b, line in upward)
-
-
-def test_the_known_upward_edges_are_still_there_and_none_is_of_the_language() -> None:
-    """An edge that is gone leaves the list (so the list only shrinks), and the language
-    layers have none."""
-    found = {(a, b) for a, b, _ in _upward_edges()}
-    assert KNOWN_UPWARD <= found, f"gone, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - found)}"
-    assert [edge for edge in KNOWN_UPWARD if layer_of(edge[0]) in ("base", "policy", "lint", "evaluate")] == []
 
 
 def test_the_walk_sees_every_kind_of_import(tmp_path: Path) -> None:
