@@ -24,6 +24,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
+from clock import ClockKind
+
 from kvpolicy.alloc.layout import KVCacheLayout
 from kvpolicy.units import SIZE_UNITS, parse_number, size_bytes
 
@@ -107,6 +109,11 @@ class Engine(Strict):
     """How each tenant schedules, as a serving engine does."""
 
     step_ms: float = Field(gt=0, description="one decode step (inter-token latency); a step never starts early")
+    clock: ClockKind = Field(
+        default="wall",
+        description="wall: trace time is wall time, a late step is not made up for (device runs measure real time); "
+        "steps: each step advances trace time by step_ms, so a slow machine serves the same trace, only slower (CI)",
+    )
     prefill_tokens_per_step: int = Field(gt=0, description="prompt tokens admitted per step (one longer prompt may take a whole step)")
     max_running: int = Field(default=1024, gt=0)
     patience_s: float | None = Field(default=None, gt=0, description="a client leaves a request that waited this long without starting; None: clients wait forever")
@@ -172,6 +179,8 @@ class Params(Strict):
         for name in self.reload.swap:
             if name not in self.tenants:
                 raise ValueError(f"reload.swap names {name!r}, which is not a tenant ({', '.join(self.tenants)})")
+        if not 0 <= self.reload.at_s < self.trace.duration_s:
+            raise ValueError(f"reload.at_s {self.reload.at_s} must lie inside the trace (0 to {self.trace.duration_s} s)")
         if self.kv.chunk % (2 << 20):
             raise ValueError(f"kv.chunk must be a multiple of 2 MiB, got {self.kv.chunk}")
         if self.budget.static_share * len(self.tenants) > self.budget.elastic:
