@@ -1,7 +1,9 @@
 """The benchmark's parameters: one TOML file says the trace, the engine, the KV geometry and the budget.
 
-``default.toml`` is the H200 run of issue 8; ``cpu.toml`` the same trace on the host
-driver with a geometry scaled down so the same token capacities fit in host memory;
+``default.toml`` is the H200 run of issue 8; ``allbusy.toml``, ``bursty4.toml`` and
+``longprompt.toml`` other traces on the same engine, geometry and allocator settings
+(they extend ``default.toml``); ``cpu.toml`` the default trace on the host driver with
+a geometry scaled down so the same token capacities fit in host memory;
 ``tests/colocate/small.toml`` the CI configuration. Sizes are strings with units
 (``"48 GiB"``); paths are relative to the parameter file.
 
@@ -214,17 +216,42 @@ class Params(Strict):
 
 
 def load_params(path: str | Path) -> Params:
-    """Read a parameter file; relative paths in it are resolved against its directory."""
+    """Read a parameter file; relative paths in it are resolved against the file that names them.
+
+    A file may say ``extends = "other.toml"``: it is that file with the tables and keys
+    it gives replacing the other's, key by key (a trace file gives its ``[trace]``, its
+    tenants, policy and budget, and shares everything else — the engine, the KV geometry
+    and the allocator's settings — with the file it extends).
+    """
     path = Path(path).resolve()
+    data = _read(path, seen=())
+    data["source"] = str(path)
+    return Params.model_validate(data)
+
+
+def _read(path: Path, seen: tuple[Path, ...]) -> dict:
+    if path in seen:
+        raise SystemExit(f"colocate: {path}: `extends` loops back to it ({' → '.join(map(str, (*seen, path)))})")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SystemExit(f"colocate: {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SystemExit(f"colocate: {path}: {exc}") from None
-    data["policy"] = str((path.parent / data["policy"]).resolve())
+    if "policy" in data:
+        data["policy"] = str((path.parent / data["policy"]).resolve())
     geometry = data.get("dsv4", {}).get("geometry")
     if geometry and geometry != "tiny":
         data["dsv4"]["geometry"] = str((path.parent / geometry).resolve())
-    data["source"] = str(path)
-    return Params.model_validate(data)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    return _merged(_read((path.parent / base).resolve(), (*seen, path)), data)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``base`` with ``over``'s keys replacing its own; tables are merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
