@@ -37,7 +37,7 @@ class Severity(str, Enum):
 
 
 class Diagnostic(BaseModel):
-    """One finding; the JSON shape is fixed by CONTRACTS.md (``kvpolicy lint``)."""
+    """One finding; its JSON shape is ``kvpolicy lint``'s, in docs/json.md."""
 
     model_config = ConfigDict(frozen=True)
 

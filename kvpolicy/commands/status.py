@@ -37,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
     except (LedgerError, OSError) as exc:
         print(f"kvpolicy status: {exc}", file=sys.stderr)
         return 1
-    if args.format == "json":
-        print(status.to_json())
+    attention = problems(status)
+    if args.format == "json":  # the same lines as the text output: what needs attention, then the notes
+        print(status.model_copy(update={"problems": [*attention, *status.problems]}).to_json())
     else:
         sys.stdout.write(render_status(status))
-        for problem in problems(status):
+        for problem in attention:
             print(f"ATTENTION: {problem}")
-    return 1 if problems(status) else 0
+    return 1 if attention else 0

@@ -1,6 +1,6 @@
 """Decision (what the evaluator concludes, schema 1) and State (what it remembers).
 
-The decision's JSON is fixed by CONTRACTS.md (``kvpolicy explain --format json``);
+The decision's JSON is ``kvpolicy explain --format json``'s (docs/json.md, docs/decision.schema.json);
 fields beyond it are additions. ``reasons`` say why each number is what it is.
 """
 

@@ -1,4 +1,4 @@
-"""Diagnostics out: text (with the source line), JSON (CONTRACTS.md), SARIF 2.1.0, GitHub annotations."""
+"""Diagnostics out: text (with the source line), JSON (docs/json.md), SARIF 2.1.0, GitHub annotations."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What a policy says for one GPU or one model name, defaults applied.
 
-The language's defaults (DESIGN §3): headroom 0, chunk 2 MiB, priority 0,
+The language's defaults (docs/language.md): headroom 0, chunk 2 MiB, priority 0,
 reserve 0, min 0, max 100%, weight 100, engine any. A GPU takes each setting from
 the most specific ``gpu`` block that sets it (an explicit id beats ``*``), then
 from ``defaults``. An instance binds the most specific ``model`` block whose

@@ -248,7 +248,7 @@ class Controller:
             )
 
     def status(self, view: LedgerView, notes: list[str], now: float) -> Status:
-        """The status document (CONTRACTS.md ``kvpolicy status``), as this controller sees it."""
+        """The status document (``kvpolicy status``'s JSON, docs/json.md), as this controller sees it."""
         loaded = self.watcher.current
         decided = {i.id: i for i in self.decision.instances} if self.decision else {}
         gpus = []

@@ -5,7 +5,7 @@ error, its own pid and heartbeat — with ``write_status`` (atomically: a tempor
 file renamed over the old one, so a reader sees the old or the new file, never half).
 ``kvpolicy status`` reads it with ``read_status`` and refreshes the GPUs and instances
 from the live ledger with ``live_status``, so the figures are current even when the
-controller is stale. The JSON shape is CONTRACTS.md's ``kvpolicy status`` (schema 1);
+controller is stale. The JSON shape is ``kvpolicy status``'s in docs/json.md (schema 1);
 fields beyond it are additions, allowed by the contract.
 """
 

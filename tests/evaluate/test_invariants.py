@@ -1,4 +1,4 @@
-"""DESIGN §4's invariants, over random policies and facts of up to 8 GPUs and 64 instances."""
+"""The evaluator's invariants (docs/architecture.md, docs/semantics.md), over random policies and facts of up to 8 GPUs and 64 instances."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hand-computed scenarios for the evaluator (DESIGN §4). Each expected figure is
+"""Hand-computed scenarios for the evaluator (docs/semantics.md). Each expected figure is
 worked out in the comment beside it, from the policy and facts of the test."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`kvpolicy lint`: output formats (JSON exactly as in CONTRACTS.md), exit codes, options."""
+"""`kvpolicy lint`: output formats (JSON exactly as in docs/json.md), exit codes, options."""
 
 from __future__ import annotations
 

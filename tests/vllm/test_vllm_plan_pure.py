@@ -1,8 +1,7 @@
 """``kvpolicy plan --engine vllm`` on a bare install: figures, JSON shape, CLI behaviour.
 
-The figures here are the ones vLLM 0.33 itself produced for these configs (recorded
-in shared/reference/vllm.md and re-checked by test_vllm_planning.py against vLLM's
-own code, where vllm is installed).
+The figures here are the ones vLLM 0.33 itself produced for these configs
+(test_vllm_planning.py re-checks them against vLLM's own code, where vllm is installed).
 """
 
 from __future__ import annotations
