@@ -450,7 +450,8 @@ UNKNOWN_POOL = _define(
 
     ## What it does
     Checks pool names against the pools the engine's adapter reports. SGLang
-    (DeepSeek-V4): `swa c4 c128 indexer compressor_state` (and `other`). vLLM: the
+    (DeepSeek-V4): `swa c4 c128 indexer compressor_state`, the request-to-token
+    table `req_to_token` (and `other`). vLLM: the
     same five for DeepSeek-V4, and `full mla sliding_window mamba` for other
     models. A model without `engine` may name any of them.
 
