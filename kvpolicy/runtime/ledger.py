@@ -35,7 +35,7 @@ from kvpolicy.runtime.reader import SegmentReader
 from kvpolicy.runtime.records import GENERATION, HEARTBEAT, PRESSURE, SegmentRecords
 from kvpolicy.runtime.segment import Access, Segment
 from kvpolicy.runtime.values import ADMITTED_POOL, GpuFigures, GpuLimits, InstanceLimits, SlotView, Totals
-from kvpolicy.runtime.writes import Change, SegmentWriter
+from kvpolicy.runtime.writes import Change, SegmentWriter, next_epoch
 
 # GpuLedger's vocabulary, defined in ``values`` and ``admission``, is importable from here too.
 __all__ = [
@@ -67,8 +67,8 @@ class GpuLedger:
         self.seg = segment
         self.gpu = segment.gpu
         self.reader = SegmentReader(segment)
-        self.writer = SegmentWriter(self.reader)
         self.owners = SlotOwners(segment)
+        self.writer = SegmentWriter(self.reader, self.owners.held_anywhere)
         self.records: SegmentRecords = self.reader.records
         """The segment's records at their offsets (``Instance.read`` watches its published record directly)."""
         self.where = self.reader.where
@@ -84,9 +84,11 @@ class GpuLedger:
         *,
         create: bool = True,
         slot_count: int = L.DEFAULT_SLOTS,
+        repair: bool = False,
     ) -> GpuLedger:
-        """Open (or create) the GPU's segment under ``directory``, checked before use."""
-        return cls(Segment.open(Path(directory), gpu, access or Access(), create=create, slot_count=slot_count))
+        """Open (or create) the GPU's segment under ``directory``, checked before use (``Segment.open``)."""
+        seg = Segment.open(Path(directory), gpu, access or Access(), create=create, slot_count=slot_count, repair=repair)
+        return cls(seg)
 
     def close(self) -> None:
         self.seg.close()
@@ -161,9 +163,9 @@ class GpuLedger:
     def reclaim_dead(self) -> list[SlotView]:
         """Free every slot whose owner died (its reservations and admitted bytes return to the GPU)."""
         views, problems = self.slots()
-        if not problems and all(self.owner_alive(v) for v in views):
+        if not problems and self.writer.header_readable() and all(self.owner_alive(v) for v in views):
             return []  # the common case: nothing to do, and no lock taken
-        with self.change():
+        with self.change():  # repairs the header's records on the way in
             return self._reclaim_locked()
 
     def _reclaim_locked(self) -> list[SlotView]:
@@ -214,29 +216,34 @@ class GpuLedger:
         me = self._me = self._me or this_process()
         with self.change():
             self._reclaim_locked()
-            free = self._free_slot_for(id)
-            if free is None or not self.owners.take(free):
+            # A free slot may still be held for a moment by the process that just freed it (it drops
+            # the owner lock after its change): try the next one rather than report the GPU full.
+            free = next((i for i in self._free_slots_for(id) if self.owners.take(i)), None)
+            if free is None:
                 raise SlotsFull(
                     f"kvpolicy ledger: all {self.slot_count} slots of {self.gpu} belong to live instances "
                     f"({self.seg.path}); detach one, or recreate the ledger with more slots"
                 )
             slot = self._slots[free]
             _, old = slot.identity.read(self.seg.mm, self.seg.words)
-            epoch = old.epoch + 1
+            epoch = next_epoch(old.epoch)
             identity = codec.identity(
                 **text, rank=rank, elastic=elastic, epoch=epoch, pid=me.pid, start_time=me.start_time,
                 pidns=me.pidns, uid=os.geteuid(), attached_at_ns=time.time_ns(),
             )
             return Claim(free, epoch, self.writer.claim(slot, identity, guarantee))
 
-    def _free_slot_for(self, id: str) -> int | None:
-        """The first free slot no open file of this process holds; DuplicateInstance if ``id`` is attached here."""
-        free = None
+    def _free_slots_for(self, id: str) -> list[int]:
+        """The free slots no open file of this process holds, in order; DuplicateInstance if ``id`` is attached here."""
+        free = []
         for i in range(self.slot_count):
-            v = self.reader.slot(i)
+            try:
+                v = self.reader.slot(i)
+            except CorruptSegment:
+                continue  # a damaged slot whose owner lives (reclaim wiped the others): not free
             if v is None:
-                if free is None and not self.owners.holds(i):
-                    free = i
+                if not self.owners.holds(i):
+                    free.append(i)
             elif v.id == id:
                 raise DuplicateInstance(
                     f"kvpolicy ledger: instance {id!r} is already attached on {self.gpu} (slot {i}, pid {v.pid}, "
