@@ -35,7 +35,7 @@ from typing import TypeVar
 
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
-from kvpolicy.runtime.errors import LedgerError, SegmentTruncated
+from kvpolicy.runtime.errors import LedgerError, SegmentSetAside, SegmentTruncated
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.liveness import this_process
@@ -211,6 +211,8 @@ class LedgerDir:
             check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access, others=OTHERS_DIR)
         self._open: dict[str, GpuLedger] = {}
         self._failed: dict[str, str] = {}
+        self._set_aside: list[str] = []
+        """Segments moved aside since the last ``read()``, which reports them."""
 
     def gpus(self) -> list[str]:
         """GPU ids with a segment in the directory."""
@@ -242,6 +244,8 @@ class LedgerDir:
                         self._forget(g)
                         raise
                 ledgers[g] = self.gpu(g)
+            except SegmentSetAside as exc:
+                self._set_aside.append(f"{g}: {exc}")  # happens once: kept for the next read()
             except (LedgerError, OSError) as exc:
                 problems.append(f"{g}: {exc}")  # a refused or damaged segment is reported, never trusted
         return ledgers, problems
@@ -272,6 +276,8 @@ class LedgerDir:
         """Every GPU's figures, totals and instances (live ones; dead ones apart) at one moment."""
         now = time.time() if now is None else now
         ledgers, problems = self._ledgers()
+        problems = self._set_aside + problems
+        self._set_aside = []
         states: dict[str, GpuState] = {}
         for g, led in ledgers.items():
             try:
@@ -359,7 +365,13 @@ class LedgerDir:
                     "stop it first, or use another --ledger-dir"
                 ) from None
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                raise LedgerError(
+                    f"kvpolicy ledger: cannot write {path} ({errno.errorcode.get(exc.errno or 0, 'error')}: "
+                    f"{exc.strerror}); free space in {self.path}'s filesystem"
+                ) from None
         except BaseException:
             os.close(fd)
             raise

@@ -32,6 +32,10 @@ class SegmentTruncated(CorruptSegment):
     tag = "truncated"
 
 
+class SegmentSetAside(CorruptSegment):
+    """A segment that failed its checks and that nobody held a slot in was renamed aside (once)."""
+
+
 class LayoutVersionMismatch(CorruptSegment):
     """The segment was written with another layout version; it is refused, never misread.
 

@@ -34,7 +34,7 @@ from kvpolicy.runtime.liveness import ProcessIdentity, SlotOwners, this_process
 from kvpolicy.runtime.reader import SegmentReader
 from kvpolicy.runtime.records import GENERATION, HEARTBEAT, PRESSURE, SegmentRecords
 from kvpolicy.runtime.segment import Access, Segment
-from kvpolicy.runtime.values import ADMITTED_POOL, GpuFigures, GpuLimits, InstanceLimits, SlotView, Totals
+from kvpolicy.runtime.values import ADMITTED_POOL, GpuFigures, check_bytes, GpuLimits, InstanceLimits, SlotView, Totals
 from kvpolicy.runtime.writes import Change, SegmentWriter, next_epoch
 
 # GpuLedger's vocabulary, defined in ``values`` and ``admission``, is importable from here too.
@@ -286,8 +286,8 @@ class GpuLedger:
                 "(the policy's headroom for this GPU)."
             )
         h, u = headroom or 0, other_used or 0
-        if min(capacity, h, u) < 0:
-            raise LedgerError(f"kvpolicy ledger: capacity {capacity}, headroom {h}, other_used {u} must be ≥ 0")
+        for what, value in (("capacity", capacity), ("headroom", h), ("other_used", u)):
+            check_bytes(f"the GPU's {what}", value)
         if f.source == "provisional":  # several engines' figures: keep the most cautious of each
             capacity, h, u = min(capacity, f.capacity), max(h, f.headroom), max(u, f.other_used)
         merged = GpuFigures("provisional", 0, capacity, h, u, None, 0.0, 0)
@@ -380,6 +380,7 @@ class GpuLedger:
             self.writer.settle(slot, use, commit=commit, rollback=rollback, release=release)
 
     def report_usage(self, claim: Claim, used: int) -> None:
+        check_bytes("used", used)
         slot = self._slots[claim.index]
         with self.change():
             self._own(claim)
@@ -421,8 +422,6 @@ class GpuLedger:
             if gpu is not None:
                 self.writer.figures(codec.published_figures(revision, gpu, now, ctl.pid, ctl.start_time))
             for (index, epoch), lim in instances.items():
-                if min(lim.limit, lim.target, lim.guarantee) < 0:
-                    raise LedgerError(f"kvpolicy ledger: negative limits for slot {index}: {lim}")
                 slot = self._slots[index]
                 _, ident = slot.identity.read(self.seg.mm, self.seg.words)
                 if ident.state != L.SLOT_ACTIVE or ident.epoch != epoch:

@@ -54,6 +54,7 @@ from kvpolicy.runtime.errors import (
     ForeignSegment,
     LayoutVersionMismatch,
     LedgerError,
+    SegmentSetAside,
     SegmentTruncated,
     UnsafeSegment,
 )
@@ -268,7 +269,7 @@ class Segment:
                     raise
                 log.warning("%s; moved it aside to %s", exc, aside)
                 if not create:
-                    raise CorruptSegment(f"{exc}; nobody held a slot in it, so it was moved aside to {aside}") from None
+                    raise SegmentSetAside(f"{exc}; nobody held a slot in it, so it was moved aside to {aside}") from None
                 # loop: create a fresh segment in its place
             except BaseException:
                 os.close(fd)
