@@ -185,6 +185,8 @@ def test_a_kill_at_every_write_point_never_bricks_the_ledger(ledger_dir: Path) -
         for name in ("dead-a", "dead-b"):
             assert _run_in_child(_leave_a_dead_holder, where, name) == 0
         assert _run_in_child(_lifetime, where, n) == -signal.SIGKILL, f"store {n} of {points} was not reached"
+        torn = ld.read().gpus[GPU].problems  # by construction, not by repair: no reader ever sees a torn slot
+        assert torn == (), f"killed before store {n}: {torn}"
         assert _run_in_child(_afterwards, where) == 0, f"killed before store {n}: the next engine failed"
         _assert_whole(ld, f"killed before store {n} of {points}")
         ld.close()
@@ -222,6 +224,7 @@ def test_random_kills_of_an_attach_admit_commit_release_detach_loop_never_brick_
     for k in range(KILLS):
         point = rng.randint(1, 600)
         assert _run_in_child(_engine_loop, ledger_dir, point, k) == -signal.SIGKILL, f"kill {k}: store {point}"
+        assert ld.read().gpus[GPU].problems == (), f"kill {k} at store {point}: a torn slot"
         assert _run_in_child(_afterwards, ledger_dir) == 0, f"kill {k} (store {point}): the next engine failed"
         _assert_whole(ld, f"kill {k} at store {point}")
     ld.close()
