@@ -63,25 +63,10 @@ def _leave_a_dead_holder(ledger_dir: Path, name: str) -> None:
 
 
 def _lifetime(ledger_dir: Path, kill_at: int) -> None:
-    """Every kind of change an engine and a controller make, dying before store number ``kill_at``."""
+    """Every kind of change an engine and a controller make, dying before its store number ``kill_at``."""
     records.KILL_AT = kill_at
     records._stores = 0
-    ld = LedgerDir(ledger_dir)
-    inst = attach(model="victim", id="victim", gpu=GPU, ledger_dir=ledger_dir, elastic=True, guarantee=GiB,
-                  handle_signals=False)  # claim, after reclaiming the first dead holder
-    inst.admit_static(2 * GiB)
-    inst.report_pools({"kv": PoolFacts(owner="runtime", bytes=GiB)})
-    assert inst.admit(3 * CHUNK)
-    inst.commit(2 * CHUNK)
-    inst.rollback(CHUNK)
-    inst.release(CHUNK)
-    inst.report(CHUNK, CHUNK)
-    inst.acknowledge(1, "deferred")
-    inst.touch()
-    ld.reclaim_dead()  # the second dead holder
-    ld.publish(ld.read(), 2, {GPU: LIMITS}, {"victim": InstanceLimits(4 * GiB, 3 * GiB, 2 * GiB)})
-    ld.heartbeat()
-    inst.detach()
+    _lifetime_body(ledger_dir)
     os._exit(0)
 
 
@@ -97,7 +82,7 @@ def _lifetime_store_count(ledger_dir: Path, out) -> None:  # type: ignore[no-unt
 def _lifetime_body(ledger_dir: Path) -> None:
     ld = LedgerDir(ledger_dir)
     inst = attach(model="victim", id="victim", gpu=GPU, ledger_dir=ledger_dir, elastic=True, guarantee=GiB,
-                  handle_signals=False)
+                  handle_signals=False)  # claim, after reclaiming the dead holder the test left
     inst.admit_static(2 * GiB)
     inst.report_pools({"kv": PoolFacts(owner="runtime", bytes=GiB)})
     assert inst.admit(3 * CHUNK)
@@ -107,7 +92,15 @@ def _lifetime_body(ledger_dir: Path) -> None:
     inst.report(CHUNK, CHUNK)
     inst.acknowledge(1, "deferred")
     inst.touch()
-    ld.reclaim_dead()
+    pid = os.fork()  # another engine attaches and dies holding bytes ...
+    if pid == 0:
+        records.KILL_AT = 0
+        try:
+            _leave_a_dead_holder(ledger_dir, "dead-b")
+        finally:
+            os._exit(1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert [v.id for v in ld.reclaim_dead()] == ["dead-b"]  # ... and the controller's tick reclaims it
     ld.publish(ld.read(), 2, {GPU: LIMITS}, {"victim": InstanceLimits(4 * GiB, 3 * GiB, 2 * GiB)})
     ld.heartbeat()
     inst.detach()
@@ -171,8 +164,7 @@ def test_the_hook_kills_a_real_subprocess_at_the_chosen_store(ledger_dir: Path, 
 def test_a_kill_at_every_write_point_never_bricks_the_ledger(ledger_dir: Path) -> None:
     probe = ledger_dir.with_name("probe")
     ld = _fresh_ledger(probe)
-    for name in ("dead-a", "dead-b"):
-        assert _run_in_child(_leave_a_dead_holder, probe, name) == 0
+    assert _run_in_child(_leave_a_dead_holder, probe, "dead-a") == 0
     out = FORK.Queue()
     assert _run_in_child(_lifetime_store_count, probe, out) == 0
     points = out.get(timeout=30)
@@ -182,8 +174,7 @@ def test_a_kill_at_every_write_point_never_bricks_the_ledger(ledger_dir: Path) -
     for n in range(1, points + 1):
         where = ledger_dir.with_name(f"kill-{n}")
         ld = _fresh_ledger(where)
-        for name in ("dead-a", "dead-b"):
-            assert _run_in_child(_leave_a_dead_holder, where, name) == 0
+        assert _run_in_child(_leave_a_dead_holder, where, "dead-a") == 0
         assert _run_in_child(_lifetime, where, n) == -signal.SIGKILL, f"store {n} of {points} was not reached"
         torn = ld.read().gpus[GPU].problems  # by construction, not by repair: no reader ever sees a torn slot
         assert torn == (), f"killed before store {n}: {torn}"
@@ -251,7 +242,7 @@ def test_random_bytes_over_slots_are_reported_repaired_and_other_gpus_go_on(ledg
     rng = random.Random(2)
     for i in range(4):  # every slot, identity and sequence words included; one with epoch 2⁶⁴ − 1
         _scribble(path, L.slot_offset(i), rng.randbytes(L.SLOT_END))
-    ident = L.slot_offset(3)
+    ident = L.slot_offset(0)  # the slot the next claim takes: its epoch + 1 must wrap, not overflow
     body = struct.pack(L.IDENTITY_RECORD.body_format, 0, 0, (1 << 64) - 1, 0, 0, 0, 0, 0, 0, b"", b"", b"", b"")
     copy = body + b"\0" * (L.IDENTITY_RECORD.copy_size - 8 - len(body)) + struct.pack("<Q", zlib.crc32(body))
     _scribble(path, ident, struct.pack("<Q", 0) + copy)  # a valid free identity whose epoch is the field's max
@@ -260,6 +251,7 @@ def test_random_bytes_over_slots_are_reported_repaired_and_other_gpus_go_on(ledg
     assert [v.id for v in view.gpus["cuda:1"].instances] == ["healthy"]
     ld.reclaim_dead()  # wipes the damaged slots nobody holds
     inst = attach(model="m", id="after", gpu="cuda:0", ledger_dir=ledger_dir, slots=4, handle_signals=False)
+    assert inst.slot == 0 and inst.snapshot().epoch == 0  # 2⁶⁴ − 1 + 1, wrapped
     assert inst.admit_static(GiB) == GiB
     view = ld.read()
     assert view.gpus["cuda:0"].problems == () and [v.id for v in view.gpus["cuda:0"].instances] == ["after"]
@@ -362,6 +354,30 @@ def test_claim_takes_the_next_free_slot_while_a_detacher_still_holds_one(ledger_
     detacher.close()
     assert led.claim(id="b", model="m", engine="e", engine_id=None, rank=0, guarantee=0, elastic=False).index == 0
     led.close()
+
+
+def _churn(ledger_dir: Path, n: int, rounds: int, out) -> None:  # type: ignore[no-untyped-def]
+    full = 0
+    for i in range(rounds):
+        try:
+            attach(model="m", id=f"churn-{n}-{i}", gpu=GPU, ledger_dir=ledger_dir, slots=2,
+                   handle_signals=False).detach()
+        except SlotsFull:
+            full += 1
+    out.put(full)
+
+
+def test_two_processes_churning_on_two_slots_are_never_refused(ledger_dir: Path) -> None:
+    """Each holds at most one of the two slots, so every SlotsFull would be spurious."""
+    GpuLedger.open(ledger_dir, GPU, slot_count=2).close()
+    out = FORK.Queue()
+    procs = [FORK.Process(target=_churn, args=(ledger_dir, n, 300, out)) for n in range(2)]
+    for p in procs:
+        p.start()
+    refusals = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert refusals == [0, 0]
 
 
 # --- 4. a full tmpfs ---------------------------------------------------------------------------------
