@@ -58,7 +58,6 @@ class Change:
         seg = writer.seg
         seg.lock()
         try:
-            seg.check_size()  # a truncated file: refused before the mapping is touched
             words = seg.words
             if words[DIRTY] or not writer.header_readable():
                 writer.repair()
