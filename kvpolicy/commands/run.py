@@ -101,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
     except FactsError as exc:
         print(f"kvpolicy run: {exc}", file=sys.stderr)
         return 1
+    except LedgerError as exc:  # a figure the ledger cannot hold: a bad flag (2) or facts file (1)
+        print(f"kvpolicy run: {exc}", file=sys.stderr)
+        return 1 if args.facts else 2
     try:
         ledger = LedgerDir(args.ledger_dir, group=args.group, allow_foreign_owner=args.allow_foreign_owner or None, create=True)
     except (LedgerError, OSError) as exc:

@@ -263,7 +263,7 @@ def attach(
     access = resolve_access(group, allow_foreign_owner)
     inst_id = id if id is not None else f"{model}/{rank}"
     others = _ids_on_other_gpus(directory, gpu, access)
-    ledger = GpuLedger.open(directory, gpu, access, slot_count=slots)
+    ledger = GpuLedger.open(directory, gpu, access, slot_count=slots, repair=True)
     try:
         claim = ledger.claim(
             id=inst_id,

@@ -25,6 +25,7 @@ from pathlib import Path
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.runtime.directory import LedgerDir, LedgerView
+from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.gpus import GpuSampler
 from kvpolicy.runtime.metrics import ControllerMetrics
 from kvpolicy.runtime.status import (
@@ -189,12 +190,8 @@ class Controller:
         if self._published == (instances, gpus, slots) and self._published_policy == loaded.revision:
             return
         self.revision = max(self.revision, view.revision) + 1
-        skipped = self.ledger.publish(
-            view,
-            self.revision,
-            {g: GpuLimits(**figures) for g, figures in gpus.items()},
-            {i: InstanceLimits(*values) for i, values in instances.items()},
-        )
+        gpu_limits, instance_limits, refused = _checked_limits(gpus, instances)
+        skipped = refused + self.ledger.publish(view, self.revision, gpu_limits, instance_limits)
         for note in skipped:
             log.info("publish %d: %s", self.revision, note)
         self._published = (instances, gpus, slots)
@@ -239,7 +236,7 @@ class Controller:
         status = self.status(view, notes, now)
         try:
             write_status(self.ledger.path, status, self.ledger.access)
-        except OSError as exc:
+        except (LedgerError, OSError) as exc:
             log.warning("cannot write the status file: %s", exc)
         if self.metrics:
             self.metrics.update(
@@ -292,6 +289,24 @@ class Controller:
             instances=instances,
             problems=problems,
         )
+
+
+def _checked_limits(gpus: dict, instances: dict) -> tuple[dict[str, GpuLimits], dict[str, InstanceLimits], list[str]]:
+    """The decision's figures as the ledger's values; one the ledger cannot hold is left out and named."""
+    gpu_limits: dict[str, GpuLimits] = {}
+    instance_limits: dict[str, InstanceLimits] = {}
+    refused: list[str] = []
+    for g, figures in gpus.items():
+        try:
+            gpu_limits[g] = GpuLimits(**figures)
+        except LedgerError as exc:
+            refused.append(f"{g}: not published: {exc}")
+    for i, values in instances.items():
+        try:
+            instance_limits[i] = InstanceLimits(*values)
+        except LedgerError as exc:
+            refused.append(f"{i}: not published: {exc}")
+    return gpu_limits, instance_limits, refused
 
 
 def _limits_of(decision: Decision) -> tuple[dict, dict]:

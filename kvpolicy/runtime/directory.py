@@ -24,21 +24,26 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
-from kvpolicy.runtime.errors import LedgerError
+from kvpolicy.runtime.errors import LedgerError, SegmentSetAside, SegmentTruncated
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.liveness import this_process
-from kvpolicy.runtime.segment import Access, check_owner, ensure_directory, list_gpus
+from kvpolicy.runtime.segment import OTHERS_DIR, Access, check_owner, ensure_directory, list_gpus
 from kvpolicy.runtime.values import GpuFigures, GpuLimits, InstanceLimits, SlotView, Totals
+
+log = logging.getLogger("kvpolicy.ledger")
+T = TypeVar("T")
 
 CONTROLLER_LOCK = "controller.lock"
 _FLOCK = struct.Struct("hhxxxxqqixxxx")
@@ -203,9 +208,11 @@ class LedgerDir:
         if create:
             ensure_directory(self.path, self.access)
         elif self.path.exists():
-            check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access)
+            check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access, others=OTHERS_DIR)
         self._open: dict[str, GpuLedger] = {}
         self._failed: dict[str, str] = {}
+        self._set_aside: list[str] = []
+        """Segments moved aside since the last ``read()``, which reports them."""
 
     def gpus(self) -> list[str]:
         """GPU ids with a segment in the directory."""
@@ -215,19 +222,50 @@ class LedgerDir:
         """The GPU's ledger (opened once and kept)."""
         led = self._open.get(gpu)
         if led is None:
-            led = GpuLedger.open(self.path, gpu, self.access, create=create, slot_count=slots)
+            led = GpuLedger.open(self.path, gpu, self.access, create=create, slot_count=slots, repair=True)
             self._open[gpu] = led
         return led
 
     def _ledgers(self) -> tuple[dict[str, GpuLedger], list[str]]:
+        """Every GPU's open ledger, size-checked, and a problem per GPU that cannot be used now.
+
+        A segment that went bad since it was opened (truncated under its mapping) is closed and
+        opened again, which moves it aside when nobody holds a slot in it.
+        """
         ledgers: dict[str, GpuLedger] = {}
         problems: list[str] = []
         for g in self.gpus():
             try:
+                led = self._open.get(g)
+                if led is not None:
+                    try:
+                        led.seg.check_size()
+                    except SegmentTruncated:
+                        self._forget(g)
+                        raise
                 ledgers[g] = self.gpu(g)
+            except SegmentSetAside as exc:
+                self._set_aside.append(f"{g}: {exc}")  # happens once: kept for the next read()
             except (LedgerError, OSError) as exc:
                 problems.append(f"{g}: {exc}")  # a refused or damaged segment is reported, never trusted
         return ledgers, problems
+
+    def _forget(self, gpu: str) -> None:
+        led = self._open.pop(gpu, None)
+        if led is not None:
+            led.close()
+
+    def _each(self, what: str, ledgers: Mapping[str, GpuLedger], act: Callable[[GpuLedger], T]) -> dict[str, T]:
+        """``act`` on each GPU's ledger; one GPU's failure is logged and the others go on."""
+        done: dict[str, T] = {}
+        for g, led in ledgers.items():
+            try:
+                done[g] = act(led)
+            except (LedgerError, OSError) as exc:
+                log.error("%s %s: %s", what, g, exc)
+                if isinstance(exc, SegmentTruncated):
+                    self._forget(g)  # opened afresh next time (moved aside if nobody holds a slot in it)
+        return done
 
     def generations(self) -> dict[str, int]:
         """Each GPU's generation: one 8-byte read each (poll this between full reads)."""
@@ -238,6 +276,8 @@ class LedgerDir:
         """Every GPU's figures, totals and instances (live ones; dead ones apart) at one moment."""
         now = time.time() if now is None else now
         ledgers, problems = self._ledgers()
+        problems = self._set_aside + problems
+        self._set_aside = []
         states: dict[str, GpuState] = {}
         for g, led in ledgers.items():
             try:
@@ -259,15 +299,15 @@ class LedgerDir:
                 )
             except (LedgerError, OSError) as exc:
                 problems.append(f"{g}: {exc}")
+                if isinstance(exc, SegmentTruncated):
+                    self._forget(g)
         return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems))
 
     def reclaim_dead(self) -> list[SlotView]:
         """Free the slots of dead engines on every GPU; what was reclaimed."""
         ledgers, _ = self._ledgers()
-        gone: list[SlotView] = []
-        for led in ledgers.values():
-            gone.extend(led.reclaim_dead())
-        return gone
+        done = self._each("reclaiming dead engines on", ledgers, GpuLedger.reclaim_dead)
+        return [v for gone in done.values() for v in gone]
 
     def publish(
         self,
@@ -294,14 +334,18 @@ class LedgerDir:
             if g not in view.gpus:
                 skipped.append(f"{g}: no segment for this GPU")
                 continue
-            skipped.extend(self.gpu(g).publish(revision, gpus.get(g), by_gpu.get(g, {}), me))
+            try:
+                skipped.extend(self.gpu(g).publish(revision, gpus.get(g), by_gpu.get(g, {}), me))
+            except (LedgerError, OSError) as exc:
+                skipped.append(f"{g}: not published: {exc}")
+                if isinstance(exc, SegmentTruncated):
+                    self._forget(g)
         return skipped
 
     def heartbeat(self, now: float | None = None) -> None:
         """Tell engines and ``kvpolicy status`` that the controller lives."""
-        ledgers, _ = self._ledgers()
-        for led in ledgers.values():
-            led.beat(now)
+        ledgers, _ = self._ledgers()  # size-checked: a beat into a truncated mapping would be SIGBUS
+        self._each("heartbeat on", ledgers, lambda led: led.beat(now))
 
     def claim_controller(self) -> ControllerLock:
         """Become the directory's one controller, or LedgerError naming the one that is."""
@@ -321,7 +365,13 @@ class LedgerDir:
                     "stop it first, or use another --ledger-dir"
                 ) from None
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            try:
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                raise LedgerError(
+                    f"kvpolicy ledger: cannot write {path} ({errno.errorcode.get(exc.errno or 0, 'error')}: "
+                    f"{exc.strerror}); free space in {self.path}'s filesystem"
+                ) from None
         except BaseException:
             os.close(fd)
             raise

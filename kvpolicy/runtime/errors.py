@@ -18,9 +18,64 @@ class ForeignSegment(UnsafeSegment):
 class CorruptSegment(LedgerError):
     """The segment is not a kvpolicy ledger, or its contents fail their checks: never trusted."""
 
+    tag = "damaged"
+    """The suffix a segment moved aside for this reason gets (``<gpu>.ledger.damaged-<ns>``)."""
+
+
+class TornSlot(CorruptSegment):
+    """A slot's records belong to different occupants: damage (no crash of a kvpolicy writer leaves this)."""
+
+
+class SegmentTruncated(CorruptSegment):
+    """The segment file is shorter than its header says: nothing beyond its end is touched."""
+
+    tag = "truncated"
+
+
+class SegmentSetAside(CorruptSegment):
+    """A segment that failed its checks and that nobody held a slot in was renamed aside (once)."""
+
 
 class LayoutVersionMismatch(CorruptSegment):
-    """The segment was written with another layout version; it is refused, never misread."""
+    """The segment was written with another layout version; it is refused, never misread.
+
+    The message says which side to upgrade: a newer segment means this process is the old
+    one; an older one means the engines (or controller) that made it are, and once none
+    of them holds a slot in it, it is moved aside and replaced.
+    """
+
+    def __init__(self, message: str, found: int, expected: int) -> None:
+        super().__init__(message)
+        self.found = found
+        self.expected = expected
+
+    @property
+    def newer(self) -> bool:
+        return self.found > self.expected
+
+    @property
+    def tag(self) -> str:  # type: ignore[override]
+        return f"layout{self.found}"
+
+    @classmethod
+    def between(cls, path: object, found: int) -> LayoutVersionMismatch:
+        from kvpolicy import __version__
+        from kvpolicy.runtime.layout import LAYOUT_VERSION as ours
+
+        if found > ours:
+            msg = (
+                f"kvpolicy ledger: {path} has layout version {found}, newer than this kvpolicy {__version__} "
+                f"(layout version {ours}): upgrade this process's kvpolicy (engine plugin or controller) to the "
+                "version the other side runs. Refusing to misread it. See docs/deploy.md, \"Upgrades\"."
+            )
+        else:
+            msg = (
+                f"kvpolicy ledger: {path} has layout version {found}, older than this kvpolicy {__version__} "
+                f"(layout version {ours}): upgrade the engines still attached to this GPU (and the controller) "
+                "to this version. Once none of them holds a slot in it, the old segment is moved aside and "
+                "replaced automatically. See docs/deploy.md, \"Upgrades\"."
+            )
+        return cls(msg, found, ours)
 
 
 class SlotsFull(LedgerError):

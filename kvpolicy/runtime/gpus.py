@@ -14,6 +14,7 @@ from typing import Protocol
 
 from kvpolicy.facts import Facts
 from kvpolicy.runtime.directory import GpuSample
+from kvpolicy.runtime.values import check_bytes
 
 
 class GpuSampler(Protocol):
@@ -55,7 +56,7 @@ class StaticSampler:
     """``--gpu-capacity``: every GPU has this capacity; use comes from the ledger's figures."""
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
+        self.capacity = check_bytes("--gpu-capacity", capacity)
 
     @property
     def description(self) -> str:
@@ -69,6 +70,9 @@ class FactsSampler:
     """The GPUs of a facts file: capacity and other use as written there."""
 
     def __init__(self, facts: Facts) -> None:
+        for g in facts.gpus:
+            check_bytes(f"GPU {g.id!r}'s capacity", g.capacity)
+            check_bytes(f"GPU {g.id!r}'s other_used", g.other_used)
         self.gpus = {g.id: g for g in facts.gpus}
 
     @property

@@ -1,4 +1,4 @@
-"""The binary layout of a ledger segment (layout version 1): offsets, records, field widths.
+"""The binary layout of a ledger segment (layout version 2): offsets, records, field widths.
 
 A segment is one file per GPU: a header of ``HEADER_SIZE`` bytes, then ``slot_count``
 slots of ``SLOT_SIZE`` bytes. All integers are little-endian and every field that is
@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"KVPLEDGR"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 HEADER_SIZE = 4096
 SLOT_SIZE = 4096
 DEFAULT_SLOTS = 64
@@ -271,7 +271,7 @@ def layout_table() -> str:
         ("header", HEADER_CRC_OFFSET, 4, "header_crc", "u32, CRC-32 of bytes 0–75"),
         ("header", OFF_GENERATION, 8, "generation", "u64, +1 at every change an engine makes"),
         ("header", OFF_HEARTBEAT, 8, "heartbeat_ns", "u64, the controller's last heartbeat (0: never)"),
-        ("header", OFF_DIRTY, 8, "dirty", "u64, pid of a writer inside a multi-record change (0: clean)"),
+        ("header", OFF_DIRTY, 8, "dirty", "u64, pid of the writer inside a change (0: none); found set, the next writer repairs"),
         ("header", OFF_PRESSURE, 8, "pressure", "u64, +1 at every elastic admission the GPU's budget refused"),
         ("header", OFF_GPU_RECORD, GPU_RECORD.size, "gpu record", _fields(GPU_RECORD)),
         ("header", OFF_TOTALS_RECORD, TOTALS_RECORD.size, "totals record", _fields(TOTALS_RECORD)),

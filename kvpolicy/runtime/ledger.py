@@ -34,8 +34,8 @@ from kvpolicy.runtime.liveness import ProcessIdentity, SlotOwners, this_process
 from kvpolicy.runtime.reader import SegmentReader
 from kvpolicy.runtime.records import GENERATION, HEARTBEAT, PRESSURE, SegmentRecords
 from kvpolicy.runtime.segment import Access, Segment
-from kvpolicy.runtime.values import ADMITTED_POOL, GpuFigures, GpuLimits, InstanceLimits, SlotView, Totals
-from kvpolicy.runtime.writes import Change, SegmentWriter
+from kvpolicy.runtime.values import ADMITTED_POOL, GpuFigures, check_bytes, GpuLimits, InstanceLimits, SlotView, Totals
+from kvpolicy.runtime.writes import Change, SegmentWriter, next_epoch
 
 # GpuLedger's vocabulary, defined in ``values`` and ``admission``, is importable from here too.
 __all__ = [
@@ -67,8 +67,8 @@ class GpuLedger:
         self.seg = segment
         self.gpu = segment.gpu
         self.reader = SegmentReader(segment)
-        self.writer = SegmentWriter(self.reader)
         self.owners = SlotOwners(segment)
+        self.writer = SegmentWriter(self.reader, self.owners.held_anywhere)
         self.records: SegmentRecords = self.reader.records
         """The segment's records at their offsets (``Instance.read`` watches its published record directly)."""
         self.where = self.reader.where
@@ -84,9 +84,11 @@ class GpuLedger:
         *,
         create: bool = True,
         slot_count: int = L.DEFAULT_SLOTS,
+        repair: bool = False,
     ) -> GpuLedger:
-        """Open (or create) the GPU's segment under ``directory``, checked before use."""
-        return cls(Segment.open(Path(directory), gpu, access or Access(), create=create, slot_count=slot_count))
+        """Open (or create) the GPU's segment under ``directory``, checked before use (``Segment.open``)."""
+        seg = Segment.open(Path(directory), gpu, access or Access(), create=create, slot_count=slot_count, repair=repair)
+        return cls(seg)
 
     def close(self) -> None:
         self.seg.close()
@@ -161,9 +163,9 @@ class GpuLedger:
     def reclaim_dead(self) -> list[SlotView]:
         """Free every slot whose owner died (its reservations and admitted bytes return to the GPU)."""
         views, problems = self.slots()
-        if not problems and all(self.owner_alive(v) for v in views):
+        if not problems and self.writer.header_readable() and all(self.owner_alive(v) for v in views):
             return []  # the common case: nothing to do, and no lock taken
-        with self.change():
+        with self.change():  # repairs the header's records on the way in
             return self._reclaim_locked()
 
     def _reclaim_locked(self) -> list[SlotView]:
@@ -214,29 +216,34 @@ class GpuLedger:
         me = self._me = self._me or this_process()
         with self.change():
             self._reclaim_locked()
-            free = self._free_slot_for(id)
-            if free is None or not self.owners.take(free):
+            # A free slot may still be held for a moment by the process that just freed it (it drops
+            # the owner lock after its change): try the next one rather than report the GPU full.
+            free = next((i for i in self._free_slots_for(id) if self.owners.take(i)), None)
+            if free is None:
                 raise SlotsFull(
                     f"kvpolicy ledger: all {self.slot_count} slots of {self.gpu} belong to live instances "
                     f"({self.seg.path}); detach one, or recreate the ledger with more slots"
                 )
             slot = self._slots[free]
             _, old = slot.identity.read(self.seg.mm, self.seg.words)
-            epoch = old.epoch + 1
+            epoch = next_epoch(old.epoch)
             identity = codec.identity(
                 **text, rank=rank, elastic=elastic, epoch=epoch, pid=me.pid, start_time=me.start_time,
                 pidns=me.pidns, uid=os.geteuid(), attached_at_ns=time.time_ns(),
             )
             return Claim(free, epoch, self.writer.claim(slot, identity, guarantee))
 
-    def _free_slot_for(self, id: str) -> int | None:
-        """The first free slot no open file of this process holds; DuplicateInstance if ``id`` is attached here."""
-        free = None
+    def _free_slots_for(self, id: str) -> list[int]:
+        """The free slots no open file of this process holds, in order; DuplicateInstance if ``id`` is attached here."""
+        free = []
         for i in range(self.slot_count):
-            v = self.reader.slot(i)
+            try:
+                v = self.reader.slot(i)
+            except CorruptSegment:
+                continue  # a damaged slot whose owner lives (reclaim wiped the others): not free
             if v is None:
-                if free is None and not self.owners.holds(i):
-                    free = i
+                if not self.owners.holds(i):
+                    free.append(i)
             elif v.id == id:
                 raise DuplicateInstance(
                     f"kvpolicy ledger: instance {id!r} is already attached on {self.gpu} (slot {i}, pid {v.pid}, "
@@ -279,8 +286,8 @@ class GpuLedger:
                 "(the policy's headroom for this GPU)."
             )
         h, u = headroom or 0, other_used or 0
-        if min(capacity, h, u) < 0:
-            raise LedgerError(f"kvpolicy ledger: capacity {capacity}, headroom {h}, other_used {u} must be ≥ 0")
+        for what, value in (("capacity", capacity), ("headroom", h), ("other_used", u)):
+            check_bytes(f"the GPU's {what}", value)
         if f.source == "provisional":  # several engines' figures: keep the most cautious of each
             capacity, h, u = min(capacity, f.capacity), max(h, f.headroom), max(u, f.other_used)
         merged = GpuFigures("provisional", 0, capacity, h, u, None, 0.0, 0)
@@ -373,6 +380,7 @@ class GpuLedger:
             self.writer.settle(slot, use, commit=commit, rollback=rollback, release=release)
 
     def report_usage(self, claim: Claim, used: int) -> None:
+        check_bytes("used", used)
         slot = self._slots[claim.index]
         with self.change():
             self._own(claim)
@@ -414,8 +422,6 @@ class GpuLedger:
             if gpu is not None:
                 self.writer.figures(codec.published_figures(revision, gpu, now, ctl.pid, ctl.start_time))
             for (index, epoch), lim in instances.items():
-                if min(lim.limit, lim.target, lim.guarantee) < 0:
-                    raise LedgerError(f"kvpolicy ledger: negative limits for slot {index}: {lim}")
                 slot = self._slots[index]
                 _, ident = slot.identity.read(self.seg.mm, self.seg.words)
                 if ident.state != L.SLOT_ACTIVE or ident.epoch != epoch:

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import functools
 import mmap
+import os
 import platform
+import signal
 import struct
 import threading
 import zlib
@@ -37,8 +39,11 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from kvpolicy.runtime import layout as L
-from kvpolicy.runtime.errors import CorruptSegment
+from kvpolicy.runtime.errors import CorruptSegment, TornSlot
 from kvpolicy.runtime.layout import CRC_SIZE, RecordSpec
+
+U64 = (1 << 64) - 1
+"""Sequence words, epochs and counters wrap at 2⁶⁴ (a damaged word may hold any value)."""
 
 READ_RETRIES = 10_000
 """Retries of a lock-free read before giving up; a writer holds a record for microseconds."""
@@ -64,6 +69,33 @@ else:  # pragma: no cover - exercised on AArch64 hosts only
 
 
 _CRC = struct.Struct("<Q")
+
+
+# --- the crash test hook ----------------------------------------------------------------------------
+
+KILL_AT_ENV = "KVPOLICY_TEST_KILL_AT_STORE"
+"""Test hook: ``N`` makes this process SIGKILL itself just before its N-th store into a segment.
+
+Every store of a change passes ``store_point()`` — each record copy's body, each sequence
+word, each single word — so a test can kill a writer at every write point in turn, in a
+real process (``tests/runtime/test_ledger_crash.py``). Unset (production) it costs one
+test of a module global per store.
+"""
+KILL_AT = int(os.environ.get(KILL_AT_ENV) or 0)
+_stores = 0
+
+
+def store_point() -> None:
+    """Count one store; with the test hook set, die of SIGKILL at the chosen one."""
+    global _stores
+    _stores += 1
+    if _stores == KILL_AT:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def stores_made() -> int:
+    """How many stores into segments this process made (the crash test's count of write points)."""
+    return _stores
 
 
 @functools.cache
@@ -145,13 +177,18 @@ class Record:
         """Write ``values`` (a tuple in field order) as the new visible copy. Hold the write lock."""
         seq = words[self.seq_index]
         off = self._copies[(seq & 1) ^ 1]
-        body = self._struct.pack(*values)
+        body = self._struct.pack(*values)  # struct.error before any store if a value does not fit
+        if KILL_AT:
+            store_point()
         mm[off : off + len(body)] = body
         self._crc_struct.pack_into(mm, off + self._crc_off, zlib.crc32(body))
         fence()
-        words[self.seq_index] = seq + 1
-        self._last = (seq + 1, values if type(values) is self._tuple else self._tuple._make(values))
-        return seq + 1
+        new = (seq + 1) & U64  # 2⁶⁴ − 1 is odd, 0 even: the parity still flips
+        if KILL_AT:
+            store_point()
+        words[self.seq_index] = new
+        self._last = (new, values if type(values) is self._tuple else self._tuple._make(values))
+        return new
 
     def make(self, **values: Any) -> Any:
         """A value tuple of this record from keyword fields (all required)."""
@@ -207,11 +244,14 @@ class SlotRecords:
         return iter((self.identity, self.published, self.usage, self.reservation))
 
     def read(self, mm: mmap.mmap, words: memoryview) -> SlotValues | None:
-        """The slot's records of one occupant (None if the slot is free); CorruptSegment if no such read comes.
+        """The slot's records of one occupant (None if the slot is free); CorruptSegment if damaged.
 
-        The identity record's sequence word brackets the read, and every record must carry the
-        identity's epoch: a claim or free in progress (or a record of the previous occupant) is
-        read again.
+        The identity record's sequence word brackets the read: if it moved, a claim or free
+        happened meanwhile and the slot is read again. Every record must carry the identity's
+        epoch. A claim writes the identity last and a free writes it first, so while the
+        identity says "active, epoch e" and does not move, every other record already holds
+        epoch e: a record of another epoch under a still identity is damage (``TornSlot``),
+        reported at once, never waited for.
         """
         identity, published, usage, reservation = self.identity, self.published, self.usage, self.reservation
         for _ in range(SLOT_READ_RETRIES):
@@ -225,9 +265,15 @@ class SlotRecords:
             if identity.seq(words) != s1:
                 continue  # the slot was claimed, freed or changed meanwhile
             if not pub.epoch == use.epoch == res.epoch == ident.epoch:
-                continue  # a claim is in progress; its identity is not visible yet
+                raise TornSlot(
+                    f"{self.where}: records of different occupants (identity epoch {ident.epoch}, published "
+                    f"{pub.epoch}, usage {use.epoch}, reservation {res.epoch}): the slot is damaged"
+                )
             return SlotValues(ident, pub, use, res, activity)
-        raise CorruptSegment(f"{self.where}: no consistent read in {SLOT_READ_RETRIES} tries")
+        raise CorruptSegment(
+            f"{self.where}: the slot changed hands during {SLOT_READ_RETRIES} reads in a row; "
+            "its identity's sequence word is being overwritten"
+        )
 
 
 class SegmentRecords:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import grp
+import logging
 import mmap
 import os
 import pwd
@@ -53,9 +54,13 @@ from kvpolicy.runtime.errors import (
     ForeignSegment,
     LayoutVersionMismatch,
     LedgerError,
+    SegmentSetAside,
+    SegmentTruncated,
     UnsafeSegment,
 )
 from kvpolicy.runtime.records import SegmentRecords
+
+log = logging.getLogger("kvpolicy.ledger")
 
 SUFFIX = ".ledger"
 _FLOCK = struct.Struct("hhxxxxqqixxxx")  # struct flock on Linux (x86-64 and AArch64)
@@ -105,13 +110,22 @@ def _group_name(gid: int) -> str:
         return f"gid {gid}"
 
 
-def check_owner(st: os.stat_result, what: str, access: Access) -> None:
-    """Refuse a file or directory that another user could have written, unless configured to trust it."""
+OTHERS_FILE = 0o007
+"""A ledger file (segment, status, controller lock) with any of these bits (o+rwx) is refused."""
+OTHERS_DIR = 0o002
+"""The ledger directory is refused if others may write it (o+w); o+rx only lets them see names."""
+
+
+def check_owner(st: os.stat_result, what: str, access: Access, *, others: int = OTHERS_FILE) -> None:
+    """Refuse a file or directory others may use (``others`` bits), or that another user could have written."""
     me = os.geteuid()
-    if st.st_mode & 0o002:
+    if st.st_mode & others:
+        mode = stat.S_IMODE(st.st_mode)
+        can = "writable by every user; anyone could forge limits in it" if mode & 0o002 else (
+            "open to every user (any o+ bit is refused); the ledger's files are for its owner and group only"
+        )
         raise UnsafeSegment(
-            f"kvpolicy ledger: {what} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}); "
-            f"anyone could forge limits in it. Remove it, or chmod o-rwx if you trust its contents."
+            f"kvpolicy ledger: {what} is {can} (mode {mode:04o}). Remove it, or chmod o-rwx if you trust its contents."
         )
     if st.st_uid == me or access.allow_foreign_owner:
         return
@@ -148,7 +162,7 @@ def check_directory(path: Path, access: Access) -> None:
     if not stat.S_ISDIR(st.st_mode):
         kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a directory"
         raise UnsafeSegment(f"kvpolicy ledger: the ledger directory {path} is {kind}; refusing to use it")
-    check_owner(st, f"the ledger directory {path}", access)
+    check_owner(st, f"the ledger directory {path}", access, others=OTHERS_DIR)
 
 
 def segment_path(directory: Path, gpu: str) -> Path:
@@ -209,36 +223,57 @@ class Segment:
 
     @classmethod
     def open(
-        cls, directory: Path, gpu: str, access: Access, *, create: bool = True, slot_count: int = L.DEFAULT_SLOTS
+        cls,
+        directory: Path,
+        gpu: str,
+        access: Access,
+        *,
+        create: bool = True,
+        slot_count: int = L.DEFAULT_SLOTS,
+        repair: bool = False,
     ) -> Segment:
-        """Open the GPU's segment (creating it, and the directory, if ``create``), checked before use."""
+        """Open the GPU's segment (creating it, and the directory, if ``create``), checked before use.
+
+        A segment that fails its checks is refused (``CorruptSegment`` naming the file). With
+        ``repair`` (the controller and ``attach``), one that nobody holds a slot in is first moved
+        aside (``<gpu>.ledger.<why>-<ns>``, kept for a post-mortem) and, with ``create``, replaced.
+        """
         check_gpu_id(gpu)
         if not 1 <= slot_count <= L.MAX_SLOTS:
             raise LedgerError(f"kvpolicy ledger: slot count {slot_count} is outside 1..{L.MAX_SLOTS}")
         if create:
             ensure_directory(directory, access)
         elif directory.exists():
-            check_owner(os.lstat(directory), f"the ledger directory {directory}", access)
+            check_owner(os.lstat(directory), f"the ledger directory {directory}", access, others=OTHERS_DIR)
         path = segment_path(directory, gpu)
         while True:
             try:
                 fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-                break
             except FileNotFoundError:
                 if not create:
                     raise
                 made = cls._create(directory, path, gpu, access, slot_count)
                 if made is not None:
                     return made
+                continue
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
                     raise UnsafeSegment(f"kvpolicy ledger: {path} is a symlink; refusing to follow it") from None
                 raise
-        try:
-            return cls._checked(path, gpu, fd, access)
-        except BaseException:
-            os.close(fd)
-            raise
+            try:
+                return cls._checked(path, gpu, fd, access)
+            except CorruptSegment as exc:
+                aside = _set_aside(fd, path, exc) if repair else None
+                os.close(fd)
+                if aside is None:
+                    raise
+                log.warning("%s; moved it aside to %s", exc, aside)
+                if not create:
+                    raise SegmentSetAside(f"{exc}; nobody held a slot in it, so it was moved aside to {aside}") from None
+                # loop: create a fresh segment in its place
+            except BaseException:
+                os.close(fd)
+                raise
 
     @classmethod
     def _checked(cls, path: Path, gpu: str, fd: int, access: Access) -> Segment:
@@ -247,7 +282,7 @@ class Segment:
             raise UnsafeSegment(f"kvpolicy ledger: {path} is not a regular file; refusing to use it")
         check_owner(st, f"the segment {path}", access)
         if st.st_size < L.HEADER_SIZE:
-            raise CorruptSegment(
+            raise SegmentTruncated(
                 f"kvpolicy ledger: {path} is {st.st_size} bytes, shorter than a ledger header "
                 f"({L.HEADER_SIZE} B): not a kvpolicy ledger segment. Remove it if nothing uses it."
             )
@@ -260,13 +295,25 @@ class Segment:
     def _create(cls, directory: Path, path: Path, gpu: str, access: Access, slot_count: int) -> Segment | None:
         """Write a complete segment under a temporary name and link it into place; None if we lost a race."""
         tmp = directory / f".{gpu}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if exc.errno not in _NO_ROOM:
+                raise
+            raise _no_room(exc, directory, gpu) from None
         try:
             if access.group is not None:
                 os.fchown(fd, -1, access.group)
             os.fchmod(fd, access.file_mode)
             size = L.segment_size(slot_count)
-            os.ftruncate(fd, size)
+            try:
+                # Every page allocated now: on a full tmpfs this fails with ENOSPC, where a sparse
+                # file would map fine and then kill us with SIGBUS at the first store.
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in _NO_ROOM:
+                    raise
+                raise _no_room(exc, directory, gpu) from None
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
             seg = cls(path, gpu, fd, mm, slot_count)
             header = pack_header(gpu, slot_count)
@@ -286,6 +333,17 @@ class Segment:
             raise
         finally:
             os.unlink(tmp)
+
+    def check_size(self) -> None:
+        """SegmentTruncated if the file became shorter than its mapping (touching the lost part is SIGBUS)."""
+        if self.fd is None:
+            return
+        size = os.fstat(self.fd).st_size
+        if size < len(self.mm):
+            raise SegmentTruncated(
+                f"kvpolicy ledger: {self.path} was truncated to {size} bytes while open (its layout needs "
+                f"{len(self.mm)}); refusing to touch it. Something other than kvpolicy changed the file."
+            )
 
     # --- locks -----------------------------------------------------------------------------------
 
@@ -399,26 +457,66 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _no_room(exc: OSError, directory: Path, gpu: str) -> LedgerError:
+    return LedgerError(
+        f"kvpolicy ledger: no room for {gpu}'s segment in {directory} ({errno.errorcode[exc.errno]}: "
+        f"{os.strerror(exc.errno)}). Free space on that filesystem (for /dev/shm: a larger --shm-size or "
+        "tmpfs size=, or remove stale files), or point the ledger elsewhere (--ledger-dir / KVPOLICY_LEDGER_DIR)."
+    )
+
+
+def _set_aside(fd: int, path: Path, problem: CorruptSegment) -> Path | None:
+    """Rename a segment that cannot be used out of the way, if nobody uses it; its new path, or None.
+
+    Only when no process holds its write lock or any slot's owner lock (the same lock bytes in
+    every layout version) and the name still points at this file. A newer layout is never moved:
+    it is in use by a newer kvpolicy, and this one is what needs upgrading.
+    """
+    if isinstance(problem, LayoutVersionMismatch) and problem.newer:
+        return None
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _LOCK_WRITE)
+    except OSError:
+        return None  # a writer is inside a change: report now, try again later
+    try:
+        probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, L.LOCK_SLOT_BASE, L.MAX_SLOTS, 0)
+        if _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
+            return None  # an engine still holds a slot in it
+        if os.lstat(path).st_ino != os.fstat(fd).st_ino:
+            return None  # already replaced
+        aside = path.with_name(f"{path.name}.{problem.tag}-{time.time_ns()}")
+        os.rename(path, aside)
+        return aside
+    except OSError:
+        return None
+    finally:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _UNLOCK_WRITE)
+
+
 def check_header(head: bytes, path: Path | str, gpu: str, file_size: int) -> int:
     """Validate the static header; the slot count, or CorruptSegment / LayoutVersionMismatch."""
     magic, version, header_size, slot_count, slot_size, total, gpu_raw, _created, _uid = struct.unpack_from(
         L.HEADER_STATIC_FORMAT, head
     )
+    if magic == L.MAGIC and version != L.LAYOUT_VERSION:
+        raise LayoutVersionMismatch.between(path, version)
     if magic != L.MAGIC:
         raise CorruptSegment(
             f"kvpolicy ledger: {path} is not a kvpolicy ledger segment (it starts with {magic!r}, not "
             f"{L.MAGIC!r}). Refusing to use it; remove it if nothing else uses it."
         )
-    if version != L.LAYOUT_VERSION:
-        raise LayoutVersionMismatch(
-            f"kvpolicy ledger: {path} has layout version {version}, and this kvpolicy reads layout version "
-            f"{L.LAYOUT_VERSION}. Refusing to misread it: run one kvpolicy version across the engines and the "
-            f"controller, or point this one at another ledger directory (--ledger-dir / KVPOLICY_LEDGER_DIR)."
-        )
     (crc,) = struct.unpack_from("<I", head, L.HEADER_CRC_OFFSET)
     if zlib.crc32(head[: L.HEADER_STATIC_SIZE]) != crc:
         raise CorruptSegment(f"kvpolicy ledger: {path}: the header fails its CRC check; the segment is damaged")
     expected_total = L.HEADER_SIZE + slot_count * slot_size
+    if header_size == L.HEADER_SIZE and slot_size == L.SLOT_SIZE and total == expected_total and file_size < total:
+        raise SegmentTruncated(
+            f"kvpolicy ledger: {path}: inconsistent sizes: the file is {file_size} bytes, shorter than the "
+            f"{total} its header says ({slot_count} slots): it was truncated; refusing to map it"
+        )
     if (
         header_size != L.HEADER_SIZE
         or slot_size != L.SLOT_SIZE

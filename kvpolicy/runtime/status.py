@@ -11,9 +11,11 @@ fields beyond it are additions, allowed by the contract.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import secrets
+import stat
 from pathlib import Path
 from typing import Literal
 
@@ -22,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvpolicy.facts import ElasticFacts
 from kvpolicy.runtime.admission import elastic_budget
 from kvpolicy.runtime.errors import LedgerError
-from kvpolicy.runtime.segment import Access
+from kvpolicy.runtime.segment import Access, check_owner
 
 STATUS_FILE = "status.json"
 STATUS_SCHEMA = 1
@@ -132,7 +134,10 @@ def write_status(ledger_dir: Path | str, status: Status, access: Access | None =
     access = access or Access()
     path = status_path(ledger_dir)
     tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise _status_error(exc, path) from None
     try:
         if access.group is not None:
             os.fchown(fd, -1, access.group)
@@ -144,21 +149,61 @@ def write_status(ledger_dir: Path | str, status: Status, access: Access | None =
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if fd >= 0:
             os.close(fd)
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _status_error(exc, path) from None
         raise
     return path
 
 
+def _status_error(exc: OSError, path: Path) -> LedgerError:
+    """A failed status write as a LedgerError; ENOSPC named, with what to do."""
+    what = errno.errorcode.get(exc.errno or 0, "error")
+    hint = ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        hint = " Free space on that filesystem (for /dev/shm: a larger --shm-size or tmpfs size=)."
+    return LedgerError(f"kvpolicy ledger: cannot write {path} ({what}: {exc.strerror or exc}).{hint}")
+
+
+MAX_STATUS_BYTES = 16 * 1024 * 1024
+"""The largest status file read (a full node's status is well under 1 MiB); a larger one is refused."""
+
+
 def read_status(ledger_dir: Path | str) -> Status | None:
-    """The controller's last status, or None if it never wrote one; LedgerError if it is not valid."""
+    """The controller's last status, or None if it never wrote one; LedgerError if it is not valid.
+
+    Refused before it is read: a symlink, anything but a regular file (``/dev/zero``), a file
+    others may read or write, and one over ``MAX_STATUS_BYTES``.
+    """
     path = status_path(ledger_dir)
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LedgerError(f"kvpolicy ledger: {path} is a symlink; refusing to follow it") from None
+        raise LedgerError(f"kvpolicy ledger: cannot read {path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise LedgerError(f"kvpolicy ledger: {path} is not a regular file; refusing to read it")
+        check_owner(st, f"the status file {path}", Access(allow_foreign_owner=True))
+        if st.st_size > MAX_STATUS_BYTES:
+            raise LedgerError(
+                f"kvpolicy ledger: {path} is {st.st_size} bytes, more than a status file can be "
+                f"({MAX_STATUS_BYTES} B); refusing to read it"
+            )
+        raw = f.read(MAX_STATUS_BYTES + 1)
+    if len(raw) > MAX_STATUS_BYTES:
+        raise LedgerError(f"kvpolicy ledger: {path} grew past {MAX_STATUS_BYTES} B while read; refusing it")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LedgerError(f"kvpolicy ledger: {path} is not UTF-8 ({exc}); not a status file") from None
     try:
         return Status.model_validate(json.loads(text))
     except (json.JSONDecodeError, ValidationError) as exc:

@@ -10,6 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvpolicy.facts import ElasticFacts, InstanceFacts, PoolFacts
+from kvpolicy.runtime.errors import LedgerError
+
+
+def check_bytes(what: str, value: object) -> int:
+    """``value`` as a byte figure the ledger can hold (0 ≤ value ≤ ``MAX_BYTES``), else LedgerError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LedgerError(f"kvpolicy ledger: {what} must be a whole number of bytes, not {value!r}")
+    if not 0 <= value <= MAX_BYTES:
+        raise LedgerError(
+            f"kvpolicy ledger: {what} of {value} B is outside 0..{MAX_BYTES} B (16 EiB, the ledger's 64-bit "
+            "fields): no GPU has that much memory; check the figure and its unit"
+        )
+    return value
+
+MAX_BYTES = (1 << 64) - 2
+"""The largest byte figure the ledger holds (a u64 field; 2⁶⁴ − 1 marks "none")."""
 
 ADMITTED_POOL = "admitted"
 """The pool name under which facts show a static admission not yet replaced by a pool report."""
@@ -72,6 +88,10 @@ class SlotView:
     limit: int
     target: int
     guarantee: int
+
+    def __post_init__(self) -> None:
+        for name in ("limit", "target", "guarantee"):
+            check_bytes(f"the instance's {name}", getattr(self, name))
     published_at: float
     used: int
     mapped: int
@@ -129,6 +149,10 @@ class GpuLimits:
     other_used: int
     elastic_budget: int
 
+    def __post_init__(self) -> None:
+        for name in ("capacity", "headroom", "other_used", "elastic_budget"):
+            check_bytes(f"the GPU's {name}", getattr(self, name))
+
 
 @dataclass(frozen=True)
 class InstanceLimits:
@@ -137,3 +161,7 @@ class InstanceLimits:
     limit: int
     target: int
     guarantee: int
+
+    def __post_init__(self) -> None:
+        for name in ("limit", "target", "guarantee"):
+            check_bytes(f"the instance's {name}", getattr(self, name))

@@ -4,34 +4,44 @@ Readers never take the lock (``records``), so what they can see — and what a w
 killed half-way leaves behind — is decided by the stores in this module, in the order
 they are made. Nothing else in kvpolicy stores into a segment's records or words
 (``Segment`` writes the header of a new file, ``SegmentRecords.initialise`` its
-first records).
+first records). docs/ledger.md ("Crash safety") lists every write point and what a
+writer killed just before it leaves.
 
-A *change* (``Change``) holds the segment's write lock. On entry it stores the
-writer's pid in ``dirty``; on exit it moves ``generation`` (for engines' changes) and
-clears ``dirty``. Whoever takes the lock and finds ``dirty`` set — its writer died
-inside a change — rebuilds the header's totals from the slots, which are always
-complete thanks to the two-copy records; so does a change that stops half-way on an
-unexpected error.
+Crash safety by construction:
 
-``SegmentWriter`` has one method per step of a change. Each writes slot records and
-moves the header's totals by exactly what those records moved, so that the totals
-stay Σ over the slots (the invariant ``rebuild_totals`` restores): the numbered
-*write points* in each docstring are the stores, in order.
+- a record is never torn (two copies, one sequence word: ``records``);
+- a slot is never torn either: a claim writes the occupant's identity last, a free
+  writes it first, so the slot reads as free or as one complete occupant whatever
+  store a writer dies before (``SlotRecords.read`` reports any other mix as damage);
+- the header's totals are a cache of Σ over the slots. A change stores the writer's
+  pid in ``dirty`` before it moves anything and 0 after; whoever takes the lock and
+  finds it set repairs (``SegmentWriter.repair``), and the repair cannot fail: it
+  wipes damaged slots nobody holds, and counts a damaged slot whose owner still lives
+  conservatively (over, never under) until that owner is gone;
+- every step reads what it needs before its first store, so a step that fails on
+  damage fails before it moved anything; a change that fails after a store is
+  repaired on the spot.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kvpolicy.runtime import codec
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.admission import unmet
-from kvpolicy.runtime.errors import CorruptSegment, LedgerError
+from kvpolicy.runtime.errors import CorruptSegment
 from kvpolicy.runtime.reader import SegmentReader
-from kvpolicy.runtime.records import DIRTY, GENERATION, HEARTBEAT, PRESSURE, SlotRecords
+from kvpolicy.runtime import records
+from kvpolicy.runtime.records import DIRTY, GENERATION, HEARTBEAT, PRESSURE, U64, SlotRecords, store_point
 from kvpolicy.runtime.values import InstanceLimits, Totals
+
+SATURATED = U64 - 1
+"""A total that cannot be known (a damaged slot whose owner lives): counted as all memory, never as none."""
 
 
 class Change:
@@ -49,9 +59,10 @@ class Change:
         seg.lock()
         try:
             words = seg.words
-            if words[DIRTY]:
-                writer.rebuild_totals()
-            words[DIRTY] = seg.opened_by if seg.fd is not None else os.getpid()
+            if words[DIRTY] or not writer.header_readable():
+                writer.repair()
+            writer.moved = False
+            writer.store_word(DIRTY, seg.opened_by if seg.fd is not None else os.getpid())
         except BaseException:
             seg.unlock()
             raise
@@ -59,13 +70,12 @@ class Change:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
         writer = self.writer
         seg = writer.seg
-        words = seg.words
         try:
-            if exc_type is not None and not issubclass(exc_type, LedgerError):
-                writer.rebuild_totals()  # a change that stopped half-way may have moved the totals
+            if exc_type is not None and writer.moved:
+                writer.repair()  # the change stopped after a store: the totals may lag the slots
             if self.engine:
-                words[GENERATION] += 1
-            words[DIRTY] = 0
+                writer.store_word(GENERATION, (seg.words[GENERATION] + 1) & U64)
+            writer.store_word(DIRTY, 0)
         finally:
             seg.unlock()
 
@@ -73,14 +83,24 @@ class Change:
 class SegmentWriter:
     """The stores into one open segment. Every method but ``beat`` and ``touch`` runs inside a ``Change``."""
 
-    __slots__ = ("_mm", "_words", "reader", "records", "seg")
+    __slots__ = ("_held_anywhere", "_mm", "_words", "moved", "reader", "records", "seg")
 
-    def __init__(self, reader: SegmentReader) -> None:
+    def __init__(self, reader: SegmentReader, held_anywhere: Callable[[int], bool]) -> None:
         self.reader = reader
         self.seg = reader.seg
         self.records = reader.records
         self._mm = reader.seg.mm
         self._words = reader.seg.words
+        self._held_anywhere = held_anywhere
+        """Whether slot i's owner lock is held (by this process or another): a damaged slot is wiped only if not."""
+        self.moved = False
+        """Whether the current change has stored anything yet (a failure after that is repaired)."""
+
+    def store_word(self, index: int, value: int) -> None:
+        """One 8-byte word of the segment."""
+        if records.KILL_AT:
+            store_point()
+        self._words[index] = value
 
     def change(self, *, engine: bool = True) -> Change:
         """Hold the write lock around a change; repair totals a dead writer left; bump the generation."""
@@ -88,14 +108,52 @@ class SegmentWriter:
 
     # --- the header's totals ---------------------------------------------------------------------
 
-    def rebuild_totals(self) -> Totals:
-        """Σ over the slots, written as the totals record. CorruptSegment if a slot cannot be read.
+    def header_readable(self) -> bool:
+        """Whether the header's GPU and totals records pass their checks (one word each when unchanged)."""
+        try:
+            self.records.totals.read(self._mm, self._words)
+            self.records.gpu.read(self._mm, self._words)
+        except CorruptSegment:
+            return False
+        return True
 
-        1. totals.
+    def repair(self) -> Totals:
+        """Make the segment whole again, under the lock; cannot fail on damage.
+
+        1. a damaged GPU record: zero (no figures: elastic admission stops until the next publish);
+        2. per damaged slot nobody holds: ``free`` (identity first); 3. totals, rebuilt.
+        """
+        self.moved = True
+        mm, words = self._mm, self._words
+        try:
+            self.records.gpu.read(mm, words)
+        except CorruptSegment:
+            self.records.gpu.write(mm, words, self.records.gpu.zero())
+        for slot in self.records.slots:
+            try:
+                self.reader.slot(slot.index)
+            except CorruptSegment:
+                if not self._held_anywhere(slot.index):  # a live owner's damaged slot stays, counted high
+                    self._free(slot)
+        return self.rebuild_totals()
+
+    def rebuild_totals(self) -> Totals:
+        """Σ over the readable slots, written as the totals record.
+
+        A damaged slot's share is unknown (its owner still lives, or ``repair`` would have wiped
+        it): each total then keeps the larger of the old total and the sum, and with no readable
+        old totals the GPU counts as fully reserved, so admission over-counts until the owner is
+        gone and its slot is wiped; it never under-counts. 1. totals.
         """
         runtime = mapped = pending = guarantees = active = unmet_total = 0
+        damaged = False
         for i in range(self.seg.slot_count):
-            v = self.reader.slot(i)
+            try:
+                v = self.reader.slot(i)
+            except CorruptSegment:
+                damaged = True
+                active += 1
+                continue
             if v is None:
                 continue
             active += 1
@@ -106,6 +164,14 @@ class SegmentWriter:
                 guarantees += v.guarantee
                 unmet_total += unmet(v.guarantee, v.mapped + v.pending)
         t = Totals(runtime, mapped, pending, guarantees, active, unmet_total)
+        if damaged:
+            try:
+                old = codec.decode_totals(self.records.totals.read(self._mm, self._words)[1])
+                t = Totals(*(max(a, b) for a, b in zip(_fields(t), _fields(old))))
+            except CorruptSegment:
+                t = Totals(SATURATED, mapped, pending, guarantees, active, unmet_total)
+        t = Totals(*(min(x, SATURATED) for x in _fields(t)))
+        self.moved = True
         self.records.totals.write(self._mm, self._words, codec.encode_totals(t))
         return t
 
@@ -128,7 +194,9 @@ class SegmentWriter:
             t.active + active,
             t.unmet_guarantees + unmet_guarantees,
         )
-        assert min(values) >= 0, f"totals went negative: {values} (ledger bug)"
+        if min(values) < 0 or max(values) > SATURATED:  # only after damage; never guess: rebuild
+            self.rebuild_totals()
+            return
         rec.write(self._mm, self._words, values)
 
     # --- claim and free --------------------------------------------------------------------------
@@ -145,20 +213,21 @@ class SegmentWriter:
         mm, words = self._mm, self._words
         epoch = identity.epoch
         now = identity.attached_at_ns
+        self.moved = True
         slot.published.write(mm, words, codec.published(epoch, 0, InstanceLimits(guarantee, guarantee, guarantee), 0))
         slot.usage.write(mm, words, slot.usage.zero()._replace(epoch=epoch, updated_at_ns=now))
         slot.reservation.write(mm, words, codec.reservation(epoch, 0, None, {}))
-        words[slot.activity] = now
+        self.store_word(slot.activity, now)
         seq = slot.identity.write(mm, words, identity)
         counted = guarantee if codec.is_elastic(identity) else 0
         self._adjust_totals(active=1, guarantees=counted, unmet_guarantees=counted)
         return seq
 
     def free(self, slots: list[SlotRecords]) -> Totals:
-        """Each of ``slots`` reset and marked free (epoch + 1), then the totals rebuilt from the slots.
+        """Each of ``slots`` marked free (new epoch) and reset, then the totals rebuilt from the slots.
 
-        Per slot: 1. published, 2. usage, 3. reservation (zero, new epoch); 4. identity (state free,
-        new epoch). Then 5. totals (rebuilt).
+        Per slot: 1. identity (state free, new epoch: from here on the slot reads as free);
+        2. published, 3. usage, 4. reservation (zero, new epoch). Then 5. totals (rebuilt).
         """
         for slot in slots:
             self._free(slot)
@@ -166,14 +235,15 @@ class SegmentWriter:
 
     def _free(self, slot: SlotRecords) -> None:
         mm, words = self._mm, self._words
+        self.moved = True
         try:
             _, ident = slot.identity.read(mm, words)
-            epoch = ident.epoch + 1
+            epoch = next_epoch(ident.epoch)
         except CorruptSegment:
-            epoch = (slot.identity.seq(words) << 20) + 1  # unknown epoch: any value unlike the old ones
+            epoch = next_epoch(secrets.randbits(64))  # unknown epoch: any value unlike the old ones
+        slot.identity.write(mm, words, slot.identity.zero()._replace(epoch=epoch))
         for rec in (slot.published, slot.usage, slot.reservation):
             rec.write(mm, words, rec.zero()._replace(epoch=epoch))
-        slot.identity.write(mm, words, slot.identity.zero()._replace(epoch=epoch))
 
     def mark_elastic(self, slot: SlotRecords, ident: Any) -> int:
         """The occupant (identity ``ident``) has an elastic pool: its guarantee counts. The identity record's new seq.
@@ -181,9 +251,10 @@ class SegmentWriter:
         1. identity (flag elastic); 2. totals (G + guarantee, Σ unmet + what it lacks of it).
         """
         mm, words = self._mm, self._words
-        seq = slot.identity.write(mm, words, ident._replace(flags=ident.flags | L.FLAG_ELASTIC))
         _, pub = slot.published.read(mm, words)
         _, use = slot.usage.read(mm, words)
+        self.moved = True
+        seq = slot.identity.write(mm, words, ident._replace(flags=ident.flags | L.FLAG_ELASTIC))
         self._adjust_totals(guarantees=pub.guarantee, unmet_guarantees=unmet(pub.guarantee, use.mapped + use.pending))
         return seq
 
@@ -199,11 +270,13 @@ class SegmentWriter:
         _, old = slot.reservation.read(mm, words)
         was = codec.runtime_reserved(old, where)
         now = codec.runtime_reserved(reservation, where)
+        self.moved = True
         slot.reservation.write(mm, words, reservation)
         self._adjust_totals(runtime_reserved=now - was)
 
     def figures(self, values: Any) -> None:
         """The GPU's figures: an engine's provisional ones, or a controller's publish. 1. gpu."""
+        self.moved = True
         self.records.gpu.write(self._mm, self._words, values)
 
     # --- elastic bytes ---------------------------------------------------------------------------
@@ -215,6 +288,7 @@ class SegmentWriter:
         """
         held = use.mapped + use.pending
         admitted = use._replace(pending=use.pending + nbytes, updated_at_ns=time.time_ns())
+        self.moved = True
         slot.usage.write(self._mm, self._words, admitted)
         lacks_less = unmet(guarantee, held + nbytes) - unmet(guarantee, held)
         self._adjust_totals(elastic_pending=nbytes, unmet_guarantees=lacks_less)
@@ -226,6 +300,12 @@ class SegmentWriter:
         Σ unmet by what the occupant's guarantee lacks more after a rollback or release).
         """
         mm, words = self._mm, self._words
+        more_unmet = 0
+        if rollback or release:  # a commit moves pending to mapped: what the instance holds stays
+            held = use.mapped + use.pending
+            g = codec.counted_guarantee(slot.identity.read(mm, words)[1], slot.published.read(mm, words)[1])
+            more_unmet = unmet(g, held - rollback - release) - unmet(g, held)
+        self.moved = True
         slot.usage.write(
             mm,
             words,
@@ -235,17 +315,13 @@ class SegmentWriter:
                 updated_at_ns=time.time_ns(),
             ),
         )
-        more_unmet = 0
-        if rollback or release:  # a commit moves pending to mapped: what the instance holds stays
-            held = use.mapped + use.pending
-            g = codec.counted_guarantee(slot.identity.read(mm, words)[1], slot.published.read(mm, words)[1])
-            more_unmet = unmet(g, held - rollback - release) - unmet(g, held)
         self._adjust_totals(
             elastic_pending=-commit - rollback, elastic_mapped=commit - release, unmet_guarantees=more_unmet
         )
 
     def report_usage(self, slot: SlotRecords, use: Any, used: int) -> None:
         """Bytes in live blocks (counted in no total). 1. usage."""
+        self.moved = True
         slot.usage.write(self._mm, self._words, use._replace(used=used, updated_at_ns=time.time_ns()))
 
     def acknowledge(
@@ -255,11 +331,12 @@ class SegmentWriter:
         values = use._replace(
             ack_revision=revision, ack_status=status, deferred_since_ns=deferred_since_ns, updated_at_ns=now_ns
         )
+        self.moved = True
         slot.usage.write(self._mm, self._words, values)
 
     def bump_pressure(self) -> None:
         """An elastic admission the GPU's budget refused: others' pools give back what they hold unused. 1. pressure."""
-        self._words[PRESSURE] += 1
+        self.store_word(PRESSURE, (self._words[PRESSURE] + 1) & U64)
 
     # --- the controller's publish ----------------------------------------------------------------
 
@@ -270,9 +347,11 @@ class SegmentWriter:
         """
         mm, words = self._mm, self._words
         _, old = slot.published.read(mm, words)
-        slot.published.write(mm, words, codec.published(ident.epoch, revision, limits, now_ns))
+        _, use = slot.usage.read(mm, words)
+        values = codec.published(ident.epoch, revision, limits, now_ns)
+        self.moved = True
+        slot.published.write(mm, words, values)
         if codec.is_elastic(ident) and limits.guarantee != old.guarantee:
-            _, use = slot.usage.read(mm, words)
             held = use.mapped + use.pending
             self._adjust_totals(
                 guarantees=limits.guarantee - old.guarantee,
@@ -283,8 +362,17 @@ class SegmentWriter:
 
     def beat(self, now_ns: int) -> None:
         """The controller is alive."""
-        self._words[HEARTBEAT] = now_ns
+        self.store_word(HEARTBEAT, now_ns & U64)
 
     def touch(self, slot: SlotRecords, now_ns: int) -> None:
         """The occupant of ``slot`` served something."""
-        self._words[slot.activity] = now_ns
+        self.store_word(slot.activity, now_ns & U64)
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch``, wrapping within the field (a damaged epoch may be 2⁶⁴ − 1)."""
+    return (epoch + 1) & U64
+
+
+def _fields(t: Totals) -> tuple[int, ...]:
+    return (t.runtime_reserved, t.elastic_mapped, t.elastic_pending, t.guarantees, t.active, t.unmet_guarantees)

@@ -27,9 +27,13 @@ def test_every_record_fits_and_every_word_is_aligned() -> None:
     assert L.HEADER_STATIC_SIZE + 4 <= L.OFF_GENERATION
 
 
-def test_layout_v1_is_frozen() -> None:
-    """Changing any offset or size is a new layout version: this test names what v1 is."""
-    assert (L.MAGIC, L.LAYOUT_VERSION, L.HEADER_SIZE, L.SLOT_SIZE) == (b"KVPLEDGR", 1, 4096, 4096)
+def test_layout_v2_is_frozen() -> None:
+    """Changing any offset or size, or the order of a change's stores, is a new layout version: v2 is this.
+
+    v2 kept v1's offsets and changed the protocol: a free stores the identity first (a v1 writer
+    killed half-way left slots no v2 reader accepts), so the two never share a segment.
+    """
+    assert (L.MAGIC, L.LAYOUT_VERSION, L.HEADER_SIZE, L.SLOT_SIZE) == (b"KVPLEDGR", 2, 4096, 4096)
     assert (L.OFF_GPU_RECORD, L.OFF_TOTALS_RECORD) == (192, 360)
     assert (L.SLOT_OFF_PUBLISHED, L.SLOT_OFF_USAGE, L.SLOT_OFF_ACTIVITY, L.SLOT_OFF_RESERVATION) == (552, 672, 824, 832)
     assert L.RESERVATION_RECORD.size == 2776

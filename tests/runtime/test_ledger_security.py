@@ -150,7 +150,7 @@ def test_other_layout_version_is_refused_naming_both(ledger_dir: Path) -> None:
     GpuLedger.open(ledger_dir, "cuda:0", slot_count=4).close()
     path = segment_path(ledger_dir, "cuda:0")
     _patch_header(path, 8, "<I", 7)
-    with pytest.raises(LayoutVersionMismatch, match="layout version 7, and this kvpolicy reads layout version 1"):
+    with pytest.raises(LayoutVersionMismatch, match="layout version 7, newer than this kvpolicy .* \\(layout version 2\\): upgrade this process"):
         GpuLedger.open(ledger_dir, "cuda:0")
 
 
