@@ -28,6 +28,9 @@ class LintResult:
     diagnostics: tuple[Diagnostic, ...]
     text: str | None = None
     """The text linted (bytes decoded, a byte order mark dropped); None when they could not be decoded."""
+    partial: Policy | None = None
+    """What was built even when the text has errors (for an editor's hover and navigation:
+    never for deciding); None when nothing parsed."""
 
     @property
     def errors(self) -> tuple[Diagnostic, ...]:
@@ -78,12 +81,6 @@ def lint_text(
             return LintResult(file, None, tuple(sorted([*diagnostics, stop], key=Diagnostic.sort_key)), text)
 
 
-def lint_text_parsed(text: str, file: str = "<policy>", **context) -> tuple[LintResult, SyntaxResult]:
-    """``lint_text``, and the parse it made (the language server builds a partial policy from it)."""
-    syntax = parse_tree(text, file)
-    return lint_text(text, file, syntax=syntax, **context), syntax
-
-
 def _lint_text(
     text: str, file: str, digest: str, gpu_capacity: int | None, facts: Facts | None,
     budget: WorkBudget | None, syntax: SyntaxResult | None, diagnostics: list[Diagnostic],
@@ -111,7 +108,7 @@ def _lint_text(
         diagnostics[:] = apply_suppressions(diagnostics, suppressions, file) + problems
     diagnostics.sort(key=Diagnostic.sort_key)
     has_errors = any(d.is_error for d in diagnostics)
-    return LintResult(file, None if has_errors else policy, tuple(diagnostics), text)
+    return LintResult(file, None if has_errors else policy, tuple(diagnostics), text, policy)
 
 
 def decode_policy(data: bytes, file: str, max_bytes: int | None = None) -> str:
