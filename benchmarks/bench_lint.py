@@ -8,6 +8,10 @@ in the same run: tokenizing the same text with one regular expression (the least
 any parser must do), so the ratio says what parsing and checking cost on top,
 whatever the machine. Also the start-up of `kvpolicy lint` in a fresh process.
 
+Then the inputs that used to stall lint or fmt (issue 16, item 7): each one's median
+time, and its ratio to tokenizing it (the near-linear floor), so a return of the
+exponential or quadratic cases shows as a ratio far above the generated policies'.
+
 Goal (issue 13, on a CI-class machine): 1,000 lines in at most 50 ms (an editor server
 lints on every change), 10,000 in at most 1 s, in-process. The start-up figure is with
 Lark's cache of the analysed grammar in place (the first run of a user writes it).
@@ -138,6 +142,38 @@ def bench_size(lines: int, runs: int) -> dict[str, float]:
     }
 
 
+def stress_inputs() -> dict[str, tuple[str, str]]:
+    """name -> (what is timed: lint or fmt, text): the issue's inputs, each a valid policy."""
+    marks = "*" + "?" * 18, "*a" + "?" * 17
+    stem = "a" * 200_000
+    return {
+        "'*' then 18 '?', twice (94 B)": ("lint", f'version 1\nmodel "{marks[0]}" {{ priority 1 }}\nmodel "{marks[1]}" {{ priority 2 }}\n'),
+        "1,000 '*'-leading globs": ("lint", "version 1\n" + "".join(f'model "*{i}-x*" {{ priority {i} }}\n' for i in range(1000))),
+        "1,000 '*'-leading globs, 500 unreachable": ("lint", "version 1\n" + "".join(f'model "*?{i:03d}" {{ priority 1 }}\n' for i in range(500))
+                                                      + "".join(f'model "*-{i:03d}" {{ priority 2 }}\n' for i in range(500))),
+        "200,000-character literal prefix": ("lint", f'version 1\nmodel "{stem}*" {{ priority 1 }}\nmodel "{stem}?" {{ priority 2 }}\n'),
+        "20,000 suppression comments": ("lint", "version 1\n" + "# kvpolicy: ignore[KV019] vendor sizes are decimal\n" * 20_000
+                                        + 'model "m" { reserve 1 GB }\n'),
+        "fmt of 80,000 comment lines": ("fmt", "version 1\n" + "".join(f"# {i}\n" for i in range(80_000))),
+    }
+
+
+def bench_stress(runs: int) -> list[dict[str, object]]:
+    from kvpolicy.policy import globs
+    from kvpolicy.policy.fmt import format_text
+
+    rows = []
+    for name, (what, text) in stress_inputs().items():
+        def once() -> None:
+            globs.inclusion.cache_clear()  # each run decides every pair afresh
+            lint_text(text, "stress.kvp") if what == "lint" else format_text(text, "stress.kvp")
+
+        seconds = _median(once, runs)
+        baseline = _median(lambda: _TOKENS.findall(text), runs)
+        rows.append({"input": name, "bytes": len(text.encode()), "ms": seconds * 1000, "ratio_to_baseline": seconds / baseline})
+    return rows
+
+
 def bench_startup(runs: int) -> float:
     """Median wall time of `kvpolicy lint` on a 100-line policy in a fresh interpreter."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -151,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--runs", type=int, default=7, help="runs per size; the median is reported")
+    ap.add_argument("--no-stress", action="store_true", help="skip the inputs of issue 16 (their old code takes minutes)")
     ap.add_argument("--json", type=Path, metavar="PATH", help="also write the figures as JSON")
     args = ap.parse_args(argv)
 
@@ -166,10 +203,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['lines']:>7} {row['lint_ms']:>9.1f} {row['lint_cpu_ms']:>8.1f} {row['lines_per_s']:>10,.0f} {row['parse_ms']:>9.1f} "
             f"{row['build_ms']:>9.1f} {row['checks_ms']:>10.1f} {row['other_ms']:>9.1f} {row['ratio_to_baseline']:>11.1f}"
         )
+    print(f"\n{'input (issue 16, item 7)':<44} {'bytes':>9} {'ms':>9} {'x tokenize':>11}")
+    stress = [] if args.no_stress else bench_stress(max(3, args.runs // 2))
+    for row in stress:
+        print(f"{row['input']:<44} {row['bytes']:>9,} {row['ms']:>9.1f} {row['ratio_to_baseline']:>11.1f}")
     startup = bench_startup(max(3, args.runs // 2))
     print(f"start-up: `kvpolicy lint` on 100 lines in a fresh process: {startup * 1000:.0f} ms")
     if args.json:
-        args.json.write_text(json.dumps({"schema": 1, "load_average": load, "sizes": rows, "startup_ms": startup * 1000}, indent=2) + "\n")
+        args.json.write_text(json.dumps({"schema": 1, "load_average": load, "sizes": rows, "stress": stress, "startup_ms": startup * 1000}, indent=2) + "\n")
     return 0
 
 

@@ -744,6 +744,12 @@ UNREACHABLE_MODEL = _define(
     when another pattern that outranks it matches every name it matches (e.g.
     `"qwen3-*"` after an equally long `"qwen*-*"` that is earlier in the file).
 
+    Whether one glob matches every name of another is hard to decide in general,
+    so the work is bounded: at most 20,000 automaton steps for a pair and
+    2,000,000 for the whole policy. A pair not decided within its bound is not
+    reported, nor are the pairs left once the policy's bound is spent: the rule
+    then says less, never something wrong. Real policies stay far below both.
+
     ## Why is this bad?
     The block's settings never apply, though a reader would expect them to.
 
@@ -870,6 +876,73 @@ UNUSED_SUPPRESSION = _define(
     ## Use instead
     ```
     model "a" { reserve 40 GiB }
+    ```
+    """,
+)
+
+
+POLICY_TOO_LARGE = _define(
+    "KV026", "policy-too-large", Severity.ERROR, PARSE, suppressible=False,
+    doc="""
+    A policy file larger than the size limit (1 MiB unless `KVPOLICY_MAX_POLICY_SIZE` says otherwise).
+
+    ## What it does
+    Every reader of a policy (`kvpolicy lint`, `fmt`, `explain`, the controller's
+    reload, the engine adapters) reads at most the limit and refuses a larger file,
+    with this error at the line and column where the limit falls. The limit is
+    `KVPOLICY_MAX_POLICY_SIZE`, a size such as `4MiB` or a number of bytes, in the
+    environment of the command or of the controller.
+
+    ## Why is this bad?
+    A policy is a few kilobytes. Parsing costs some hundred bytes of memory per
+    character, so a runaway file (generated in a loop, or `/dev/zero` behind a
+    symlink) would exhaust the controller's memory before any check could refuse it.
+
+    ## Example
+    ```
+    # generated: one block per model of the fleet, and some 40,000 more below
+    model "family0-*" { priority 10 }
+    model "family1-*" { priority 11 }
+    model "family2-*" { priority 12 }
+    ```
+
+    ## Use instead
+    ```
+    model "family*" { priority 10 }
+    ```
+    """,
+)
+
+
+VALIDATION_BUDGET_EXCEEDED = _define(
+    "KV027", "validation-budget-exceeded", Severity.ERROR, PARSE, suppressible=False,
+    doc="""
+    A policy that could not be checked within the work budget of a hot reload.
+
+    ## What it does
+    The controller validates every save of the policy file before it goes live,
+    within a budget of work (counted in units of about one character parsed, one
+    node checked or one step comparing two globs, so that the verdict does not
+    depend on how busy the machine is). A text that needs more is refused with this
+    error and the running policy stays. `kvpolicy lint` and the editor's server
+    have no budget (each check is bounded on its own: see KV021).
+
+    ## Why is this bad?
+    A reload that takes seconds delays every reload after it, and the policy in
+    force with them.
+
+    ## Example
+    ```
+    model "a*" { priority 1 }
+    model "b*" { priority 2 }
+    model "c*" { priority 3 }
+    model "d*" { priority 4 }
+    model "e*" { priority 5 }
+    ```
+
+    ## Use instead
+    ```
+    model "*" { priority 1 }
     ```
     """,
 )

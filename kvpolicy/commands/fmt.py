@@ -32,12 +32,13 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpolicy.lint.engine import decode_policy
+    from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
     from kvpolicy.diagnostics import PolicyError
     from kvpolicy.policy.fmt import format_text
 
     if args.files == ["-"]:
         try:
-            sys.stdout.write(format_text(decode_policy(sys.stdin.buffer.read(), "<stdin>"), "<stdin>"))
+            sys.stdout.write(format_text(decode_policy(read_policy_stream(sys.stdin.buffer), "<stdin>"), "<stdin>"))
             return 0
         except PolicyError as exc:
             _report_errors(exc)
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     for path in files:
         name = str(path)
         try:
-            original = decode_policy(path.read_bytes(), name)
+            original = decode_policy(read_policy_bytes(path), name)
             formatted = format_text(original, name)
         except PolicyError as exc:
             _report_errors(exc)

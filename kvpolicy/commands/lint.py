@@ -21,6 +21,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="check over-commitment on GPUs of this capacity")
     parser.add_argument("--facts", metavar="FILE", help="check over-commitment against these facts (JSON)")
+    parser.add_argument("--max-size", type=parse_size, metavar="SIZE",
+                        help="refuse larger policies (KV026; default: $KVPOLICY_MAX_POLICY_SIZE, else 1MiB)")
+    parser.add_argument("--work-budget", type=int, metavar="UNITS",
+                        help="stop checking past this much work, as a hot reload does (KV027; the controller allows 20000000)")
     parser.set_defaults(run=run)
 
 
@@ -28,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from kvpolicy.facts_io import FactsError, read_facts
     from kvpolicy.lint import report
     from kvpolicy.lint.engine import lint_bytes
+    from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
 
     try:
         if "-" in args.files and len(args.files) > 1:
@@ -44,11 +49,12 @@ def run(args: argparse.Namespace) -> int:
     sources: dict[str, list[str]] = {}
     for name, path in inputs:
         try:
-            data = sys.stdin.buffer.read() if path is None else path.read_bytes()
+            data = read_policy_stream(sys.stdin.buffer, args.max_size) if path is None else read_policy_bytes(path, args.max_size)
         except OSError as exc:
             print(f"kvpolicy lint: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
             return 2
-        result = lint_bytes(data, name, gpu_capacity=args.gpu_capacity, facts=facts)
+        result = lint_bytes(data, name, gpu_capacity=args.gpu_capacity, facts=facts,
+                            max_bytes=args.max_size, budget=args.work_budget)
         diagnostics.extend(result.diagnostics)
         text = result.text if result.text is not None else data.decode("utf-8", errors="replace")
         sources[result.file] = text.split("\n")

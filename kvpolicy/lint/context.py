@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 from kvpolicy.facts import Facts
+from kvpolicy.lint.budget import WorkBudget
 from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.policy.model import Node, Policy
 
@@ -22,6 +23,13 @@ class LintContext:
     """``--facts``: the GPUs and instances to check the policy against."""
     parse_diagnostics: tuple[Diagnostic, ...] = ()
     """What parsing and building already reported (so rules don't report it again)."""
+    budget: WorkBudget | None = None
+    """The work budget of a hot reload's validation (None: unbounded, as for ``kvpolicy lint``)."""
+
+    def charge(self, units: int) -> None:
+        """Count work against the budget (raises BudgetExceeded once it is spent)."""
+        if self.budget is not None:
+            self.budget.charge(units)
 
     @property
     def file(self) -> str:

@@ -39,6 +39,11 @@ def render() -> str:
         "can be silenced on its line with `# kvpolicy: ignore[CODE] reason` (alone on a line, the",
         "comment covers the next line with code); the reason is required.",
         "",
+        "Limits: a policy over 1 MiB is not read (KV026; `KVPOLICY_MAX_POLICY_SIZE` or `--max-size`",
+        "changes it). The controller's hot reload validates within a budget of work (KV027; `kvpolicy",
+        "lint --work-budget 20000000` checks a file as the reload would); without one, each check is",
+        "bounded on its own (KV021 says how).",
+        "",
         "| Code | Name | Severity | Suppressible | What it reports |",
         "|---|---|---|---|---|",
     ]

@@ -7,15 +7,17 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpolicy.catalogue import SYNTAX_ERROR
+from kvpolicy.catalogue import SYNTAX_ERROR, VALIDATION_BUDGET_EXCEEDED
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
+from kvpolicy.lint.budget import BudgetExceeded, WorkBudget
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.rules import all_checks
+from kvpolicy.lint.source import check_size, read_policy_bytes
 from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.policy.model import Policy
-from kvpolicy.policy.syntax import gc_paused, parse_tree
+from kvpolicy.policy.syntax import SyntaxResult, gc_paused, parse_tree
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,9 @@ class LintResult:
     diagnostics: tuple[Diagnostic, ...]
     text: str | None = None
     """The text linted (bytes decoded, a byte order mark dropped); None when they could not be decoded."""
+    partial: Policy | None = None
+    """What was built even when the text has errors (for an editor's hover and navigation:
+    never for deciding); None when nothing parsed."""
 
     @property
     def errors(self) -> tuple[Diagnostic, ...]:
@@ -43,37 +48,73 @@ def lint_text(
     sha256: str | None = None,
     gpu_capacity: int | None = None,
     facts: Facts | None = None,
+    budget: int | WorkBudget | None = None,
+    max_bytes: int | None = None,
+    syntax: SyntaxResult | None = None,
 ) -> LintResult:
-    """Every diagnostic for ``text``; ``policy`` is set only when there is no error."""
+    """Every diagnostic for ``text``; ``policy`` is set only when there is no error.
+
+    ``budget`` (units of work, see ``kvpolicy.lint.budget``) bounds the validation: past
+    it, lint stops with KV027 and no policy. A text over ``max_bytes`` (default: the
+    size cap, ``kvpolicy.lint.source``) is KV026 and is not parsed. ``syntax`` is this
+    text's parse, when the caller already has it.
+    """
+    encoded = text.encode("utf-8")
+    try:
+        check_size(encoded, file, max_bytes)
+    except PolicyError as exc:
+        return LintResult(file, None, exc.diagnostics, text)
+    if isinstance(budget, int):
+        budget = WorkBudget(budget)
+    digest = sha256 or hashlib.sha256(encoded).hexdigest()
+    diagnostics: list[Diagnostic] = []
     with gc_paused():
-        return _lint_text(text, file, sha256, gpu_capacity, facts)
+        try:
+            return _lint_text(text, file, digest, gpu_capacity, facts, budget, syntax, diagnostics)
+        except BudgetExceeded as exc:
+            stop = VALIDATION_BUDGET_EXCEEDED.at(
+                file, Span.point(1, 1),
+                f"the policy was not fully checked: {exc}",
+                "a hot reload refuses it and keeps the running policy: make it cheaper to check "
+                "(many overlapping model globs, most often); `kvpolicy lint` without --work-budget checks it all",
+            )
+            return LintResult(file, None, tuple(sorted([*diagnostics, stop], key=Diagnostic.sort_key)), text)
 
 
-def _lint_text(text: str, file: str, sha256: str | None, gpu_capacity: int | None, facts: Facts | None) -> LintResult:
+def _lint_text(
+    text: str, file: str, digest: str, gpu_capacity: int | None, facts: Facts | None,
+    budget: WorkBudget | None, syntax: SyntaxResult | None, diagnostics: list[Diagnostic],
+) -> LintResult:
     lines = text.split("\n")
-    syntax = parse_tree(text, file)
-    diagnostics = list(syntax.diagnostics)
+    if syntax is None:
+        syntax = parse_tree(text, file)
+    if budget is not None:
+        budget.charge(len(text) * (1 + len(syntax.kinds)))  # each recovery parses the text again
+    diagnostics.extend(syntax.diagnostics)
     policy: Policy | None = None
     if syntax.tree is not None:
         builder = PolicyBuilder(file)
         end = Span.point(len(lines), len(lines[-1]) + 1)
-        digest = sha256 or hashlib.sha256(text.encode("utf-8")).hexdigest()
         policy = builder.policy(syntax.tree, digest, end)
         diagnostics.extend(builder.diagnostics)
         if not syntax.diagnostics:  # other checks once the file parses
-            ctx = LintContext(policy, gpu_capacity=gpu_capacity, facts=facts, parse_diagnostics=tuple(diagnostics))
+            ctx = LintContext(
+                policy, gpu_capacity=gpu_capacity, facts=facts, parse_diagnostics=tuple(diagnostics), budget=budget,
+            )
             for check in all_checks():
+                ctx.charge(len(ctx.nodes))
                 diagnostics.extend(check().check(ctx))
         suppressions, problems = find_suppressions(syntax.comments, lines, file)
-        diagnostics = apply_suppressions(diagnostics, suppressions, file) + problems
+        diagnostics[:] = apply_suppressions(diagnostics, suppressions, file) + problems
     diagnostics.sort(key=Diagnostic.sort_key)
     has_errors = any(d.is_error for d in diagnostics)
-    return LintResult(file, None if has_errors else policy, tuple(diagnostics), text)
+    return LintResult(file, None if has_errors else policy, tuple(diagnostics), text, policy)
 
 
-def decode_policy(data: bytes, file: str) -> str:
-    """The policy text (a UTF-8 byte order mark dropped); non-UTF-8 bytes are a
-    syntax error at their line and column."""
+def decode_policy(data: bytes, file: str, max_bytes: int | None = None) -> str:
+    """The policy text (a UTF-8 byte order mark dropped); raises PolicyError for bytes
+    over the size cap (KV026) and for non-UTF-8 bytes (a syntax error at their line and column)."""
+    check_size(data, file, max_bytes)
     body = data[len(codecs.BOM_UTF8) :] if data.startswith(codecs.BOM_UTF8) else data
     try:
         return body.decode("utf-8")
@@ -96,13 +137,13 @@ def decode_policy(data: bytes, file: str) -> str:
 def lint_file(path: Path | str, *, display_name: str | None = None, **context) -> LintResult:
     """Read and lint a policy file; unreadable bytes become a diagnostic, not an exception."""
     path = Path(path)
-    return lint_bytes(path.read_bytes(), display_name or str(path), **context)
+    return lint_bytes(read_policy_bytes(path, context.get("max_bytes")), display_name or str(path), **context)
 
 
 def lint_bytes(data: bytes, name: str, **context) -> LintResult:
     """Lint a policy's raw bytes (a file's, or standard input's) reported as ``name``."""
     try:
-        text = decode_policy(data, name)
+        text = decode_policy(data, name, context.get("max_bytes"))
     except PolicyError as exc:
         return LintResult(name, None, exc.diagnostics)
     return lint_text(text, name, sha256=hashlib.sha256(data).hexdigest(), **context)

@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kvpolicy.lsp.context import CheckContext
-from kvpolicy.lsp.language import Linted, Policy, declared_capacity, lint, partial_policy
+from kvpolicy.lsp.language import Linted, Policy, declared_capacity, lint
 from kvpolicy.lsp.scan import Outline, scan
 
 POLICY_SUFFIX = ".kvp"
@@ -43,7 +43,7 @@ class PolicyDocument:
     @cached_property
     def model(self) -> Policy | None:
         """The policy model, built even when the text has errors (for hover and navigation)."""
-        return self.linted.policy or partial_policy(self.text, self.file)
+        return self.linted.policy or self.linted.partial
 
 
 def analyse(uri: str, path: Path | None, version: int | None, text: str, context: CheckContext) -> PolicyDocument:
@@ -55,5 +55,5 @@ def analyse(uri: str, path: Path | None, version: int | None, text: str, context
         capacity = declared_capacity(linted.policy)
         if capacity is not None:
             context = CheckContext(gpu_capacity=capacity, capacity_from="the policy's gpu blocks")
-            linted = lint(text, file, gpu_capacity=capacity)
+            linted = lint(text, file, gpu_capacity=capacity, syntax=linted.syntax)  # parsed once
     return PolicyDocument(uri, path, version, text, context, linted)

@@ -16,6 +16,7 @@ from functools import cache
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
 from kvpolicy.lint.engine import lint_text
+from kvpolicy.lint.source import check_size
 from kvpolicy.catalogue import all_rules, rule_by_code
 from kvpolicy.lint.report import RULES_DOC
 from kvpolicy.policy import globs, vocabulary
@@ -23,7 +24,7 @@ from kvpolicy.policy.build import BLOCK_FIELDS, PolicyBuilder
 from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.model import ModelBlock, Policy, Rule
 from kvpolicy.policy.resolve import bind
-from kvpolicy.policy.syntax import parse_tree
+from kvpolicy.policy.syntax import SyntaxResult, parse_tree
 
 RULES_DOC_URL = RULES_DOC
 """docs/lint-rules.md in the repository; a rule's section is ``RULES_DOC_URL#anchor``.
@@ -41,12 +42,26 @@ class Linted:
     diagnostics: tuple[Diagnostic, ...]
     policy: Policy | None
     """The checked policy; None when the text has an error."""
+    partial: Policy | None = None
+    """The policy model built even when the text has errors (``partial_policy``'s, without parsing again)."""
+    syntax: SyntaxResult | None = None
+    """The parse, for linting the same text again against another context."""
 
 
-def lint(text: str, file: str, *, gpu_capacity: int | None = None, facts: Facts | None = None) -> Linted:
-    """Every diagnostic of ``text``, as ``kvpolicy lint`` reports them."""
-    result = lint_text(text, file, gpu_capacity=gpu_capacity, facts=facts)
-    return Linted(result.diagnostics, result.policy)
+def lint(
+    text: str, file: str, *, gpu_capacity: int | None = None, facts: Facts | None = None,
+    syntax: SyntaxResult | None = None,
+) -> Linted:
+    """Every diagnostic of ``text``, as ``kvpolicy lint`` reports them (from ``syntax``, this
+    text's parse, when a first pass made it)."""
+    if syntax is None:
+        try:
+            check_size(text.encode("utf-8"), file)  # before parsing: an editor can hold anything
+        except PolicyError as exc:
+            return Linted(exc.diagnostics, None)
+        syntax = parse_tree(text, file)
+    result = lint_text(text, file, gpu_capacity=gpu_capacity, facts=facts, syntax=syntax)
+    return Linted(result.diagnostics, result.policy, result.partial, syntax)
 
 
 def partial_policy(text: str, file: str) -> Policy | None:

@@ -10,6 +10,7 @@ arrive together are linted once.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 
@@ -370,6 +371,10 @@ def serve() -> int:
     """Serve one client over standard input and output until it says exit; the exit
     status the protocol asks for: 0 after ``shutdown``, else 1."""
     server = create_server()
+    # What start-up allocated (the grammar's tables, the protocol's converters) lives as
+    # long as the server: out of the collector's sight, a full collection after an edit
+    # scans only the open documents (it was the slowest tenth of change -> diagnostics).
+    gc.freeze()
     server.start_io()
     return 0 if server.shut_down else 1
 

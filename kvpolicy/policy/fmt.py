@@ -12,6 +12,7 @@ is joined onto one line) moves to its own line above the statement.
 from __future__ import annotations
 
 import re
+from collections import deque
 from dataclasses import dataclass, field
 
 from lark import Token, Tree
@@ -53,7 +54,7 @@ class _Printer:
 
     def __post_init__(self) -> None:
         self.source_lines = self.source.split("\n")
-        self.pending = sorted(self.comments, key=lambda c: (c.line, c.column))
+        self.pending = deque(sorted(self.comments, key=lambda c: (c.line, c.column)))  # taken from the front
         self.last_on_line: dict[int, Token] = {}
         for token in self.tree.scan_values(lambda t: isinstance(t, Token)):
             if token.type not in _SEPARATOR_TYPES:
@@ -66,7 +67,7 @@ class _Printer:
     def flush_comments(self, before_line: int, indent: int) -> None:
         """Emit, on their own lines, the comments above ``before_line`` not yet printed."""
         while self.pending and self.pending[0].line < before_line:
-            comment = self.pending.pop(0)
+            comment = self.pending.popleft()
             self.emit(indent, comment.value.rstrip(), comment.line)
 
     def trailing_comment(self, last: Token) -> str | None:
@@ -75,7 +76,8 @@ class _Printer:
             return None
         for i, comment in enumerate(self.pending):
             if comment.line == last.line:
-                return self.pending.pop(i).value.rstrip()
+                del self.pending[i]
+                return comment.value.rstrip()
             if comment.line > last.line:
                 break
         return None

@@ -23,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpolicy.lint.budget import RELOAD_WORK_BUDGET
 from kvpolicy.lint.engine import decode_policy, lint_text
+from kvpolicy.lint.source import read_policy_bytes
 from kvpolicy.diagnostics import Diagnostic, PolicyError
 from kvpolicy.policy.model import Policy
 
@@ -102,7 +104,7 @@ class PolicyWatcher:
             self._seen_sha = sha
             now = self.clock()
             try:
-                result = lint_text(decode_policy(data, self.display_name), self.display_name, sha256=sha)
+                result = lint_text(decode_policy(data, self.display_name), self.display_name, sha256=sha, budget=RELOAD_WORK_BUDGET)
             except PolicyError as exc:  # not UTF-8
                 return self._reject(now, sha, exc.first)
             if result.policy is None:
@@ -123,7 +125,7 @@ class PolicyWatcher:
         for _ in range(5):
             try:
                 before = os.stat(self.path)
-                data = self.path.read_bytes()
+                data = read_policy_bytes(self.path)  # at most the size cap (+1 byte: KV026)
                 after = os.stat(self.path)
             except FileNotFoundError:
                 self._missing("the policy file does not exist")

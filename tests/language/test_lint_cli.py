@@ -164,9 +164,9 @@ def test_standard_input_with_files_and_unreadable_files_are_usage_errors(files, 
     code, _, err = lint(["-", str(files["clean"])], capsys)
     assert code == 2 and "cannot be combined" in err
 
-    def denied(self: Path) -> bytes:
+    def denied(self: Path, *args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "read_bytes", denied)  # as root, chmod 0 would not stop the read
+    monkeypatch.setattr(Path, "open", denied)  # as root, chmod 0 would not stop the read
     code, out, err = lint([str(files["clean"])], capsys)
     assert code == 2 and err == f"kvpolicy lint: cannot read {files['clean']}: Permission denied\n" and out == ""

@@ -189,11 +189,20 @@ PATTERNS = st.text(alphabet=ALPHABET + "*?", max_size=4)
 @given(PATTERNS, PATTERNS)
 def test_includes_agrees_with_brute_force(outer: str, inner: str) -> None:
     """``includes`` is exact on every name up to 5 characters (x stands for any other character)."""
-    if globs.includes(outer, inner):
+    decided = globs.includes(outer, inner)
+    assert decided is not None, "short patterns are always decided within the cap"
+    if decided:
         assert all(globs.matches(outer, n) for n in NAMES if globs.matches(inner, n))
     else:
         # a counterexample exists; with patterns of at most 4 characters one is this short
         assert any(globs.matches(inner, n) and not globs.matches(outer, n) for n in NAMES)
+
+
+@settings(PROFILE, max_examples=300)
+@given(st.text(alphabet="ab*?", min_size=3, max_size=9).filter(lambda p: p.count("*") > 2), st.text(alphabet="abx", max_size=12))
+def test_many_star_patterns_match_by_automaton_as_the_regex_does(pattern: str, name: str) -> None:
+    """Beyond two stars ``matches`` runs the automaton (a backtracking regex is exponential there)."""
+    assert globs.matches(pattern, name) == (globs._regex(pattern).fullmatch(name) is not None)
 
 
 def test_specificity() -> None:
