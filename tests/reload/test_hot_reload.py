@@ -218,6 +218,7 @@ def test_poll_catches_changes_without_events(tmp_path):
     try:
         path.write_text(valid_policy(2))
         assert wait_for(lambda: watcher.current.revision == 2, timeout=2)
+        assert watcher.current.trigger == "poll"
     finally:
         watcher._stop.set()
         thread.join(timeout=2)
