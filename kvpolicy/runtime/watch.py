@@ -232,6 +232,7 @@ class PolicyWatcher:
     def _read(self) -> _Snapshot | None:
         """The file's bytes if they held still while read; None if missing, unreadable or moving."""
         self.chain = resolve_chain(self.path)
+        self._reconcile_watches()  # before reading: a write after this read is seen by an event
         try:
             with open(self.path, "rb") as f:
                 before = os.fstat(f.fileno())
@@ -289,13 +290,18 @@ class PolicyWatcher:
     def on_event(self, event) -> None:
         """A watchdog event in a watched directory (on the observer's thread)."""
         from watchdog.events import (
+            DirModifiedEvent,
             FileAttribEvent,
             FileClosedEvent,
+            FileClosedNoWriteEvent,
             FileCreatedEvent,
             FileModifiedEvent,
             FileMovedEvent,
+            FileOpenedEvent,
         )
 
+        if isinstance(event, FileOpenedEvent | FileClosedNoWriteEvent | DirModifiedEvent):
+            return  # readers (this watcher among them) and the directory's own echo of its entries
         chain = self.chain
         names = chain.names
         src = os.fsdecode(event.src_path)
@@ -311,7 +317,7 @@ class PolicyWatcher:
         elif src in names or dest in names:
             # created (content follows), deleted, moved away, a directory in its place
             self._settle("created" if event.event_type == "created" else "deleted", downgrade=False)
-        # Opens and no-write closes (our own reads among them) and other files: nothing to do.
+        # Other files in these directories: nothing to do.
 
     def _final(self, trigger: Trigger) -> None:
         try:
@@ -403,7 +409,6 @@ class PolicyWatcher:
                     self._final_check(work[1], work[2])
                 else:
                     self._settle_check(work[1])
-                self._reconcile_watches()
             except Exception:  # the watcher must outlive any bad file; the error is logged
                 log.exception("policy check failed; keeping the running policy")
 

@@ -229,3 +229,33 @@ def test_a_file_that_keeps_changing_waits_until_it_holds_still(tmp_path):
     finally:
         watcher._stop.set()
         thread.join(timeout=HANG)
+
+
+def test_reading_the_policy_is_no_change(tmp_path):
+    """Opening and reading the file (the watcher's own reads among them) schedules no look at it."""
+    from watchdog.events import DirModifiedEvent, FileClosedNoWriteEvent, FileOpenedEvent
+
+    path = tmp_path / "policy.kvp"
+    path.write_bytes(save_body(0)[0])
+    watcher = PolicyWatcher(path)
+    watcher.check_now()
+    target = watcher.chain.target
+    for event in (FileOpenedEvent(target), FileClosedNoWriteEvent(target), DirModifiedEvent(str(tmp_path))):
+        watcher.on_event(event)
+        assert (watcher._settle_at, watcher._final_at) == (None, None), event
+    watcher.on_event(FileOpenedEvent(str(tmp_path / "other.kvp")))
+    assert watcher._settle_at is None
+
+
+def test_a_modify_after_a_close_write_turns_the_read_into_a_quiet_one(tmp_path):
+    """The next save began before the close-write's read: that read must wait for quiet."""
+    from watchdog.events import FileClosedEvent, FileModifiedEvent
+
+    path = tmp_path / "policy.kvp"
+    path.write_bytes(save_body(0)[0])
+    watcher = PolicyWatcher(path)
+    watcher.check_now()
+    watcher.on_event(FileClosedEvent(watcher.chain.target))
+    assert watcher._final_at is not None and watcher._final_trigger == "close-write"
+    watcher.on_event(FileModifiedEvent(watcher.chain.target))
+    assert watcher._final_at is None and watcher._settle_at is not None
