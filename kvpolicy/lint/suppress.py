@@ -14,8 +14,8 @@ from lark import Token
 
 from kvpolicy.catalogue import INVALID_SUPPRESSION, SUPPRESSION_WITHOUT_REASON, UNUSED_SUPPRESSION, rule_by_code
 from kvpolicy.diagnostics import Diagnostic, Span
-
-_SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\](.*)")
+from kvpolicy.policy.suppressions import SUPPRESSION as _SUPPRESSION
+from kvpolicy.policy.suppressions import covered_lines
 
 
 @dataclass
@@ -49,18 +49,10 @@ def find_suppressions(comments: list[Token], lines: list[str], file: str) -> tup
                 codes[code] = span
         if not match.group(2).strip():
             problems.append(SUPPRESSION_WITHOUT_REASON.at(file, comment_span, "suppression without a reason", "say why after the ']': # kvpolicy: ignore[KV019] vendor sizes are decimal"))
-        before = lines[comment.line - 1][: comment.column - 1]
-        covers = comment.line if before.strip() else _next_code_line(lines, comment.line)
-        found.append(Suppression(comment, covers, codes))
+        found.append(Suppression(comment, 0, codes))
+    for suppression, line in zip(found, covered_lines(lines, [(s.comment.line, s.comment.column) for s in found])):
+        suppression.covers_line = line
     return found, problems
-
-
-def _next_code_line(lines: list[str], after: int) -> int:
-    for number in range(after + 1, len(lines) + 1):
-        stripped = lines[number - 1].strip()
-        if stripped and not stripped.startswith("#"):
-            return number
-    return after
 
 
 def apply_suppressions(diagnostics: list[Diagnostic], suppressions: list[Suppression], file: str) -> list[Diagnostic]:
