@@ -129,7 +129,10 @@ class _Printer:
         for line in self.pinned[bisect_left(self.pinned, after + 1) : bisect_left(self.pinned, before_line)]:
             if self.source_lines[line - 1].strip() and not self.source_lines[line - 1].strip().startswith("#"):
                 self.flush_comments(line, 0)
-                self.emit(0, self.source_lines[line - 1].strip(), line)
+                on_line = [c for c in self.pending if c.line == line]
+                self.pending = [c for c in self.pending if c.line != line]
+                code = self.source_lines[line - 1][: on_line[0].column - 1] if on_line else self.source_lines[line - 1]
+                self.emit(0, code.strip(), line, " ".join(c.value.rstrip() for c in on_line) or None)
 
     def items(self, items: list[Tree], indent: int) -> list[tuple[int, bool]]:
         """Statements one per line, except those that share a covered line: one line together.
@@ -143,8 +146,8 @@ class _Printer:
                 while j < len(items) and first_token(items[j]).line == last_token(items[j]).line == line:
                     j += 1
             if j - i > 1 or (j > i and _has_block(items[i])):
-                self.flush_comments(line, indent)
                 units.append((len(self.lines), any(_has_block(item) for item in items[i:j])))
+                self.flush_comments(line, indent)
                 code = "; ".join(_one_line(item) for item in items[i:j])
                 self.emit(indent, code, line, self.trailing_comment(last_token(items[j - 1])))
                 i = j

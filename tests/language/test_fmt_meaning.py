@@ -56,7 +56,7 @@ def with_suppressions(draw) -> str:
     return "\n".join(lines)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(with_suppressions())
 def test_fmt_keeps_lints_findings(text: str) -> None:
     try:
