@@ -16,7 +16,6 @@ content the controller ever loaded was invalid or a prefix of a slow save.
 from __future__ import annotations
 
 import hashlib
-import queue
 import random
 import re
 import subprocess
@@ -33,6 +32,7 @@ from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.status import read_status
 from tests.fuzz.scale import HANG_SECONDS, RELOAD_EDITS, scaled, seed
 from tests.support.policy_saves import Directory
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fuzz
 
@@ -85,7 +85,6 @@ class ControllerLog:
 
     def __init__(self, stream) -> None:
         self.events: list[tuple[str, str | None]] = []
-        self.lines: queue.Queue[str] = queue.Queue()
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
@@ -118,14 +117,6 @@ class ControllerLog:
                 self._changed.wait(left)
 
 
-def wait_for(predicate) -> bool:
-    deadline = time.monotonic() + HANG_SECONDS
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
-
 
 def test_reload_edits_against_the_real_controller(tmp_path):
     rng = random.Random(seed())
@@ -145,7 +136,7 @@ def test_reload_edits_against_the_real_controller(tmp_path):
     engines = None
     try:
         assert log.wait(0, lambda e: e == ("loaded", sha(first))), "the controller never loaded the first policy"
-        assert wait_for(lambda: (ledger_dir / "status.json").exists())
+        assert wait_for(lambda: (ledger_dir / "status.json").exists(), HANG_SECONDS)
         engines = subprocess.Popen([sys.executable, "-c", ENGINES, str(ledger_dir)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
         assert engines.stdout.readline().strip() == "attached"
@@ -155,7 +146,7 @@ def test_reload_edits_against_the_real_controller(tmp_path):
             return slot.limit if slot else None
 
         expected = engine_limit(other_gib)
-        assert wait_for(lambda: limit() == expected)
+        assert wait_for(lambda: limit() == expected, HANG_SECONDS)
         valid_saves = {sha(first)}
         prefixes: set[str] = set()
         counts: Counter = Counter()
@@ -211,7 +202,7 @@ def test_reload_edits_against_the_real_controller(tmp_path):
             assert outcome[0] == ("loaded" if is_valid else "rejected"), f"edit {n} ({kind}/{how}): {outcome}"
             if is_valid:  # published before the status names it: the controller publishes, then writes status
                 assert wait_for(lambda: (st := read_status(ledger_dir)) is not None and st.policy is not None
-                                and st.policy.sha256 == sha(data)), f"edit {n} ({kind}/{how}) never reached status"
+                                and st.policy.sha256 == sha(data), HANG_SECONDS), f"edit {n} ({kind}/{how}) never reached status"
                 if kind == "valid":
                     expected = engine_limit(value)
                     assert limit() == expected, f"edit {n} ({kind}/{how}) was not published"

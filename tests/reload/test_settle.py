@@ -13,12 +13,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime.links import MAX_LINKS, resolve_chain
 from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher
+from tests.support.waiting import wait_for
 
 HANG = 30.0  # only to catch a hang: convergence never depends on the machine's speed
 NEVER = 3600.0  # a poll interval that never comes during a test: only events can notice
@@ -27,14 +27,6 @@ NEVER = 3600.0  # a poll interval that never comes during a test: only events ca
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
-
-def wait_for(predicate, timeout: float = HANG) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
 
 
 def save_body(n: int) -> tuple[bytes, int]:
@@ -81,7 +73,7 @@ def test_slow_in_place_saves_never_publish_a_prefix(tmp_path):
         )
         assert writer.stdout.strip() == "done", writer.stderr
         last = sha(plan[-1][0])
-        assert wait_for(lambda: watcher.current.sha256 == last)
+        assert wait_for(lambda: watcher.current.sha256 == last, HANG)
         published = [loaded.sha256 for loaded in history]
         assert not set(published) & prefixes, "a prefix of a save went live"
         assert set(published) <= complete
@@ -110,7 +102,7 @@ def test_a_save_without_close_goes_live_after_the_quiet_period(tmp_path):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert writer.stdout.readline().strip() == "written"
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(7)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(7)[0]), HANG)
         assert writer.poll() is None  # still open: no close-write has happened
         assert watcher.current.trigger == "modified"
     finally:
@@ -128,12 +120,12 @@ def test_a_close_write_goes_live_without_waiting_for_quiet(tmp_path):
     try:
         with open(path, "wb") as f:
             f.write(save_body(1)[0])
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(1)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(1)[0]), HANG)
         assert watcher.current.trigger == "close-write"
         tmp = tmp_path / ".policy.kvp.tmp"
         tmp.write_bytes(save_body(2)[0])
         os.replace(tmp, path)
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(2)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(2)[0]), HANG)
         assert watcher.current.trigger == "moved"
     finally:
         watcher.stop()
@@ -152,7 +144,7 @@ def test_an_edit_of_a_symlinks_target_in_another_directory_is_seen_by_an_event(t
     try:
         assert watcher.current.sha256 == sha(save_body(0)[0])
         target.write_bytes(save_body(1)[0])  # in place, in the other directory
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(1)[0])), "the target's edit went unseen"
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(1)[0]), HANG), "the target's edit went unseen"
         assert watcher.current.trigger == "close-write"
 
         moved = elsewhere / "moved.kvp"
@@ -160,16 +152,16 @@ def test_an_edit_of_a_symlinks_target_in_another_directory_is_seen_by_an_event(t
         tmp_link = here / ".policy.kvp.link"
         tmp_link.symlink_to(moved)
         os.replace(tmp_link, link)  # re-point the link, atomically
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(2)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(2)[0]), HANG)
         assert watcher.current.trigger == "moved"
 
         moved.write_bytes(save_body(3)[0])  # the new target's directory is watched now
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(3)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(3)[0]), HANG)
         assert watcher.current.trigger == "close-write"
         assert os.path.realpath(there) not in watcher._watches  # ...and the old one is not
         target.write_bytes(save_body(4)[0])
         moved.write_bytes(save_body(5)[0])
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(5)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(5)[0]), HANG)
         assert sha(save_body(4)[0]) != watcher.current.sha256 and watcher.reloads == 5
     finally:
         watcher.stop()
@@ -224,7 +216,7 @@ def test_a_file_that_keeps_changing_waits_until_it_holds_still(tmp_path):
             path.write_bytes(save_body(n)[0])  # changed after every look
             changed.release()
         assert watcher.current.revision == 1
-        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(7)[0]))
+        assert wait_for(lambda: watcher.current.sha256 == sha(save_body(7)[0]), HANG)
         assert watcher.current.trigger == "poll"
     finally:
         watcher._stop.set()
