@@ -23,7 +23,10 @@ linted; only a policy without errors replaces the running one. A failure is kept
 as ``last_reload`` (with file:line:col), and the running policy stays.
 
 What events cannot tell: a writer that closes the file in the middle of a save
-and reopens it, or one that pauses for longer than ``quiet`` without closing.
+and reopens it, or one that pauses for longer than ``quiet`` without closing. And
+one race is only narrowed: a save that starts before the previous save's final
+event is handled is caught by its modify events (handled next, well within
+``debounce``) or by the file's identity moving after the final event was seen.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def test_the_mutants_exercise_fmt_and_suppressions():
             parsed += 1
         except (UnicodeDecodeError, PolicyError):
             pass
-    assert parsed >= 100, parsed
+    assert parsed >= 50, parsed
     assert sum(b"kvpolicy: ignore[" in d for d in sample) >= 100
     assert sum(b"\xff" in d or b"\xc3" in d for d in sample) >= 10
 

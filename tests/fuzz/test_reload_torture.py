@@ -38,6 +38,10 @@ pytestmark = pytest.mark.fuzz
 
 GiB = 1 << 30
 CAPACITY_GIB = 80
+QUIET = 5.0
+"""The controller's quiet period here: far above the slow saves' 15-40 ms pause even when a
+loaded machine stretches that pause (every edit below ends in a close-write or rename, so
+none waits for it)."""
 
 ENGINES = textwrap.dedent("""
     import sys, time, kvpolicy
@@ -84,7 +88,7 @@ class ControllerLog:
     """The controller's stderr, read on a thread: what it loaded, rejected and found missing."""
 
     def __init__(self, stream) -> None:
-        self.events: list[tuple[str, str | None]] = []
+        self.events: list[tuple[str, str | None, str]] = []
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
         self._thread.start()
@@ -93,17 +97,17 @@ class ControllerLog:
         for line in stream:
             event = None
             if m := LOADED.search(line):
-                event = ("loaded", m["sha"])
+                event = ("loaded", m["sha"], m["how"])
             elif m := REJECTED.search(line):
-                event = ("rejected", m["sha"])
+                event = ("rejected", m["sha"], "")
             elif MISSING.search(line):
-                event = ("missing", None)
+                event = ("missing", None, "")
             if event is not None:
                 with self._changed:
                     self.events.append(event)
                     self._changed.notify_all()
 
-    def wait(self, since: int, wanted) -> tuple[str, str | None] | None:
+    def wait(self, since: int, wanted) -> tuple[str, str | None, str] | None:
         """The first event after index ``since`` for which ``wanted(event)``; None on a hang."""
         deadline = time.monotonic() + HANG_SECONDS
         with self._changed:
@@ -129,13 +133,14 @@ def test_reload_edits_against_the_real_controller(tmp_path):
     directory.atomic_rename(first)
     controller = subprocess.Popen(
         [sys.executable, "-m", "kvpolicy.cli", "run", str(directory.path), "--ledger-dir", str(ledger_dir),
-         "--gpu-capacity", f"{CAPACITY_GIB}GiB", "--metrics-address", "off", "--log-level", "INFO"],
+         "--gpu-capacity", f"{CAPACITY_GIB}GiB", "--metrics-address", "off", "--log-level", "INFO",
+         "--reload-quiet", str(QUIET)],
         stderr=subprocess.PIPE, text=True, errors="backslashreplace",
     )
     log = ControllerLog(controller.stderr)
     engines = None
     try:
-        assert log.wait(0, lambda e: e == ("loaded", sha(first))), "the controller never loaded the first policy"
+        assert log.wait(0, lambda e: e[:2] == ("loaded", sha(first))), "the controller never loaded the first policy"
         assert wait_for(lambda: (ledger_dir / "status.json").exists(), HANG_SECONDS)
         engines = subprocess.Popen([sys.executable, "-c", ENGINES, str(ledger_dir)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
@@ -170,6 +175,8 @@ def test_reload_edits_against_the_real_controller(tmp_path):
                 assert limit() == expected, f"edit {n} ({how}) changed the published limit"
                 how, since = "atomic_rename", len(log.events)  # ...and it comes back, as edit n + 1
                 n += 1
+            if how in ("in_place", "slow_in_place", "editor_backup") and not directory.is_plain():
+                how = "atomic_rename"  # a plain file again, as an edit of its own, before one is saved in place
             kind = rng.choice(["valid", "valid", "valid", "invalid", "truncated"])
             value = rng.randint(1, 60)
             if kind == "valid":
@@ -209,7 +216,7 @@ def test_reload_edits_against_the_real_controller(tmp_path):
                 else:
                     expected = limit()  # a valid prefix: whatever it publishes is the new last good
             else:
-                assert limit() == expected, f"edit {n} ({kind}/{how}) replaced the published limit"
+                assert limit() == expected, f"edit {n} ({kind}/{how}) replaced the published limit: {log.events[-6:]}"
         loaded = {e[1] for e in log.events if e[0] == "loaded"}
         assert loaded <= valid_saves, "content that was never a valid save went live"
         assert not loaded & (prefixes - valid_saves), "a prefix of a slow save went live"

@@ -121,6 +121,10 @@ class Directory:
 
     # ---- helpers -------------------------------------------------------------------------
 
+    def is_plain(self) -> bool:
+        """The policy is a regular file (not a link, a directory, or missing)."""
+        return self.path.is_file() and not self.path.is_symlink()
+
     def _links_elsewhere(self) -> bool:
         return self.path.is_symlink() and Path(os.readlink(self.path)).parent == self.elsewhere
 
