@@ -3,8 +3,14 @@
 Runs a real controller (``kvpolicy run --gpu-capacity``) and a real engine process
 that reads its limit in a loop (the hot path: one 8-byte read) and reports, over
 a pipe, the monotonic time it saw each new limit. Each save changes the other
-model's `min`, so every save changes the engine's limit (A minus that guarantee). 200 saves by in-place write and
-200 by atomic rename (write a temporary file, rename it over the policy).
+model's `min`, so every save changes the engine's limit (A minus that guarantee). Three
+kinds of save, 200 each: an in-place write (open, write, close), an atomic rename (write a
+temporary file, rename it over the policy), and a write held open (the writer keeps the
+file open until the engine has seen the change). The first two end in an event that says
+the save is complete (close-write, rename) and go live after the controller's 10 ms
+debounce: goal p99 <= 50 ms. The third is seen only by modify events, so the text must
+hold still for the quiet period (``--reload-quiet``, 0.3 s by default) before it is read:
+its goal includes that period, p99 <= 350 ms.
 
 Baseline measured in the same run: how long the kernel takes to tell a watchdog
 observer about the same kind of save (the floor any file-watching reloader has).
@@ -47,14 +53,29 @@ ENGINE = textwrap.dedent("""
 """)
 
 
-def save(path: Path, text: str, how: str) -> None:
+QUIET_S = 0.3
+"""The controller's default quiet period (``kvpolicy run --reload-quiet``)."""
+GOAL_MS = 50.0
+"""Engines that poll their limit every 100 ms see a change 50 ms late on average."""
+GOALS_MS = {"in-place": GOAL_MS, "atomic-rename": GOAL_MS, "held-open": QUIET_S * 1000 + GOAL_MS}
+KINDS = tuple(GOALS_MS)
+
+
+def save(path: Path, text: str, how: str):
+    """Save ``text``; for ``held-open`` return the still-open file (the caller closes it)."""
     if how == "in-place":
         with open(path, "w") as f:
             f.write(text)
+    elif how == "held-open":
+        f = open(path, "w")
+        f.write(text)
+        f.flush()
+        return f
     else:
         tmp = path.with_name(".policy.kvp.tmp")
         tmp.write_text(text)
         os.replace(tmp, path)
+    return None
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -85,15 +106,17 @@ def measure_reload(root: Path, saves: int) -> dict[str, list[float]]:
         time.sleep(1.0)  # the first publish after the engine attached
         results: dict[str, list[float]] = {}
         value = 1
-        for how in ("in-place", "atomic-rename"):
+        for how in KINDS:
             latencies = []
             for _ in range(saves):
                 value = value % 60 + 1
                 time.sleep(0.03)  # leave each save on its own
                 start = time.monotonic()
-                save(policy, POLICY.format(min_gib=value), how)
+                held = save(policy, POLICY.format(min_gib=value), how)
                 while (at := seen.get(timeout=10)) < start:
                     pass  # a change from before this save
+                if held is not None:
+                    held.close()
                 latencies.append((at - start) * 1000)
             results[how] = latencies
         return results
@@ -121,15 +144,17 @@ def measure_watchdog_floor(root: Path, saves: int) -> dict[str, list[float]]:
     observer.start()
     results: dict[str, list[float]] = {}
     try:
-        for how in ("in-place", "atomic-rename"):
+        for how in KINDS:
             latencies = []
             for n in range(saves):
                 time.sleep(0.01)
                 seen.clear()
                 start = time.monotonic()
-                save(path, f"save {n}", how)
+                held = save(path, f"save {n}", how)
                 seen.wait(5)
                 latencies.append((time.monotonic() - start) * 1000)
+                if held is not None:
+                    held.close()
             results[how] = latencies
     finally:
         observer.stop()
@@ -147,14 +172,19 @@ def main() -> None:
         reload = measure_reload(root, args.saves)
         floor = measure_watchdog_floor(root, args.saves)
     print(f"machine: {platform.machine()} python {platform.python_version()}, {os.cpu_count()} CPUs")
-    print(f"{'save':<15}{'median ms':>11}{'p99 ms':>9}{'floor median':>14}{'floor p99':>11}{'x floor':>9}")
+    print(f"{'save':<15}{'median ms':>11}{'p99 ms':>9}{'floor median':>14}{'floor p99':>11}{'x floor':>9}{'goal p99':>10}")
     summary = {}
     for how in reload:
         med, p99 = statistics.median(reload[how]), percentile(reload[how], 0.99)
         fmed, fp99 = statistics.median(floor[how]), percentile(floor[how], 0.99)
-        summary[how] = {"median_ms": med, "p99_ms": p99, "floor_median_ms": fmed, "floor_p99_ms": fp99}
-        print(f"{how:<15}{med:>11.2f}{p99:>9.2f}{fmed:>14.2f}{fp99:>11.2f}{med / fmed:>9.1f}")
-    print("goal: p99 <= 50 ms (engines that poll their limit every 100 ms see a change 50 ms late on average)")
+        goal = GOALS_MS[how]
+        summary[how] = {"median_ms": med, "p99_ms": p99, "floor_median_ms": fmed, "floor_p99_ms": fp99,
+                        "goal_p99_ms": goal, "met": p99 <= goal}
+        print(f"{how:<15}{med:>11.2f}{p99:>9.2f}{fmed:>14.2f}{fp99:>11.2f}{med / fmed:>9.1f}"
+              f"{goal:>8.0f} {'ok' if p99 <= goal else 'MISSED'}")
+    print(f"goal: p99 <= {GOAL_MS:.0f} ms after a close-write or rename, <= quiet period ({QUIET_S * 1000:.0f} ms) + "
+          f"{GOAL_MS:.0f} ms for a save seen only by modify events (engines that poll their limit every 100 ms see a "
+          "change 50 ms late on average)")
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2))
 

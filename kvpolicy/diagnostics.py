@@ -7,9 +7,25 @@ and, separately, a hint that says how to fix it.
 
 from __future__ import annotations
 
+import re
 from enum import Enum
 
 from pydantic import BaseModel, ConfigDict
+
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]")
+"""What a terminal would act on instead of showing: control characters (ESC starts an escape
+sequence, CR returns the carriage) and invisible format characters (bidi overrides)."""
+
+
+def printable(text: str) -> str:
+    """``text`` safe to write to a terminal: each control or format character as an escape
+    (``\\x1b``, ``\\u202e``); tabs and newlines stay."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 class Span(BaseModel):
@@ -64,10 +80,11 @@ class Diagnostic(BaseModel):
         return (self.file, self.line, self.col, self.code)
 
     def render(self) -> str:
-        """``file:line:col: CODE severity: message`` and, on its own line, the hint."""
-        text = f"{self.file}:{self.line}:{self.col}: {self.code} {self.severity.value}: {self.message}"
+        """``file:line:col: CODE severity: message`` and, on its own line, the hint (both
+        ``printable``: a policy's words may hold control characters)."""
+        text = f"{printable(self.file)}:{self.line}:{self.col}: {self.code} {self.severity.value}: {printable(self.message)}"
         if self.hint:
-            text += f"\n  hint: {self.hint}"
+            text += f"\n  hint: {printable(self.hint)}"
         return text
 
 

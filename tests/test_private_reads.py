@@ -43,8 +43,6 @@ ENGINE_INTERNALS: dict[tuple[str, str], str] = {
     ("kvpolicy/commands/plan_vllm.py", "_option_string_actions"): "argparse internals",
     ("kvpolicy/commands/plan_vllm.py", "_mutually_exclusive_groups"): "argparse internals",
     ("kvpolicy/commands/plan_vllm.py", "_group_actions"): "argparse internals",
-    # Lark: the token constructor the hand-built lexer uses (issue 13 item 4 replaces the lexer).
-    ("kvpolicy/policy/syntax.py", "_future_new"): "Lark internals",
 }
 
 _ATTR_FUNCTIONS = {"getattr", "hasattr", "setattr", "delattr"}

@@ -42,10 +42,23 @@ def add_parser(sub) -> None:
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="without NVML: every GPU has this capacity")
     parser.add_argument("--facts", metavar="FILE", help="without NVML: GPU capacity and other use from these facts")
     parser.add_argument("--tick", type=float, default=1.0, metavar="SECONDS", help="evaluate at least this often (default 1)")
+    parser.add_argument("--reload-quiet", type=_quiet_seconds, metavar="SECONDS",
+                        help="a policy change seen without a close-write or rename event must hold still this long "
+                             "before it is read (default 0.3)")
     parser.add_argument("--stuck-after", type=float, default=60.0, metavar="SECONDS", help="report deferrals older than this")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     add_format_option(parser)
     parser.set_defaults(run=run)
+
+
+def _quiet_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0.01 <= value <= 3600:  # the debounce is 0.01 s; NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be between 0.01 and 3600 seconds, not {text}")
+    return value
 
 
 def _metrics_address(text: str) -> tuple[str, int] | None:
@@ -112,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("ledger %s; GPU figures from %s%s", ledger.path, sampler.description if sampler else "nowhere (validate only)",
              "; observing, not publishing" if args.observe else "")
     metrics = ControllerMetrics(stuck_after=args.stuck_after)
-    config = ControllerConfig(policy=policy, observe=args.observe, tick=args.tick, stuck_after=args.stuck_after)
+    config = ControllerConfig(policy=policy, observe=args.observe, tick=args.tick, stuck_after=args.stuck_after,
+                              **({} if args.reload_quiet is None else {"quiet": args.reload_quiet}))
     controller = Controller(config, ledger, sampler, metrics)
     if listen is not None:
         host, port = listen

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from kvpolicy import __version__
 from kvpolicy.catalogue import all_rules
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.diagnostics import Diagnostic, Severity, printable
 
 LINT_SCHEMA = 1
 RULES_DOC = "https://github.com/kvpolicy/kvpolicy/blob/main/docs/lint-rules.md"
@@ -19,19 +19,23 @@ def summary(diagnostics: Sequence[Diagnostic], files: int) -> dict[str, int]:
 
 
 def render_text(diagnostics: Sequence[Diagnostic], sources: dict[str, list[str]], files: int) -> str:
-    """Each diagnostic, the source line with a caret under the span, and the hint."""
+    """Each diagnostic, the source line with a caret under the span, and the hint.
+
+    Everything from the policy is ``printable``: a control character in it (an ESC that
+    would start a terminal escape sequence) is shown escaped, the caret moved to match."""
     out: list[str] = []
     for d in diagnostics:
-        out.append(f"{d.file}:{d.line}:{d.col}: {d.code} {d.severity.value}: {d.message}")
+        out.append(f"{printable(d.file)}:{d.line}:{d.col}: {d.code} {d.severity.value}: {printable(d.message)}")
         lines = sources.get(d.file)
         if lines is not None and 1 <= d.line <= len(lines):
             text = lines[d.line - 1].rstrip("\r").expandtabs(1)
             width = max(1, (d.end_col - d.col) if d.end_line == d.line else len(text) - d.col + 1)
+            before, span = printable(text[: d.col - 1]), printable(text[d.col - 1 : d.col - 1 + width])
             gutter = f"{d.line:>4} | "
-            out.append(gutter + text)
-            out.append(" " * (len(gutter) - 2) + "| " + " " * (d.col - 1) + "^" * width)
+            out.append(gutter + before + span + printable(text[d.col - 1 + width :]))
+            out.append(" " * (len(gutter) - 2) + "| " + " " * len(before) + "^" * max(1, len(span)))
         if d.hint:
-            out.append(f"  hint: {d.hint}")
+            out.append(f"  hint: {printable(d.hint)}")
     counts = summary(diagnostics, files)
     out.append(
         f"{counts['errors']} error{'s' * (counts['errors'] != 1)}, "
@@ -107,7 +111,7 @@ def render_github(diagnostics: Sequence[Diagnostic]) -> str:
     """GitHub Actions workflow commands: one annotation per diagnostic."""
     lines = []
     for d in diagnostics:
-        message = d.message + (f" (hint: {d.hint})" if d.hint else "")
+        message = printable(d.message + (f" (hint: {d.hint})" if d.hint else ""))
         lines.append(
             f"::{d.severity.value} file={_escape_property(d.file)},line={d.line},col={d.col},"
             f"endLine={d.end_line},endColumn={d.end_col},title={d.code} {d.name}::{_escape_data(message)}"

@@ -14,8 +14,8 @@ from lark import Token
 
 from kvpolicy.catalogue import INVALID_SUPPRESSION, SUPPRESSION_WITHOUT_REASON, UNUSED_SUPPRESSION, rule_by_code
 from kvpolicy.diagnostics import Diagnostic, Span
-
-_SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\](.*)")
+from kvpolicy.policy.suppressions import SUPPRESSION as _SUPPRESSION
+from kvpolicy.policy.suppressions import covered_lines
 
 
 @dataclass
@@ -30,7 +30,6 @@ def find_suppressions(comments: list[Token], lines: list[str], file: str) -> tup
     """The suppressions in ``comments``, and what is wrong with them."""
     found: list[Suppression] = []
     problems: list[Diagnostic] = []
-    next_code: list[int] | None = None  # built on the first suppression that stands alone
     for comment in comments:
         match = _SUPPRESSION.match(comment.value)
         if match is None:
@@ -50,29 +49,10 @@ def find_suppressions(comments: list[Token], lines: list[str], file: str) -> tup
                 codes[code] = span
         if not match.group(2).strip():
             problems.append(SUPPRESSION_WITHOUT_REASON.at(file, comment_span, "suppression without a reason", "say why after the ']': # kvpolicy: ignore[KV019] vendor sizes are decimal"))
-        before = lines[comment.line - 1][: comment.column - 1]
-        if before.strip():
-            covers = comment.line
-        else:
-            if next_code is None:
-                next_code = _next_code_lines(lines)
-            covers = next_code[comment.line] or comment.line
-        found.append(Suppression(comment, covers, codes))
+        found.append(Suppression(comment, 0, codes))
+    for suppression, line in zip(found, covered_lines(lines, [(s.comment.line, s.comment.column) for s in found])):
+        suppression.covers_line = line
     return found, problems
-
-
-def _next_code_lines(lines: list[str]) -> list[int]:
-    """For each line number, the next line after it that has code (0: none), in one pass
-    from the end (a lookup per suppression would be quadratic in a file of them)."""
-    following = [0] * (len(lines) + 1)
-    upcoming = 0
-    for number in range(len(lines), 0, -1):
-        following[number] = upcoming
-        stripped = lines[number - 1].strip()
-        if stripped and not stripped.startswith("#"):
-            upcoming = number
-    following[0] = upcoming
-    return following
 
 
 def apply_suppressions(diagnostics: list[Diagnostic], suppressions: list[Suppression], file: str) -> list[Diagnostic]:

@@ -7,11 +7,20 @@ at most one blank line in a row (always one between top-level blocks), trailing
 comments aligned within a run of lines. Statement order is never changed. Every
 comment survives: one that cannot stay where it was (inside an expression that
 is joined onto one line) moves to its own line above the statement.
+
+Formatting never changes what lint reports. A suppression (``# kvpolicy:
+ignore[...]``) covers one line, so the code on a covered line stays together on
+one line of its own: statements that share it stay there, joined by ``; `` (a
+block among them on one line too). Where the canonical layout cannot keep that
+(the line holds part of a block's header and its first item, or part of a
+condition written over several lines), the top-level statements around it are
+left exactly as written.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -19,6 +28,7 @@ from lark import Token, Tree
 
 from kvpolicy.policy.build import first_token, last_token
 from kvpolicy.diagnostics import PolicyError
+from kvpolicy.policy.suppressions import covered_lines, is_suppression
 from kvpolicy.policy.syntax import gc_paused, parse_tree
 from kvpolicy.units import DURATION_UNITS
 
@@ -55,6 +65,9 @@ class _Printer:
     def __post_init__(self) -> None:
         self.source_lines = self.source.split("\n")
         self.pending = deque(sorted(self.comments, key=lambda c: (c.line, c.column)))  # taken from the front
+        suppressions = [c for c in self.pending if is_suppression(c.value)]
+        self.pinned = sorted(set(covered_lines(self.source_lines, [(c.line, c.column) for c in suppressions])))
+        """The lines suppressions cover: their code stays together on one line of its own."""
         self.last_on_line: dict[int, Token] = {}
         for token in self.tree.scan_values(lambda t: isinstance(t, Token)):
             if token.type not in _SEPARATOR_TYPES:
@@ -96,15 +109,100 @@ class _Printer:
     def print(self) -> str:
         statements = [c for c in self.tree.children if isinstance(c, Tree)]
         previous_was_block = False
-        for statement in statements:
-            is_block = _has_block(statement)
-            start = len(self.lines)
-            self.statement(statement, 0)
-            if start and (is_block or previous_was_block):
-                self.lines[start].blank_before = True
-            previous_was_block = is_block
+        for group in _line_groups(statements):
+            self.separator_lines(first_token(group[0]).line)
+            if self.keeps_pins(group, None, None):
+                units = self.items(group, 0)
+            else:
+                units = [(len(self.lines), any(_has_block(s) for s in group))]
+                self.verbatim(group)
+            for start, is_block in units:
+                if start and (is_block or previous_was_block):
+                    self.lines[start].blank_before = True
+                previous_was_block = is_block
+        self.separator_lines(len(self.source_lines) + 1)
         self.flush_comments(len(self.source_lines) + 1, 0)
         return _render(self.lines)
+
+    def separator_lines(self, before_line: int) -> None:
+        """A covered line between statements with only separators on it stays: dropping it
+        would hand its suppression to the next statement."""
+        after = getattr(self, "_previous_source_line", 0)
+        for line in self.pinned[bisect_left(self.pinned, after + 1) : bisect_left(self.pinned, before_line)]:
+            if self.source_lines[line - 1].strip() and not self.source_lines[line - 1].strip().startswith("#"):
+                self.flush_comments(line, 0)
+                on_line = [c for c in self.pending if c.line == line]
+                self.pending = deque(c for c in self.pending if c.line != line)
+                code = self.source_lines[line - 1][: on_line[0].column - 1] if on_line else self.source_lines[line - 1]
+                self.emit(0, code.strip(), line, " ".join(c.value.rstrip() for c in on_line) or None)
+
+    def items(self, items: list[Tree], indent: int) -> list[tuple[int, bool]]:
+        """Statements one per line, except those that share a covered line: one line together.
+        Returns where each printed unit starts in ``lines`` and whether it holds a block."""
+        units: list[tuple[int, bool]] = []
+        i = 0
+        while i < len(items):
+            line = first_token(items[i]).line
+            j = i
+            if self.is_pinned(line):
+                while j < len(items) and first_token(items[j]).line == last_token(items[j]).line == line:
+                    j += 1
+            if j - i > 1 or (j > i and _has_block(items[i])):
+                units.append((len(self.lines), any(_has_block(item) for item in items[i:j])))
+                self.flush_comments(line, indent)
+                code = "; ".join(_one_line(item) for item in items[i:j])
+                self.emit(indent, code, line, self.trailing_comment(last_token(items[j - 1])))
+                i = j
+            else:
+                units.append((len(self.lines), _has_block(items[i])))
+                self.statement(items[i], indent)
+                i += 1
+        return units
+
+    def is_pinned(self, line: int) -> bool:
+        at = bisect_left(self.pinned, line)
+        return at < len(self.pinned) and self.pinned[at] == line
+
+    def keeps_pins(self, items: list[Tree], head_line: int | None, close_line: int | None) -> bool:
+        """Whether ``items`` (a block's, between its '{' line and its '}' line; None at the top
+        level), printed by ``items()``, keep every covered line's code on one line of its own."""
+        if not items or not self.pinned:
+            return True
+        spans = [(first_token(x).line, last_token(x).line) for x in items]
+        ends = [b for _, b in spans]
+        lo, hi = bisect_left(self.pinned, spans[0][0]), bisect_left(self.pinned, spans[-1][1] + 1)
+        for line in self.pinned[lo:hi]:
+            k = bisect_left(ends, line)
+            touching = []
+            while k < len(items) and spans[k][0] <= line:
+                touching.append(k)
+                k += 1
+            if not touching:
+                if self.source_lines[line - 1].strip():  # code of no statement: separators alone
+                    return False
+                continue
+            if line in (head_line, close_line):
+                return False  # the block's brace and its items share the line: the layout splits them
+            if all(spans[t][0] == spans[t][1] == line for t in touching):
+                continue  # one line of statements: printed together
+            if len(touching) > 1 or not _has_block(items[touching[0]]):
+                return False  # a statement over several lines shares it, or would be joined onto one
+        for x, (a, b) in zip(items, spans):
+            if a != b and _has_block(x) and bisect_left(self.pinned, a) != bisect_left(self.pinned, b + 1):
+                _, inner, close = _split_block(x)
+                if not self.keeps_pins(inner, a, close.line):
+                    return False
+        return True
+
+    def verbatim(self, group: list[Tree]) -> None:
+        """The statements' lines exactly as written (their comments with them)."""
+        first, last = first_token(group[0]).line, last_token(group[-1]).line
+        self.flush_comments(first, 0)
+        self.pending = deque(c for c in self.pending if not first <= c.line <= last)
+        self.emit(0, self.source_lines[first - 1].rstrip(), first)
+        for number in range(first + 1, last + 1):
+            self.lines.append(_Line(0, self.source_lines[number - 1].rstrip()))
+        self._previous_source_line = last
 
     def statement(self, tree: Tree, indent: int) -> None:
         first = first_token(tree)
@@ -127,8 +225,7 @@ class _Printer:
             return
         self.emit(indent, _join(head[:-1]) + " {", first.line, self.trailing_comment(open_brace))
         body = len(self.lines)
-        for item in items:
-            self.statement(item, indent + 1)
+        self.items(items, indent + 1)
         self.flush_comments(close.line, indent + 1)
         if len(self.lines) > body:
             self.lines[body].blank_before = False  # no blank line right after '{'
@@ -165,6 +262,26 @@ def _split_block(tree: Tree) -> tuple[list[Token | Tree], list[Tree], Token]:
     close = children[-1]
     items = [c for c in children[brace + 1 : -1] if isinstance(c, Tree)]
     return head, items, close
+
+
+def _line_groups(statements: list[Tree]) -> list[list[Tree]]:
+    """Consecutive statements joined by sharing a line (``a; b``, ``} model ... {``)."""
+    groups: list[list[Tree]] = []
+    for statement in statements:
+        if groups and first_token(statement).line == last_token(groups[-1][-1]).line:
+            groups[-1].append(statement)
+        else:
+            groups.append([statement])
+    return groups
+
+
+def _one_line(node: Tree) -> str:
+    """A statement on one line; a block as ``head { item; item }``."""
+    if not _has_block(node):
+        return _inline(node)
+    head, items, _ = _split_block(node)
+    body = "; ".join(_one_line(i) for i in items)
+    return f"{_join(head[:-1])} {{ {body} }}" if items else f"{_join(head[:-1])} {{}}"
 
 
 def _tokens(node: Tree | Token) -> list[Token]:

@@ -41,7 +41,7 @@ from kvpolicy.runtime.status import (
     write_status,
 )
 from kvpolicy.runtime.values import GpuLimits, InstanceLimits
-from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher, ReloadResult
+from kvpolicy.runtime.watch import DEFAULT_QUIET, LoadedPolicy, PolicyWatcher, ReloadResult
 
 log = logging.getLogger("kvpolicy.controller")
 decisions_log = logging.getLogger("kvpolicy.decisions")
@@ -61,6 +61,9 @@ class ControllerConfig:
     stuck_after: float = 60.0
     """A deferral older than this is reported as stuck."""
     debounce: float = 0.01
+    """After a close-write or a rename of the policy, read it this much later (seconds)."""
+    quiet: float = DEFAULT_QUIET
+    """A change seen any other way (a modify event, the poll) must hold still this long before it is read."""
 
 
 class Controller:
@@ -92,6 +95,7 @@ class Controller:
             on_change=self._policy_changed,
             on_reload=self._reloaded,
             debounce=config.debounce,
+            quiet=config.quiet,
         )
 
     @property
@@ -146,6 +150,8 @@ class Controller:
         self._wake.set()
 
     def _reloaded(self, result: ReloadResult) -> None:
+        if not result.ok:
+            self._wake.set()  # a step now: the status file names the rejection at once
         if self.metrics:
             self.metrics.last_reload_ok.set(int(result.ok))
             if not result.ok:

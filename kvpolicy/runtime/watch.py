@@ -1,15 +1,32 @@
 """Hot reload: keep the last good policy of a file, whatever happens to the file.
 
-The watcher observes the policy's *directory*, not the file, because editors save
-by renaming a temporary file over it and Kubernetes swaps a ConfigMap's ``..data``
-symlink: a watch on the file itself would follow the old inode and miss both.
-Every event in the directory schedules a check after ``debounce`` seconds of
-quiet; a timer checks every ``poll_interval`` seconds anyway (events can be lost:
-inotify queue overflows, network filesystems). A check reads the file through
-its symlinks and compares its SHA-256 with the last content seen, so irrelevant
-events cost one read. New content is parsed and linted; only a policy without
-errors replaces the running one. A failure is kept as ``last_reload`` (with
-file:line:col), and the running policy stays.
+A policy goes live only once it is complete. The kernel says when a writer is done
+(inotify's close-write, watchdog's ``FileClosedEvent``) and when a complete file
+arrives at once (a rename over the policy, a symlink created or re-pointed, the
+kubelet's ``..data`` swap): after such an event the file is read ``debounce``
+seconds later. Anything else — a modify or attribute event, a creation, a
+deletion, or the ``poll_interval`` timer that catches lost events — says only
+that something changed: the file must then stay unchanged (inode, size, mtime and
+SHA-256) for ``quiet`` seconds before it is read as final. So a slow in-place save
+(truncate, write part, pause, write the rest) never activates its prefix: the
+prefix is neither closed nor quiet. A modify event after a close-write (the next
+save began) turns the pending read back into a quiet-period one, and so does a
+file whose inode, size or mtime moved since the close-write was seen.
+
+The watcher observes directories, not the file: editors rename a temporary file
+over the policy and the kubelet swaps a symlink, and a watch on the file would
+follow the old inode. It watches the directory of every name on the policy's
+chain of symlinks (``kvpolicy.runtime.links``), so a policy that is a symlink into
+another directory is seen by events too, and it re-resolves the chain at every
+check, so a re-pointed link moves the watches with it. New content is parsed and
+linted; only a policy without errors replaces the running one. A failure is kept
+as ``last_reload`` (with file:line:col), and the running policy stays.
+
+What events cannot tell: a writer that closes the file in the middle of a save
+and reopens it, or one that pauses for longer than ``quiet`` without closing. And
+one race is only narrowed: a save that starts before the previous save's final
+event is handled is caught by its modify events (handled next, well within
+``debounce``) or by the file's identity moving after the final event was seen.
 """
 
 from __future__ import annotations
@@ -22,14 +39,28 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.budget import RELOAD_WORK_BUDGET
-from kvpolicy.lint.engine import decode_policy, lint_text
-from kvpolicy.lint.source import read_policy_bytes
-from kvpolicy.diagnostics import Diagnostic, PolicyError
+from kvpolicy.lint.engine import lint_bytes
+from kvpolicy.lint.source import read_policy_stream
 from kvpolicy.policy.model import Policy
+from kvpolicy.runtime.links import Chain, resolve_chain
 
 log = logging.getLogger("kvpolicy.watch")
+
+DEFAULT_DEBOUNCE = 0.02
+DEFAULT_QUIET = 0.3
+DEFAULT_POLL_INTERVAL = 1.0
+
+Trigger = Literal["check", "close-write", "moved", "modified", "created", "deleted", "poll"]
+"""What made the watcher read the file. ``check``: an explicit ``check_now()`` (the first
+load, ``run --once``). ``close-write`` and ``moved`` (a rename into place, a symlink created
+or re-pointed): a final event, read after ``debounce``. The others: read once the file
+has been quiet for ``quiet`` seconds."""
+
+FINAL_TRIGGERS: frozenset[str] = frozenset({"check", "close-write", "moved"})
 
 
 @dataclass(frozen=True)
@@ -41,6 +72,8 @@ class LoadedPolicy:
     revision: int
     """1 for the first policy loaded, +1 for every successful reload."""
     loaded_at: float
+    trigger: Trigger = "check"
+    """What noticed the change that loaded it."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +85,25 @@ class ReloadResult:
     """The first error of a rejected file (None when ``ok``)."""
     message: str | None = None
     """For failures that are not diagnostics: the file is missing or unreadable."""
+    trigger: Trigger = "check"
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """The file's bytes, read while its inode, size and mtime stayed put."""
+
+    data: bytes
+    sha256: str
+    identity: tuple[int, int, int, int]
+    """(device, inode, size, mtime_ns)."""
+
+    @property
+    def signature(self) -> tuple[tuple[int, int, int, int], str]:
+        return self.identity, self.sha256
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class PolicyWatcher:
@@ -67,78 +119,147 @@ class PolicyWatcher:
         *,
         on_change: Callable[[LoadedPolicy], None] | None = None,
         on_reload: Callable[[ReloadResult], None] | None = None,
-        debounce: float = 0.02,
-        poll_interval: float = 1.0,
+        debounce: float = DEFAULT_DEBOUNCE,
+        quiet: float = DEFAULT_QUIET,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if quiet < debounce:
+            raise ValueError(f"the quiet period ({quiet}s) must not be shorter than the debounce ({debounce}s)")
         self.path = Path(path)
         self.display_name = str(path)
         self.on_change = on_change
         self.on_reload = on_reload
         self.debounce = debounce
+        self.quiet = quiet
         self.poll_interval = poll_interval
         self.clock = clock
         self.current: LoadedPolicy | None = None
         self.last_reload: ReloadResult | None = None
         self.reloads = 0
         self.failures = 0
+        self.chain: Chain = resolve_chain(self.path)
         self._seen_sha: str | None = None
-        self._lock = threading.Lock()
-        self._wake = threading.Condition()
-        self._pending_since: float | None = None
+        self._lock = threading.Lock()  # one check at a time
+        self._wake = threading.Condition()  # guards the schedule below
+        self._final_at: float | None = None
+        """When a final event (close-write, moved) was seen, while its read is pending."""
+        self._final_trigger: Trigger = "close-write"
+        self._final_identity: tuple[int, int, int, int] | None = None
+        """The file's identity when the final event was handled: a read that finds another one settles."""
+        self._settle_at: float | None = None
+        self._settle_trigger: Trigger = "poll"
+        self._candidate: tuple[tuple[tuple[int, int, int, int], str], float, Trigger] | None = None
+        """(signature, first seen (monotonic), trigger) of new content waiting out the quiet period."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._observer = None
+        self._watches: dict[str, object] = {}
+        self._handler = None
 
     # ---- checking ------------------------------------------------------------------
 
     def check_now(self) -> bool:
-        """Read the file; if its content is new, validate it and swap. True if swapped."""
+        """Read the file now and take it as final: the caller knows it is complete
+        (the first load, ``run --once``). True if the policy was swapped."""
         with self._lock:
-            data = self._read()
-            if data is None:
+            snapshot = self._read()
+            if snapshot is None or snapshot.sha256 == self._seen_sha:
                 return False
-            sha = hashlib.sha256(data).hexdigest()
-            if sha == self._seen_sha:
+            loaded = self._load(snapshot, "check")
+        return self._changed(loaded)
+
+    def _final_check(self, trigger: Trigger, identity: tuple[int, int, int, int] | None) -> bool:
+        """After a final event: take the file unless it moved since the event was seen."""
+        with self._lock:
+            snapshot = self._read()
+            if snapshot is None or snapshot.sha256 == self._seen_sha:
+                self._candidate = None
                 return False
-            self._seen_sha = sha
-            now = self.clock()
-            try:
-                result = lint_text(decode_policy(data, self.display_name), self.display_name, sha256=sha, budget=RELOAD_WORK_BUDGET)
-            except PolicyError as exc:  # not UTF-8
-                return self._reject(now, sha, exc.first)
-            if result.policy is None:
-                return self._reject(now, sha, result.errors[0])
-            revision = self.current.revision + 1 if self.current else 1
-            loaded = LoadedPolicy(policy=result.policy, sha256=sha, revision=revision, loaded_at=now)
-            # The result first: whoever sees the new policy in `current` also sees its reload as ok.
-            self._record(ReloadResult(ok=True, at=now, sha256=sha))
-            self.reloads += 1
-            self.current = loaded
-            log.info("policy %s revision %d loaded (sha256 %s)", self.display_name, revision, sha[:12])
+            if identity is not None and snapshot.identity != identity:
+                settle = True  # written again since the close-write: wait for quiet
+            else:
+                settle = False
+                loaded = self._load(snapshot, trigger)
+        if settle:
+            return self._settle_check(trigger)
+        return self._changed(loaded)
+
+    def _settle_check(self, trigger: Trigger) -> bool:
+        """Take the file once it has looked the same for ``quiet`` seconds; else look again then."""
+        with self._lock:
+            snapshot = self._read()
+            if snapshot is None or snapshot.sha256 == self._seen_sha:
+                self._candidate = None
+                return False
+            now = time.monotonic()
+            candidate = self._candidate
+            if candidate is None or candidate[0] != snapshot.signature:
+                first = trigger if candidate is None else candidate[2]
+                self._candidate = (snapshot.signature, now, first)
+                self._schedule_settle(now + self.quiet, first)
+                return False
+            if now - candidate[1] < self.quiet:
+                self._schedule_settle(candidate[1] + self.quiet, candidate[2])
+                return False
+            loaded = self._load(snapshot, candidate[2])
+        return self._changed(loaded)
+
+    def _load(self, snapshot: _Snapshot, trigger: Trigger) -> LoadedPolicy | None:
+        """Validate ``snapshot``; swap it in if it has no errors (called with the lock held)."""
+        self._seen_sha = sha = snapshot.sha256
+        self._candidate = None
+        now = self.clock()
+        result = lint_bytes(snapshot.data, self.display_name, budget=RELOAD_WORK_BUDGET)
+        if result.policy is None:
+            error = result.errors[0]
+            self.failures += 1
+            self._record(ReloadResult(ok=False, at=now, sha256=sha, error=error, trigger=trigger))
+            log.warning("policy %s rejected (sha256 %s, %s), keeping revision %s: %s", self.display_name, sha, trigger,
+                        self.current.revision if self.current else "none", error.render())
+            return None
+        revision = self.current.revision + 1 if self.current else 1
+        loaded = LoadedPolicy(policy=result.policy, sha256=sha, revision=revision, loaded_at=now, trigger=trigger)
+        # The result first: whoever sees the new policy in `current` also sees its reload as ok.
+        self._record(ReloadResult(ok=True, at=now, sha256=sha, trigger=trigger))
+        self.reloads += 1
+        self.current = loaded
+        log.info("policy %s revision %d loaded (sha256 %s, %s)", self.display_name, revision, sha, trigger)
+        return loaded
+
+    def _changed(self, loaded: LoadedPolicy | None) -> bool:
+        if loaded is None:
+            return False
         if self.on_change is not None:
             self.on_change(loaded)
         return True
 
-    def _read(self) -> bytes | None:
-        """The file's bytes once they stop changing under us; None if it is missing."""
-        for _ in range(5):
-            try:
-                before = os.stat(self.path)
-                data = read_policy_bytes(self.path)  # at most the size cap (+1 byte: KV026)
-                after = os.stat(self.path)
-            except FileNotFoundError:
-                self._missing("the policy file does not exist")
-                return None
-            except OSError as exc:
-                self._missing(f"cannot read the policy file: {exc.strerror}")
-                return None
-            if (before.st_ino, before.st_size, before.st_mtime_ns) == (after.st_ino, after.st_size, after.st_mtime_ns) and len(data) == after.st_size:
-                return data
-            time.sleep(self.debounce)  # a writer is busy: read again when it settles
-        return data
+    def _read(self) -> _Snapshot | None:
+        """The file's bytes if they held still while read; None if missing, unreadable or moving."""
+        self.chain = resolve_chain(self.path)
+        self._reconcile_watches()  # before reading: a write after this read is seen by an event
+        try:
+            with open(self.path, "rb") as f:
+                before = os.fstat(f.fileno())
+                data = read_policy_stream(f)  # at most the size cap + 1 byte (then KV026)
+                after = os.fstat(f.fileno())
+        except FileNotFoundError:
+            self._missing("the policy file does not exist")
+            return None
+        except IsADirectoryError:
+            self._missing("the policy path is a directory, not a file")
+            return None
+        except OSError as exc:
+            self._missing(f"cannot read the policy file: {exc.strerror or exc}")
+            return None
+        whole = len(data) == after.st_size or len(data) < before.st_size  # or cut at the cap
+        if _identity(before) != _identity(after) or not whole:
+            self._schedule_settle(time.monotonic() + self.debounce, "modified")  # a writer is busy
+            return None
+        return _Snapshot(data, hashlib.sha256(data).hexdigest(), _identity(after))
 
     def _missing(self, message: str) -> None:
+        self._candidate = None
         if self._seen_sha != "missing":
             self._seen_sha = "missing"
             self.failures += 1
@@ -146,22 +267,15 @@ class PolicyWatcher:
             log.warning("policy %s: %s; keeping revision %s", self.display_name, message,
                         self.current.revision if self.current else "none")
 
-    def _reject(self, now: float, sha: str, error: Diagnostic) -> bool:
-        self.failures += 1
-        self._record(ReloadResult(ok=False, at=now, sha256=sha, error=error))
-        log.warning("policy rejected, keeping revision %s: %s",
-                    self.current.revision if self.current else "none", error.render())
-        return False
-
     def _record(self, result: ReloadResult) -> None:
         self.last_reload = result
         if self.on_reload is not None:
             self.on_reload(result)
 
-    # ---- watching --------------------------------------------------------------------
+    # ---- events ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Load the file now and watch its directory from now on."""
+        """Load the file now and watch the directories of its chain from now on."""
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
 
@@ -169,20 +283,77 @@ class PolicyWatcher:
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event) -> None:
-                watcher.poke()
+                watcher.on_event(event)
 
-        self.check_now()
+        self._handler = _Handler()
         self._observer = Observer()
-        self._observer.schedule(_Handler(), str(self.path.parent.resolve()), recursive=False)
+        self._reconcile_watches()  # watch first: a save during the first read is not missed
         self._observer.start()
+        self.check_now()
         self._thread = threading.Thread(target=self._loop, name="kvpolicy-watch", daemon=True)
         self._thread.start()
 
-    def poke(self) -> None:
-        """Something changed in the directory: check after ``debounce`` of quiet."""
+    def on_event(self, event) -> None:
+        """A watchdog event in a watched directory (on the observer's thread)."""
+        from watchdog.events import (
+            DirModifiedEvent,
+            FileAttribEvent,
+            FileClosedEvent,
+            FileClosedNoWriteEvent,
+            FileCreatedEvent,
+            FileModifiedEvent,
+            FileMovedEvent,
+            FileOpenedEvent,
+        )
+
+        if isinstance(event, FileOpenedEvent | FileClosedNoWriteEvent | DirModifiedEvent):
+            return  # readers (this watcher among them) and the directory's own echo of its entries
+        chain = self.chain
+        names = chain.names
+        src = os.fsdecode(event.src_path)
+        dest = os.fsdecode(getattr(event, "dest_path", "") or "")
+        if isinstance(event, FileClosedEvent) and src == chain.target:
+            self._final("close-write")
+        elif isinstance(event, FileMovedEvent) and dest in names:
+            self._final("moved")
+        elif isinstance(event, FileCreatedEvent) and src in names and os.path.islink(src):
+            self._final("moved")  # a symlink appears whole
+        elif isinstance(event, FileModifiedEvent | FileAttribEvent) and src == chain.target:
+            self._settle("modified", downgrade=True)
+        elif src in names or dest in names:
+            # created (content follows), deleted, moved away, a directory in its place
+            self._settle("created" if event.event_type == "created" else "deleted", downgrade=False)
+        # Other files in these directories: nothing to do.
+
+    def _final(self, trigger: Trigger) -> None:
+        try:
+            identity = _identity(os.stat(self.path))
+        except OSError:
+            identity = None
         with self._wake:
-            self._pending_since = time.monotonic()
+            self._final_at = time.monotonic()
+            self._final_trigger = trigger
+            self._final_identity = identity
             self._wake.notify()
+
+    def _settle(self, trigger: Trigger, downgrade: bool) -> None:
+        with self._wake:
+            if downgrade and self._final_at is not None:
+                self._final_at = None  # the next save began: its close-write will come, or quiet
+            self._settle_at = time.monotonic() + self.debounce
+            self._settle_trigger = trigger
+            self._wake.notify()
+
+    def _schedule_settle(self, at: float, trigger: Trigger) -> None:
+        with self._wake:
+            if self._settle_at is None or at < self._settle_at:
+                self._settle_at = at
+                self._settle_trigger = trigger
+            self._wake.notify()
+
+    def poke(self) -> None:
+        """Something may have changed: look after ``debounce``, take it after ``quiet``."""
+        self._settle("poll", downgrade=False)
 
     def stop(self) -> None:
         self._stop.set()
@@ -194,24 +365,56 @@ class PolicyWatcher:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def _reconcile_watches(self) -> None:
+        """Watch exactly the directories of the current chain (the ones that exist)."""
+        observer = self._observer
+        if observer is None:
+            return
+        wanted = {d for d in self.chain.directories if os.path.isdir(d)}
+        for directory in set(self._watches) - wanted:
+            watch = self._watches.pop(directory)
+            try:
+                observer.unschedule(watch)
+            except (KeyError, OSError):
+                pass  # its directory is gone, and the watch with it
+        for directory in wanted - set(self._watches):
+            try:
+                self._watches[directory] = observer.schedule(self._handler, directory, recursive=False)
+            except OSError as exc:
+                log.warning("cannot watch %s (%s): the %.1fs poll will see its changes", directory, exc,
+                            self.poll_interval)
+
     def _loop(self) -> None:
         next_poll = time.monotonic() + self.poll_interval
         while not self._stop.is_set():
             with self._wake:
                 now = time.monotonic()
-                if self._pending_since is not None:
-                    quiet_until = self._pending_since + self.debounce
-                    if now < quiet_until:
-                        self._wake.wait(timeout=quiet_until - now)
-                        continue
-                    self._pending_since = None
-                elif now < next_poll:
-                    self._wake.wait(timeout=next_poll - now)
+                due = [next_poll]
+                if self._final_at is not None:
+                    due.append(self._final_at + self.debounce)
+                if self._settle_at is not None:
+                    due.append(self._settle_at)
+                if now < min(due):
+                    self._wake.wait(timeout=min(due) - now)
                     continue
+                work: tuple[str, Trigger, tuple[int, int, int, int] | None]
+                if self._final_at is not None and now >= self._final_at + self.debounce:
+                    work = ("final", self._final_trigger, self._final_identity)
+                    self._final_at = None
+                    self._settle_at = None
+                elif self._settle_at is not None and now >= self._settle_at:
+                    work = ("settle", self._settle_trigger, None)
+                    self._settle_at = None
+                else:
+                    work = ("settle", "poll", None)
+                    next_poll = now + self.poll_interval
             if self._stop.is_set():
                 break
             try:
-                self.check_now()
+                if work[0] == "final":
+                    self._final_check(work[1], work[2])
+                else:
+                    self._settle_check(work[1])
             except Exception:  # the watcher must outlive any bad file; the error is logged
                 log.exception("policy check failed; keeping the running policy")
-            next_poll = time.monotonic() + self.poll_interval
+

@@ -9,16 +9,15 @@ written and lints clean, and after each valid save it converges to that save.
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher
+from tests.support.policy_saves import Directory
 
 EDITS = 1000
 CONVERGE_TIMEOUT = 5.0
@@ -46,58 +45,6 @@ INVALID = (
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class Directory:
-    """The policy's directory, saved to in each of the ways editors and Kubernetes do."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.path = root / "policy.kvp"
-        self.serial = 0
-
-    def in_place(self, data: bytes, rng: random.Random, on_intermediate) -> None:
-        self._plain_file()
-        cut = rng.randrange(len(data) + 1)
-        on_intermediate(data[:cut])  # a reader may see this half: it is content that was in the file
-        with open(self.path, "r+b" if self.path.exists() else "wb") as f:
-            f.truncate(0)
-            f.write(data[:cut])
-            f.flush()
-            f.write(data[cut:])
-
-    def atomic_rename(self, data: bytes) -> None:
-        tmp = self.root / f".policy.kvp.{self.serial}.tmp"
-        self.serial += 1
-        tmp.write_bytes(data)
-        os.replace(tmp, self.path)
-
-    def configmap_swap(self, data: bytes) -> None:
-        """What the kubelet does: a new timestamped dir, then rename ..data_tmp over ..data."""
-        self.serial += 1
-        version = self.root / f"..2026_11_29_{self.serial:06d}"
-        version.mkdir()
-        (version / "policy.kvp").write_bytes(data)
-        tmp_link = self.root / "..data_tmp"
-        os.symlink(version.name, tmp_link)
-        old = os.readlink(self.root / "..data") if (self.root / "..data").is_symlink() else None
-        os.replace(tmp_link, self.root / "..data")
-        if not (self.path.is_symlink() and os.readlink(self.path) == "..data/policy.kvp"):
-            link_tmp = self.root / ".policy-link.tmp"
-            os.symlink("..data/policy.kvp", link_tmp)
-            os.replace(link_tmp, self.path)
-        if old is not None:
-            for child in (self.root / old).iterdir():
-                child.unlink()
-            (self.root / old).rmdir()
-
-    def delete(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-    def _plain_file(self) -> None:
-        if self.path.is_symlink():
-            data = self.path.read_bytes()
-            self.atomic_rename(data)
 
 
 def lints_clean(data: bytes) -> bool:
@@ -218,6 +165,7 @@ def test_poll_catches_changes_without_events(tmp_path):
     try:
         path.write_text(valid_policy(2))
         assert wait_for(lambda: watcher.current.revision == 2, timeout=2)
+        assert watcher.current.trigger == "poll"
     finally:
         watcher._stop.set()
         thread.join(timeout=2)
