@@ -51,6 +51,18 @@ def test_v4_flash_matches_vllms_own_figures() -> None:
     assert plan.groups[0].padding_per_block == 1_002_240 - 823_680
 
 
+def test_a_pools_bytes_per_block_sums_its_layers_over_every_group() -> None:
+    # V4-Flash's swa layers fill two groups; Gemma-3-1B's sliding layers several.
+    plan = make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=65536), budget=60 * GiB)
+    assert plan.pools["swa"].bytes_per_block == 823_680 + 786_240 == 1_609_920
+    assert plan.pools["swa"].groups == [0, 1]
+    gemma = make_plan(load_config(CONFIGS / "gemma-3-1b" / "config.json"), PlanSettings(max_model_len=32768),
+                      budget=4 * GiB)
+    for name, pool in gemma.pools.items():
+        assert pool.bytes_per_block == sum(gemma.groups[i].pool_bytes_per_block[name] for i in pool.groups)
+    assert len(gemma.pools["sliding_window"].groups) > 1
+
+
 def test_v4_page_sizes_per_pool() -> None:
     specs = model_specs(load_config(V4_FLASH)).layers
     pages = {(s.pool, s.part): s.page_size_bytes for s in specs.values()}

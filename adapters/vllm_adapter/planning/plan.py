@@ -68,7 +68,8 @@ class PoolPlan(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     bytes_per_block: NonNegativeInt
-    """The pool's bytes in one block of a group that holds it (the largest, if several groups)."""
+    """The pool's bytes in one block of every group that holds its layers: the sum of the page bytes
+    of all its layers across those groups (V4-Flash ``swa``: 823,680 + 786,240 B)."""
     groups: list[NonNegativeInt]
     per_request_bytes: NonNegativeInt
     """The pool's bytes held by one request at max_model_len."""
@@ -178,7 +179,7 @@ def _pool_plans(groups: list[Group], s: PlanSettings) -> dict[str, PoolPlan]:
         for pool, nbytes in g.pool_bytes().items():
             assert pool and pool != PADDING_POOL, f"layer spec without a pool in group {i}"
             entry = acc.setdefault(pool, {"bytes_per_block": 0, "groups": [], "per_request_bytes": 0, "parts": {}})
-            entry["bytes_per_block"] = max(entry["bytes_per_block"], nbytes)
+            entry["bytes_per_block"] += nbytes
             entry["groups"].append(i)
             entry["per_request_bytes"] += request_blocks * nbytes
             for part, pbytes in parts.get(pool, {}).items():
