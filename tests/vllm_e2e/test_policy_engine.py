@@ -108,13 +108,17 @@ def test_the_policys_reserve_sizes_vllms_kv_cache(server: Server, work: Path, ti
     assert "Explicitly set (0.09/" in log  # 96 MiB: the policy's reserve, as kv_cache_memory_bytes
 
 
-def test_the_ledger_holds_the_worker_with_its_pools(server: Server, work: Path) -> None:
+def test_the_ledger_holds_the_worker_with_its_pools(server: Server, work: Path, tiny_model: Path) -> None:
     (rank,) = instances(work)
     assert (rank.engine, rank.model, rank.gpu) == ("vllm", SERVED_MODEL, DEVICE)
     roles = callers_by_role(plugin_calls(server.work), server.process.pid)
     assert [rank.pid] == roles["worker"]  # the worker process sized and allocated the cache
-    assert sum(p.bytes for p in rank.pools.values()) <= RESERVE
-    assert rank.pools and all(p.bytes > 0 for p in rank.pools.values())
+    plan = kvpolicy_plan(work, tiny_model, int(cache_info(server)["block_size"]))
+    # The pools split the one KV buffer vLLM allocated: a Llama's full-attention pool (idle: the
+    # null block is padding), and its free blocks.
+    assert sum(p.bytes for p in rank.pools.values()) == plan["total_bytes"] <= RESERVE
+    assert set(rank.pools) == {"full", "padding", "free_blocks"}
+    assert rank.pools["free_blocks"].bytes == (plan["num_blocks"] - 1) * plan["bytes_per_block"]
 
 
 def test_the_engine_serves_completions(server: Server) -> None:
