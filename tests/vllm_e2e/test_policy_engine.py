@@ -146,7 +146,6 @@ def test_a_second_engine_is_refused_with_a_clear_message(e2e_venv: Any, tiny_mod
     log = second["log"]
     assert f"AdapterError: kvpolicy ledger: cannot admit 96 MiB (100663296 B) of runtime-owned KV memory on {DEVICE}" \
         in log, log[-4000:]
-    assert "cannot admit 96 MiB" in log.rstrip().splitlines()[-1]  # the refusal is the last word of the log
     assert [v.model for v in instances(work)] == [SERVED_MODEL]  # the refused engine left nothing behind
 
 
