@@ -8,7 +8,8 @@ What this module adds is engine-specific:
   published (docs/ledger.md, "Before the controller") — the current CUDA device's
   total and used memory (``measure_gpu``: torch if it has initialised CUDA, else
   cuda-python), with the headroom and any ``capacity`` override of the policy
-  (``policy_gpu_figures``).
+  (``policy_gpu_figures``). A CPU engine's device (``HOST_DEVICE``) is measured by
+  nothing: its figures are the policy's ``capacity`` for it, or the controller's.
 - ``gpu_capacity(gpu, env)``: the GPU's total memory, to resolve the policy's
   percentages: measured here, else what the ledger's figures say.
 - ``as_startup_failure(context)``: the one translation of ledger errors. Around
@@ -31,6 +32,16 @@ from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.session import EngineIdentity, EngineSession, GpuMeasure, MeasuredGpu, ledger_capacity
+
+
+HOST_DEVICE = "cpu:0"
+"""The ledger's device key of a CPU engine's KV cache: the host's memory, one ledger for every CPU
+engine of the host (NUMA nodes are not told apart)."""
+
+
+def is_host_device(gpu: str) -> bool:
+    """Whether ``gpu`` names host memory (a CPU engine's device) rather than a GPU."""
+    return gpu.partition(":")[0] == "cpu"
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,13 @@ def gpu_measure(policy: Path | None) -> GpuMeasure:
     """
 
     def measure(gpu: str) -> MeasuredGpu | None:
+        if is_host_device(gpu):  # no driver to ask: the policy's capacity is the host's budget
+            if policy is None:
+                return None
+            settings = read_policy(policy).gpu_settings(gpu)
+            if settings.capacity is None:
+                return None
+            return MeasuredGpu(capacity=settings.capacity, headroom=settings.headroom_bytes(settings.capacity), in_use=0)
         measured = measure_gpu()
         if measured is None:
             return None
@@ -94,7 +112,7 @@ def open_session(identity: EngineIdentity, env: AdapterEnv, **options: Any) -> E
 
 def gpu_capacity(gpu: str, env: AdapterEnv) -> int | None:
     """The GPU's total memory: measured in this process, else the ledger's figures; None if neither has it."""
-    measured = measure_gpu()
+    measured = None if is_host_device(gpu) else measure_gpu()
     if measured is not None:
         return measured.capacity
     return ledger_capacity(gpu, env.ledger_dir)
@@ -116,10 +134,12 @@ def as_startup_failure(context: str | Callable[[], str] | None = None) -> Iterat
 
 
 __all__ = [
+    "HOST_DEVICE",
     "Measured",
     "as_startup_failure",
     "gpu_capacity",
     "gpu_measure",
+    "is_host_device",
     "measure_gpu",
     "open_session",
     "policy_gpu_figures",

@@ -10,6 +10,7 @@
 | ``KVPOLICY_REPORT_INTERVAL`` | vLLM | seconds between live pool reports, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL`` | vLLM | seconds between give-backs of memory above the target, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_GROW_BYTES`` | vLLM | bytes one growth of the elastic KV cache maps at least, a whole number ≥ 0 | 16 MiB |
+| ``KVPOLICY_FIGURES_WAIT`` | vLLM | seconds a rank that cannot measure its device waits at start-up for a controller's figures, ≥ 0 | 60 |
 
 Activation is explicit: nothing happens unless ``KVPOLICY_ENABLE=1``. An empty
 variable is an unset one. A value that does not parse is an ``AdapterError`` naming
@@ -38,11 +39,13 @@ ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
 ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
 ENV_GIVE_BACK_INTERVAL = "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"
 ENV_GROW_BYTES = "KVPOLICY_ELASTIC_GROW_BYTES"
+ENV_FIGURES_WAIT = "KVPOLICY_FIGURES_WAIT"
 
 DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
 DEFAULT_REPORT_INTERVAL = 1.0
 DEFAULT_GIVE_BACK_INTERVAL = 1.0
 DEFAULT_GROW_BYTES = 16 << 20  # 16 MiB: ledger admissions per batch of blocks, not per block
+DEFAULT_FIGURES_WAIT = 60.0  # a controller started beside the engine publishes within a few ticks
 
 _ON = ("1", "true", "yes")
 _OFF = ("0", "false", "no")
@@ -82,6 +85,9 @@ class VllmEnv:
     """Seconds between give-backs of elastic memory above the target."""
     grow_bytes: int = DEFAULT_GROW_BYTES
     """Bytes one growth of the elastic KV cache maps at least, while the limit allows."""
+    figures_wait: float = DEFAULT_FIGURES_WAIT
+    """Seconds a rank that cannot measure its device (a CPU engine without the policy's ``capacity``)
+    waits at start-up for a controller to publish the device's figures."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> VllmEnv:
@@ -90,6 +96,7 @@ class VllmEnv:
             report_interval=_seconds(env, ENV_REPORT_INTERVAL, DEFAULT_REPORT_INTERVAL),
             give_back_interval=_seconds(env, ENV_GIVE_BACK_INTERVAL, DEFAULT_GIVE_BACK_INTERVAL),
             grow_bytes=_bytes(env, ENV_GROW_BYTES, DEFAULT_GROW_BYTES),
+            figures_wait=_seconds(env, ENV_FIGURES_WAIT, DEFAULT_FIGURES_WAIT),
         )
 
 

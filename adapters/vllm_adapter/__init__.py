@@ -1,4 +1,4 @@
-"""The vLLM adapter (validated: vLLM 0.33.0): a policy-sized KV cache, elastic or not, and per-pool facts.
+"""The vLLM adapter (validated: vLLM 0.32.0 and 0.33.0, ``versions``): a policy-sized KV cache, elastic or not, and per-pool facts.
 
 Its parts, in the order data flows:
 
@@ -18,6 +18,7 @@ Its parts, in the order data flows:
   the worker's buffer (``buffer``), the scheduler's block pool (``pool``), and the
   steps that tie them to vLLM's start and steps (``lifecycle``).
 - ``reports``: the live split, from the engine core to each worker to the ledger.
+- ``versions``: the validated vLLM versions, what differs between them, and the installed one.
 - ``hooks``: what each patched vLLM method runs; ``plugin``: the entry point that
   installs them. Settings (``KVPOLICY_*``) are read in ``kvpolicy.adapters.settings``.
 
@@ -25,5 +26,6 @@ Named ``vllm_adapter``, not ``vllm``, so that nothing here can shadow the real p
 Importing this package imports neither torch nor vllm (only ``elastic.pool`` imports vllm).
 """
 
-VALIDATED_VLLM = ("0.33.0",)
-"""The vLLM versions the adapter was validated against; an enabled plugin refuses any other."""
+from .versions import VALIDATED_VLLM
+
+__all__ = ["VALIDATED_VLLM"]

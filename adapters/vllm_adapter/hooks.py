@@ -55,6 +55,42 @@ def sizing_hook(original: Method) -> Method:
     return determine_available_memory
 
 
+_size_pending: set[int] = set()
+"""``id`` of the cache configs whose KV size the CPU worker's hook set only to pass vLLM's start-up
+check: the sizing hook replaces it with the policy's."""
+
+
+def cpu_worker_init_hook(original: Method) -> Method:
+    """``CPUWorker.__init__``: without a KV size, vLLM's CPU worker refuses to start when the
+    ``gpu_memory_utilization`` share of host memory is not free — memory it would take for the KV
+    cache, which the policy sizes instead. Mark the size as the policy's until the sizing hook sets it."""
+
+    def __init__(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        cache = vllm_config.cache_config
+        if cache.kv_cache_memory_bytes is None:
+            cache.kv_cache_memory_bytes = 0  # checked only for being set; replaced before vLLM reads it
+            _size_pending.add(id(cache))
+        original(self, vllm_config, *args, **kwargs)
+
+    return __init__
+
+
+def cpu_sizing_hook(original: Method) -> Method:
+    """``CPUWorker.determine_available_memory``: the CPU worker's own, which never calls the GPU
+    worker's. Size the cache from the policy first, as ``sizing_hook`` does."""
+
+    def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cache = self.cache_config
+        if id(cache) in _size_pending:
+            _size_pending.discard(id(cache))
+            cache.kv_cache_memory_bytes = None
+        with as_startup_failure(_rank(self, "sizing its KV cache")):
+            size_worker_cache(self)
+        return original(self, *args, **kwargs)
+
+    return determine_available_memory
+
+
 def allocated_hook(original: Method) -> Method:
     """``Worker.initialize_from_config``: an elastic buffer goes on the allocator; a runtime-owned one
     reports its pools (all blocks free) once vLLM allocated it."""

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvpolicy.adapters.ledger_port import HOST_DEVICE
 from kvpolicy.adapters.settings import AdapterEnv
 
 
@@ -59,7 +60,10 @@ def instance_key(vllm_config: Any, rank: int) -> InstanceKey:
 
 
 def worker_gpu(worker: Any) -> str:
-    """The ledger's id of the GPU an initialized vLLM worker uses (see ``gpu_of``)."""
+    """The ledger's id of the device an initialized vLLM worker keeps its KV cache on: ``HOST_DEVICE``
+    for vLLM's CPU worker (its ``init_device`` sets ``device`` to the CPU), else the GPU (see ``gpu_of``)."""
+    if getattr(getattr(worker, "device", None), "type", None) == "cpu":
+        return HOST_DEVICE
     assigned = getattr(worker.parallel_config, "assigned_physical_gpu_ids", None)
     if assigned is not None and worker.local_rank < len(assigned):
         return f"cuda:{assigned[worker.local_rank]}"

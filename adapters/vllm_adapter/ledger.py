@@ -5,7 +5,8 @@
 - ``VllmLedger``: what the runtime-owned path needs — ``admit`` the reserve of a rank
   on its GPU (atomically across processes, before vLLM sizes the cache from it),
   ``report_pools``, ``release``. ``RankSessions`` implements it with one
-  ``EngineSession`` per rank of this process, opened on its first admission;
+  ``EngineSession`` per rank of this process, opened on its first admission (a rank that
+  cannot measure its device waits up to ``KVPOLICY_FIGURES_WAIT`` for a controller's figures);
   ``static_ledger()`` is this process's (``set_static_ledger`` gives another).
 - ``attach_elastic(key, gpu, guarantee, env)``: an elastic rank's session, owed the
   model's ``min`` (its limit until a controller publishes).
@@ -22,7 +23,7 @@ from typing import Protocol
 
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.ledger_port import open_session
-from kvpolicy.adapters.settings import AdapterEnv
+from kvpolicy.adapters.settings import ENV_FIGURES_WAIT, ENV_LEDGER_DIR, AdapterEnv, VllmEnv
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.session import EngineIdentity, EngineSession
 
@@ -68,9 +69,25 @@ class RankSessions:
         if session is None:
             session = open_session(ledger_identity(instance, gpu), self._env)
             self._sessions[instance] = session
+            self._wait_for_figures(session, instance)
         elif session.gpu != gpu:
             raise AdapterError(f"kvpolicy: {instance.id} is attached on {session.gpu}, not {gpu}")
         return session.admit_static(nbytes)
+
+    def _wait_for_figures(self, session: EngineSession, instance: InstanceKey) -> None:
+        """A rank that cannot measure its device (a CPU engine) waits for a controller's figures; the
+        session just created the device's ledger, which is what the controller publishes for."""
+        wait = VllmEnv.from_environ().figures_wait
+        if session.wait_for_figures(wait):
+            return
+        self.release(instance)
+        raise AdapterError(
+            f"kvpolicy: {instance.id} waited {wait:g} s for a controller to publish figures for {session.gpu} "
+            f"in {self._env.ledger_dir}, and none did; admission needs the device's capacity. Set `capacity` for "
+            f'{session.gpu} in the policy (e.g. `gpu "{session.gpu}" {{ capacity 8 GiB }}`), or start '
+            f"`kvpolicy run` (on a machine without GPUs with `--gpu-capacity SIZE`) with "
+            f"{ENV_LEDGER_DIR}={self._env.ledger_dir}, or raise {ENV_FIGURES_WAIT}."
+        )
 
     def report_pools(self, instance: InstanceKey, pools: Mapping[str, PoolFacts]) -> None:
         session = self._sessions.get(instance)

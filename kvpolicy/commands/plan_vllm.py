@@ -1,9 +1,12 @@
-"""``kvpolicy plan --engine vllm``: vLLM 0.33's KV plan for a model and a budget.
+"""``kvpolicy plan --engine vllm``: vLLM's KV plan for a model and a budget (vLLM 0.32.0 or 0.33.0).
 
 The dispatcher (``kvpolicy/commands/plan.py``) calls ``add_vllm_arguments(parser)``
 and, for ``--engine vllm``, ``run_vllm(args)``. Options the SGLang part may define
 too (``--model-config``, ``--budget``, ``--max-model-len``, ``--format``) are added
-only if the parser lacks them. Imports neither torch nor vllm.
+only if the parser lacks them. Imports neither torch nor vllm. Every default a flag
+left to vLLM is stated in the plan (``assumed``): the vLLM version (the installed one,
+else the newest validated), max_model_len (the config's ``max_position_embeddings``, as
+vLLM derives it), block size, KV dtype, layout and the scheduler's batch figures.
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(parser, "--model-config", metavar="CONFIG.json", help="the model's config.json (no weights needed)")
     _add(parser, "--budget", type=parse_size, metavar="SIZE", help="KV budget per GPU, e.g. 60GiB")
     _add(_amount_group(parser), "--num-blocks", type=int, metavar="N", help="vLLM: a block count instead of a budget")
-    _add(parser, "--max-model-len", type=int, metavar="L", help="--max-model-len of vLLM")
+    _add(parser, "--max-model-len", type=int, metavar="L",
+         help="--max-model-len of vLLM (default, as vLLM: the config's max_position_embeddings)")
+    _add(parser, "--vllm-version", metavar="X.Y",
+         help="the vLLM release to plan for: 0.32 or 0.33 (default: the installed vLLM, else 0.33)")
     _add(parser, "--format", choices=("text", "json"), default="text", help="output format (default: text)")
     group = parser.add_argument_group("vLLM options (names as vLLM's flags)")
     _add(group, "--block-size", type=int, help="default: vLLM's CUDA choice (16; MLA 64; DeepSeek-V4 256)")
@@ -60,16 +66,31 @@ def run_vllm(args: argparse.Namespace) -> int:
     from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config
     from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
-    if not args.model_config or not args.max_model_len:
-        print("kvpolicy plan --engine vllm: --model-config and --max-model-len are required", file=sys.stderr)
+    if not args.model_config:
+        print("kvpolicy plan --engine vllm: --model-config is required", file=sys.stderr)
         return 2
     budget = args.budget  # parsed by the option's type
     if (budget is None) == (args.num_blocks is None):
         print("kvpolicy plan --engine vllm: give exactly one of --budget or --num-blocks", file=sys.stderr)
         return 2
     try:
+        version, version_why = resolve_vllm_version(getattr(args, "vllm_version", None))
+    except ValueError as exc:
+        print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
+        return 2 if getattr(args, "vllm_version", None) else 1
+    try:
+        config = load_config(args.model_config)
+    except ModelSpecError as exc:
+        print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
+        return 1
+    max_model_len = args.max_model_len or default_max_model_len(config)
+    if max_model_len is None:
+        print(f"kvpolicy plan --engine vllm: --max-model-len is required: {args.model_config} has no "
+              "max_position_embeddings to derive it from", file=sys.stderr)
+        return 2
+    try:
         settings = PlanSettings(
-            max_model_len=args.max_model_len,
+            max_model_len=max_model_len,
             block_size=args.block_size,
             sliding_window_block_size=args.sliding_window_block_size,
             kv_cache_dtype=args.kv_cache_dtype,
@@ -84,15 +105,76 @@ def run_vllm(args: argparse.Namespace) -> int:
         print(f"kvpolicy plan --engine vllm: {problems}", file=sys.stderr)
         return 2
     try:
-        plan = make_plan(load_config(args.model_config), settings, budget=budget, num_blocks=args.num_blocks)
+        plan = make_plan(config, settings, budget=budget, num_blocks=args.num_blocks, engine_version=version)
     except (ModelSpecError, PlanError) as exc:
         print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
         return 1
+    plan = plan.model_copy(update={"assumed": assumed_defaults(args, plan, version_why, max_model_len)})
     if args.format == "json":
         print(plan.to_json())
     else:
         print(render_text(plan))
     return 0
+
+
+def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:
+    """The validated vLLM version to plan for, and why when it was not asked for (ValueError if none fits).
+
+    ``asked`` may name the release (``0.33``) or the version (``0.33.0``)."""
+    from kvpolicy.adapters.vllm_adapter.versions import (
+        NEWEST_VALIDATED_VLLM,
+        VALIDATED_VLLM,
+        installed_vllm,
+        is_validated,
+        not_validated_message,
+    )
+
+    if asked is not None:
+        version = next((v for v in VALIDATED_VLLM if asked in (v, v.rsplit(".", 1)[0])), asked)
+        if not is_validated(version):
+            raise ValueError(f"--vllm-version {asked}: {not_validated_message(asked)}")
+        return version, None
+    found = installed_vllm()
+    if found is None:
+        return NEWEST_VALIDATED_VLLM, "the newest validated; no vLLM is installed here"
+    if not is_validated(found.version):
+        raise ValueError(
+            f"the installed {found.distribution} {found.version} is not a version kvpolicy's vLLM planning is "
+            f"validated against (validated: {', '.join(VALIDATED_VLLM)}); give --vllm-version to plan for one of them"
+        )
+    return found.version, f"installed ({found.distribution})"
+
+
+def default_max_model_len(config: dict[str, Any]) -> int | None:
+    """vLLM's default --max-model-len: the config's ``max_position_embeddings`` (``load_config`` merged a
+    multimodal wrapper's ``text_config``), or None without one."""
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | None, max_model_len: int) -> dict[str, str]:
+    """Each figure a flag left to its default, with where the default comes from."""
+    assumed: dict[str, str] = {}
+    if version_why is not None:
+        assumed["vllm_version"] = f"{plan.engine_version} ({version_why})"
+    if not args.max_model_len:
+        assumed["max_model_len"] = f"{max_model_len} (the config's max_position_embeddings, as vLLM derives it)"
+    if args.block_size is None:
+        sizes = sorted({g.block_size for g in plan.groups})
+        assumed["block_size"] = (
+            f"{', '.join(map(str, sizes))} (what vLLM's CUDA attention backends pick for this model; "
+            "pass --block-size for another platform's)"
+        )
+    if args.kv_cache_dtype == "auto":
+        assumed["kv_cache_dtype"] = "auto (the model's dtype)"
+    if args.kv_cache_layout is None:
+        assumed["kv_cache_layout"] = f"{plan.kv_cache_layout} (vLLM's default for this model's attention backends)"
+    assumed["tensor_parallel_size"] = f"{args.tensor_parallel_size} (figures are per rank)"
+    if args.max_num_batched_tokens == 8192:
+        assumed["max_num_batched_tokens"] = "8192 (vLLM's server default on GPUs of 80 GB or more)"
+    if args.max_concurrent_batches == 2:
+        assumed["max_concurrent_batches"] = "2 (vLLM's async scheduling)"
+    return assumed
 
 
 def render_text(plan: Any) -> str:
@@ -129,4 +211,7 @@ def render_text(plan: Any) -> str:
             f"  {name:<20} {p.bytes_per_block:>12,} {format_bytes(p.per_request_bytes):>14}  "
             + ",".join(map(str, p.groups))
         )
+    if plan.assumed:
+        lines += ["", "  assumed (defaults no flag changed):"]
+        lines += [f"    {name:<23} {why}" for name, why in plan.assumed.items()]
     return "\n".join(lines)

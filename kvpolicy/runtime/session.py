@@ -25,6 +25,7 @@ message and ``.figures``; anything else that keeps the ledger from being used is
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,6 +112,23 @@ class EngineSession:
     @property
     def closed(self) -> bool:
         return not self._instance.attached
+
+    def wait_for_figures(self, timeout: float, poll: float = 0.2, sleep: Callable[[float], None] = time.sleep) -> bool:
+        """Wait up to ``timeout`` seconds until admission has figures for the GPU: published or
+        provisional ones in the ledger, or this engine's own (``measure``). True if it has them.
+
+        For an engine the controller has not seen yet: the controller publishes figures for a
+        GPU once its ledger exists, which this session's ``open`` just created.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._instance.gpu_figures().source != "none":
+                return True
+            if self._measure is not None and self._measure(self._instance.gpu) is not None:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            sleep(poll)
 
     def admit_static(self, nbytes: int) -> int:
         """Admit ``nbytes`` of runtime-owned memory (replacing this instance's earlier admission).

@@ -50,6 +50,18 @@ def test_v4_flash_matches_vllms_own_figures() -> None:
     assert plan.groups[0].padding_per_block == 1_002_240 - 823_680
 
 
+def test_a_pools_bytes_per_block_sums_its_layers_over_every_group() -> None:
+    # V4-Flash's swa layers fill two groups; Gemma-3-1B's sliding layers several.
+    plan = make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=65536), budget=60 * GiB)
+    assert plan.pools["swa"].bytes_per_block == 823_680 + 786_240 == 1_609_920
+    assert plan.pools["swa"].groups == [0, 1]
+    gemma = make_plan(load_config(CONFIGS / "gemma-3-1b" / "config.json"), PlanSettings(max_model_len=32768),
+                      budget=4 * GiB)
+    for name, pool in gemma.pools.items():
+        assert pool.bytes_per_block == sum(gemma.groups[i].pool_bytes_per_block[name] for i in pool.groups)
+    assert len(gemma.pools["sliding_window"].groups) > 1
+
+
 def test_v4_page_sizes_per_pool() -> None:
     specs = model_specs(load_config(V4_FLASH)).layers
     pages = {(s.pool, s.part): s.page_size_bytes for s in specs.values()}
@@ -157,7 +169,10 @@ def test_text_output_names_the_figures() -> None:
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
-        (["--budget", "1GiB"], 2, "--model-config and --max-model-len are required"),
+        (["--budget", "1GiB"], 2, "--model-config is required"),
+        (["--model-config", str(V4_FLASH), "--budget", "1GiB", "--vllm-version", "0.31"], 2,
+         "--vllm-version 0.31: vLLM 0.31 is not a version kvpolicy's vLLM planning is validated against "
+         "(validated: 0.32.0, 0.33.0)"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096"], 2, "exactly one of --budget or --num-blocks"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--num-blocks", "9"], 2, "exactly one"),
         (["--model-config", "/nonexistent/config.json", "--max-model-len", "4096", "--budget", "1GiB"], 1, "no such model config"),
@@ -239,3 +254,51 @@ def test_options_join_the_plan_dispatcher() -> None:
     assert json.loads(_run(args))["num_blocks"] == 64_280
     with pytest.raises(SystemExit):
         root.parse_args(["plan", "--engine", engine, "--model-config", str(V4_FLASH), "--budget", "1GiB", "--num-blocks", "5"])
+
+
+QWEN3 = CONFIGS / "qwen3-8b" / "config.json"
+
+
+@pytest.mark.parametrize(("asked", "version"), [("0.32", "0.32.0"), ("0.33.0", "0.33.0")])
+def test_vllm_version_names_the_release_planned(asked: str, version: str) -> None:
+    doc = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "4GiB", "--max-model-len", "4096",
+                                    "--vllm-version", asked, "--format", "json")))
+    assert doc["engine_version"] == version
+    assert "vllm_version" not in doc["assumed"]  # asked for: not a default
+
+
+def test_the_default_version_is_the_installed_vllm_or_the_newest_validated() -> None:
+    from kvpolicy.adapters.vllm_adapter.versions import installed_vllm
+    from kvpolicy.commands.plan_vllm import resolve_vllm_version
+
+    version, why = resolve_vllm_version(None)
+    found = installed_vllm()
+    if found is None:
+        assert (version, why) == ("0.33.0", "the newest validated; no vLLM is installed here")
+    else:
+        assert (version, why) == (found.version, f"installed ({found.distribution})")
+
+
+def test_max_model_len_defaults_to_the_configs_and_every_default_is_stated() -> None:
+    config = load_config(QWEN3)
+    doc = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--format", "json")))
+    assert doc["max_model_len"] == config["max_position_embeddings"]
+    explicit = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--max-model-len",
+                                         str(config["max_position_embeddings"]), "--format", "json")))
+    assert doc["num_blocks"] == explicit["num_blocks"] and doc["per_request"] == explicit["per_request"]
+    assumed = doc["assumed"]
+    assert assumed["max_model_len"].startswith(f"{config['max_position_embeddings']} (the config's")
+    assert assumed["block_size"].startswith("16 (") and assumed["kv_cache_layout"].startswith("LBNHC (")
+    assert set(assumed) >= {"vllm_version", "kv_cache_dtype", "tensor_parallel_size", "max_num_batched_tokens"}
+    assert "max_model_len" not in explicit["assumed"]
+    text = _run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB"))
+    assert "assumed (defaults no flag changed):" in text and "max_position_embeddings" in text
+
+
+def test_a_config_without_max_position_embeddings_needs_max_model_len(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    config = {k: v for k, v in load_config(QWEN3).items() if k != "max_position_embeddings"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB")) == 2
+    assert "--max-model-len is required" in capsys.readouterr().err

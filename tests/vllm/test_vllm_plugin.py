@@ -152,17 +152,17 @@ def test_disabled_plugin_installs_nothing() -> None:
 
 
 def test_wrong_vllm_version_fails_loudly(tmp_path: Path) -> None:
-    """A vllm whose metadata says 0.32.0: vLLM's plugin loader lets the error through."""
-    dist = tmp_path / "vllm-0.32.0.dist-info"
+    """A vllm whose metadata says 0.31.0: vLLM's plugin loader lets the error through."""
+    dist = tmp_path / "vllm-0.31.0.dist-info"
     dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0\n")
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n")
     result = run_script(
         "from vllm.plugins import load_general_plugins\nload_general_plugins()\nprint('started')\n",
         env={"KVPOLICY_ENABLE": "1"}, pythonpath=[tmp_path],
     )
     assert result.returncode != 0 and "started" not in result.stdout
-    assert "AdapterError: kvpolicy: vLLM 0.32.0 is not a validated version" in result.stderr
-    assert "validated: 0.33.0" in result.stderr
+    assert "AdapterError: kvpolicy: vLLM 0.31.0 is not a validated version" in result.stderr
+    assert "validated: 0.32.0, 0.33.0" in result.stderr
 
 
 def test_missing_hook_target_fails_loudly() -> None:

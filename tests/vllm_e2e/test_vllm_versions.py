@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from kvpolicy.adapters.vllm_adapter.versions import TRAITS, VALIDATED_VLLM, traits
+
 pytestmark = [pytest.mark.vllm_engine, pytest.mark.vllm]
 
 HERE = Path(__file__).resolve().parent
@@ -106,3 +108,17 @@ def test_the_instance_attributes_the_adapter_reads_exist_in_both(both: tuple[dic
 def test_the_cpu_backend_takes_only_the_layer_outermost_layout(both: tuple[dict[str, Any], dict[str, Any]]) -> None:
     for report in both:
         assert report["cpu_attention_layouts"] == ["LBHNC"]
+
+
+def test_the_version_table_says_what_differs(both: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    # adapters/vllm_adapter/versions.py: one row per validated version, each true of that release.
+    assert sorted(report["version"] for report in both) == sorted(VALIDATED_VLLM) == sorted(TRAITS)
+    for report in both:
+        row, s = traits(report["version"]), report["symbols"]
+        configs = s[f"{row.planning_module}:get_kv_cache_configs"]
+        assert configs["exists"], row
+        assert ("global_kv_cache_groups" in configs["signature"]) == row.configs_take_global_groups
+        pool_init = s["vllm.v1.core.block_pool:BlockPool.__init__"]["signature"]
+        assert ("num_hash_lookahead_tokens" in pool_init) == row.block_pool_lookahead
+    old, new = (traits(r["version"]) for r in both)
+    assert old.null_block_refcounted != new.null_block_refcounted  # free_blocks/touch differ (CODE_CHANGED)

@@ -1,4 +1,7 @@
-"""``kvpolicy plan --engine vllm``: what vLLM 0.33 would allocate for a model and a budget.
+"""``kvpolicy plan --engine vllm``: what vLLM would allocate for a model and a budget.
+
+The arithmetic is vLLM 0.33's; for standard attention 0.32.0 plans the same (checked against
+a real vLLM 0.32.0 CPU engine in tests/vllm_e2e).
 
 Pure code on top of ``hf_config`` and ``kv_cache_planning``; ``VllmPlan`` is the JSON
 that ``kvpolicy plan --engine vllm --format json`` prints.
@@ -11,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from .. import VALIDATED_VLLM
+from ..versions import NEWEST_VALIDATED_VLLM
 from ..pools import PADDING_POOL
 from .hf_config import Family, ModelSpecs, SpecSettings, model_specs
 from .kv_cache_planning import (
@@ -65,7 +68,8 @@ class PoolPlan(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     bytes_per_block: NonNegativeInt
-    """The pool's bytes in one block of a group that holds it (the largest, if several groups)."""
+    """The pool's bytes in one block of every group that holds its layers: the sum of the page bytes
+    of all its layers across those groups (V4-Flash ``swa``: 823,680 + 786,240 B)."""
     groups: list[NonNegativeInt]
     per_request_bytes: NonNegativeInt
     """The pool's bytes held by one request at max_model_len."""
@@ -87,7 +91,7 @@ class VllmPlan(BaseModel):
 
     schema_: Literal[1] = Field(default=PLAN_SCHEMA, alias="schema")
     engine: Literal["vllm"] = "vllm"
-    engine_version: str = VALIDATED_VLLM[0]
+    engine_version: str = NEWEST_VALIDATED_VLLM
     model: Family
     kv_cache_layout: str
     budget: NonNegativeInt | None
@@ -102,6 +106,8 @@ class VllmPlan(BaseModel):
     """num_blocks / blocks per request, as vLLM logs it ("Maximum concurrency")."""
     kv_cache_size_tokens: NonNegativeInt
     """int(max_concurrency × max_model_len), as vLLM logs it ("KV cache size")."""
+    assumed: dict[str, str] = Field(default_factory=dict)
+    """The defaults the plan assumed where no flag said (name → value and where it comes from)."""
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True, indent=2)
@@ -117,6 +123,7 @@ def make_plan(
     *,
     budget: int | None = None,
     num_blocks: int | None = None,
+    engine_version: str = NEWEST_VALIDATED_VLLM,
 ) -> VllmPlan:
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError when vLLM would refuse."""
@@ -134,6 +141,7 @@ def make_plan(
     check_fits(blocks, block_bytes, request_blocks, settings.max_model_len)
     concurrency = blocks / request_blocks
     return VllmPlan(
+        engine_version=engine_version,
         model=specs.family,
         kv_cache_layout=layout.name,
         budget=budget,
@@ -171,7 +179,7 @@ def _pool_plans(groups: list[Group], s: PlanSettings) -> dict[str, PoolPlan]:
         for pool, nbytes in g.pool_bytes().items():
             assert pool and pool != PADDING_POOL, f"layer spec without a pool in group {i}"
             entry = acc.setdefault(pool, {"bytes_per_block": 0, "groups": [], "per_request_bytes": 0, "parts": {}})
-            entry["bytes_per_block"] = max(entry["bytes_per_block"], nbytes)
+            entry["bytes_per_block"] += nbytes
             entry["groups"].append(i)
             entry["per_request_bytes"] += request_blocks * nbytes
             for part, pbytes in parts.get(pool, {}).items():
