@@ -52,16 +52,21 @@ class FreeBlockIndex:
     # -- the hot path --------------------------------------------------------------------
     def take(self, n: int) -> list[int]:
         """``n`` free ids (``0 < n <= num_free``), now live."""
-        free_in, users = self._free_in, self._users
+        free_in, users, partial = self._free_in, self._users, self._partial
         out: list[int] | None = None
         need = n
         while need:
-            partial = self._partial
-            if partial and free_in[partial[0]] and users[partial[0]]:
-                h = partial[0]  # the usual case, without a call
+            # The usual cases without a call: the lowest partly used chunk, or (none being
+            # left) the lowest fully free one; stale heap entries are _pick_home's to clear.
+            if partial:
+                h = partial[0]
+                if not (users[h] and free_in[h]):
+                    h = self._pick_home()
+            elif self._empty and free_in[self._empty[0]]:
+                h = self._empty[0]
             else:
                 h = self._pick_home()
-                assert h >= 0, f"pool {self.name!r} counted {self.num_free} free blocks but found none"
+            assert h >= 0, f"pool {self.name!r} counted {self.num_free} free blocks but found none"
             lst = free_in[h]
             k = len(lst)
             if k <= need:
@@ -96,16 +101,35 @@ class FreeBlockIndex:
             refuse_free(live, ids, self.num_blocks, self.name)
         before = len(live)
         live.difference_update(ids)
-        if len(live) != before - len(ids):
+        n = len(ids)
+        if len(live) != before - n:  # a duplicate id
             live.update(ids)
             refuse_free(live, ids, self.num_blocks, self.name)
         free_in, users, homes = self._free_in, self._users, self._homes
         ordered = sorted(ids)
-        n = len(ordered)
         h = homes[ordered[0]]
         if homes[ordered[-1]] == h:  # all in one home chunk: the usual case
-            free_in[h].extend(ordered)
-            users[h] -= n
+            free_in[h] += ordered
+            left = users[h] - n
+            users[h] = left
+            if not self._straddling:  # then h is all they touched
+                if left:
+                    if not self._in_partial[h]:
+                        heappush(self._partial, h)
+                        self._in_partial[h] = 1
+                    emptied = []
+                else:
+                    emptied = [h]
+                    if not self._in_empty[h]:
+                        heappush(self._empty, h)
+                        self._in_empty[h] = 1
+                    partial = self._partial
+                    if partial and partial[0] == h:  # no longer partly used: off the top, so take needs no call
+                        heappop(partial)
+                        self._in_partial[h] = 0
+                self.num_free += n
+                self.num_live -= n
+                return emptied
             touched = [h]
         else:
             touched = []
