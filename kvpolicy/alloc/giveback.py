@@ -24,9 +24,7 @@ of busy pools under full contention):
 - **A hold time** (``hold_s``): under pressure, memory below the target goes back only
   if it stayed free (held and in no live block) through a whole hold period — a quiet
   engine's idle cache, not the blocks a busy one freed a step ago and takes again the
-  next. Memory above the target goes at once, as before. After a give-back under
-  pressure the window starts again, so a pool gives back under pressure at most once
-  per hold time.
+  next. Memory above the target goes at once, as before.
 - **A reserve** (``reserve_bytes``): what a pool maps ahead of demand (``BlockPool.top_up``)
   and keeps free beyond its use when it gives back above the target, so a busy engine
   takes blocks from mapped memory and the step rarely waits on the driver. Pressure
@@ -86,6 +84,13 @@ class IdleWindow:
             done = idle if self.current is None else min(self.current, idle)
             return IdleWindow(now, idle, done)
         return IdleWindow(self.start, idle if self.current is None else min(self.current, idle), self.previous)
+
+    def less(self, gone: int) -> IdleWindow:
+        """The window after ``gone`` of the idle bytes were given back (what stays idle still counts)."""
+        def minus(v: int | None) -> int | None:
+            return None if v is None else max(0, v - gone)
+
+        return IdleWindow(self.start, minus(self.current), minus(self.previous))
 
     def idle_through(self) -> int:
         """Bytes free at every sync of at least one whole hold period (0 before one completed)."""
@@ -242,7 +247,6 @@ class GiveBack:
         mapping.release_down_to(keep)
         gone = before - mapping.held_bytes
         self.released_under_pressure += gone
-        if gone and self.hold_s:  # what was idle is gone: the window starts again, and no refill for a hold
-            now = self._clock()
-            self._idle = IdleWindow(now)
-            self._quiet_until = now + self.hold_s
+        if gone and self.hold_s:  # what went is no longer idle here; and no refill of the reserve for a hold
+            self._idle = self._idle.less(gone)
+            self._quiet_until = self._clock() + self.hold_s

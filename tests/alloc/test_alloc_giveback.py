@@ -85,6 +85,7 @@ def test_an_idle_window_knows_what_stayed_free_through_a_whole_hold() -> None:
     w = w.noting(2.0, 9, hold=2.0)  # the first period (least 4) is complete; a new one starts at 2.0
     assert w == IdleWindow(2.0, 9, 4) and w.idle_through() == 4
     assert w.noting(3.0, 1, hold=2.0).idle_through() == 1  # freed memory taken again: only 1 stayed free
+    assert w.less(3) == IdleWindow(2.0, 6, 1) and w.less(20).idle_through() == 0  # given back: no longer idle here
 
 
 @settings(max_examples=300, deadline=None)
