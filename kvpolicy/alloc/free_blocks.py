@@ -33,6 +33,7 @@ class FreeBlockIndex:
         self._first_homed = grid.first_homed
         self._spans = grid.spans  # chunks beyond the home: nonzero only for blocks that straddle
         self._straddling = not grid.blocks_per_chunk
+        self._one_per_chunk = grid.blocks_per_chunk == 1  # block b is chunk b: no chunk is ever partly used
         self._users = mapping.users  # live blocks touching each chunk (the mapping's own counts)
         self._mapped = mapping.mapped
         n = mapping.num_chunks
@@ -52,6 +53,8 @@ class FreeBlockIndex:
     # -- the hot path --------------------------------------------------------------------
     def take(self, n: int) -> list[int]:
         """``n`` free ids (``0 < n <= num_free``), now live."""
+        if self._one_per_chunk:
+            return self._take_whole_chunks(n)
         free_in, users, partial = self._free_in, self._users, self._partial
         out: list[int] | None = None
         need = n
@@ -94,6 +97,22 @@ class FreeBlockIndex:
         assert out is not None
         return out
 
+    def _take_whole_chunks(self, n: int) -> list[int]:
+        """``take`` when each block is a whole chunk: the lowest free ones, off the fully-free heap."""
+        empty, free_in, users, in_empty = self._empty, self._free_in, self._users, self._in_empty
+        out: list[int] = []
+        while len(out) < n:
+            h = heappop(empty)
+            in_empty[h] = 0
+            if free_in[h]:  # else a stale entry (its block was dropped or claimed)
+                out.append(h)
+                free_in[h] = []
+                users[h] = 1
+        self.live.update(out)
+        self.num_free -= n
+        self.num_live += n
+        return out
+
     def free(self, ids: list[int]) -> list[int]:
         """Make live ``ids`` free, all or nothing (``BlockError``); returns the chunks they left with no live block."""
         live = self.live
@@ -105,6 +124,17 @@ class FreeBlockIndex:
         if len(live) != before - n:  # a duplicate id
             live.update(ids)
             refuse_free(live, ids, self.num_blocks, self.name)
+        if self._one_per_chunk:  # each id is its own chunk, now empty
+            free_in, users, empty, in_empty = self._free_in, self._users, self._empty, self._in_empty
+            for b in ids:
+                free_in[b] = [b]
+                users[b] = 0
+                if not in_empty[b]:
+                    heappush(empty, b)
+                    in_empty[b] = 1
+            self.num_free += n
+            self.num_live -= n
+            return list(ids)
         free_in, users, homes = self._free_in, self._users, self._homes
         ordered = sorted(ids)
         h = homes[ordered[0]]
