@@ -81,10 +81,11 @@ class Counters:
     """Allocation refusals by reason (limit, admission, capacity, device)."""
 
 
-PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait")
+PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait", "top_up")
 """Where a step's wall time goes: the pool's allocations (elastic mapping included), the GPU work
 (the KV pattern writes, attention, the completion checks; launches only, unless profiling), freeing,
-``pool.sync()`` (limits, give-back unmapping), and the wait for the GPU at the step's end."""
+``pool.sync()`` (limits, give-back unmapping), the wait for the GPU at the step's end, and (after
+the step, not in its time) the pool's ``top_up()``, mapping ahead of demand."""
 
 
 class Engine:
@@ -135,6 +136,8 @@ class Engine:
         with self._phase("gpu_wait"):
             self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
+        with self._phase("top_up"):  # between steps: the next step takes blocks from mapped memory
+            self.pool.top_up()
 
     @contextmanager
     def _phase(self, name: str, gpu: bool = False) -> Iterator[None]:

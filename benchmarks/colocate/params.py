@@ -129,6 +129,15 @@ class Engine(Strict):
         description="kvpolicy mode: free memory above the target goes back once it stayed free this long (0: at once); "
         "a busy tenant then reuses a finished request's chunks instead of unmapping and mapping them again",
     )
+    give_back_hold_s: float = Field(
+        default=0.0, ge=0,
+        description="kvpolicy mode: under pressure, memory below the target goes back only once it stayed free this long "
+        "(0: at once, the old behaviour); also how long a pool waits to refill its reserve after a give-back or a refusal",
+    )
+    reserve_blocks: int = Field(
+        default=0, ge=0,
+        description="kvpolicy mode: free blocks each pool maps ahead of demand between steps (0: none, the old behaviour)",
+    )
 
 
 class Budget(Strict):

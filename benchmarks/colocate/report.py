@@ -20,11 +20,68 @@ TENANT_FIELDS = ("tokens", "arrived", "completed", "abandoned", "queued", "preem
                  "waiting_at_end", "step_ms_p50", "step_ms_p99", "oom", "corrupted", "checked", "refusals")
 
 
+DRIVER_WORK = ("groups_mapped", "groups_unmapped", "regrowths")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or not b else a / b
+
+
+def ratios(static: dict[str, dict[str, Any]], kv: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """kvpolicy against static, measured in the same run: per tenant and in all. Each tenant's
+    figures are its engine summary's (tokens, step_ms_p50/p99, preempted) plus its pool's driver
+    work (groups_mapped, groups_unmapped, regrowths: give-back/regrow cycles)."""
+    rows = {}
+    for name, k in kv.items():
+        s = static[name]
+        work = None if k.get("groups_mapped") is None else k["groups_mapped"] + k["groups_unmapped"]
+        rows[name] = {
+            "tokens": _ratio(k["tokens"], s["tokens"]),
+            "step_p50": _ratio(k["step_ms_p50"], s["step_ms_p50"]),
+            "step_p99": _ratio(k["step_ms_p99"], s["step_ms_p99"]),
+            "preempted": (s["preempted"], k["preempted"]),
+            "preempted_ratio": _ratio(k["preempted"], s["preempted"]),
+            "regrowths": k.get("regrowths"),
+            "map_unmap_per_1k_tokens": None if work is None else _ratio(1000 * work, k["tokens"]),
+        }
+    tokens = (sum(k["tokens"] for k in kv.values()), sum(s["tokens"] for s in static.values()))
+    preempted = (sum(s["preempted"] for s in static.values()), sum(k["preempted"] for k in kv.values()))
+    return {
+        "tenants": rows,
+        "tokens": _ratio(*tokens),
+        "preempted": preempted,
+        "preempted_ratio": _ratio(preempted[1], preempted[0]),
+        "step_p50_max": max((r["step_p50"] or 0 for r in rows.values()), default=None),
+        "step_p99_max": max((r["step_p99"] or 0 for r in rows.values()), default=None),
+    }
+
+
+def ratio_table(r: dict[str, Any], label: str = "kvpolicy") -> str:
+    """``ratios`` as a markdown table."""
+    def x(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f}×"
+
+    lines = [
+        f"| tenant | tokens {label}/static | step p50 × | step p99 × | preempted static → {label} "
+        "| give-back/regrow cycles | chunk groups mapped+unmapped per 1k tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, t in r["tenants"].items():
+        per = "–" if t["map_unmap_per_1k_tokens"] is None else f"{t['map_unmap_per_1k_tokens']:.1f}"
+        cycles = "–" if t["regrowths"] is None else str(t["regrowths"])
+        lines.append(f"| {name} | {x(t['tokens'])} | {x(t['step_p50'])} | {x(t['step_p99'])} | "
+                     f"{t['preempted'][0]} → {t['preempted'][1]} | {cycles} | {per} |")
+    lines.append(f"| all | {x(r['tokens'])} | ≤ {x(r['step_p50_max'])} | ≤ {x(r['step_p99_max'])} | "
+                 f"{r['preempted'][0]} → {r['preempted'][1]} ({x(r['preempted_ratio'])}) | | |")
+    return "\n".join(lines) + "\n"
+
+
 def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
     t = mode["tenants"][name]
     s = t["summary"]
     out = {k: s[k] for k in TENANT_FIELDS}
     out["peak_mapped"] = t["peak_held"]
+    out.update(t.get("driver_work") or dict.fromkeys(DRIVER_WORK))  # None: a run from before it was counted
     out["released_under_pressure"] = t.get("released_under_pressure")  # None: a run from before it existed
     if mode["mode"] == "kvpolicy":
         rec = mode["reclaim"][name]
@@ -91,6 +148,7 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
         "engine": modes["kvpolicy"]["params"]["engine"],
         "kv": modes["kvpolicy"]["params"]["kv"],
         "tokens_ratio": ratio,
+        "ratios": ratios(static["tenants"], kv["tenants"]),
         "goals": {
             "zero_oom": static["oom"] == 0 and kv["oom"] == 0,
             "zero_corrupted": static["corrupted"] == 0 and kv["corrupted"] == 0,
@@ -138,6 +196,9 @@ def markdown(results: dict[str, Any]) -> str:
         (f"**Tokens served: kvpolicy / static = {results['tokens_ratio']:.2f}×** "
          f"({kv['tokens']:,} vs {st['tokens']:,} output tokens)."),
         "",
+        "kvpolicy against static in the same run:",
+        "",
+        ratio_table(results["ratios"]) if "ratios" in results else "(no ratios: results from before they were computed)",
         ("| tenant | mode | tokens | completed / arrived | abandoned | queued | preempted | step p50 / p99 ms "
          "| peak mapped GiB | OOM | corrupted | reclaim s (max, n) | reload acked / applied ms |"),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -226,4 +287,4 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["combine", "markdown", "plot"]
+__all__ = ["combine", "markdown", "plot", "ratio_table", "ratios"]

@@ -25,6 +25,7 @@ if str(HERE) not in sys.path:
 from engine import Engine
 from params import Params, load_params
 from policyedit import swap_settings
+from report import ratio_table, ratios
 from traces import requests_for
 
 from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
@@ -121,7 +122,9 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
             source = shared.source(name, guarantee)
             pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
                              give_back_under_pressure=params.engine.give_back_under_pressure,
-                             give_back_delay_s=params.engine.give_back_delay_s, clock=lambda: now[0])
+                             give_back_delay_s=params.engine.give_back_delay_s,
+                             give_back_hold_s=params.engine.give_back_hold_s, reserve_blocks=params.engine.reserve_blocks,
+                             clock=lambda: now[0])
             pool.ensure_mapped(range(guarantee // pool.block_bytes))
         engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,
                         max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,
@@ -155,7 +158,8 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
     out = {}
     for name, engine in zip(params.tenants, engines):
         out[name] = engine.summary()
-        out[name]["chunks_mapped"] = engine.pool.calls.map
+        m = engine.pool.mapping
+        out[name].update(groups_mapped=m.groups_mapped, groups_unmapped=m.groups_unmapped, regrowths=m.regrowths)
         engine.pool.close()
     return out
 
@@ -166,6 +170,7 @@ def main() -> int:
     ap.add_argument("--duration-scale", type=float, default=1.0, metavar="F", help="multiply every duration of the trace by F")
     ap.add_argument("--give-back-delay", type=float, metavar="S", help="override engine.give_back_delay_s")
     ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
+    ap.add_argument("--no-old", action="store_true", help="skip the run with the old allocator behaviour (no hold, no reserve)")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
     args = ap.parse_args()
     params = load_params(args.params).scaled(args.duration_scale)
@@ -180,15 +185,24 @@ def main() -> int:
         from dsv4 import planned, policy_reserve
 
         reserved = planned(params, policy_reserve(params, params.policy)[0]).total_footprint
-    tokens = {}
-    for mode in ("static", "kvpolicy"):
-        result = simulate(params, mode, reserved)
-        tokens[mode] = sum(s["tokens"] for s in result.values())
-        print(f"{mode}: {tokens[mode]:,} tokens; " + "; ".join(
+    # The old allocator behaviour (no hold, no reserve) beside the parameters', both against static.
+    old = params.model_copy(update={"engine": params.engine.model_copy(update={"give_back_hold_s": 0.0, "reserve_blocks": 0})})
+    runs = {"static": (params, "static"), "kvpolicy-old": (old, "kvpolicy"), "kvpolicy": (params, "kvpolicy")}
+    if args.no_old or old == params:
+        del runs["kvpolicy-old"]
+    results = {}
+    for label, (p, mode) in runs.items():
+        results[label] = result = simulate(p, mode, reserved)
+        print(f"{label}: {sum(s['tokens'] for s in result.values()):,} tokens; " + "; ".join(
             f"{n} {s['tokens']:,} (completed {s['completed']}, abandoned {s['abandoned']}, preempted {s['preempted']})"
-            for n, s in result.items()) + f"; {sum(s['chunks_mapped'] for s in result.values()):,} chunks mapped")
-    print(f"tokens kvpolicy / static = {tokens['kvpolicy'] / tokens['static']:.2f} "
-          f"(simulated clock, patience {params.engine.patience_s} s)")
+            for n, s in result.items()) + f"; {sum(s['groups_mapped'] for s in result.values()):,} chunk groups mapped")
+    e = params.engine
+    print(f"\n{params.name}: simulated clock, patience {e.patience_s} s; kvpolicy: give-back delay {e.give_back_delay_s} s, "
+          f"hold {e.give_back_hold_s} s, reserve {e.reserve_blocks} blocks; kvpolicy-old: no hold, no reserve. "
+          "Step times are the allocator's and scheduler's CPU time (no GPU work).\n")
+    for label in runs:
+        if label != "static":
+            print(ratio_table(ratios(results["static"], results[label]), label))
     return 0
 
 

@@ -80,7 +80,8 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
         pool = BlockPool(
             driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
             give_back_under_pressure=params.engine.give_back_under_pressure,
-            give_back_delay_s=params.engine.give_back_delay_s, clock=clock.now,
+            give_back_delay_s=params.engine.give_back_delay_s, give_back_hold_s=params.engine.give_back_hold_s,
+            reserve_blocks=params.engine.reserve_blocks, clock=clock.now,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
@@ -88,6 +89,12 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
         # so a guarantee left unmapped could be taken by two neighbours growing at once.
         pool.ensure_mapped(range(guarantee // pool.block_bytes))
     return driver, inst, pool
+
+
+def driver_work(mapping) -> dict[str, int]:
+    """Chunk groups mapped and unmapped, and give-back/regrow cycles, over the pool's life."""
+    return {"groups_mapped": mapping.groups_mapped, "groups_unmapped": mapping.groups_unmapped,
+            "regrowths": mapping.regrowths}
 
 
 def warm_up(work, pool) -> None:
@@ -237,6 +244,7 @@ def main() -> int:
         "clock": {"kind": clock.kind, "steps": clock.steps, "trace_s": round(clock.now(), 6), "wall_s": round(served_wall_s, 3)},
         "peak_held": recorder.peak,
         "released_under_pressure": pool.released_under_pressure,
+        "driver_work": driver_work(pool.mapping),
         "samples": {"columns": Recorder.COLUMNS, "rows": recorder.samples},
         "revisions": recorder.revisions,
         "pool": {

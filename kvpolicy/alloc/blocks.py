@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from kvpolicy.alloc.arena import Arena
 from kvpolicy.alloc.counters import CallCounts
 from kvpolicy.alloc.driver import Driver
-from kvpolicy.alloc.errors import AllocError, DriverError
+from kvpolicy.alloc.errors import AllocError, DriverError, OutOfBlocks
 from kvpolicy.alloc.free_blocks import FreeBlockIndex
 from kvpolicy.alloc.giveback import GiveBack
 from kvpolicy.alloc.layout import BlockGeometry, ChunkGrid
@@ -68,6 +68,11 @@ class PoolStats:
     target: int
     revision: int
     deferred: bool
+    groups_mapped: int = 0
+    """Chunk groups mapped since the pool was made (cumulative)."""
+    groups_unmapped: int = 0
+    regrowths: int = 0
+    """Give-back/regrow cycles: growths that followed a give-back (cumulative)."""
 
 
 class BlockPool:
@@ -90,6 +95,8 @@ class BlockPool:
         zero_new_chunks: bool = False,
         give_back_under_pressure: bool = True,
         give_back_delay_s: float = 0.0,
+        give_back_hold_s: float = 0.0,
+        reserve_blocks: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
@@ -97,11 +104,19 @@ class BlockPool:
         first (and wait for kernels in flight); if it raises, nothing is unmapped.
         ``zero_new_chunks`` fills every newly mapped chunk with zeros before its blocks
         can be handed out. ``give_back_under_pressure`` and ``give_back_delay_s`` (measured
-        by ``clock``): see ``giveback``."""
+        by ``clock``): see ``giveback``. ``give_back_hold_s``: under pressure, memory below the
+        target goes back only once it stayed free this long. ``reserve_blocks``: free blocks
+        ``top_up()`` keeps mapped ahead of demand (0: none, growth only inside ``alloc``)."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        if reserve_blocks < 0:
+            raise ValueError(f"reserve_blocks must be >= 0, got {reserve_blocks}")
         stride, n_arenas = geometry.block_stride, geometry.num_arenas
+        group = chunk * n_arenas
+        self.reserve_blocks = reserve_blocks
         self.give_back = GiveBack(
+            hold_s=give_back_hold_s,
+            reserve_bytes=-(-reserve_blocks * stride * n_arenas // group) * group,
             group_bytes=chunk * n_arenas,
             grow_chunks=grow_chunks,
             delay_s=give_back_delay_s,
@@ -234,6 +249,9 @@ class BlockPool:
                 target=r.target,
                 revision=r.revision,
                 deferred=m.deferred,
+                groups_mapped=m.groups_mapped,
+                groups_unmapped=m.groups_unmapped,
+                regrowths=m.regrowths,
             )
 
     # -- the hot path ------------------------------------------------------------------
@@ -331,6 +349,30 @@ class BlockPool:
         with self._lock:
             self._check_open()
             self.mapping.report()
+
+    def top_up(self) -> list[int]:
+        """Map ahead of demand, between steps: when fewer than ``reserve_blocks`` free blocks are
+        mapped, map the lowest unmapped chunks that make ``reserve_blocks`` (within the limit
+        last read and the limit source's admission); returns the chunk indices mapped.
+
+        It never raises ``OutOfBlocks``: a refusal maps nothing and the next top-up waits a
+        hold time, as it does after a give-back under pressure and while another instance is
+        short of memory (``GiveBack.may_top_up``): a reserve is not worth a tug of war.
+        """
+        with self._lock:
+            self._check_open()
+            missing = self.reserve_blocks - self.index.num_free
+            if missing <= 0 or self.mapping.deferred or not self.give_back.may_top_up(self.mapping.limit.pressure()):
+                return []
+            free = self.index.num_free
+            try:
+                chunks = self.mapping.map_growth(missing, at_least=1, requested=self.reserve_blocks, free=free)
+            except OutOfBlocks:
+                self.give_back.top_up_refused()
+                return []
+            self.index.add_mapped(chunks)
+            self.mapping.report()
+            return chunks
 
     # -- growth ------------------------------------------------------------------------
     def _grow_for(self, n: int) -> None:

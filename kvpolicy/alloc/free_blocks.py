@@ -33,6 +33,7 @@ class FreeBlockIndex:
         self._first_homed = grid.first_homed
         self._spans = grid.spans  # chunks beyond the home: nonzero only for blocks that straddle
         self._straddling = not grid.blocks_per_chunk
+        self._one_per_chunk = grid.blocks_per_chunk == 1  # block b is chunk b: no chunk is ever partly used
         self._users = mapping.users  # live blocks touching each chunk (the mapping's own counts)
         self._mapped = mapping.mapped
         n = mapping.num_chunks
@@ -52,16 +53,23 @@ class FreeBlockIndex:
     # -- the hot path --------------------------------------------------------------------
     def take(self, n: int) -> list[int]:
         """``n`` free ids (``0 < n <= num_free``), now live."""
-        free_in, users = self._free_in, self._users
+        if self._one_per_chunk:
+            return self._take_whole_chunks(n)
+        free_in, users, partial = self._free_in, self._users, self._partial
         out: list[int] | None = None
         need = n
         while need:
-            partial = self._partial
-            if partial and free_in[partial[0]] and users[partial[0]]:
-                h = partial[0]  # the usual case, without a call
+            # The usual cases without a call: the lowest partly used chunk, or (none being
+            # left) the lowest fully free one; stale heap entries are _pick_home's to clear.
+            if partial:
+                h = partial[0]
+                if not (users[h] and free_in[h]):
+                    h = self._pick_home()
+            elif self._empty and free_in[self._empty[0]]:
+                h = self._empty[0]
             else:
                 h = self._pick_home()
-                assert h >= 0, f"pool {self.name!r} counted {self.num_free} free blocks but found none"
+            assert h >= 0, f"pool {self.name!r} counted {self.num_free} free blocks but found none"
             lst = free_in[h]
             k = len(lst)
             if k <= need:
@@ -89,6 +97,22 @@ class FreeBlockIndex:
         assert out is not None
         return out
 
+    def _take_whole_chunks(self, n: int) -> list[int]:
+        """``take`` when each block is a whole chunk: the lowest free ones, off the fully-free heap."""
+        empty, free_in, users, in_empty = self._empty, self._free_in, self._users, self._in_empty
+        out: list[int] = []
+        while len(out) < n:
+            h = heappop(empty)
+            in_empty[h] = 0
+            if free_in[h]:  # else a stale entry (its block was dropped or claimed)
+                out.append(h)
+                free_in[h] = []
+                users[h] = 1
+        self.live.update(out)
+        self.num_free -= n
+        self.num_live += n
+        return out
+
     def free(self, ids: list[int]) -> list[int]:
         """Make live ``ids`` free, all or nothing (``BlockError``); returns the chunks they left with no live block."""
         live = self.live
@@ -96,16 +120,46 @@ class FreeBlockIndex:
             refuse_free(live, ids, self.num_blocks, self.name)
         before = len(live)
         live.difference_update(ids)
-        if len(live) != before - len(ids):
+        n = len(ids)
+        if len(live) != before - n:  # a duplicate id
             live.update(ids)
             refuse_free(live, ids, self.num_blocks, self.name)
+        if self._one_per_chunk:  # each id is its own chunk, now empty
+            free_in, users, empty, in_empty = self._free_in, self._users, self._empty, self._in_empty
+            for b in ids:
+                free_in[b] = [b]
+                users[b] = 0
+                if not in_empty[b]:
+                    heappush(empty, b)
+                    in_empty[b] = 1
+            self.num_free += n
+            self.num_live -= n
+            return list(ids)
         free_in, users, homes = self._free_in, self._users, self._homes
         ordered = sorted(ids)
-        n = len(ordered)
         h = homes[ordered[0]]
         if homes[ordered[-1]] == h:  # all in one home chunk: the usual case
-            free_in[h].extend(ordered)
-            users[h] -= n
+            free_in[h] += ordered
+            left = users[h] - n
+            users[h] = left
+            if not self._straddling:  # then h is all they touched
+                if left:
+                    if not self._in_partial[h]:
+                        heappush(self._partial, h)
+                        self._in_partial[h] = 1
+                    emptied = []
+                else:
+                    emptied = [h]
+                    if not self._in_empty[h]:
+                        heappush(self._empty, h)
+                        self._in_empty[h] = 1
+                    partial = self._partial
+                    if partial and partial[0] == h:  # no longer partly used: off the top, so take needs no call
+                        heappop(partial)
+                        self._in_partial[h] = 0
+                self.num_free += n
+                self.num_live -= n
+                return emptied
             touched = [h]
         else:
             touched = []

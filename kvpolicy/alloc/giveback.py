@@ -18,6 +18,18 @@ reasons, each a decision here of how many bytes to keep:
   refused since its last sync is the one short of memory and gives nothing back; nor
   does one whose lowered limit is deferred (the deferral is shrinking it already).
 
+Two settings keep a pool from giving memory back only to map it again (the tug of war
+of busy pools under full contention):
+
+- **A hold time** (``hold_s``): under pressure, memory below the target goes back only
+  if it stayed free (held and in no live block) through a whole hold period — a quiet
+  engine's idle cache, not the blocks a busy one freed a step ago and takes again the
+  next. Memory above the target goes at once, as before.
+- **A reserve** (``reserve_bytes``): what a pool maps ahead of demand (``BlockPool.top_up``)
+  and keeps free beyond its use when it gives back above the target, so a busy engine
+  takes blocks from mapped memory and the step rarely waits on the driver. Pressure
+  takes it like any free memory; the reserve is not refilled for a hold time after.
+
 The functions decide; ``GiveBack`` keeps their state (the period, the pressure and
 refusals last seen) and carries the decisions out on a ``ChunkMapping``.
 """
@@ -55,6 +67,42 @@ class IdlePeriod:
     def keep(self, held: int, target: int) -> int | None:
         """At the period's end: give back down to this (None: nothing), the memory idle through all of it."""
         return max(target, held - self.least_idle) if self.least_idle else None
+
+
+@dataclass(frozen=True)
+class IdleWindow:
+    """The least memory held and not in use seen over two back-to-back periods of the hold time:
+    ``previous`` (complete; None while the first period runs) and ``current`` (since ``start``)."""
+
+    start: float
+    current: int | None = None
+    previous: int | None = None
+
+    def noting(self, now: float, idle: int, hold: float) -> IdleWindow:
+        """The window after a sync at ``now`` that saw ``idle`` bytes free."""
+        if now - self.start >= hold:
+            done = idle if self.current is None else min(self.current, idle)
+            return IdleWindow(now, idle, done)
+        return IdleWindow(self.start, idle if self.current is None else min(self.current, idle), self.previous)
+
+    def less(self, gone: int) -> IdleWindow:
+        """The window after ``gone`` of the idle bytes were given back (what stays idle still counts)."""
+        def minus(v: int | None) -> int | None:
+            return None if v is None else max(0, v - gone)
+
+        return IdleWindow(self.start, minus(self.current), minus(self.previous))
+
+    def idle_through(self) -> int:
+        """Bytes free at every sync of at least one whole hold period (0 before one completed)."""
+        if self.previous is None:
+            return 0
+        return self.previous if self.current is None else min(self.previous, self.current)
+
+
+def held_through_hold(keep: int, *, held: int, target: int, idle_through: int) -> int:
+    """Under pressure with a hold time: keep at least what is below the target and was not free
+    through the whole hold period (above the target, ``keep`` stands)."""
+    return max(keep, min(target, held - idle_through))
 
 
 def pressure_floor(used: int, guarantee: int, *, group_bytes: int, grow_chunks: int) -> int:
@@ -101,11 +149,21 @@ class GiveBack:
         clock: Callable[[], float] = time.monotonic,
         pressure: int = 0,
         refusals: int = 0,
+        hold_s: float = 0.0,
+        reserve_bytes: int = 0,
     ) -> None:
         if grow_chunks < 1:
             raise ValueError(f"grow_chunks must be >= 1, got {grow_chunks}")
         if delay_s < 0:
             raise ValueError(f"give_back_delay_s must be >= 0, got {delay_s}")
+        if hold_s < 0:
+            raise ValueError(f"give_back_hold_s must be >= 0, got {hold_s}")
+        if reserve_bytes < 0:
+            raise ValueError(f"the reserve must be >= 0 bytes, got {reserve_bytes}")
+        self.hold_s = hold_s
+        self.reserve_bytes = reserve_bytes
+        self._idle = IdleWindow(clock())
+        self._quiet_until = float("-inf")  # no top-up before this (a give-back under pressure, or a refused top-up)
         self.group_bytes = group_bytes
         self.grow_chunks = grow_chunks
         self.delay_s = delay_s
@@ -131,13 +189,31 @@ class GiveBack:
         reading = mapping.refresh()
         if mapping.deferred:
             mapping.continue_deferred(None)
+        if self.hold_s:
+            self._idle = self._idle.noting(self._clock(), max(0, mapping.held_bytes - used), self.hold_s)
         self._above_target(mapping, used, reading.target)
         if self.under_pressure:
-            self._under_pressure(mapping, used, reading.guarantee)
+            self._under_pressure(mapping, used, reading.guarantee, reading.target)
         mapping.report()
+
+    def may_top_up(self, pressure: int) -> bool:
+        """Whether the pool may map ahead now: it keeps a reserve, nobody else is short of
+        memory since its last sync, and no give-back under pressure or refusal is recent."""
+        return bool(self.reserve_bytes) and not self.pressed(pressure) and self._clock() >= self._quiet_until
+
+    def top_up_refused(self) -> None:
+        """A top-up was refused (limit or admission): wait a hold time before the next."""
+        self._quiet_until = self._clock() + self.hold_s
+
+    def _reserve_floor(self, used: int) -> int:
+        """Use in whole chunk groups plus the reserve: what a give-back above the target keeps."""
+        if not self.reserve_bytes:
+            return 0
+        return -(-used // self.group_bytes) * self.group_bytes + self.reserve_bytes
 
     def _above_target(self, mapping: ChunkMapping, used: int, target: int) -> None:
         held = mapping.held_bytes
+        target = max(target, min(self._reserve_floor(used), mapping.reading.limit))
         if not self.delay_s:
             if held > target:
                 mapping.release_down_to(target)
@@ -151,7 +227,7 @@ class GiveBack:
             mapping.release_down_to(keep)
         self._period = IdlePeriod(now)
 
-    def _under_pressure(self, mapping: ChunkMapping, used: int, guarantee: int) -> None:
+    def _under_pressure(self, mapping: ChunkMapping, used: int, guarantee: int, target: int) -> None:
         pressure, refusals = mapping.limit.pressure(), mapping.admission_refusals
         keep = keep_under_pressure(
             pressed=pressure != self._pressure_seen,
@@ -163,7 +239,14 @@ class GiveBack:
             grow_chunks=self.grow_chunks,
         )
         self._pressure_seen, self._refusals_seen = pressure, refusals
-        if keep is not None:
-            before = mapping.held_bytes
-            mapping.release_down_to(keep)
-            self.released_under_pressure += before - mapping.held_bytes
+        if keep is None:
+            return
+        before = mapping.held_bytes
+        if self.hold_s:
+            keep = held_through_hold(keep, held=before, target=target, idle_through=self._idle.idle_through())
+        mapping.release_down_to(keep)
+        gone = before - mapping.held_bytes
+        self.released_under_pressure += gone
+        if gone and self.hold_s:  # what went is no longer idle here; and no refill of the reserve for a hold
+            self._idle = self._idle.less(gone)
+            self._quiet_until = self._clock() + self.hold_s

@@ -126,6 +126,14 @@ class ChunkMapping:
         """The limit revision last applied (or deferred); None before the first reading."""
         self.deferred = False
         """Whether a lowered limit waits for live blocks to be freed."""
+        self.groups_mapped = 0
+        """Chunk groups mapped (cumulative): the driver work growth cost."""
+        self.groups_unmapped = 0
+        """Chunk groups unmapped (cumulative)."""
+        self.regrowths = 0
+        """Give-back/regrow cycles: growths that followed a give-back (cumulative). A pool that
+        gives memory back and soon maps it again pays both for nothing."""
+        self._gave_back = False  # memory went back since the last growth
         self._orphans: set[int] = set()  # unmapped for the pool, still mapped in some arena (a failed unmap)
         self._before_unmap = before_unmap
         self._zero_new = zero_new_chunks
@@ -311,6 +319,10 @@ class ChunkMapping:
             mapped[ci] = 1
             self._orphans.discard(ci)
         self.mapped_chunks += len(indices)
+        self.groups_mapped += len(indices)
+        if self._gave_back and indices:
+            self.regrowths += 1
+            self._gave_back = False
         low, n = self.low_unmapped, self.num_chunks
         while low < n and mapped[low]:
             low += 1
@@ -382,6 +394,8 @@ class ChunkMapping:
                 continue  # an orphan already: only the arenas still mapping it are left to do
             self.mapped[ci] = 0
             self.mapped_chunks -= 1
+            self.groups_unmapped += 1
+            self._gave_back = True
             self.low_unmapped = min(self.low_unmapped, ci)
         before = self.held_bytes
         try:

@@ -421,3 +421,102 @@ def test_pressure_is_ignored_when_turned_off_or_while_a_limit_is_deferred(driver
         stats = pool.sync()
         assert stats.deferred and pool.released_under_pressure == 0  # the deferral does the shrinking
         assert stats.held_bytes == 2 * CHUNK  # chunks 1..8 went for the limit, not for the pressure
+
+
+def test_with_a_hold_pressure_takes_below_the_target_only_memory_free_through_a_whole_hold(driver):
+    base = resources(driver)
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=8 * CHUNK), give_back_hold_s=2.0,
+                            clock=lambda: now[0])
+    with pool:
+        ids = pool.alloc(32)  # 8 chunks, all under the target
+        pool.free(ids[8:])  # 2 chunks live, 6 free
+        assert pool.sync().held_bytes == 8 * CHUNK
+        limit.press()  # free for less than a hold: a busy engine's blocks, taken again soon
+        assert pool.sync().held_bytes == 8 * CHUNK and pool.released_under_pressure == 0
+        for t in (1.0, 2.0, 3.0, 4.0):  # two hold periods pass with the 6 chunks free throughout
+            now[0] = t
+            pool.sync()
+        limit.press()
+        stats = pool.sync()  # free through a whole hold: they go, down to use plus one growth step
+        assert stats.held_bytes == 3 * CHUNK and pool.released_under_pressure == 5 * CHUNK
+        # A second refusal: chunk 2 (the growth step kept) stayed free all along and goes;
+        # chunk 1, freed just now, is not idle through a hold and stays.
+        pool.free(ids[4:8])
+        limit.press()
+        assert pool.sync().held_bytes == 2 * CHUNK
+        assert pool.is_chunk_mapped(1) and not pool.is_chunk_mapped(2)
+        check_pool(pool, limit, driver, base)
+
+
+def test_with_a_hold_memory_above_the_target_goes_under_pressure_at_once(driver):
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), give_back_hold_s=5.0,
+                            give_back_delay_s=10.0, clock=lambda: now[0])
+    with pool:
+        ids = pool.alloc(40)  # 10 chunks, target 2
+        pool.free(ids[4:])  # 1 chunk live
+        limit.press()
+        assert pool.sync().held_bytes == 2 * CHUNK  # down to the target (use + one step is below it)
+
+
+def test_top_up_maps_a_reserve_ahead_within_the_limit_and_waits_after_a_refusal(driver):
+    base = resources(driver)
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(4 * CHUNK), reserve_blocks=6, give_back_hold_s=1.0,
+                            clock=lambda: now[0])
+    with pool:
+        assert pool.top_up() == [0, 1]  # 6 free blocks need 2 chunks of 4
+        assert pool.free_blocks == 8 and limit.calls("admit") == [2 * CHUNK]
+        assert pool.top_up() == []  # the reserve is there
+        ids = pool.alloc(5)  # taken from mapped memory: no growth inside alloc
+        assert len(limit.calls("admit")) == 1
+        assert pool.top_up() == [2] and pool.free_blocks == 7  # 3 were free: one chunk more makes the 6
+        more = pool.alloc(7)
+        assert pool.top_up() == [] and pool.held_bytes == 3 * CHUNK  # 2 chunks would pass the limit: refused
+        limit.set(8 * CHUNK)
+        pool.sync()
+        assert pool.top_up() == []  # within a hold of the refusal
+        now[0] = 1.0
+        assert pool.top_up() == [3, 4] and pool.free_blocks == 8
+        pool.free(more)
+        pool.free(ids)
+        check_pool(pool, limit, driver, base)
+
+
+def test_top_up_does_not_refill_while_another_instance_is_short_of_memory(driver):
+    now = [0.0]
+    pool, limit = make_pool(driver, reserve_blocks=4, give_back_hold_s=1.0, clock=lambda: now[0])
+    with pool:
+        pool.alloc(8)
+        limit.press()
+        assert pool.top_up() == []  # pressed: the reserve would be taken from the instance refused
+        pool.sync()
+        assert pool.top_up() == [2]
+    plain, _ = make_pool(driver)
+    with plain:
+        plain.alloc(1)
+        assert plain.top_up() == []  # no reserve: never maps ahead
+
+
+def test_a_give_back_above_the_target_keeps_the_reserve(driver):
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), reserve_blocks=8)
+    with pool:
+        ids = pool.alloc(40)
+        pool.free(ids[16:])  # 4 chunks live, 6 free, all above the target
+        assert pool.sync().held_bytes == 6 * CHUNK  # use + the reserve's 2 chunks stay
+
+
+def test_regrowths_count_growths_that_follow_a_give_back(driver):
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=0))
+    with pool:
+        ids = pool.alloc(8)
+        assert pool.stats().regrowths == 0 and pool.stats().groups_mapped == 2
+        pool.free(ids)
+        pool.sync()  # above the target: given back
+        s = pool.stats()
+        assert (s.groups_unmapped, s.regrowths) == (2, 0)
+        pool.alloc(4)
+        pool.alloc(4)  # two growths, one cycle
+        s = pool.stats()
+        assert (s.groups_mapped, s.groups_unmapped, s.regrowths) == (4, 2, 1)

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 from kvpolicy.alloc.giveback import (
     GiveBack,
     IdlePeriod,
+    IdleWindow,
+    held_through_hold,
     idle_above_target,
     keep_under_pressure,
     pressure_floor,
@@ -75,3 +77,38 @@ def test_the_policy_sees_pressure_and_refusals_as_news_only_once_started() -> No
     assert not policy.pressed(7) and policy.pressed(8)
     assert not policy.starved(2) and policy.starved(3)
     assert not GiveBack(group_bytes=G, under_pressure=False).pressed(8)
+
+
+def test_an_idle_window_knows_what_stayed_free_through_a_whole_hold() -> None:
+    w = IdleWindow(0.0).noting(0.5, 6, hold=2.0).noting(1.5, 4, hold=2.0)
+    assert w.idle_through() == 0  # no whole hold period yet
+    w = w.noting(2.0, 9, hold=2.0)  # the first period (least 4) is complete; a new one starts at 2.0
+    assert w == IdleWindow(2.0, 9, 4) and w.idle_through() == 4
+    assert w.noting(3.0, 1, hold=2.0).idle_through() == 1  # freed memory taken again: only 1 stayed free
+    assert w.less(3) == IdleWindow(2.0, 6, 1) and w.less(20).idle_through() == 0  # given back: no longer idle here
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 3), sizes), min_size=1, max_size=15), st.floats(0.1, 2))
+def test_idle_through_never_exceeds_what_was_free_at_any_sync_of_the_last_hold(
+    steps: list[tuple[float, int]], hold: float
+) -> None:
+    t, w, seen = 0.0, IdleWindow(0.0), []
+    for dt, idle in steps:
+        t += dt
+        w = w.noting(t, idle, hold)
+        seen.append((t, idle))
+    through = w.idle_through()
+    if through:
+        assert t >= hold  # a whole hold period passed
+        recent = [idle for at, idle in seen if at >= t - hold]
+        assert through <= min(recent)
+
+
+@settings(max_examples=300, deadline=None)
+@given(keep=sizes, held=sizes, target=sizes, idle=sizes)
+def test_under_a_hold_only_memory_idle_through_it_goes_below_the_target(keep: int, held: int, target: int, idle: int) -> None:
+    idle = min(idle, held)
+    kept = held_through_hold(keep, held=held, target=target, idle_through=idle)
+    assert kept >= keep
+    assert held - kept <= max(idle, held - max(target, keep))  # below the target, at most what stayed idle

@@ -21,6 +21,7 @@ from kvpolicy.units import MiB
 CHUNK = 2 * MiB
 GEOMETRIES = [
     BlockSpec(CHUNK // 4),  # 4 blocks per chunk: the fast path
+    BlockSpec(CHUNK),  # one block per chunk (block-major KV): the whole-chunk path
     BlockSpec(CHUNK * 3 // 4),  # blocks straddle chunk boundaries
     BlockSpec(CHUNK * 5 // 2),  # every block spans 3 chunks
     BlockSpec(CHUNK // 2, num_arenas=2),  # a chunk index maps in two arenas

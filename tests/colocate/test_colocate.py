@@ -32,7 +32,9 @@ from traces import busy_windows, requests_for
 
 TRACES = [BENCH / f"{name}.toml" for name in ("default", "allbusy", "bursty4", "longprompt")]
 """The traces the benchmark ships (issue 17): one engine, geometry and allocator setting for all."""
-PARAMS = [*TRACES, BENCH / "cpu.toml", SMALL]
+CPU_TRACES = [BENCH / f"cpu-{name}.toml" for name in ("allbusy", "bursty4", "longprompt")]
+"""The same traces on the host driver, every byte figure cut by cpu.toml's scale."""
+PARAMS = [*TRACES, BENCH / "cpu.toml", *CPU_TRACES, SMALL]
 
 
 @pytest.mark.parametrize("path", PARAMS, ids=lambda p: p.name)
@@ -75,6 +77,7 @@ def test_the_default_run_is_the_issue_s() -> None:
     assert p.reload.at_s == 120 and p.device.driver == "cuda"
     cpu = load_params(BENCH / "cpu.toml")
     assert cpu.trace == t  # the same requests
+    assert cpu.engine.give_back_delay_s == p.engine.give_back_delay_s  # the same allocator settings
     scale = p.kv.block_bytes / cpu.kv.block_bytes
     assert p.budget.elastic / cpu.budget.elastic == scale == p.budget.static_share / cpu.budget.static_share
 
@@ -95,6 +98,31 @@ def test_the_traces_share_one_parameter_set() -> None:
     assert len(four.tenants) == 4 and set(four.reload.swap) <= set(four.tenants)
     long = load_params(BENCH / "longprompt.toml")
     assert long.trace.prompt_tokens[0] >= 8192 and long.max_request_blocks * long.kv.block_bytes > 4 << 30
+
+
+@pytest.mark.parametrize("path", CPU_TRACES, ids=lambda p: p.name)
+def test_the_cpu_traces_are_the_device_traces_scaled(path: Path) -> None:
+    """A CPU variant serves its device trace's requests with cpu.toml's engine and geometry and
+    every budget cut by the same factor, so the token capacities are the device run's."""
+    cpu, device = load_params(path), load_params(BENCH / path.name.removeprefix("cpu-"))
+    base, default = load_params(BENCH / "cpu.toml"), load_params(TRACES[0])
+    assert cpu.trace == device.trace and cpu.tenants == device.tenants and cpu.reload == device.reload
+    assert (cpu.engine, cpu.kv, cpu.device) == (base.engine, base.kv, base.device)
+    scale = default.kv.block_bytes / cpu.kv.block_bytes
+    assert device.budget.elastic / cpu.budget.elastic == scale == device.budget.static_share / cpu.budget.static_share
+    cpu_policy, device_policy = lint_policy(cpu.policy), lint_policy(device.policy)
+    for name in cpu.tenants:
+        c, d = cpu_policy.model_settings(name), device_policy.model_settings(name)
+        assert (c.priority, c.weight) == (d.priority, d.weight)
+        assert d.min_bytes(device.budget.elastic) / c.min_bytes(cpu.budget.elastic) == scale
+
+
+def lint_policy(path: Path):
+    from kvpolicy.lint.engine import lint_file
+
+    result = lint_file(path)
+    assert result.diagnostics == (), [d.message for d in result.diagnostics]
+    return result.policy
 
 
 def test_extends_merges_tables_key_by_key(tmp_path: Path) -> None:
