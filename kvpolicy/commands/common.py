@@ -5,11 +5,9 @@ from __future__ import annotations
 import argparse
 import re
 import socket
-from fractions import Fraction
 from pathlib import Path
 
-from kvpolicy.policy.suggest import did_you_mean
-from kvpolicy.units import SIZE_UNITS
+from kvpolicy import units
 
 POLICY_SUFFIX = ".kvp"
 
@@ -33,19 +31,14 @@ def policy_files(paths: list[str]) -> list[Path]:
 
 
 def parse_size(text: str) -> int:
-    """``141GiB``, ``141 GiB``, ``1.5TiB`` or plain bytes → bytes; argparse type for size options."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 141GiB")
-    number, unit = match.groups()
-    if not unit:
-        if "." in number:
-            raise argparse.ArgumentTypeError(f"{text!r}: a size without a unit is a whole number of bytes")
-        return int(number)
-    if unit not in SIZE_UNITS:
-        hint = did_you_mean(unit, SIZE_UNITS)
-        raise argparse.ArgumentTypeError(f"unknown unit {unit!r}" + (f"; {hint}" if hint else ""))
-    return int(Fraction(number) * SIZE_UNITS[unit])
+    """``141GiB``, ``141 GiB`` or ``1.5TiB`` → bytes; argparse type for size options.
+
+    A unit is required, as in the language: ``--gpu-capacity 80`` is a usage error.
+    """
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 _ADDRESS = re.compile(r"\[(?P<v6>[^\]]+)\]:(?P<v6port>[^:]*)|(?P<host>[^:\[\]]*):(?P<port>[^:]*)")
