@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
+from kvpolicy.validation import describe
 
 
 class FactsError(Exception):
@@ -22,10 +23,7 @@ def parse_facts(text: str, source: str = "<facts>") -> Facts:
     try:
         return Facts.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        raise FactsError(f"{source}: invalid facts: {problems}") from None
+        raise FactsError(f"{source}: invalid facts: {describe(exc, Facts)}") from None
 
 
 def read_facts(path: Path | str) -> Facts:
