@@ -36,7 +36,8 @@ def require_attr(owner: object, name: str, hook: str) -> object:
 
 def read_policy(path: Path):
     """The policy an enabled adapter runs under; AdapterError naming file:line:col if it cannot be used."""
-    from kvpolicy.policy import PolicyError, load_policy
+    from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.lint.load import load_policy
 
     try:
         return load_policy(path)

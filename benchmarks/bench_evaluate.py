@@ -16,9 +16,9 @@ import platform
 import statistics
 import time
 
-from kvpolicy.evaluate.decide import evaluate
+from kvpolicy.evaluate.decide import evaluate, prepare
 from kvpolicy.facts import Facts
-from kvpolicy.policy import policy_from_text
+from kvpolicy.lint.load import policy_from_text
 from kvpolicy.units import GiB
 
 POOLS = ("swa", "c4", "c128", "indexer", "compressor_state")
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     text = policy_text(models=8, rules=10)
-    policy = policy_from_text(text, "bench.kvp")
+    policy = prepare(policy_from_text(text, "bench.kvp"))  # as the controller holds it
     results = {}
     for name, gpus, per_gpu in (("8 GPUs x 8 instances, 10 rules", 8, 8), ("1 GPU x 4 instances, 10 rules", 1, 4)):
         f = facts(gpus, per_gpu)

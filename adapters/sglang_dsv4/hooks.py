@@ -14,7 +14,9 @@
   admitted, and report it to the ledger.
 
 Both wrap the original and change nothing for non-V4 models or draft workers.
-Anything the adapter cannot do correctly is an ``AdapterError`` at start-up.
+Anything the adapter cannot do correctly is an ``AdapterError`` at start-up; the
+ledger's refusals become one here, with the policy line of the reserve
+(``ledger_port.as_startup_failure``), and nowhere else.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kvpolicy.units import format_bytes
 
 from ..common import require_attr
 from ..errors import AdapterError
+from ..ledger_port import as_startup_failure
 from . import plan as closed
 from .facts import PoolMeasurement, measure_pool
 from .geometry import ModelGeometry
@@ -143,11 +146,9 @@ def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *arg
         )
     _cross_check_configurator(kvc, chosen, settings)
     identity = InstanceIdentity(model=model, gpu=gpu_id(kvc.gpu_id), rank=_tp_rank())
-    session = state.connect(identity)
-    try:
-        admitted = session.admit(reserve.bytes)
-    except AdapterError as exc:
-        raise AdapterError(f"{exc} (policy: reserve {format_bytes(reserve.bytes)} at {reserve.where})") from None
+    with as_startup_failure(f"policy: reserve {format_bytes(reserve.bytes)} at {reserve.where}"):
+        session = state.connect(identity)
+        admitted = session.admit_static(reserve.bytes)
     state.admitted[kvc.gpu_id] = Admitted(identity, session, chosen, admitted, reserve.where)
     logger.info(
         "kvpolicy: admitted %s on %s for %s (%s); DeepSeek-V4 budget %d B -> %d full tokens, "
@@ -183,7 +184,8 @@ def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
             "kvpolicy: the DeepSeek-V4 pools hold %d bytes, the closed forms predicted %d; the ledger "
             "gets the measured figures.", m.tensor_bytes, entry.reserve.total_bytes,
         )
-    entry.session.report_pools(m.facts)
+    with as_startup_failure(f"reporting the DeepSeek-V4 pools of {entry.identity.instance_id}"):
+        entry.session.report_pools(m.facts)
     logger.info(
         "kvpolicy: DeepSeek-V4 pools on %s: %s", entry.identity.gpu,
         ", ".join(f"{k} {format_bytes(v.bytes)}" for k, v in m.facts.items()),

@@ -3,22 +3,22 @@
 - ``ReserveSource``: the model's ``reserve`` from the policy (``policy_reserve``
   reads it through ``kvpolicy.policy``; the one place that knows the loader).
 - ``LedgerSession``: static admission of the reserve on this GPU, and the
-  per-pool facts once the real pools exist. ``InProcessLedger`` implements it in
-  one process (tests, and a model of the semantics the shared-memory ledger
-  implements across processes); the ledger client plugs in through ``connect``.
+  per-pool facts once the real pools exist — the part of the runtime's
+  ``EngineSession`` the hooks use. ``default_connector`` opens one per scheduler
+  (``InstanceIdentity`` → ``EngineIdentity``) in the shared-memory ledger; its
+  errors are the ledger's, which the hooks turn into ``AdapterError`` at start-up.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from kvpolicy.facts import PoolFacts
-from kvpolicy.units import format_bytes
+from kvpolicy.runtime.session import EngineIdentity
 
 from ..common import read_policy
 from ..errors import AdapterError
@@ -70,15 +70,18 @@ class InstanceIdentity:
     def instance_id(self) -> str:
         return f"{self.engine_id}/{self.rank}"
 
-
-class AdmissionRefused(AdapterError):
-    """The ledger would not admit the reserve; the message has the figures."""
+    def ledger_identity(self) -> EngineIdentity:
+        """This scheduler as the ledger knows it."""
+        return EngineIdentity(
+            instance_id=self.instance_id, model=self.model, engine=self.engine, engine_id=self.engine_id,
+            rank=self.rank, gpu=self.gpu,
+        )
 
 
 class LedgerSession(Protocol):
-    def admit(self, nbytes: int) -> int:
-        """Atomically admit a static reservation of ``nbytes`` on this GPU; returns the
-        admitted bytes, or raises ``AdmissionRefused`` naming the GPU's figures."""
+    def admit_static(self, nbytes: int) -> int:
+        """Atomically admit a static reservation of ``nbytes`` on this GPU; returns the admitted
+        bytes, or raises the runtime's ``AdmissionRefused`` naming the GPU's figures."""
         ...
 
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
@@ -114,60 +117,7 @@ def policy_reserve(env: AdapterEnv) -> ReserveSource:
 
 
 def default_connector(env: AdapterEnv) -> Connector:
-    """The shared-memory ledger under ``KVPOLICY_LEDGER_DIR``, through its client."""
-    from kvpolicy.runtime.engines import attach_static
+    """Sessions in the shared-memory ledger under ``KVPOLICY_LEDGER_DIR`` (``LedgerError`` if one cannot open)."""
+    from ..ledger_port import open_session
 
-    return lambda identity: attach_static(env.ledger_dir, identity)
-
-
-class InProcessLedger:
-    """Static admission and pool reports for the GPUs of one process.
-
-    ``unreserved`` is, per GPU, what DESIGN §5 calls the GPU's unreserved memory
-    (C − H − U − R − Σ guarantees) before anything is admitted here. Invariant,
-    under the lock: ``admitted[gpu] + reported[gpu] ≤ unreserved[gpu]`` is checked
-    at every admission, and each instance holds either an admission or a report.
-    """
-
-    def __init__(self, unreserved: Mapping[str, int]) -> None:
-        self._lock = threading.Lock()
-        self.unreserved = dict(unreserved)
-        self.admitted: dict[str, dict[str, int]] = {gpu: {} for gpu in unreserved}
-        self.reports: dict[str, dict[str, dict[str, PoolFacts]]] = {gpu: {} for gpu in unreserved}
-
-    def held(self, gpu: str) -> int:
-        """Bytes admitted or reported on ``gpu``."""
-        reported = sum(sum(p.bytes for p in pools.values()) for pools in self.reports[gpu].values())
-        return sum(self.admitted[gpu].values()) + reported
-
-    def session(self, identity: InstanceIdentity) -> _InProcessSession:
-        if identity.gpu not in self.unreserved:
-            raise AdapterError(f"kvpolicy: the ledger knows no GPU {identity.gpu!r} (known: {sorted(self.unreserved)})")
-        return _InProcessSession(self, identity)
-
-
-@dataclass
-class _InProcessSession:
-    ledger: InProcessLedger
-    identity: InstanceIdentity
-
-    def admit(self, nbytes: int) -> int:
-        ledger, gpu, key = self.ledger, self.identity.gpu, self.identity.instance_id
-        with ledger._lock:
-            others = ledger.held(gpu) - ledger.admitted[gpu].get(key, 0)
-            free = ledger.unreserved[gpu] - others
-            if nbytes > free:
-                raise AdmissionRefused(
-                    f"kvpolicy: cannot admit {format_bytes(nbytes)} ({nbytes} B) for {key} on {gpu}: "
-                    f"{format_bytes(max(free, 0))} ({free} B) of the GPU's "
-                    f"{format_bytes(ledger.unreserved[gpu])} unreserved memory is left "
-                    f"({format_bytes(others)} held by other instances)"
-                )
-            ledger.admitted[gpu][key] = nbytes
-            return nbytes
-
-    def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
-        ledger, gpu, key = self.ledger, self.identity.gpu, self.identity.instance_id
-        with ledger._lock:
-            ledger.admitted[gpu].pop(key, None)  # the real bytes replace the admission
-            ledger.reports[gpu][key] = dict(pools)
+    return lambda identity: open_session(identity.ledger_identity(), env)

@@ -7,11 +7,14 @@ Its parts, in the order data flows:
   bytes per block → blocks), ``plan`` (what ``kvpolicy plan --engine vllm`` prints).
 - ``pools``: the pool vocabulary, and the split of a rank's one KV buffer into pools
   (per-pool facts from a real ``KVCacheConfig`` and the scheduler's block pool).
-- ``identity``: who a rank is in the ledger (``InstanceKey``) and which GPU it uses.
-- ``static/``: a runtime-owned KV cache — the model's ``reserve`` (``reserve``), its
-  admission in the ledger (``ledger``), and vLLM sized from it (``sizing``).
+- ``identity``: who a rank is (``InstanceKey``) and which GPU it uses.
+- ``ledger``: a rank's sessions in the ledger (``kvpolicy.runtime.session``): its
+  ``EngineIdentity``, the runtime-owned path's admissions and reports, an elastic
+  rank's session.
+- ``static/``: a runtime-owned KV cache — the model's ``reserve`` (``reserve``), and
+  vLLM sized from its admission in the ledger (``sizing``).
 - ``elastic/``: a KV cache on kvpolicy's allocator — what the policy says (``policy``),
-  the ledger instance (``ledger``), the limit with the pinned null block (``limits``),
+  the limit of the rank's session with the pinned null block (``limits``),
   the worker's buffer (``buffer``), the scheduler's block pool (``pool``), and the
   steps that tie them to vLLM's start and steps (``lifecycle``).
 - ``reports``: the live split, from the engine core to each worker to the ledger.

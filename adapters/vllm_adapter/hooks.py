@@ -3,13 +3,18 @@
 Each ``*_hook(original)`` returns the replacement for one method (``plugin.install_hooks``
 installs them). Where the model's KV cache is elastic (``elastic.lifecycle``) they
 route there; otherwise to the runtime-owned path (``static``); the live reports
-(``reports``) serve both.
+(``reports``) serve both. The two hooks that start a rank in the ledger (sizing, and
+allocation with its first report) are the adapter's edge: there, and nowhere else, a
+ledger refusal becomes the ``AdapterError`` that stops the start
+(``ledger_port.as_startup_failure``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from kvpolicy.adapters.ledger_port import as_startup_failure
 
 from .elastic import lifecycle as elastic
 from .identity import instance_key, policy_model, worker_gpu
@@ -34,11 +39,17 @@ def size_worker_cache(worker: Any) -> int:
     return size_kv_cache(worker)
 
 
+def _rank(worker: Any, doing: str) -> Callable[[], str]:
+    """What a worker was doing, for the message of a start-up failure (worked out only then)."""
+    return lambda: f"vLLM rank {instance_key(worker.vllm_config, worker.rank).id} on {worker_gpu(worker)}, {doing}"
+
+
 def sizing_hook(original: Method) -> Method:
     """``Worker.determine_available_memory``: size the cache from the policy, then let vLLM profile."""
 
     def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
-        size_worker_cache(self)
+        with as_startup_failure(_rank(self, "sizing its KV cache")):
+            size_worker_cache(self)
         return original(self, *args, **kwargs)
 
     return determine_available_memory
@@ -51,12 +62,16 @@ def allocated_hook(original: Method) -> Method:
     def initialize_from_config(self: Any, kv_cache_config: Any, *args: Any, **kwargs: Any) -> Any:
         plan = elastic.plan_of(self)
         if plan is not None:  # the buffer goes on the allocator; it reports its pools when made
-            with elastic.elastic_allocation(self, plan):
+            with (
+                as_startup_failure(_rank(self, "allocating its elastic KV cache")),
+                elastic.elastic_allocation(self, plan),
+            ):
                 return original(self, kv_cache_config, *args, **kwargs)
         result = original(self, kv_cache_config, *args, **kwargs)
         if kv_cache_config.kv_cache_tensors:  # attention-free models have no KV buffer
             setattr(self, LAYOUT_ATTR, PoolLayout.from_kv_cache_config(kv_cache_config))
-            report_worker_pools(self)
+            with as_startup_failure(_rank(self, "reporting its KV cache")):
+                report_worker_pools(self)
         return result
 
     return initialize_from_config

@@ -6,7 +6,7 @@ core, after each step) sends the live split to the workers with a non-blocking
 ``collective_rpc`` — at most every ``KVPOLICY_REPORT_INTERVAL`` seconds, and only
 when it changed — and ``report_on_worker`` (each worker) turns it into per-pool facts:
 for a runtime-owned cache through ``static_ledger()``, for an elastic one through its
-ledger instance. The first report, all blocks free, comes from the worker once vLLM
+ledger session. The first report, all blocks free, comes from the worker once vLLM
 has allocated its buffer.
 """
 
@@ -19,12 +19,13 @@ from typing import Any
 
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import VllmEnv
+from kvpolicy.runtime.errors import LedgerError
 
 from . import VALIDATED_VLLM
 from .elastic import lifecycle as elastic
 from .identity import instance_key
+from .ledger import static_ledger
 from .pools import PoolLayout, held_blocks_per_group, pool_facts
-from .static.ledger import static_ledger
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def report_on_worker(target: Any, held: Sequence[int], free: int) -> None:
     worker = getattr(target, "worker", target)
     try:
         report_worker_pools(worker, held, free)
-    except AdapterError as exc:  # logged, not swallowed: the ledger keeps the previous figures
+    except (AdapterError, LedgerError) as exc:  # logged, not swallowed: the ledger keeps the previous figures
         logger.error("kvpolicy: pool report of rank %s failed: %s", getattr(worker, "rank", "?"), exc)
 
 

@@ -10,9 +10,11 @@ A mode: the DeepSeek-V4 tenant builds its pools (admitted and reported in the le
 in kvpolicy mode the controller starts (``kvpolicy run`` with the GPU's figures pinned
 so that the tenants' elastic budget is exactly the parameters' budget); the tenant
 processes build their pools and warm up; then all of them follow the trace from one
-start time for its duration. In kvpolicy mode the driver samples the ledger every
-50 ms and, at ``reload.at_s``, edits the policy file (the parameters say which settings
-of which two models it swaps). Each mode writes ``OUT/<mode>.json``.
+start time to its end, each on its clock (``clock.py``: wall time on a device run,
+one ``step_ms`` per step in CI). In kvpolicy mode the driver samples the ledger every
+50 ms and, once every tenant's clock has passed ``reload.at_s``, edits the policy
+file (the parameters say which settings of which two models it swaps). Each mode
+writes ``OUT/<mode>.json``.
 
 ``--params`` picks the parameter file (default ``default.toml`` beside this script;
 ``cpu.toml`` is the same trace on the host driver); ``--duration-scale 0.25`` shortens
@@ -107,7 +109,7 @@ class Child:
 
 
 def _policy_figures(params: Params, policy_path: Path) -> tuple[Any, int, int]:
-    from kvpolicy.policy import load_policy
+    from kvpolicy.lint.load import load_policy
 
     policy = load_policy(policy_path)
     settings = policy.gpu_settings(params.device.gpu)
@@ -140,11 +142,13 @@ def _wait_published(ledger_dir: Path, gpu: str, timeout: float) -> Any:
 
 
 class LedgerSampler(threading.Thread):
-    """Reads the ledger every 50 ms: per tenant mapped/used/limit/target, and the GPU's committed elastic bytes."""
+    """Reads the ledger every 50 ms from ``t0`` until ``stop`` is set: per tenant mapped/used/limit/target,
+    and the GPU's committed elastic bytes."""
 
-    def __init__(self, ledger_dir: Path, gpu: str, t0: float, end: float) -> None:
+    def __init__(self, ledger_dir: Path, gpu: str, t0: float) -> None:
         super().__init__(daemon=True)
-        self.ledger_dir, self.gpu, self.t0, self.end = ledger_dir, gpu, t0, end
+        self.ledger_dir, self.gpu, self.t0 = ledger_dir, gpu, t0
+        self.stop = threading.Event()
         self.samples: list[dict[str, Any]] = []
         self.error: str | None = None
 
@@ -153,7 +157,7 @@ class LedgerSampler(threading.Thread):
 
         led = LedgerDir(self.ledger_dir)
         try:
-            while time.time() < self.end:
+            while not self.stop.is_set():
                 view = led.read()
                 state = view.gpus.get(self.gpu)
                 if state is not None and time.time() >= self.t0:
@@ -165,7 +169,7 @@ class LedgerSampler(threading.Thread):
                         "budget": state.figures.elastic_budget,
                         "tenants": {v.model: [v.mapped, v.used, v.limit, v.target, v.revision, v.ack_revision] for v in elastic},
                     })
-                time.sleep(LEDGER_EVERY_S)
+                self.stop.wait(LEDGER_EVERY_S)
         except (LedgerError, OSError) as exc:  # reported in the result; the run goes on
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -194,6 +198,15 @@ def _decisions(log: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return out
+
+
+def _wait_for_publish(controller: Child, sha256: str, timeout: float) -> None:
+    """Until the controller's decision log shows the policy with ``sha256`` published (then it is in the ledger)."""
+    deadline = time.monotonic() + timeout
+    while not any(d.get("published") and d.get("policy_sha256") == sha256[:12] for d in _decisions(controller.log)):
+        if controller.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the controller did not publish the edited policy\n{controller.tail()}")
+        time.sleep(0.05)
 
 
 def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, profile: bool = False) -> dict[str, Any]:
@@ -257,22 +270,31 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
         ready = {t.name: json.loads(t.wait_for("ready", 600)) for t in tenants}
         timeline["tenants_ready"] = time.time()
         t0 = time.time() + 2.0
-        end = t0 + params.trace.duration_s
         for t in tenants:
             t.send(f"go {t0!r}")
         sampler = None
-        if mode == "kvpolicy":
-            sampler = LedgerSampler(ledger_dir, params.device.gpu, t0, end)
+        # Hang catchers only: with the `steps` clock a loaded machine takes longer, never fewer steps.
+        patience = 600 + 4 * params.trace.duration_s
+        if controller is not None:
+            sampler = LedgerSampler(ledger_dir, params.device.gpu, t0)
             sampler.start()
-            time.sleep(max(0.0, t0 + params.reload.at_s - time.time()))
+            for t in tenants:  # every tenant's clock has passed the edit's time (wall clock: within a step of it)
+                t.wait_for("reload-time", patience)
             result["reload"] = _edit_policy(policy_path, params)
             result["reload"]["at_s"] = round(result["reload"]["saved_at"] - t0, 3)
+            if params.engine.clock == "steps":
+                # The step clock stands still while the tenants wait: the edit is published at the
+                # same trace time however long the controller takes on this machine.
+                _wait_for_publish(controller, result["reload"]["sha256"], patience)
+                for t in tenants:
+                    t.send("resume")
         for t in tenants:
-            t.wait_for("done", params.trace.duration_s + 300)
+            t.wait_for("done", patience)
         timeline["tenants_done"] = time.time()
         v4.send("stop")
         v4.wait_for("done", 60)
         if sampler is not None:
+            sampler.stop.set()
             sampler.join(5)
         for child in children:
             child.stop()

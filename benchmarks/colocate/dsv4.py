@@ -5,7 +5,7 @@ Two ways to build it (``[dsv4] build`` in the parameters):
 - ``sglang``: a real SGLang 0.5.23 DeepSeek-V4 pool on the GPU, built the way
   ``tests/sglang/gpu_footprint.py`` builds it — the real ``KVCacheConfigurator`` with the
   kvpolicy adapter's hooks installed, so the pool is sized from the policy's ``reserve``,
-  the reserve is admitted in the ledger (``attach_static``, engine ``sglang``) and the
+  the reserve is admitted in the ledger (the adapter's own session, engine ``sglang``) and the
   measured per-pool bytes are reported there. No model weights: only the KV pools.
 - ``plan``: a stand-in holding the same per-pool bytes ``kvpolicy plan`` gives for the
   reserve (``budget_for_reserve``): it attaches with engine ``sglang``, admits the reserve,
@@ -51,7 +51,7 @@ def plan_settings(params: Params):
 
 def policy_reserve(params: Params, policy: Path) -> tuple[int, int]:
     """(reserve bytes, line) of the V4 model in the policy."""
-    from kvpolicy.policy import load_policy
+    from kvpolicy.lint.load import load_policy
 
     settings = load_policy(policy).model_settings(params.dsv4.model)
     if not settings.reserve:
@@ -90,7 +90,10 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
     from sglang.srt.runtime_context import get_context, get_parallel
     from sglang_support import build_pool_through_sglang, kv_cache_configurator
 
-    from kvpolicy.runtime.engines import attach_static
+    from dataclasses import replace
+
+    from kvpolicy.adapters.settings import AdapterEnv
+    from kvpolicy.adapters.sglang_dsv4.ports import default_connector
 
     reserve, line = policy_reserve(params, policy)
     cuda = device == "cuda"
@@ -111,7 +114,7 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
     server_args = args.install()
     state = hooks.AdapterState(
         reserve_source=lambda model: Reserve(bytes=reserve, model=model, file=str(policy), line=line),
-        connect=lambda identity: attach_static(ledger_dir, identity),
+        connect=default_connector(replace(AdapterEnv.from_environ(), ledger_dir=Path(ledger_dir))),
         model_name=d.model,
     )
     hooks.install(state)
@@ -125,7 +128,7 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
         seconds = time.perf_counter() - started
     except BaseException:
         for entry in state.admitted.values():  # a half-built engine leaves the ledger
-            entry.session.instance.detach()
+            entry.session.close()
         raise
     m = state.measurements[-1]
     entry = state.admitted[kvc.gpu_id]
@@ -140,7 +143,8 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
         "tensor_bytes": m.tensor_bytes,
         "cross_check_ok": m.cross_check_ok,
         "_keep": (pool, config, sizes, state, parallel, args),
-        "_instance": entry.session.instance,
+        "_slot": entry.session.snapshot,
+        "_release": entry.session.close,
     }
 
 
@@ -178,7 +182,8 @@ def build_plan(params: Params, policy: Path, ledger_dir: str, capacity: int, hea
         "footprint": plan.total_footprint,
         "tensor_bytes": plan.total_bytes,
         "_keep": held,
-        "_instance": inst,
+        "_slot": inst.snapshot,
+        "_release": inst.detach,
     }
 
 
@@ -210,21 +215,21 @@ def main() -> int:
         raise SystemExit("dsv4: build = 'sglang' needs the cuda driver (a GPU), or --sglang-on-cpu")
     else:
         built = build_plan(params, policy, args.ledger_dir, args.capacity, args.headroom, None)
-    inst = built.pop("_instance")
+    slot_now, release = built.pop("_slot"), built.pop("_release")
     keep = built.pop("_keep")
     plan = planned(params, built["reserve"])
     built["plan"] = {"footprint": plan.total_footprint, "tensor_bytes": plan.total_bytes, "tokens": plan.tokens.model_dump()}
-    slot = inst.snapshot()
+    slot = slot_now()
     built["ledger_runtime_reserved"] = slot.runtime_reserved
     built["setup_s"] = round(time.time() - started, 3)
     print("ready " + json.dumps({"runtime_reserved": slot.runtime_reserved, "build": built["build"]}), flush=True)
     for line in sys.stdin:
         if line.strip() == "stop":
             break
-    built["ledger_runtime_reserved_at_end"] = inst.snapshot().runtime_reserved
+    built["ledger_runtime_reserved_at_end"] = slot_now().runtime_reserved
     Path(args.out).write_text(json.dumps(built))
     del keep
-    inst.detach()
+    release()
     print("done", flush=True)
     return 0
 

@@ -1,7 +1,9 @@
 """The benchmark's parameters: one TOML file says the trace, the engine, the KV geometry and the budget.
 
-``default.toml`` is the H200 run of issue 8; ``cpu.toml`` the same trace on the host
-driver with a geometry scaled down so the same token capacities fit in host memory;
+``default.toml`` is the H200 run of issue 8; ``allbusy.toml``, ``bursty4.toml`` and
+``longprompt.toml`` other traces on the same engine, geometry and allocator settings
+(they extend ``default.toml``); ``cpu.toml`` the default trace on the host driver with
+a geometry scaled down so the same token capacities fit in host memory;
 ``tests/colocate/small.toml`` the CI configuration. Sizes are strings with units
 (``"48 GiB"``); paths are relative to the parameter file.
 
@@ -23,6 +25,8 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
+
+from clock import ClockKind
 
 from kvpolicy.alloc.layout import KVCacheLayout
 from kvpolicy.units import SIZE_UNITS, parse_number, size_bytes
@@ -107,6 +111,11 @@ class Engine(Strict):
     """How each tenant schedules, as a serving engine does."""
 
     step_ms: float = Field(gt=0, description="one decode step (inter-token latency); a step never starts early")
+    clock: ClockKind = Field(
+        default="wall",
+        description="wall: trace time is wall time, a late step is not made up for (device runs measure real time); "
+        "steps: each step advances trace time by step_ms, so a slow machine serves the same trace, only slower (CI)",
+    )
     prefill_tokens_per_step: int = Field(gt=0, description="prompt tokens admitted per step (one longer prompt may take a whole step)")
     max_running: int = Field(default=1024, gt=0)
     patience_s: float | None = Field(default=None, gt=0, description="a client leaves a request that waited this long without starting; None: clients wait forever")
@@ -172,6 +181,8 @@ class Params(Strict):
         for name in self.reload.swap:
             if name not in self.tenants:
                 raise ValueError(f"reload.swap names {name!r}, which is not a tenant ({', '.join(self.tenants)})")
+        if not 0 <= self.reload.at_s < self.trace.duration_s:
+            raise ValueError(f"reload.at_s {self.reload.at_s} must lie inside the trace (0 to {self.trace.duration_s} s)")
         if self.kv.chunk % (2 << 20):
             raise ValueError(f"kv.chunk must be a multiple of 2 MiB, got {self.kv.chunk}")
         if self.budget.static_share * len(self.tenants) > self.budget.elastic:
@@ -205,17 +216,42 @@ class Params(Strict):
 
 
 def load_params(path: str | Path) -> Params:
-    """Read a parameter file; relative paths in it are resolved against its directory."""
+    """Read a parameter file; relative paths in it are resolved against the file that names them.
+
+    A file may say ``extends = "other.toml"``: it is that file with the tables and keys
+    it gives replacing the other's, key by key (a trace file gives its ``[trace]``, its
+    tenants, policy and budget, and shares everything else — the engine, the KV geometry
+    and the allocator's settings — with the file it extends).
+    """
     path = Path(path).resolve()
+    data = _read(path, seen=())
+    data["source"] = str(path)
+    return Params.model_validate(data)
+
+
+def _read(path: Path, seen: tuple[Path, ...]) -> dict:
+    if path in seen:
+        raise SystemExit(f"colocate: {path}: `extends` loops back to it ({' → '.join(map(str, (*seen, path)))})")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise SystemExit(f"colocate: {path}: {exc.strerror}") from None
     except tomllib.TOMLDecodeError as exc:
         raise SystemExit(f"colocate: {path}: {exc}") from None
-    data["policy"] = str((path.parent / data["policy"]).resolve())
+    if "policy" in data:
+        data["policy"] = str((path.parent / data["policy"]).resolve())
     geometry = data.get("dsv4", {}).get("geometry")
     if geometry and geometry != "tiny":
         data["dsv4"]["geometry"] = str((path.parent / geometry).resolve())
-    data["source"] = str(path)
-    return Params.model_validate(data)
+    base = data.pop("extends", None)
+    if base is None:
+        return data
+    return _merged(_read((path.parent / base).resolve(), (*seen, path)), data)
+
+
+def _merged(base: dict, over: dict) -> dict:
+    """``base`` with ``over``'s keys replacing its own; tables are merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

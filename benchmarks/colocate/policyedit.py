@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpolicy.policy import Policy, policy_from_text
+from kvpolicy.lint.load import policy_from_text
+from kvpolicy.policy import Policy
 from kvpolicy.policy.model import Compare, ModelBlock, Rule, SizeLit
 
 

@@ -100,7 +100,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
         InstanceFacts,
         PoolFacts,
     )
-    from kvpolicy.policy import policy_from_text
+    from kvpolicy.lint.load import policy_from_text
 
     kv = params.kv
     text = params.policy.read_text()

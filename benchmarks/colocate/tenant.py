@@ -4,10 +4,11 @@ Started by the driver (``colocate.py``); talks to it over stdin/stdout, one line
 ``loaded`` once its imports and trace are ready; then it waits for ``build`` (the driver
 sends it once the DeepSeek-V4 pools exist and, in kvpolicy mode, the controller runs),
 builds its pool, views and warmed-up kernels and says ``ready {json}``; then it
-waits for ``go T0`` (wall-clock seconds) and serves its requests from T0 to
-T0 + duration in real time, one engine step at least every ``step_ms``. At the end it
-checks the KV of the requests still running, writes its result JSON, closes its pool,
-detaches from the ledger and prints ``done``.
+waits for ``go T0`` (wall-clock seconds) and serves its requests from T0 until its
+clock (``clock.py``: real time, or a step count) reaches the trace's end, one engine
+step at most every ``step_ms``; it says ``reload-time`` when its clock passes the
+policy edit's time. At the end it checks the KV of the requests still running, writes
+its result JSON, closes its pool, detaches from the ledger and prints ``done``.
 
 - static mode: the pool maps its fixed share up front under a ``StaticLimit`` (as
   engines size their KV cache at start-up today); no ledger.
@@ -26,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from clock import TraceClock
 from params import Params, load_params
 from traces import requests_for
 
@@ -40,8 +42,10 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
-def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir: str | None):
-    """The driver, the limit source and the block pool of this tenant (static: fully mapped)."""
+def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir: str | None, clock: TraceClock):
+    """The driver, the limit source and the block pool of this tenant (static: fully mapped).
+
+    The pool's give-back delay is measured on the tenant's trace clock."""
     import torch
 
     from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
@@ -76,7 +80,7 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
         pool = BlockPool(
             driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
             give_back_under_pressure=params.engine.give_back_under_pressure,
-            give_back_delay_s=params.engine.give_back_delay_s,
+            give_back_delay_s=params.engine.give_back_delay_s, clock=clock.now,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
@@ -131,24 +135,42 @@ class Recorder:
             ])
 
 
-def serve(params: Params, engine, recorder: Recorder, inst, t0: float) -> None:
-    """Follow the trace in real time from ``t0`` for the run's duration."""
+def serve(params: Params, engine, recorder: Recorder, inst, clock: TraceClock, t0: float) -> None:
+    """Follow the trace from wall-clock time ``t0`` until the tenant's clock reaches its end.
+
+    One step at most every ``step_ms`` of wall time (``clock`` says how trace time
+    advances); the last step is at or after the trace's end, so every request of the
+    trace has arrived. When the clock passes the policy edit's time the tenant says
+    ``reload-time`` (the driver edits once every tenant has); on the ``steps`` clock a
+    kvpolicy tenant then waits for ``resume``, sent once the controller has published
+    the edit, so the edit lands at the same trace time on any machine.
+    """
     step = params.engine.step_ms / 1000
-    end = t0 + params.trace.duration_s
-    now = time.time()
-    if now < t0:
-        time.sleep(t0 - now)
-    next_step = time.time()
+    duration, reload_at = params.trace.duration_s, params.reload.at_s
+    clock.start(t0)
+    delay = t0 - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    next_step = time.monotonic()
+    announced = False
     while True:
-        now = time.time()
-        if now >= end:
-            break
-        engine.step(now - t0)
+        now = clock.now()
+        engine.step(now)
+        clock.tick()
         if inst is not None and (engine.running or engine.waiting):
             inst.touch()
-        recorder.after_step(now - t0, engine.last_stats, engine)
-        next_step = max(next_step + step, time.time())  # a late step is not made up for by a burst
-        delay = next_step - time.time()
+        recorder.after_step(now, engine.last_stats, engine)
+        if not announced and now >= reload_at:
+            print("reload-time", flush=True)
+            announced = True
+            if clock.kind == "steps" and inst is not None:  # kvpolicy mode: the edit is published at this trace time
+                if sys.stdin.readline().strip() != "resume":
+                    raise SystemExit("tenant: expected 'resume' on stdin after 'reload-time'")
+                next_step = time.monotonic()
+        if now >= duration:
+            break
+        next_step = max(next_step + step, time.monotonic())  # a late step is not made up for by a burst
+        delay = next_step - time.monotonic()
         if delay > 0:
             time.sleep(delay)
 
@@ -178,7 +200,8 @@ def main() -> int:
         print(f"tenant {name}: expected 'build' on stdin", file=sys.stderr)
         return 2
     started = time.time()
-    driver, inst, pool = build_pool(params, args.mode, name, args.guarantee, args.ledger_dir)
+    clock = TraceClock(params.engine.clock, params.engine.step_ms / 1000)
+    driver, inst, pool = build_pool(params, args.mode, name, args.guarantee, args.ledger_dir, clock)
     kv = params.kv
     work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks,
                   max_tokens=kv.attn_max_tokens, seed=args.index, attention=kv.attention)
@@ -199,7 +222,8 @@ def main() -> int:
         print(f"tenant {name}: expected 'go T0' on stdin, got {line!r}", file=sys.stderr)
         return 2
     t0 = float(line[1])
-    serve(params, engine, recorder, inst, t0)
+    serve(params, engine, recorder, inst, clock, t0)
+    served_wall_s = time.time() - t0
     engine.finish()
     work.synchronize()
 
@@ -210,6 +234,7 @@ def main() -> int:
         "t0": t0,
         "setup_s": setup_s,
         "summary": engine.summary(),
+        "clock": {"kind": clock.kind, "steps": clock.steps, "trace_s": round(clock.now(), 6), "wall_s": round(served_wall_s, 3)},
         "peak_held": recorder.peak,
         "released_under_pressure": pool.released_under_pressure,
         "samples": {"columns": Recorder.COLUMNS, "rows": recorder.samples},

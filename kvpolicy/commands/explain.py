@@ -31,11 +31,12 @@ def sample_facts_path(policy: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.decide import evaluate
+    from kvpolicy.evaluate.decide import evaluate, prepare
     from kvpolicy.evaluate.decision import State
     from kvpolicy.evaluate.explain import render_explain
     from kvpolicy.facts_io import FactsError, read_facts
-    from kvpolicy.policy import PolicyError, load_policy
+    from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.lint.load import load_policy
 
     policy_path = Path(args.policy)
     if not policy_path.is_file():
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     except (FactsError, OSError, ValueError) as exc:
         print(f"kvpolicy explain: {exc}", file=sys.stderr)
         return 1
-    decision, _ = evaluate(policy, facts, state)
+    decision, _ = evaluate(prepare(policy), facts, state)
     if args.format == "json":
         sys.stdout.write(decision.to_json() + "\n")
     else:

@@ -62,7 +62,8 @@ class PolicyTarget:
 
 def load_target(path: str, model: str | None, gpu: str, gpu_capacity: int | None) -> PolicyTarget:
     """The policy's settings for ``model`` on ``gpu``; PolicyPlanError with the file's diagnostics if it has errors."""
-    from kvpolicy.policy import PolicyError, load_policy
+    from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.lint.load import load_policy
 
     if not model:
         raise PolicyPlanError("--policy needs --model NAME: the model's name as the policy binds it", code=2)

@@ -19,6 +19,7 @@ SHARED_OPTIONS = ("--model-config", "--budget", "--num-blocks", "--max-model-len
 
 
 def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
+    # argparse has no public way to ask whether a parser already has an option.
     if any(flag in parser._option_string_actions for flag in flags):
         return
     parser.add_argument(*flags, **kwargs)
@@ -26,6 +27,7 @@ def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
 
 def _amount_group(parser: argparse.ArgumentParser) -> Any:
     """The mutually exclusive group that holds ``--budget`` (the dispatcher's), or the parser."""
+    # argparse internals: its groups and their actions are not public.
     budget = parser._option_string_actions.get("--budget")
     for group in parser._mutually_exclusive_groups:
         if budget is not None and budget in group._group_actions:

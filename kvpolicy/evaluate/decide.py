@@ -1,69 +1,75 @@
-"""``evaluate(policy, facts, state) -> (decision, state)``: DESIGN §4, exactly.
+"""``evaluate(policy, facts, state) -> (decision, state)``: the decision, exactly as
+docs/semantics.md states it.
 
 Pure and deterministic: no I/O, no clock (time is ``facts.now``), GPUs and
 instances processed in id order so equal inputs give byte-identical JSON
 whatever order the facts list them in. All outputs are rounded down to the
 GPU's chunk; inputs are used as given, and every intermediate is exact (a
 proportional share is a Fraction): rounding happens once, on the way out, so
-it never compounds. Where DESIGN §4 leaves a choice open,
-the choice is documented in docs/semantics.md and marked "choice" here.
+it never compounds. Where the semantics leave a choice open, the choice is
+documented in docs/semantics.md and marked "choice" here.
+
+``prepare(policy)`` makes a policy ready to evaluate; whoever evaluates one policy
+many times (the controller, on every change of the facts) prepares it once and
+passes the ``PreparedPolicy``. ``evaluate`` also takes a plain Policy, and prepares
+it for that one call.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, TypeVar
 
 from kvpolicy.evaluate.conditions import Condition, compile_condition
-from kvpolicy.evaluate.decision import (
-    Action,
-    Decision,
-    GpuDecision,
-    InstanceDecision,
-    PolicyRef,
-    Reasons,
-    Reserved,
-    RuleMemory,
-    State,
-    Violation,
-)
+from kvpolicy.evaluate.decision import Decision, RuleMemory, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
-from kvpolicy.policy.model import Policy, Rule
-from kvpolicy.policy.resolve import (
-    GpuSettings,
-    ModelSettings,
-    gpu_settings,
-    model_settings,
-)
+from kvpolicy.policy.model import Amount, Expr, Policy
+from kvpolicy.policy.resolve import GpuSettings, ModelSettings, gpu_settings, model_settings
 
 RESERVE_POOL = "reserve"
 """``reserved.by_pool`` key for model reserves standing in for unreported pools."""
 
 
-# ---- per-policy preparation (cached: the controller evaluates one policy many times) ----
+# ---- preparation: what the facts do not change -------------------------------------------
 
 
-R = TypeVar("R")
+@dataclass(frozen=True)
+class PreparedRule:
+    """A complete rule (``when`` and ``shrink`` set) as the evaluator reads it."""
 
-class _Prepared:
-    """What does not depend on the facts: bindings, GPU settings, compiled conditions."""
+    name: str
+    line: int
+    when: Expr
+    shrink: str
+    """``min``, ``target`` or ``amount``."""
+    amount: Amount | None
+    grace: float
+    cooldown: float
+    order: tuple[tuple[str, bool], ...]
+    """(attribute, descending) for each ``order`` key: rules with equal orders share one sort."""
 
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.rules: tuple[Rule, ...] = policy.rules
-        self._models: dict[str, ModelSettings] = {}
-        self._gpus: dict[str, GpuSettings] = {}
-        self._conditions: dict[tuple[int, int], Condition | None] = {}
-        self._pool_limits: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
-        self._bounds: dict[tuple[str, int], tuple[int, int]] = {}
-        self._order_keys: dict[int, tuple[tuple[str, bool], ...]] = {}
-        self._outputs: dict[tuple, object] = {}
-        """Output records by their field values: equal figures reuse the (frozen) record, so an
-        evaluation whose results did not change builds no new pydantic objects."""
-        self._headroom: dict[tuple[str, int], int] = {}
+
+@dataclass
+class PreparedPolicy:
+    """A policy ready to evaluate.
+
+    Holds the policy's complete rules as plain values, and keeps what the evaluator
+    derives from the policy for a model name (its settings) or a GPU (its settings;
+    for a capacity: bounds, pool limits, headroom, compiled conditions) the first
+    time it needs it: the facts name the same few models and capacities evaluation
+    after evaluation. Nothing here depends on the facts' figures, so keeping it
+    never changes a result.
+    """
+
+    policy: Policy
+    rules: tuple[PreparedRule, ...]
+    _models: dict[str, ModelSettings] = field(default_factory=dict)
+    _gpus: dict[str, GpuSettings] = field(default_factory=dict)
+    _bounds: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    _pool_limits: dict[tuple[str, int], tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
+    _headroom: dict[tuple[str, int], int] = field(default_factory=dict)
+    _conditions: dict[tuple[int, int], Condition] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSettings:
         settings = self._models.get(name)
@@ -87,62 +93,53 @@ class _Prepared:
             bounds = self._bounds[key] = (max(0, min(model.min_bytes(capacity), maximum)), maximum)
         return bounds
 
-    def output(self, key: tuple) -> Any:
-        """The frozen record made before for ``key``, or None (the key's first item names the
-        record's kind, the rest are every value it is built from)."""
-        return self._outputs.get(key)
-
-    def keep(self, key: tuple, record: R) -> R:
-        """Remember ``record`` as the output for ``key``; returns it."""
-        if len(self._outputs) > 8192:
-            self._outputs.clear()
-        self._outputs[key] = record
-        return record
-
-    def headroom(self, gpu_id: str, capacity: int) -> int:
-        key = (gpu_id, capacity)
-        if key not in self._headroom:
-            self._headroom[key] = self.gpu(gpu_id).headroom_bytes(capacity)
-        return self._headroom[key]
-
-    def pool_limits(self, model: ModelSettings, capacity: int) -> dict[str, tuple[int, int]]:
-        """Pool name → (its policy max in bytes, the pool block's line), for pools with a max."""
+    def pool_limits(self, model: ModelSettings, capacity: int) -> tuple[tuple[str, int, int], ...]:
+        """(pool name, its policy max in bytes, the pool block's line) for the pools with a
+        max, by name."""
         key = (model.name, capacity)
         limits = self._pool_limits.get(key)
         if limits is None:
-            limits = self._pool_limits[key] = {
-                name: (block.max.resolve(capacity), block.span.line)
-                for name, block in model.pools.items()
+            limits = self._pool_limits[key] = tuple(
+                (name, block.max.resolve(capacity), block.span.line)
+                for name, block in sorted(model.pools.items())
                 if block.max is not None
-            }
+            )
         return limits
 
-    def order_key(self, index: int) -> tuple[tuple[str, bool], ...]:
-        """The rule's ``order`` as plain values (rules with equal orders share one sort)."""
-        if index not in self._order_keys:
-            self._order_keys[index] = tuple((k.attribute.value, k.descending) for k in self.rules[index].order)
-        return self._order_keys[index]
+    def headroom(self, gpu_id: str, capacity: int) -> int:
+        key = (gpu_id, capacity)
+        headroom = self._headroom.get(key)
+        if headroom is None:
+            headroom = self._headroom[key] = self.gpu(gpu_id).headroom_bytes(capacity)
+        return headroom
 
-    def condition(self, index: int, capacity: int) -> Condition | None:
+    def condition(self, index: int, capacity: int) -> Condition:
+        """Rule ``index``'s ``when``, compiled for a GPU of ``capacity`` (percentages resolved)."""
         key = (index, capacity)
-        if key not in self._conditions:
-            when = self.rules[index].when
-            self._conditions[key] = None if when is None else compile_condition(when, capacity)
-        return self._conditions[key]
+        condition = self._conditions.get(key)
+        if condition is None:
+            condition = self._conditions[key] = compile_condition(self.rules[index].when, capacity)
+        return condition
 
 
-_PREPARED: OrderedDict[int, _Prepared] = OrderedDict()
-_PREPARED_SIZE = 8
-
-
-def _prepared(policy: Policy) -> _Prepared:
-    entry = _PREPARED.get(id(policy))
-    if entry is None or entry.policy is not policy:
-        entry = _Prepared(policy)
-        _PREPARED[id(policy)] = entry
-        while len(_PREPARED) > _PREPARED_SIZE:
-            _PREPARED.popitem(last=False)
-    return entry
+def prepare(policy: Policy) -> PreparedPolicy:
+    """``policy`` ready to evaluate. Incomplete rules (no ``when`` or no ``shrink``) never
+    load, as lint refuses them; a partial policy's are left out."""
+    rules = tuple(
+        PreparedRule(
+            name=rule.name.value,
+            line=rule.span.line,
+            when=rule.when,
+            shrink=rule.shrink_to.kind,
+            amount=rule.shrink_to.amount,
+            grace=rule.grace.seconds if rule.grace else 0.0,
+            cooldown=rule.cooldown.seconds if rule.cooldown else 0.0,
+            order=tuple((key.attribute.value, key.descending) for key in rule.order),
+        )
+        for rule in policy.rules
+        if rule.when is not None and rule.shrink_to is not None
+    )
+    return PreparedPolicy(policy, rules)
 
 
 # ---- working state of one evaluation ----------------------------------------------------
@@ -151,7 +148,7 @@ def _prepared(policy: Policy) -> _Prepared:
 Exact = int | Fraction
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Inst:
     id: str
     facts: InstanceFacts
@@ -168,10 +165,11 @@ class _Inst:
     """Rounded: rules compare against it, as the engine sees it."""
     level: int = 0
     tp_size: int = 1
-    actions: list[Action] = field(default_factory=list)
+    actions: list[dict[str, object]] = field(default_factory=list)
+    """Each an ``Action`` as plain data: the decision validates them with the rest."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Gpu:
     facts: GpuFacts
     capacity: int
@@ -181,16 +179,16 @@ class _Gpu:
     reserved: int
     budget: int
     """A, exact; the decision shows it rounded down to the chunk."""
-    instances: list[_Inst] = field(default_factory=list)
-
-    @property
-    def elastic(self) -> list[_Inst]:
-        return [i for i in self.instances if i.elastic]
+    instances: list[_Inst]
+    elastic: list[_Inst]
+    """The instances with an elastic pool, in id order."""
 
 
-def evaluate(policy: Policy, facts: Facts, state: State | None = None) -> tuple[Decision, State]:
+def evaluate(
+    policy: PreparedPolicy | Policy, facts: Facts, state: State | None = None
+) -> tuple[Decision, State]:
     """The decision for ``facts`` under ``policy``, and the state to pass next time."""
-    prepared = _prepared(policy)
+    prepared = policy if isinstance(policy, PreparedPolicy) else prepare(policy)
     state = state or State()
     gpus = _gpus(prepared, facts)
     for gpu in gpus:
@@ -209,7 +207,7 @@ def evaluate(policy: Policy, facts: Facts, state: State | None = None) -> tuple[
 # ---- steps 1-2: budgets -----------------------------------------------------------------
 
 
-def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
+def _gpus(prepared: PreparedPolicy, facts: Facts) -> list[_Gpu]:
     by_gpu: dict[str, list[InstanceFacts]] = {}
     for inst in facts.instances:
         by_gpu.setdefault(inst.gpu, []).append(inst)
@@ -255,6 +253,7 @@ def _gpus(prepared: _Prepared, facts: Facts) -> list[_Gpu]:
                 reserved=reserved,
                 budget=budget,
                 instances=members,
+                elastic=[i for i in members if i.elastic],
             )
         )
     return gpus
@@ -376,14 +375,14 @@ _ORDER_VALUES = {
 }
 
 
-def _ordered(instances: list[_Inst], rule: Rule) -> list[_Inst]:
+def _ordered(instances: list[_Inst], order: tuple[tuple[str, bool], ...]) -> list[_Inst]:
     ordered = sorted(instances, key=lambda i: i.id)
-    for key in reversed(rule.order):  # stable sorts, last key first
-        ordered.sort(key=_ORDER_VALUES[key.attribute.value], reverse=key.descending)
+    for attribute, descending in reversed(order):  # stable sorts, last key first
+        ordered.sort(key=_ORDER_VALUES[attribute], reverse=descending)
     return ordered
 
 
-def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dict[str, dict[str, RuleMemory]]) -> None:
+def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory: dict[str, dict[str, RuleMemory]]) -> None:
     elastic = gpu.elastic
     if not elastic or not prepared.rules:
         return
@@ -401,19 +400,14 @@ def _rules(prepared: _Prepared, gpu: _Gpu, now: float, state: State, memory: dic
     orders: dict[tuple, list[_Inst]] = {}
     for index, rule in enumerate(prepared.rules):
         condition = prepared.condition(index, gpu.capacity)
-        if condition is None or rule.shrink_to is None:
-            continue  # incomplete rules never load; kept safe for partial policies
-        name = rule.name.value
-        grace = rule.grace.seconds if rule.grace else 0.0
-        cooldown = rule.cooldown.seconds if rule.cooldown else 0.0
+        name, grace, cooldown = rule.name, rule.grace, rule.cooldown
         remembered = state.rules.get(name, {})
         rule_memory = memory.setdefault(name, {})
         in_force: list[tuple[_Inst, float]] = []
         candidates: list[tuple[_Inst, float]] = []
-        order_key = prepared.order_key(index)
-        ordered = orders.get(order_key) if not shrunk else None  # a shrink can move targets
+        ordered = orders.get(rule.order) if not shrunk else None  # a shrink can move targets
         if ordered is None:
-            ordered = orders[order_key] = _ordered(elastic, rule)
+            ordered = orders[rule.order] = _ordered(elastic, rule.order)
         for inst in ordered:
             holds = condition(reported[inst.id])
             old = remembered.get(inst.id)
@@ -468,27 +462,21 @@ def _adjusted(figures: dict, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -
     return {**figures, "model.used": used_now[inst.id], "gpu.used": used, "gpu.free": gpu.budget - used}
 
 
-def _apply_shrink(prepared: _Prepared, rule: Rule, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -> int:
+def _apply_shrink(prepared: PreparedPolicy, rule: PreparedRule, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -> int:
     """Lower the instance's limit to the rule's value (never below its guarantee)."""
-    file = prepared.policy.file
-    shrink = rule.shrink_to
-    if shrink.kind == "min":
+    if rule.shrink == "min":
         value = inst.min
-    elif shrink.kind == "target":
+    elif rule.shrink == "target":
         value = inst.target
     else:
-        value = shrink.amount.resolve(gpu.capacity)
+        value = rule.amount.resolve(gpu.capacity)
     value = max(inst.guarantee, max(0, value))
     if value < inst.limit:
         inst.limit, inst.limit_bound = value, "rule"
     # choice: targets are not redistributed by rules, but never exceed the limit
     inst.target = min(inst.target, _out(inst.limit, gpu.chunk))
     shown = _out(value, gpu.chunk)
-    key = ("action", rule.name.value, file, rule.span.line, shown)
-    action = prepared.output(key)
-    if action is None:
-        action = prepared.keep(key, Action(rule=rule.name.value, file=file, line=rule.span.line, shrink_to=shown))
-    inst.actions.append(action)
+    inst.actions.append({"rule": rule.name, "file": prepared.policy.file, "line": rule.line, "shrink_to": shown})
     used_now[inst.id] = min(used_now[inst.id], math.floor(value))
     return shown
 
@@ -502,83 +490,58 @@ def _out(value: Exact, chunk: int) -> int:
     return whole - whole % chunk if whole > 0 else 0
 
 
-def _violations(prepared: _Prepared, inst: _Inst, capacity: int, file: str) -> tuple[Violation, ...]:
-    found: list[Violation] = []
-
-    def violation(kind: str, pool: str | None, nbytes: int, maximum: int, line: int) -> None:
-        key = (kind, pool, nbytes, maximum, file, line)
-        record = prepared.output(key)
-        if record is None:
-            record = prepared.keep(key, Violation(kind=kind, pool=pool, bytes=nbytes, max=maximum, file=file, line=line))
-        found.append(record)
-
+def _violations(prepared: PreparedPolicy, inst: _Inst, capacity: int, file: str) -> list[dict[str, object]]:
+    found: list[dict[str, object]] = []
     settings = inst.settings
-    limits = prepared.pool_limits(settings, capacity)
-    for name in sorted(inst.facts.pools) if limits else ():
-        pool = inst.facts.pools[name]
-        if pool.owner != "runtime" or name not in limits:
-            continue
-        limit, line = limits[name]
-        if pool.bytes > limit:
-            violation("pool_over_max", name, pool.bytes, limit, line)
+    pools = inst.facts.pools
+    for name, limit, line in prepared.pool_limits(settings, capacity):
+        pool = pools.get(name)
+        if pool is not None and pool.owner == "runtime" and pool.bytes > limit:
+            found.append({"kind": "pool_over_max", "pool": name, "bytes": pool.bytes, "max": limit, "file": file, "line": line})
     block = settings.block
     if settings.reserve is not None and block is not None and block.reserve is not None:
         total = inst.facts.runtime_bytes
         if total > settings.reserve:
-            violation("reserve_exceeded", None, total, settings.reserve, block.reserve.span.line)
-    return tuple(found)
+            found.append({
+                "kind": "reserve_exceeded", "pool": None, "bytes": total, "max": settings.reserve,
+                "file": file, "line": block.reserve.span.line,
+            })
+    return found
 
 
-def _decision(prepared: _Prepared, facts: Facts, gpus: list[_Gpu]) -> Decision:
+def _decision(prepared: PreparedPolicy, facts: Facts, gpus: list[_Gpu]) -> Decision:
+    """The decision as plain data, validated into the pydantic boundary type at once
+    (one validation of the whole, not one per record)."""
     policy = prepared.policy
     file = policy.file
-    gpu_out: list[GpuDecision] = []
-    inst_out: list[InstanceDecision] = []
+    gpu_out: list[dict[str, object]] = []
+    inst_out: list[dict[str, object]] = []
     for gpu in gpus:
+        chunk = gpu.chunk
         used = sum(i.used for i in gpu.elastic)
-        budget, free = _out(gpu.budget, gpu.chunk), _out(gpu.budget - used, gpu.chunk)
-        guaranteed = sum(_out(i.guarantee, gpu.chunk) for i in gpu.elastic)
-        by_pool = tuple(gpu.reserved_by_pool.items())
-        gpu_key = (
-            "gpu", gpu.facts.id, gpu.capacity, gpu.headroom, gpu.facts.other_used, gpu.reserved,
-            by_pool, budget, free, used, gpu.chunk, guaranteed,
-        )
-        gpu_record = prepared.output(gpu_key)
-        if gpu_record is None:
-            gpu_record = prepared.keep(gpu_key, GpuDecision(
-                id=gpu.facts.id, capacity=gpu.capacity, headroom=gpu.headroom, other_used=gpu.facts.other_used,
-                reserved=Reserved(total=gpu.reserved, by_pool=dict(by_pool)),
-                elastic_budget=budget, free=free, used=used, chunk=gpu.chunk, guaranteed=guaranteed,
-            ))
-        gpu_out.append(gpu_record)
+        gpu_out.append({
+            "id": gpu.facts.id, "capacity": gpu.capacity, "headroom": gpu.headroom, "other_used": gpu.facts.other_used,
+            "reserved": {"total": gpu.reserved, "by_pool": gpu.reserved_by_pool},
+            "elastic_budget": _out(gpu.budget, chunk), "free": _out(gpu.budget - used, chunk), "used": used,
+            "chunk": chunk, "guaranteed": sum(_out(i.guarantee, chunk) for i in gpu.elastic),
+        })
         for inst in gpu.instances:
             settings = inst.settings
-            guarantee, limit = _out(inst.guarantee, gpu.chunk), _out(inst.limit, gpu.chunk)
-            actions = tuple(inst.actions)
-            violations = _violations(prepared, inst, gpu.capacity, file)
-            key = (
-                "instance", inst.id, inst.facts.model, settings.pattern, inst.facts.engine, gpu.facts.id,
-                guarantee, limit, inst.target, inst.guarantee < inst.min, inst.elastic, actions, violations,
-                inst.guarantee_reason, inst.limit_bound, inst.level, inst.min, inst.max, settings.weight,
-                inst.facts.engine_group, inst.tp_size,
-            )
-            record = prepared.output(key)
-            if record is None:
-                record = prepared.keep(key, InstanceDecision(
-                    id=inst.id, model=inst.facts.model, policy_model=settings.pattern, engine=inst.facts.engine,
-                    gpu=gpu.facts.id, guarantee=guarantee, limit=limit, target=inst.target,
-                    shortfall=inst.guarantee < inst.min, elastic=inst.elastic, actions=actions, violations=violations,
-                    reasons=Reasons(
-                        guarantee=inst.guarantee_reason, limit=inst.limit_bound, priority_level=inst.level,
-                        min=inst.min, max=inst.max, weight=settings.weight, engine_group=inst.facts.engine_group,
-                        tensor_parallel_size=inst.tp_size,
-                    ),
-                ))
-            inst_out.append(record)
-    inst_out.sort(key=lambda d: d.id)
-    return Decision(
-        policy=PolicyRef(file=policy.file, sha256=policy.sha256),
-        now=facts.now,
-        gpus=tuple(gpu_out),
-        instances=tuple(inst_out),
-    )
+            inst_out.append({
+                "id": inst.id, "model": inst.facts.model, "policy_model": settings.pattern, "engine": inst.facts.engine,
+                "gpu": gpu.facts.id, "guarantee": _out(inst.guarantee, chunk), "limit": _out(inst.limit, chunk),
+                "target": inst.target, "shortfall": inst.guarantee < inst.min, "elastic": inst.elastic,
+                "actions": inst.actions, "violations": _violations(prepared, inst, gpu.capacity, file),
+                "reasons": {
+                    "guarantee": inst.guarantee_reason, "limit": inst.limit_bound, "priority_level": inst.level,
+                    "min": inst.min, "max": inst.max, "weight": settings.weight,
+                    "engine_group": inst.facts.engine_group, "tensor_parallel_size": inst.tp_size,
+                },
+            })
+    inst_out.sort(key=lambda d: d["id"])
+    return Decision.model_validate({
+        "policy": {"file": policy.file, "sha256": policy.sha256},
+        "now": facts.now,
+        "gpus": gpu_out,
+        "instances": inst_out,
+    })

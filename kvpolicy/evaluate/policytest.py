@@ -25,11 +25,12 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 
-from kvpolicy.evaluate.decide import evaluate
+from kvpolicy.diagnostics import PolicyError
+from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
-from kvpolicy.policy import PolicyError, load_policy
+from kvpolicy.lint.load import load_policy
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import describe
 
@@ -192,10 +193,11 @@ def run_test_file(path: Path) -> list[CaseResult]:
         raise TestFileError(f"{path}: its policy does not load: {exc}") from None
     except OSError as exc:
         raise TestFileError(f"{path}: cannot read its policy {policy_path}: {exc.strerror}") from None
+    prepared = prepare(policy)  # once for every case and step
     results = []
     for case in spec.cases:
         try:
-            failures = _run_case(policy, case, path.parent)
+            failures = _run_case(prepared, case, path.parent)
         except (FactsError, ValueError) as exc:
             failures = [f"cannot run: {exc}"]
         results.append(CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures))
@@ -210,7 +212,7 @@ def _invalid(exc: ValidationError) -> str:
     return describe(exc, PolicyTestFile)
 
 
-def _run_case(policy, case: Case, base: Path) -> list[str]:
+def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:
     facts = read_facts(base / case.facts) if isinstance(case.facts, str) else case.facts
     facts_data = facts.model_dump(by_alias=True)
     try:

@@ -1,1 +1,1 @@
-"""Checks for policy files: the rule registry, the rules, and the linter that runs them."""
+"""Checks for policy files: one check per catalogue rule of the check phase, suppressions, and the linter that runs them."""

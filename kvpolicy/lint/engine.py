@@ -7,13 +7,13 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpolicy.catalogue import SYNTAX_ERROR
+from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import all_rules
-from kvpolicy.lint.rules.syntax_error import SyntaxErrorRule
+from kvpolicy.lint.rules import all_checks
 from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
-from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.policy.model import Policy
 from kvpolicy.policy.syntax import gc_paused, parse_tree
 
@@ -62,8 +62,8 @@ def _lint_text(text: str, file: str, sha256: str | None, gpu_capacity: int | Non
         diagnostics.extend(builder.diagnostics)
         if not syntax.diagnostics:  # other checks once the file parses
             ctx = LintContext(policy, gpu_capacity=gpu_capacity, facts=facts, parse_diagnostics=tuple(diagnostics))
-            for rule in all_rules():
-                diagnostics.extend(rule().check(ctx))
+            for check in all_checks():
+                diagnostics.extend(check().check(ctx))
         suppressions, problems = find_suppressions(syntax.comments, lines, file)
         diagnostics = apply_suppressions(diagnostics, suppressions, file) + problems
     diagnostics.sort(key=Diagnostic.sort_key)
@@ -84,7 +84,7 @@ def decode_policy(data: bytes, file: str) -> str:
         col = len(before[before.rfind(b"\n") + 1 :].decode("utf-8")) + 1
         raise PolicyError(
             [
-                SyntaxErrorRule.at(
+                SYNTAX_ERROR.at(
                     file, Span.point(line, col),
                     f"the file is not UTF-8 text (byte 0x{body[exc.start]:02x} at line {line})",
                     "save the policy as UTF-8",

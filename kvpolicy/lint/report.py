@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 
 from kvpolicy import __version__
-from kvpolicy.lint.registry import all_rules
+from kvpolicy.catalogue import all_rules
 from kvpolicy.diagnostics import Diagnostic, Severity
 from kvpolicy.terminal import PLAIN, Style
 

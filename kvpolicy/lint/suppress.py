@@ -12,10 +12,7 @@ from dataclasses import dataclass, field
 
 from lark import Token
 
-from kvpolicy.lint.registry import rule_by_code
-from kvpolicy.lint.rules.invalid_suppression import InvalidSuppression
-from kvpolicy.lint.rules.suppression_without_reason import SuppressionWithoutReason
-from kvpolicy.lint.rules.unused_suppression import UnusedSuppression
+from kvpolicy.catalogue import INVALID_SUPPRESSION, SUPPRESSION_WITHOUT_REASON, UNUSED_SUPPRESSION, rule_by_code
 from kvpolicy.diagnostics import Diagnostic, Span
 
 _SUPPRESSION = re.compile(r"#\s*kvpolicy:\s*ignore\[([^\]]*)\](.*)")
@@ -45,13 +42,13 @@ def find_suppressions(comments: list[Token], lines: list[str], file: str) -> tup
             span = Span(line=comment.line, col=offset + code_match.start(), end_line=comment.line, end_col=offset + code_match.end())
             rule = rule_by_code(code)
             if rule is None:
-                problems.append(InvalidSuppression.at(file, span, f"unknown code '{code}' in suppression", "codes look like KV019; see docs/lint-rules.md"))
+                problems.append(INVALID_SUPPRESSION.at(file, span, f"unknown code '{code}' in suppression", "codes look like KV019; see docs/lint-rules.md"))
             elif not rule.suppressible:
-                problems.append(InvalidSuppression.at(file, span, f"{code} ({rule.name}) cannot be suppressed", "fix the policy instead"))
+                problems.append(INVALID_SUPPRESSION.at(file, span, f"{code} ({rule.name}) cannot be suppressed", "fix the policy instead"))
             else:
                 codes[code] = span
         if not match.group(2).strip():
-            problems.append(SuppressionWithoutReason.at(file, comment_span, "suppression without a reason", "say why after the ']': # kvpolicy: ignore[KV019] vendor sizes are decimal"))
+            problems.append(SUPPRESSION_WITHOUT_REASON.at(file, comment_span, "suppression without a reason", "say why after the ']': # kvpolicy: ignore[KV019] vendor sizes are decimal"))
         before = lines[comment.line - 1][: comment.column - 1]
         covers = comment.line if before.strip() else _next_code_line(lines, comment.line)
         found.append(Suppression(comment, covers, codes))
@@ -83,5 +80,5 @@ def apply_suppressions(diagnostics: list[Diagnostic], suppressions: list[Suppres
     for s in suppressions:
         for code, span in s.codes.items():
             if code not in s.used:
-                kept.append(UnusedSuppression.at(file, span, f"{code} is not reported on line {s.covers_line}", "remove it from the suppression"))
+                kept.append(UNUSED_SUPPRESSION.at(file, span, f"{code} is not reported on line {s.covers_line}", "remove it from the suppression"))
     return kept

@@ -16,7 +16,7 @@ from functools import cache
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.lint.registry import all_rules, rule_by_code
+from kvpolicy.catalogue import all_rules, rule_by_code
 from kvpolicy.lint.report import RULES_DOC
 from kvpolicy.policy import globs, vocabulary
 from kvpolicy.policy.build import BLOCK_FIELDS, PolicyBuilder

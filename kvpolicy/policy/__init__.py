@@ -1,36 +1,13 @@
-"""Policy text → checked, typed Policy.
+"""Policy text → typed Policy: the grammar's parser, the builder, the model, the formatter.
 
-``load_policy`` is what everything that *uses* a policy calls (the controller,
-the adapters, ``explain``): it refuses any file with an error, so an invalid
-policy can never be used.
+This layer reads and builds a policy; it does not lint it. A program that *uses* a
+policy loads it with ``kvpolicy.lint.load.load_policy``, which refuses any file
+with an error.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Severity, Span
 from kvpolicy.policy.model import Policy
 
-
-def policy_from_text(text: str, file: str = "<policy>") -> Policy:
-    """The Policy in ``text``; raises PolicyError if it has any error."""
-    from kvpolicy.lint.engine import lint_text
-
-    return _checked(lint_text(text, file))
-
-
-def load_policy(path: Path | str) -> Policy:
-    """Read, parse and check a policy file; raises PolicyError if it has any error."""
-    from kvpolicy.lint.engine import lint_file
-
-    return _checked(lint_file(path))
-
-
-def _checked(result) -> Policy:
-    if result.policy is None:
-        raise PolicyError(result.diagnostics)
-    return result.policy
-
-
-__all__ = ["Diagnostic", "Policy", "PolicyError", "Severity", "Span", "load_policy", "policy_from_text"]
+__all__ = ["Diagnostic", "Policy", "PolicyError", "Severity", "Span"]

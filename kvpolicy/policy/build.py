@@ -16,17 +16,20 @@ from fractions import Fraction
 
 from lark import Token, Tree
 
-from kvpolicy.lint.rules.duplicate_definition import DuplicateDefinition
-from kvpolicy.lint.rules.invalid_duration import InvalidDuration
-from kvpolicy.lint.rules.invalid_value import InvalidValue
-from kvpolicy.lint.rules.unknown_attribute import UnknownAttribute
-from kvpolicy.lint.rules.unknown_field import UnknownField
-from kvpolicy.lint.rules.unknown_unit import UnknownUnit
+from kvpolicy.catalogue import (
+    DUPLICATE_DEFINITION,
+    INVALID_DURATION,
+    INVALID_VALUE,
+    OUT_OF_RANGE,
+    UNKNOWN_ATTRIBUTE,
+    UNKNOWN_FIELD,
+    UNKNOWN_UNIT,
+    Rule,
+)
+from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy import model as m
 from kvpolicy.policy import vocabulary as v
-from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.suggest import closest, did_you_mean
-from kvpolicy.policy.syntax import RECOVERED
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS, duration_seconds, size_bytes
 
 _QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*(%|[A-Za-z_][A-Za-z0-9_]*)?")
@@ -100,7 +103,7 @@ class PolicyBuilder:
         self.file = file
         self.diagnostics: list[Diagnostic] = []
 
-    def report(self, rule, node: Tree | Token | Span, message: str, hint: str | None = None) -> None:
+    def report(self, rule: Rule, node: Tree | Token | Span, message: str, hint: str | None = None) -> None:
         span = node if isinstance(node, Span) else span_of(node)
         self.diagnostics.append(rule.at(self.file, span, message, hint))
 
@@ -115,7 +118,7 @@ class PolicyBuilder:
                 built = self.integer(args(child)[0], "version")
                 if version is not None:
                     self.report(
-                        DuplicateDefinition, child, "'version' is given twice",
+                        DUPLICATE_DEFINITION, child, "'version' is given twice",
                         f"remove one (the first is on line {version.span.line})",
                     )
                 elif built is not None:
@@ -140,10 +143,10 @@ class PolicyBuilder:
 
     def unknown(self, tree: Tree, block: str | None) -> None:
         word: Token = args(tree)[0]
-        if word.value == RECOVERED:
+        if word.value == v.RECOVERED:
             return  # stands in for a line that already has a syntax error
         message, hint = unknown_keyword(word.value, block)
-        self.report(UnknownField, word, message, hint)
+        self.report(UNKNOWN_FIELD, word, message, hint)
 
     def _fields(
         self,
@@ -165,7 +168,7 @@ class PolicyBuilder:
                 continue  # e.g. the model name, handled by the caller
             if key in first_line and key != "pool":
                 self.report(
-                    DuplicateDefinition, child, f"'{key}' is set twice in this {block} block",
+                    DUPLICATE_DEFINITION, child, f"'{key}' is set twice in this {block} block",
                     f"remove one (the first is on line {first_line[key]})",
                 )
                 continue
@@ -189,7 +192,7 @@ class PolicyBuilder:
         return m.Defaults(span=span_of(tree), **fields)
 
     def _not_here(self, tree: Tree, key: str, block: str, example: str) -> None:
-        self.report(UnknownField, tree, f"'{key}' cannot be set in a {block} block", f"use `{example}`")
+        self.report(UNKNOWN_FIELD, tree, f"'{key}' cannot be set in a {block} block", f"use `{example}`")
 
     def gpu(self, tree: Tree) -> m.GpuBlock:
         selector: Tree = args(tree)[0]
@@ -233,7 +236,7 @@ class PolicyBuilder:
     def owner(self, token: Token) -> m.Name | None:
         if token.value not in v.OWNERS:
             self.report(
-                InvalidValue, token, f"unknown owner '{token.value}'",
+                INVALID_VALUE, token, f"unknown owner '{token.value}'",
                 did_you_mean(token.value, v.OWNERS) or "expected 'runtime' or 'elastic'",
             )
             return None
@@ -263,7 +266,7 @@ class PolicyBuilder:
             ok = True
             if attribute.value == "by" and len(words) > 1 and words[1].value in v.ORDER_KEYS:
                 self.report(
-                    InvalidValue, attribute, "'order' takes the attribute itself, without 'by'",
+                    INVALID_VALUE, attribute, "'order' takes the attribute itself, without 'by'",
                     f"write `order {words[1].value}`",
                 )
                 continue
@@ -276,7 +279,7 @@ class PolicyBuilder:
                 else:
                     hint = did_you_mean(attribute.value, v.ORDER_KEYS)
                 self.report(
-                    UnknownAttribute, attribute,
+                    UNKNOWN_ATTRIBUTE, attribute,
                     f"'{attribute.value}' is not an instance attribute to order by",
                     hint or "expected one of " + ", ".join(v.ORDER_KEYS),
                 )
@@ -287,7 +290,7 @@ class PolicyBuilder:
                 if direction.value not in v.DIRECTIONS:
                     alias = v.DIRECTION_ALIASES.get(direction.value.lower())
                     self.report(
-                        InvalidValue, direction, f"unknown order direction '{direction.value}'",
+                        INVALID_VALUE, direction, f"unknown order direction '{direction.value}'",
                         f"did you mean '{alias}'?" if alias
                         else did_you_mean(direction.value, v.DIRECTIONS) or "expected 'asc' or 'desc'",
                     )
@@ -303,7 +306,7 @@ class PolicyBuilder:
             if token.value in v.SHRINK_TARGETS:
                 return m.ShrinkTo(span=span, kind=token.value)
             self.report(
-                InvalidValue, token, f"cannot shrink to '{token.value}'",
+                INVALID_VALUE, token, f"cannot shrink to '{token.value}'",
                 did_you_mean(token.value, v.SHRINK_TARGETS) or "expected min, target, a size or a percentage",
             )
             return None
@@ -344,7 +347,7 @@ class PolicyBuilder:
             kind = v.ATTRIBUTES.get(token.value)
             if kind is None:
                 self.report(
-                    UnknownAttribute, token, f"unknown attribute '{token.value}'",
+                    UNKNOWN_ATTRIBUTE, token, f"unknown attribute '{token.value}'",
                     did_you_mean(token.value, v.ATTRIBUTES)
                     or "expected one of " + ", ".join(v.ATTRIBUTES),
                 )
@@ -366,7 +369,7 @@ class PolicyBuilder:
         if q.unit in DURATION_UNITS:
             return self._duration(q)
         self.report(
-            UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+            UNKNOWN_UNIT, q.unit_span, f"unknown unit '{q.unit}'",
             unit_hint(q.unit, (*SIZE_UNITS, *DURATION_UNITS))
             or "sizes use B, KiB, MiB, GiB, TiB or %; durations use ms, s, m or h",
         )
@@ -378,10 +381,10 @@ class PolicyBuilder:
             for side, token in ((left, left_token), (right, right_token)):
                 full = _attribute_for(side.value) if isinstance(side, m.Name) else None
                 if full is not None:
-                    self.report(UnknownAttribute, token, f"unknown attribute '{side.value}'", f"did you mean '{full}'?")
+                    self.report(UNKNOWN_ATTRIBUTE, token, f"unknown attribute '{side.value}'", f"did you mean '{full}'?")
                     return False
             self.report(
-                InvalidValue, op, "a comparison needs an attribute on at least one side",
+                INVALID_VALUE, op, "a comparison needs an attribute on at least one side",
                 "e.g. `gpu.free < 8 GiB`",
             )
             return False
@@ -390,14 +393,14 @@ class PolicyBuilder:
                 continue
             if attr.kind == "string" and op.value not in ("==", "!="):
                 self.report(
-                    InvalidValue, op, f"{attr.name} can only be compared with == or !=",
+                    INVALID_VALUE, op, f"{attr.name} can only be compared with == or !=",
                     f"e.g. `{attr.name} == {_example_name(attr)}`",
                 )
                 return False
             if isinstance(other, m.Attr):
                 if other.kind != attr.kind:
                     self.report(
-                        InvalidValue, op,
+                        INVALID_VALUE, op,
                         f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {other.name} ({_ATTRIBUTE_KIND_WORDS[other.kind]})",
                         _compare_hint(attr),
                     )
@@ -408,13 +411,13 @@ class PolicyBuilder:
                 continue
             if isinstance(other, m.Name) and other.value in v.ORDER_KEYS:
                 self.report(
-                    UnknownAttribute, token, f"unknown attribute '{other.value}'",
+                    UNKNOWN_ATTRIBUTE, token, f"unknown attribute '{other.value}'",
                     f"did you mean 'model.{other.value}'?",
                 )
                 return False
             if isinstance(other, m.Name) and f"gpu.{other.value}" in v.ATTRIBUTES:
                 self.report(
-                    UnknownAttribute, token, f"unknown attribute '{other.value}'",
+                    UNKNOWN_ATTRIBUTE, token, f"unknown attribute '{other.value}'",
                     f"did you mean 'gpu.{other.value}'?",
                 )
                 return False
@@ -424,7 +427,7 @@ class PolicyBuilder:
             elif other_kind in ("int", "zero") and attr.kind == "duration":
                 hint = f"add a unit, e.g. `{token.value}s`"
             self.report(
-                InvalidDuration if attr.kind == "duration" else InvalidValue,
+                INVALID_DURATION if attr.kind == "duration" else INVALID_VALUE,
                 token,
                 f"cannot compare {attr.name} ({_ATTRIBUTE_KIND_WORDS[attr.kind]}) with {token.value} ({_VALUE_KIND_WORDS[other_kind]})",
                 hint,
@@ -440,9 +443,7 @@ class PolicyBuilder:
         number_text, unit = match.group(1), match.group(2)
         digits = number_text.lstrip("+-").replace(".", "")
         if len(digits.lstrip("0")) > MAX_DIGITS:
-            from kvpolicy.lint.rules.out_of_range import OutOfRange
-
-            self.report(OutOfRange, token, f"the number {number_text[:12]}… is too large", "sizes stay below 8 EiB")
+            self.report(OUT_OF_RANGE, token, f"the number {number_text[:12]}… is too large", "sizes stay below 8 EiB")
             return None
         # a whole number (most are) is cheaper to make than a Fraction, and behaves the same here
         number = int(number_text) if number_text.lstrip("+-").isdigit() else Fraction(number_text)
@@ -454,7 +455,7 @@ class PolicyBuilder:
             return None
         if q.unit is not None:
             self.report(
-                InvalidValue, token, f"{setting} takes a whole number, not '{token.value}'",
+                INVALID_VALUE, token, f"{setting} takes a whole number, not '{token.value}'",
                 f"write `{setting} {q.number_text}`",
             )
             return None
@@ -463,7 +464,7 @@ class PolicyBuilder:
     def _int(self, q: _Quantity, setting: str | None = None) -> m.IntLit | None:
         if q.number.denominator != 1:
             self.report(
-                InvalidValue, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}",
+                INVALID_VALUE, q.token, f"{setting or 'this'} takes a whole number, not {q.number_text}",
                 f"did you mean `{setting} {round(q.number)}`?" if setting else "write a whole number",
             )
             return None
@@ -482,7 +483,7 @@ class PolicyBuilder:
             if percent_ok:
                 return m.PercentLit(span=q.span, percent=Decimal(q.number_text))
             self.report(
-                InvalidValue, token, f"{setting} takes a size, not a percentage",
+                INVALID_VALUE, token, f"{setting} takes a size, not a percentage",
                 f"e.g. `{setting} 141 GiB`",
             )
             return None
@@ -490,21 +491,21 @@ class PolicyBuilder:
             if q.number == 0:
                 return m.SizeLit(span=q.span, bytes=0, number=q.number_text, unit="B")
             self.report(
-                InvalidValue, token, f"{setting} needs a unit: '{q.number_text}' alone is not a size",
+                INVALID_VALUE, token, f"{setting} needs a unit: '{q.number_text}' alone is not a size",
                 f"did you mean `{setting} {q.number_text} GiB`"
                 + (f" or `{setting} {q.number_text}%`" if percent_ok else "") + "?",
             )
             return None
         if q.unit in DURATION_UNITS:
             self.report(
-                InvalidValue, token, f"{setting} takes a size, not a duration ('{token.value}')",
+                INVALID_VALUE, token, f"{setting} takes a size, not a duration ('{token.value}')",
                 "sizes use B, KiB, MiB, GiB, TiB" + (" or %" if percent_ok else ""),
             )
             return None
         if q.unit not in SIZE_UNITS:
             units = (*SIZE_UNITS, "%") if percent_ok else tuple(SIZE_UNITS)
             self.report(
-                UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+                UNKNOWN_UNIT, q.unit_span, f"unknown unit '{q.unit}'",
                 unit_hint(q.unit, units) or "sizes use " + ", ".join(units),
             )
             return None
@@ -519,19 +520,19 @@ class PolicyBuilder:
             return None
         if q.unit is None:
             self.report(
-                InvalidDuration, token, f"{setting} needs a time unit: '{q.number_text}' alone is not a duration",
+                INVALID_DURATION, token, f"{setting} needs a time unit: '{q.number_text}' alone is not a duration",
                 f"did you mean `{setting} {q.number_text}s`?",
             )
             return None
         if q.unit not in DURATION_UNITS:
             if q.unit in SIZE_UNITS or q.unit == "%":
                 self.report(
-                    InvalidDuration, token, f"{setting} takes a duration, not '{token.value}'",
+                    INVALID_DURATION, token, f"{setting} takes a duration, not '{token.value}'",
                     "durations use ms, s, m or h",
                 )
             else:
                 self.report(
-                    UnknownUnit, q.unit_span, f"unknown unit '{q.unit}'",
+                    UNKNOWN_UNIT, q.unit_span, f"unknown unit '{q.unit}'",
                     unit_hint(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
                 )
             return None
@@ -539,7 +540,7 @@ class PolicyBuilder:
 
     def _duration(self, q: _Quantity) -> m.DurationLit | None:
         if q.number < 0:
-            self.report(InvalidDuration, q.token, f"a duration cannot be negative ('{q.token.value}')")
+            self.report(INVALID_DURATION, q.token, f"a duration cannot be negative ('{q.token.value}')")
             return None
         return m.DurationLit(
             span=q.span, seconds=duration_seconds(q.number, q.unit), number=q.number_text, unit=q.unit

@@ -5,6 +5,9 @@ from __future__ import annotations
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS
 
 TOP_LEVEL = ("version", "defaults", "gpu", "model", "rule")
+RECOVERED = "_kvpolicy_recovered_"
+"""The placeholder statement that recovery puts in place of a line with a syntax error
+(``kvpolicy.policy.syntax``): the builder and the error messages pass over it."""
 DEFAULTS_FIELDS = ("headroom", "chunk")
 GPU_FIELDS = ("headroom", "capacity", "chunk")
 MODEL_FIELDS = ("engine", "priority", "reserve", "min", "max", "weight", "pool")

@@ -3,7 +3,9 @@
 Imports are lazy so that ``import kvpolicy.runtime`` stays cheap in engine processes;
 nothing here needs torch, cuda-python or lark.
 
-- ``attach(...)`` → ``Instance``: the engine's side (``client``).
+- ``EngineSession.open(EngineIdentity(...))``: the engine adapters' one port to the ledger
+  (``session``): admit the static reserve, report pools, an elastic pool's limit source.
+- ``attach(...)`` → ``Instance``: the engine's side underneath (``client``).
 - ``LedgerDir``: the controller's side (``directory``): facts, publish, reclaim, heartbeat.
 - ``write_status`` / ``read_status`` / ``live_status``: ``<ledger-dir>/status.json`` (``status``).
 """
@@ -13,6 +15,10 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
+    "EngineSession": "kvpolicy.runtime.session",
+    "EngineIdentity": "kvpolicy.runtime.session",
+    "MeasuredGpu": "kvpolicy.runtime.session",
+    "ledger_capacity": "kvpolicy.runtime.session",
     "attach": "kvpolicy.runtime.client",
     "Instance": "kvpolicy.runtime.client",
     "detach_all": "kvpolicy.runtime.client",
@@ -47,6 +53,8 @@ __all__ = [
     "CorruptSegment",
     "Detached",
     "DuplicateInstance",
+    "EngineIdentity",
+    "EngineSession",
     "ForeignSegment",
     "GpuLedger",
     "GpuLimits",
@@ -57,12 +65,14 @@ __all__ = [
     "LedgerDir",
     "LedgerError",
     "LedgerView",
+    "MeasuredGpu",
     "SlotView",
     "SlotsFull",
     "Status",
     "UnsafeSegment",
     "attach",
     "detach_all",
+    "ledger_capacity",
     "live_status",
     "read_status",
     "write_status",

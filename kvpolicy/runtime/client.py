@@ -7,7 +7,9 @@ An engine process attaches once per GPU it uses::
     inst.report_pools({"kv": PoolFacts(bytes=...)})                         # once they exist
     pool = BlockPool(..., limit=inst.limit_source())                         # elastic pools
 
-``Instance`` implements ``kvpolicy.alloc.limits.LimitSource``. ``read()`` is the hot
+The engine adapters use it through ``session.EngineSession``, which adds the engine's
+own GPU figures before a controller publishes. ``Instance`` implements
+``kvpolicy.alloc.limits.LimitSource``. ``read()`` is the hot
 path: one 8-byte load of the published record's sequence word and, while it has
 not moved, the same ``LimitReading`` object as last time (no allocation, no lock).
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvpolicy.evaluate.decide import evaluate
+from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.runtime.directory import LedgerDir, LedgerView
 from kvpolicy.runtime.gpus import GpuSampler
@@ -77,6 +77,8 @@ class Controller:
         self.state = State()
         self.revision = 0
         self.decision: Decision | None = None
+        self.prepared: PreparedPolicy | None = None
+        """The policy in force, ready to evaluate: prepared again when a new one loads."""
         self.started_at = time.time()
         self._published: tuple[dict, dict, dict] | None = None
         self._published_policy: int | None = None
@@ -168,7 +170,9 @@ class Controller:
         samples = self.sampler.sample(view.gpus) if self.sampler is not None else {}
         facts, notes = view.facts(samples)
         started = time.perf_counter()
-        decision, self.state = evaluate(loaded.policy, facts, self.state)
+        if self.prepared is None or self.prepared.policy is not loaded.policy:
+            self.prepared = prepare(loaded.policy)
+        decision, self.state = evaluate(self.prepared, facts, self.state)
         if self.metrics:
             self.metrics.evaluation.observe(time.perf_counter() - started)
         if self.publishing:

@@ -24,7 +24,6 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime import codec
@@ -425,12 +424,3 @@ class GpuLedger:
                 self.writer.limits(slot, ident, revision, lim, now)
         return skipped
 
-
-def __getattr__(name: str) -> Any:
-    # The engine adapters look their glue up here (``kvpolicy.runtime.ledger.attach_static`` /
-    # ``connect_vllm_ledger``); it lives in ``engines`` and loads on first use.
-    if name in ("attach_static", "connect_vllm_ledger"):
-        from kvpolicy.runtime import engines
-
-        return getattr(engines, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

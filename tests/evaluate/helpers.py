@@ -7,7 +7,8 @@ import textwrap
 from kvpolicy.evaluate.decide import evaluate
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts
-from kvpolicy.policy import Policy, policy_from_text
+from kvpolicy.lint.load import policy_from_text
+from kvpolicy.policy import Policy
 from kvpolicy.units import GiB, MiB
 
 __all__ = ["GiB", "MiB", "gpu", "inst", "make_facts", "make_policy", "run"]

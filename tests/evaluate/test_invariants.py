@@ -7,6 +7,7 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvpolicy.evaluate.decide import evaluate, prepare
 from kvpolicy.facts import Facts
 from kvpolicy.units import GiB, MiB, round_down
 
@@ -153,6 +154,23 @@ def test_deterministic_whatever_the_input_order(scenario, rng: random.Random):
     decision, state = run(policy, Facts.model_validate(shuffled))
     assert decision.to_json() == reference.to_json()
     assert state.to_json() == ref_state.to_json()
+
+
+@FAST
+@given(st.lists(scenarios(), min_size=2, max_size=4), st.data())
+def test_a_prepared_policy_held_across_evaluations_decides_as_a_fresh_one(scenarios_, data):
+    """The controller prepares a policy once and evaluates it on every change of the facts:
+    what the preparation keeps between evaluations never changes a decision."""
+    text = scenarios_[0][0]
+    policy = make_policy(text)
+    held = prepare(policy)
+    held_state = fresh_state = None
+    for _, facts in scenarios_:
+        facts = Facts.model_validate(dict(facts, now=facts["now"] + data.draw(st.integers(0, 120))))
+        decision, held_state = evaluate(held, facts, held_state)
+        reference, fresh_state = evaluate(make_policy(text), facts, fresh_state)
+        assert decision.to_json() == reference.to_json()
+        assert held_state.to_json() == fresh_state.to_json()
 
 
 def test_rounding_helper_is_exact():

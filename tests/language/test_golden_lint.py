@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
-from kvpolicy.lint.registry import all_rules
+from kvpolicy.catalogue import all_rules
 from kvpolicy.policy.syntax_messages import ERROR_EXAMPLES
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "lint"

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kvpolicy.policy import PolicyError, load_policy, policy_from_text
+from kvpolicy.diagnostics import PolicyError
+from kvpolicy.lint.load import load_policy, policy_from_text
 from kvpolicy.policy import globs
 from kvpolicy.policy import model as m
 from kvpolicy.units import GiB, MiB

@@ -11,7 +11,7 @@ import pytest
 from kvpolicy.cli import main
 from kvpolicy.facts_io import read_facts
 from kvpolicy.lint.engine import lint_file
-from kvpolicy.policy import load_policy
+from kvpolicy.lint.load import load_policy
 from kvpolicy.units import GiB
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.kvp"))

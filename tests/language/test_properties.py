@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
+from lark import Lark
 
 from kvpolicy.lint.engine import LintResult, decode_policy, lint_text
 from kvpolicy.diagnostics import PolicyError
 from kvpolicy.policy.fmt import format_text
-from kvpolicy.policy.syntax import parser
+from kvpolicy.policy.lark_parser import grammar_text
 
 from .helpers import PROFILE, TERMINAL_NAMES, comment_texts, examples, semantic_dump, shows_terminal_name
 from .strategies import mutated, valid_policies
@@ -137,7 +138,9 @@ def test_policy_shaped_noise_only_produces_diagnostics(text: str) -> None:
 
 def _grammar_strategy() -> st.SearchStrategy[str]:
     """Texts the grammar accepts, with a space around every token so the lexer sees them."""
-    lark = parser()
+    # Hypothesis reads the grammar's rules, which the policy parser, loaded from Lark's
+    # cache of the analysed grammar, does not keep: so a Lark of the same grammar.
+    lark = Lark(grammar_text(), parser="lalr")
     explicit = {
         # no keywords: where a statement starts, a keyword is always read as that keyword
         "NAME": st.sampled_from(["vllm", "sglang", "swa", "target", "idle", "asc", "desc", "x"]),

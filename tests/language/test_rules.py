@@ -1,4 +1,4 @@
-"""The rule registry: metadata, docstrings, generated docs, and examples that do what they say."""
+"""The rule catalogue and the checks: metadata, documentation, generated docs, and examples that do what they say."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 
 import kvpolicy.lint.rules
+from kvpolicy import catalogue
+from kvpolicy.catalogue import CHECK, DOC_SECTIONS, UNKNOWN_UNIT, Rule, all_rules, index
+from kvpolicy.diagnostics import Severity
 from kvpolicy.lint import docs
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.lint.registry import DOC_SECTIONS, REGISTRY, Rule, all_rules, register
-from kvpolicy.diagnostics import Severity
+from kvpolicy.lint.registry import CHECKS, Check, register
+from kvpolicy.lint.rules import all_checks
 from kvpolicy.units import GiB
 
 RULES = all_rules()
@@ -32,7 +35,7 @@ def _snippet(section: str) -> str:
     return match.group(1)
 
 
-def _lint_example(rule: type[Rule], section: str):
+def _lint_example(rule: Rule, section: str):
     text = _snippet(rule.sections()[section])
     if rule.code not in NO_VERSION_WRAP and not re.match(r"\s*version\b", text):
         text = "version 1\n" + text
@@ -46,7 +49,7 @@ def test_there_are_enough_rules_and_codes_are_dense() -> None:
 
 
 @pytest.mark.parametrize("rule", RULES, ids=IDS)
-def test_metadata(rule: type[Rule]) -> None:
+def test_metadata(rule: Rule) -> None:
     assert re.fullmatch(r"KV\d{3}", rule.code)
     assert re.fullmatch(r"[a-z]+(-[a-z0-9]+)*", rule.name)
     assert isinstance(rule.severity, Severity)
@@ -55,14 +58,14 @@ def test_metadata(rule: type[Rule]) -> None:
 
 
 @pytest.mark.parametrize("rule", RULES, ids=IDS)
-def test_docstring_has_every_section(rule: type[Rule]) -> None:
+def test_docstring_has_every_section(rule: Rule) -> None:
     sections = rule.sections()
     assert list(sections) == list(DOC_SECTIONS)
     assert all(sections[s].strip() for s in DOC_SECTIONS)
 
 
 @pytest.mark.parametrize("rule", RULES, ids=IDS)
-def test_example_triggers_the_rule_and_use_instead_does_not(rule: type[Rule]) -> None:
+def test_example_triggers_the_rule_and_use_instead_does_not(rule: Rule) -> None:
     bad = _lint_example(rule, "Example")
     assert rule.code in [d.code for d in bad.diagnostics], [d.render() for d in bad.diagnostics]
     good = _lint_example(rule, "Use instead")
@@ -70,33 +73,50 @@ def test_example_triggers_the_rule_and_use_instead_does_not(rule: type[Rule]) ->
     assert good.errors == (), [d.render() for d in good.errors]
 
 
-def test_one_rule_per_module() -> None:
+def test_one_check_per_module() -> None:
     found: dict[str, list[str]] = {}
     for info in pkgutil.iter_modules(kvpolicy.lint.rules.__path__):
         module = importlib.import_module(f"kvpolicy.lint.rules.{info.name}")
-        found[info.name] = [name for name, obj in vars(module).items() if isinstance(obj, type) and obj in REGISTRY.values()]
+        found[info.name] = [name for name, obj in vars(module).items() if isinstance(obj, type) and obj in CHECKS.values()]
     assert {m: names for m, names in found.items() if len(names) != 1} == {}
-    assert sum(len(v) for v in found.values()) == len(RULES)
+    assert sum(len(v) for v in found.values()) == len(all_checks())
 
 
-def test_register_refuses_bad_metadata() -> None:
-    class BadCode(Rule):
-        code, name, severity = "KV1", "bad-code", Severity.ERROR
+def test_every_check_phase_rule_has_its_check_and_no_other_rule_has_one() -> None:
+    assert [c.rule for c in all_checks()] == [r for r in RULES if r.phase == CHECK]
 
-    class BadName(Rule):
-        code, name, severity = "KV999", "Bad_Name", Severity.ERROR
 
-    class Reused(Rule):
-        code, name, severity = "KV001", "another-name", Severity.ERROR
+def test_the_catalogue_refuses_bad_metadata() -> None:
+    doc = UNKNOWN_UNIT.doc
+    with pytest.raises(ValueError):
+        Rule("KV1", "bad-code", Severity.ERROR, CHECK, True, doc)
+    with pytest.raises(ValueError):
+        Rule("KV999", "Bad_Name", Severity.ERROR, CHECK, True, doc)
+    reused = Rule("KV001", "another-name", Severity.ERROR, CHECK, True, doc)
+    with pytest.raises(ValueError):
+        index([UNKNOWN_UNIT, reused])
+    assert catalogue.rule_by_code("KV999") is None
 
-    for cls in (BadCode, BadName, Reused):
+
+def test_register_refuses_a_check_of_no_catalogue_rule_or_a_second_one() -> None:
+    class NotCatalogued(Check):
+        rule = Rule("KV999", "not-catalogued", Severity.ERROR, CHECK, True, UNKNOWN_UNIT.doc)
+
+    class OfAParseRule(Check):
+        rule = UNKNOWN_UNIT
+
+    class Second(Check):
+        rule = catalogue.OVER_COMMITMENT
+
+    all_checks()
+    for cls in (NotCatalogued, OfAParseRule, Second):
         with pytest.raises(ValueError):
             register(cls)
-    assert "KV999" not in REGISTRY
+    assert "KV999" not in CHECKS and CHECKS["KV017"] is not Second
 
 
 def test_generated_docs_are_current() -> None:
-    """docs/lint-rules.md is generated from the registry: run `python -m kvpolicy.lint.docs`."""
+    """docs/lint-rules.md is generated from the catalogue: run `python -m kvpolicy.lint.docs`."""
     path = ROOT / "docs" / "lint-rules.md"
     assert path.read_text(encoding="utf-8") == docs.render(), "stale: run python -m kvpolicy.lint.docs"
     assert docs.main(["--check", "--output", str(path)]) == 0

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.lint.engine import lint_text
-from kvpolicy.policy import syntax_messages
-from kvpolicy.policy.syntax import MAX_ERRORS, parse_tree, parser
-from kvpolicy.policy.syntax_messages import ERROR_EXAMPLES
+from kvpolicy.policy.lark_parser import parser
+from kvpolicy.policy.syntax import MAX_ERRORS, parse_tree
+from kvpolicy.policy.syntax_messages import ERROR_EXAMPLES, MATCHERS, describe
 
 from .helpers import TERMINAL_NAMES, shows_terminal_name
 
@@ -27,12 +27,18 @@ def test_example_produces_exactly_its_kind(kind: str, index: int, text: str) -> 
         assert not shows_terminal_name(d.message + " " + (d.hint or "")), d.render()
 
 
-def test_every_kind_the_explainer_can_produce_has_examples() -> None:
-    source = Path(syntax_messages.__file__).read_text(encoding="utf-8")
-    produced = set(re.findall(r'(?:fail|Failure)\(\s*"([a-z-]+)"', source))
-    assert produced, "the pattern no longer finds the kinds: update this test"
-    assert produced - set(ERROR_EXAMPLES) == set()
-    assert set(ERROR_EXAMPLES) - produced == set(), "an example kind nothing produces"
+def test_every_matcher_has_examples_and_a_kind_of_its_own() -> None:
+    """A kind names one matcher, so an example that yields the kind was explained by it."""
+    kinds = [m.kind for m in MATCHERS]
+    assert len(kinds) == len(set(kinds))
+    assert [m.kind for m in MATCHERS if not m.examples] == []
+    assert set(ERROR_EXAMPLES) == set(kinds)
+
+
+def test_the_last_matcher_of_each_error_takes_any() -> None:
+    for error in {m.error for m in MATCHERS}:
+        last = [m for m in MATCHERS if m.error is error][-1]
+        assert last.applies(None), f"{error.__name__}: no matcher takes what the others leave"
 
 
 def test_no_terminal_name_in_golden_outputs() -> None:
@@ -44,10 +50,8 @@ def test_no_terminal_name_in_golden_outputs() -> None:
 
 def test_every_terminal_has_words() -> None:
     """Whatever the parser expects, the message names it in the language's words."""
-    explainer = syntax_messages._Explainer.__new__(syntax_messages._Explainer)
-    explainer.previous = None
     for terminal in parser().terminals:
-        words = explainer._words({terminal.name})
+        words = describe({terminal.name}, None)
         assert words != "something else", terminal.name
         assert not TERMINAL_NAMES.search(words), (terminal.name, words)
 

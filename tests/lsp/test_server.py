@@ -274,7 +274,7 @@ def test_completion(client: LspClient, tmp_path: Path) -> None:
     assert labels(client, uri, 3, 12) == ["B", "KiB", "MiB", "GiB", "TiB", "KB", "MB", "GB", "TB"]
     assert labels(client, uri, 11, 10) == ["ms", "s", "m", "h"]
     # pool names of the model's engine, not those already written
-    assert labels(client, uri, 5, 7) == ["c128", "compressor_state", "indexer", "other", "swa"]
+    assert labels(client, uri, 5, 7) == ["c128", "compressor_state", "indexer", "other", "req_to_token", "swa"]
     # attributes in `when`, order keys, rule actions
     when = labels(client, uri, 8, 28)
     assert {"gpu.free", "model.idle", "model.priority"} <= set(when) and "not" in when

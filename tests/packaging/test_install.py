@@ -72,7 +72,7 @@ def test_from_the_repository_root_each_module_has_one_identity() -> None:
     done = _python(
         "import sys\n"
         "import kvpolicy.adapters.common, kvpolicy.adapters.vllm_adapter.plugin\n"
-        "from kvpolicy.policy.syntax import grammar_text\n"
+        "from kvpolicy.policy.lark_parser import grammar_text\n"
         "assert 'version' in grammar_text()\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('adapters', 'grammar')))\n",
         cwd=ROOT,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+sys.path.insert(1, str(HERE.parents[1]))  # the repository root, for tests.support
 
 import sglang_standins  # noqa: E402
 
@@ -47,8 +48,9 @@ def run_cases() -> list[dict]:
 
     from kvpolicy.adapters.sglang_dsv4 import hooks
     from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
-    from kvpolicy.adapters.sglang_dsv4.ports import InProcessLedger, Reserve
+    from kvpolicy.adapters.sglang_dsv4.ports import Reserve
     from kvpolicy.units import GiB, MiB
+    from tests.support.ledgers import InProcessLedger
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context, get_parallel
     from sglang_support import MODELS, TINY_RATIOS, build_pool_through_sglang, kv_cache_configurator

@@ -9,14 +9,14 @@ import pytest
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.adapters.sglang_dsv4.ports import (
-    AdmissionRefused,
-    InProcessLedger,
     InstanceIdentity,
     policy_reserve,
     require_policy_file,
 )
 from kvpolicy.facts import PoolFacts
+from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB, MiB
+from tests.support.ledgers import InProcessLedger
 
 POLICY = 'version 1\n\nmodel "deepseek-v4-flash" {\n  engine sglang\n  reserve 40 GiB\n}\n'
 
@@ -56,7 +56,7 @@ def test_two_engines_starting_together_cannot_both_take_the_last_bytes():
         session = ledger.session(InstanceIdentity(model=f"m{i}", gpu="cuda:0", rank=0))
         barrier.wait()
         try:
-            results.append(session.admit(40 * GiB))
+            results.append(session.admit_static(40 * GiB))
         except AdmissionRefused as exc:
             results.append(exc)
 
@@ -74,10 +74,10 @@ def test_two_engines_starting_together_cannot_both_take_the_last_bytes():
 def test_a_report_replaces_the_admission():
     ledger = InProcessLedger({"cuda:0": 10 * GiB})
     session = ledger.session(InstanceIdentity(model="m", gpu="cuda:0", rank=0))
-    session.admit(8 * GiB)
+    session.admit_static(8 * GiB)
     session.report_pools({"swa": PoolFacts(bytes=3 * GiB), "c4": PoolFacts(bytes=4 * GiB)})
     assert ledger.admitted["cuda:0"] == {} and ledger.held("cuda:0") == 7 * GiB
     other = ledger.session(InstanceIdentity(model="n", gpu="cuda:0", rank=0))
-    assert other.admit(3 * GiB) == 3 * GiB
+    assert other.admit_static(3 * GiB) == 3 * GiB
     with pytest.raises(AdmissionRefused):
-        ledger.session(InstanceIdentity(model="o", gpu="cuda:0", rank=0)).admit(1 * MiB)
+        ledger.session(InstanceIdentity(model="o", gpu="cuda:0", rank=0)).admit_static(1 * MiB)

@@ -15,8 +15,9 @@ from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.adapters.sglang_dsv4 import hooks, plan as closed
 from kvpolicy.adapters.sglang_dsv4.facts import OTHER, measure_pool
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
-from kvpolicy.adapters.sglang_dsv4.ports import InProcessLedger, Reserve
+from kvpolicy.adapters.sglang_dsv4.ports import Reserve
 from kvpolicy.units import GiB, MiB
+from tests.support.ledgers import InProcessLedger
 from sglang_support import (
     HERE,
     MODELS,
@@ -169,7 +170,7 @@ def test_admission_is_refused_with_the_policy_line_and_the_figures(server_args, 
     kvc = kv_cache_configurator(TINY, server_args(max_running_requests=8))
     free_memory_is(kvc, 64 * GiB, monkeypatch)
     ledger, _ = adapter(48 * MiB, {"cuda:0": 100 * MiB})
-    ledger.session(hooks.InstanceIdentity(model="other", gpu="cuda:0", rank=0)).admit(60 * MiB)
+    ledger.session(hooks.InstanceIdentity(model="other", gpu="cuda:0", rank=0)).admit_static(60 * MiB)
     with pytest.raises(AdapterError) as exc:
         build_pool_through_sglang(kvc)
     msg = str(exc.value)

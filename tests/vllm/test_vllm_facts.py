@@ -13,7 +13,6 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
-from kvpolicy.adapters.vllm_adapter.static.ledger import InProcessLedger
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.pools import (
     FREE_POOL,
@@ -26,6 +25,7 @@ from kvpolicy.adapters.vllm_adapter.pools import (
 )
 
 from kvpolicy.units import MiB
+from tests.support.ledgers import InProcessVllmLedger
 
 # Small caches: max_model_len 1024, so a CPU allocation of a few hundred MiB suffices.
 FACT_CASES = [
@@ -162,14 +162,14 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
     EngineCore.step, with vLLM's real configs, block pool, UniProcExecutor.collective_rpc and
     run_method; the engine core and worker objects stand in for ones that need a GPU."""
     from kvpolicy.adapters.vllm_adapter import hooks
-    from kvpolicy.adapters.vllm_adapter.static.ledger import set_static_ledger
+    from kvpolicy.adapters.vllm_adapter.ledger import set_static_ledger
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
     _, plan, layout, buffer_bytes = allocated
     monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
     monkeypatch.setenv("KVPOLICY_MODEL", "m")
     monkeypatch.setenv("KVPOLICY_REPORT_INTERVAL", "0")
-    ledger = InProcessLedger({})
+    ledger = InProcessVllmLedger({})
     set_static_ledger(ledger)
     try:
         # Worker: vLLM allocated its buffer; the hook reports all blocks free.

@@ -22,12 +22,16 @@ pytestmark = pytest.mark.vllm
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
 from kvpolicy.adapters.vllm_adapter.static import sizing
-from kvpolicy.adapters.vllm_adapter.static.ledger import AdmissionRefused, InProcessLedger, set_static_ledger
+from kvpolicy.adapters.vllm_adapter.ledger import set_static_ledger
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
 from vllm_paths import CONFIGS
 
+from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB
+from tests.support.ledgers import InProcessVllmLedger
+
+REPO = Path(__file__).resolve().parents[2]
 
 QWEN = CONFIGS / "qwen3-8b"
 POLICY = """\
@@ -44,11 +48,12 @@ import json, os, sys
 from types import SimpleNamespace
 from vllm.plugins import load_general_plugins
 from vllm.v1.worker.gpu_worker import Worker
-from kvpolicy.adapters.vllm_adapter.static.ledger import InProcessLedger, set_static_ledger
+from kvpolicy.adapters.vllm_adapter.ledger import set_static_ledger
+from tests.support.ledgers import InProcessVllmLedger
 
 load_general_plugins()  # vLLM's own loader: finds kvpolicy through its entry point
 hooked = getattr(Worker.determine_available_memory, "__kvpolicy_hook__", False)
-ledger = InProcessLedger({"cuda:3": 80 * 2**30})
+ledger = InProcessVllmLedger({"cuda:3": 80 * 2**30})
 set_static_ledger(ledger)
 
 from vllm.engine.arg_utils import EngineArgs
@@ -114,6 +119,7 @@ def test_plugin_sizes_the_kv_cache_from_the_policy(policy_file: Path) -> None:
         WORKER_SCRIPT, str(QWEN),
         env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file), "KVPOLICY_MODEL": "qwen3-8b",
              "KVPOLICY_ENGINE_ID": "qwen-test"},
+        pythonpath=[REPO],
     )
     out = last_json(result)
     assert "error" not in out, out
@@ -128,17 +134,19 @@ def test_plugin_sizes_the_kv_cache_from_the_policy(policy_file: Path) -> None:
 
 
 def test_admission_refused_stops_the_start(policy_file: Path) -> None:
-    script = WORKER_SCRIPT.replace('InProcessLedger({"cuda:3": 80 * 2**30})', 'InProcessLedger({"cuda:3": 2 * 2**30})')
+    script = WORKER_SCRIPT.replace('InProcessVllmLedger({"cuda:3": 80 * 2**30})', 'InProcessVllmLedger({"cuda:3": 2 * 2**30})')
     result = run_script(
-        script, str(QWEN), env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file), "KVPOLICY_MODEL": "qwen3-8b"}
+        script, str(QWEN), env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file), "KVPOLICY_MODEL": "qwen3-8b"},
+        pythonpath=[REPO],
     )
     error = last_json(result)["error"]
-    assert error.startswith("AdmissionRefused: kvpolicy: cannot reserve 3 GiB")
+    # The hook (the adapter's edge) turns the ledger's refusal into the AdapterError that stops the start.
+    assert error.startswith("AdapterError: kvpolicy: cannot reserve 3 GiB")
     assert "on cuda:3: only 2 GiB" in error and "reserve" in error
 
 
 def test_disabled_plugin_installs_nothing() -> None:
-    result = run_script(WORKER_SCRIPT, str(QWEN), env={"KVPOLICY_ENABLE": "0"})
+    result = run_script(WORKER_SCRIPT, str(QWEN), env={"KVPOLICY_ENABLE": "0"}, pythonpath=[REPO])
     out = last_json(result)
     assert out["hooked"] is False and out["kv_cache_memory_bytes"] is None
 
@@ -188,7 +196,7 @@ from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.ledger import GpuLedger
 
 load_general_plugins()
-# No CUDA driver on this machine: kvpolicy.runtime.engines.measure_gpu would raise from
+# No CUDA driver on this machine: kvpolicy.adapters.ledger_port.measure_gpu would raise from
 # cuda-python's driver loader (it only expects ImportError); hide cuda.bindings instead.
 sys.modules["cuda.bindings"] = None
 ledger = GpuLedger.open(resolve_ledger_dir(), "cuda:3", resolve_access())
@@ -274,7 +282,7 @@ def enabled(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("KVPOLICY_ENABLE", "1")
     monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
-    ledger = InProcessLedger({"cuda:2": 10 * GiB})
+    ledger = InProcessVllmLedger({"cuda:2": 10 * GiB})
     set_static_ledger(ledger)
     sizing.forget_admissions()
     yield ledger

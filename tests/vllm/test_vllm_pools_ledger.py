@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey, gpu_of, worker_gpu
-from kvpolicy.adapters.vllm_adapter.static.ledger import AdmissionRefused, InProcessLedger
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.planning.kv_cache_planning import (
     KVCacheLayout,
@@ -33,7 +32,9 @@ from kvpolicy.adapters.vllm_adapter.pools import (
 )
 from vllm_paths import CONFIGS
 
+from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB, MiB
+from tests.support.ledgers import InProcessVllmLedger
 
 MODELS = ["deepseek-v4-flash", "deepseek-v4-pro", "qwen3-8b", "gemma-3-1b", "gpt-oss-20b", "deepseek-v2-lite"]
 
@@ -109,7 +110,7 @@ def test_engine_table_lists_every_reported_pool() -> None:
 
 def test_admission_is_all_or_nothing_under_races() -> None:
     """Sixteen ranks race for 10 GiB in 1 GiB admissions: exactly ten win, none half-way."""
-    ledger = InProcessLedger({"cuda:0": 10 * GiB + 5 * MiB})
+    ledger = InProcessVllmLedger({"cuda:0": 10 * GiB + 5 * MiB})
     wins, losses = [], []
     barrier = threading.Barrier(16)
 
@@ -131,7 +132,7 @@ def test_admission_is_all_or_nothing_under_races() -> None:
 
 
 def test_release_returns_the_admission() -> None:
-    ledger = InProcessLedger({"cuda:0": 4 * GiB})
+    ledger = InProcessVllmLedger({"cuda:0": 4 * GiB})
     key = InstanceKey("e", "m")
     ledger.admit(key, "cuda:0", 3 * GiB)
     with pytest.raises(AdmissionRefused, match="already holds"):
@@ -142,7 +143,7 @@ def test_release_returns_the_admission() -> None:
 
 def test_unknown_gpu_is_refused() -> None:
     with pytest.raises(AdmissionRefused, match="GPU 'cuda:7' is not in the ledger"):
-        InProcessLedger({"cuda:0": GiB}).admit(InstanceKey("e", "m"), "cuda:7", 1)
+        InProcessVllmLedger({"cuda:0": GiB}).admit(InstanceKey("e", "m"), "cuda:7", 1)
 
 
 def test_instance_ids() -> None:

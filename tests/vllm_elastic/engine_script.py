@@ -117,7 +117,7 @@ vllm_pool = scheduler.kv_cache_manager.block_pool
 pool = elastic_of(vllm_pool)
 core = SimpleNamespace(scheduler=scheduler)
 signer = KVSigner(runner.views, 16)
-inst = plan.instance
+session = plan.session
 rng = random.Random(0)
 prompts = [[rng.randrange(1, 30000) for _ in range(rng.randrange(20, 120))] for _ in range(5)]
 
@@ -126,7 +126,7 @@ def publish(revision, limit, target):
     with LedgerDir(resolve_ledger_dir()) as ld:
         view = ld.read()
         skipped = ld.publish(view, revision, {GPU: GpuLimits(8 * GiB, 0, 0, 4 * GiB)},
-                             {inst.id: InstanceLimits(limit=limit, target=target, guarantee=plan.settings.guarantee)})
+                             {session.identity.instance_id: InstanceLimits(limit=limit, target=target, guarantee=plan.settings.guarantee)})
         assert not skipped, skipped
 
 
@@ -166,7 +166,7 @@ for step in range(STEPS):
     scheduler.update_from_output(out, mro)
     lifecycle.after_step(core)  # what the plugin's EngineCore.step hook runs
     pool.check_consistent()
-    snap = inst.snapshot()
+    snap = session.snapshot()
     acks.append((snap.ack_revision, snap.ack))
     held_trace.append(buffer.mapping.held_bytes - buffer.pinned)
     if snap.ack == "applied" and snap.ack_revision >= 1:
@@ -174,12 +174,12 @@ for step in range(STEPS):
     assert snap.mapped == buffer.mapping.held_bytes - buffer.pinned and snap.pending == 0
     if step == STEPS // 4:
         reporter.maybe_report(core)
-        live = inst.snapshot()
+        live = session.snapshot()
         live_pools = {k: [p.owner, p.bytes] for k, p in live.pools.items()}
         live_used = live.used
         live_blocks = sum(len(set(b for b in scheduler.kv_cache_manager.get_block_ids(r)[0])) for r in scheduler.requests)
 
-slot = inst.snapshot()
+slot = session.snapshot()
 print(json.dumps({
     "layout_env": layout_env,
     "available": available,

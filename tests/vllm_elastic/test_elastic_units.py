@@ -240,7 +240,7 @@ def test_lint_still_warns_on_sglang(tmp_path: Path) -> None:
 
 
 def test_rule_docs_keep_their_sections() -> None:
-    from kvpolicy.lint.registry import DOC_SECTIONS, rule_by_code
+    from kvpolicy.catalogue import DOC_SECTIONS, rule_by_code
 
     for code in ("KV013", "KV022"):
         rule = rule_by_code(code)

@@ -1,8 +1,8 @@
 """An elastic vLLM KV cache: vLLM's one backing buffer on kvpolicy's allocator, mapped on demand.
 
 In the order they act: ``policy`` (what the policy says, which vLLM setups can have
-one), ``ledger`` (the rank's elastic ledger instance), ``limits`` (that limit plus the
-pinned null-block chunks), ``buffer`` (the worker's buffer as reserved address space),
+one), ``limits`` (the limit of the rank's elastic session, ``vllm_adapter.ledger``, plus
+the pinned null-block chunks), ``buffer`` (the worker's buffer as reserved address space),
 ``pool`` (vLLM's scheduler block pool whose free queue holds only mapped blocks; it
 imports vllm) and ``lifecycle`` (the steps that tie them to an engine's start and steps).
 """

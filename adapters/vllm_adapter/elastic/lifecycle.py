@@ -5,8 +5,8 @@ In the order they run in one engine process (engine core and its one worker):
 1. ``prepare_engine`` (``EngineCore._initialize_kv_caches``, before it): if the policy
    marks this model's pools elastic, ask vLLM for the block-outermost layout
    (``VLLM_KV_CACHE_LAYOUT=BLHNC``), which vLLM checks against its attention backends.
-2. ``plan_worker`` (``Worker.determine_available_memory``, before it): attach the rank
-   to the ledger as an elastic instance (guarantee = the model's ``min``) and set
+2. ``plan_worker`` (``Worker.determine_available_memory``, before it): open the rank's
+   ledger session as an elastic instance (guarantee = the model's ``min``) and set
    ``kv_cache_memory_bytes`` to the model's ``max`` — vLLM then plans that many
    blocks, as address space only.
 3. ``elastic_allocation`` / ``allocate`` (``Worker.initialize_from_config``, around it):
@@ -31,9 +31,12 @@ from typing import Any
 
 from kvpolicy.adapters.common import read_policy
 from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.ledger_port import gpu_capacity
 from kvpolicy.adapters.settings import AdapterEnv, VllmEnv
+from kvpolicy.runtime.session import EngineSession
 
 from ..identity import InstanceKey
+from ..ledger import attach_elastic
 from ..pools import PoolLayout, elastic_pool_facts
 from .buffer import (
     ElasticKVBuffer,
@@ -45,7 +48,6 @@ from .buffer import (
     take_unbound,
     unbound,
 )
-from .ledger import elastic_ledger
 from .policy import (
     BLOCK_OUTERMOST_LAYOUTS,
     ELASTIC_LAYOUT,
@@ -69,7 +71,7 @@ class ElasticPlan:
     key: InstanceKey
     gpu: str
     settings: ElasticSettings
-    instance: Any
+    session: EngineSession
     buffer: ElasticKVBuffer | None = None
     layout: PoolLayout | None = None
 
@@ -134,13 +136,12 @@ def after_step(engine_core: Any) -> None:
 
 
 def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
-    """At sizing: the worker's elastic plan (ledger instance attached, vLLM told to plan the virtual
+    """At sizing: the worker's elastic plan (ledger session opened, vLLM told to plan the virtual
     capacity, the plan kept on the worker), or None when the policy marks no pool of this model elastic."""
     env = AdapterEnv.from_environ()
-    ledger = elastic_ledger()
     if not model_is_elastic(env, key.model):
         return None
-    settings = elastic_settings(env.policy, key.model, gpu, ledger.capacity(gpu))
+    settings = elastic_settings(env.policy, key.model, gpu, gpu_capacity(gpu, env))
     assert settings is not None, "the policy marks elastic pools but gave no settings"
     pc = worker.parallel_config
     check_parallel(pc.world_size, pc.distributed_executor_backend, getattr(pc, "data_parallel_size", 1))
@@ -162,13 +163,13 @@ def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
             "kvpolicy: KV connectors (--kv-transfer-config) place or transfer KV blocks themselves; "
             "they cannot be combined with an elastic KV cache in this version"
         )
-    instance = ledger.attach(key, gpu, settings.guarantee)
+    session = attach_elastic(key, gpu, settings.guarantee, env)
     cache.kv_cache_memory_bytes = settings.virtual
     logger.info(
         "kvpolicy: %s on %s: elastic KV cache, planned for %d bytes (max), guarantee %d bytes, chunk %d",
         key.id, gpu, settings.virtual, settings.guarantee, settings.chunk,
     )
-    plan = ElasticPlan(key=key, gpu=gpu, settings=settings, instance=instance)
+    plan = ElasticPlan(key=key, gpu=gpu, settings=settings, session=session)
     setattr(worker, PLAN_ATTR, plan)
     return plan
 
@@ -227,8 +228,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
     layout = PoolLayout.from_kv_cache_config(kv_cache_config)
     chunk = plan.settings.chunk
     pinned = pinned_chunks(layout.bytes_per_block, chunk) * chunk
-    ledger = elastic_ledger()
-    admitted = ledger.admit_pinned(plan.instance, pinned)
+    admitted = plan.session.admit_static(pinned)  # runtime-owned: GPU figures measured here before a controller
     if admitted < pinned:
         raise AdapterError(f"kvpolicy: {plan.key.id}: only {admitted} of the {pinned} bytes for the null block were admitted")
     device = getattr(worker.model_runner, "device", None) or worker.device
@@ -239,7 +239,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
         num_blocks=layout.num_blocks,
         bytes_per_block=layout.bytes_per_block,
         chunk=chunk,
-        limit=plan.instance,
+        limit=plan.session.limit_source(),
         pinned=pinned,
         grow_chunks=max(1, grow_bytes // chunk),
         name=f"{plan.key.id}-kv",
@@ -260,7 +260,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
         raise
     plan.buffer, plan.layout = buffer, layout
     publish(buffer)
-    plan.instance.report_pools(elastic_pool_facts(layout, [0] * len(layout.groups), pinned))
+    plan.session.report_pools(elastic_pool_facts(layout, [0] * len(layout.groups), pinned))
     logger.info("kvpolicy: %s: %r", plan.key.id, buffer)
     return result
 
@@ -268,7 +268,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
 def report(plan: ElasticPlan, held: Any) -> None:
     """The rank's pools: the live split as elastic, the pinned chunks as runtime-owned ``padding``."""
     assert plan.buffer is not None and plan.layout is not None, "report before the elastic buffer exists"
-    plan.instance.report_pools(elastic_pool_facts(plan.layout, list(held), plan.buffer.pinned))
+    plan.session.report_pools(elastic_pool_facts(plan.layout, list(held), plan.buffer.pinned))
 
 
 # ---------------------------------------------------------------- scheduler

@@ -331,7 +331,7 @@ class ElasticPool:
                     "live set is stale (every allocator call that may unmap must follow a flush)"
                 )
         queue = self.vllm.free_block_queue
-        evict = self.vllm._maybe_evict_cached_block
+        evict = self.vllm._maybe_evict_cached_block  # vLLM's own eviction of a block's hash: no public method
         for b in ids:
             st = state[b]
             if st == _IN:
@@ -362,7 +362,7 @@ class ElasticPool:
         doomed, grid, state, queue = self._doomed, self._grid, self._state, self.vllm.free_block_queue
         if not doomed:
             return
-        evict = self.vllm._maybe_evict_cached_block
+        evict = self.vllm._maybe_evict_cached_block  # vLLM's own eviction of a block's hash: no public method
         for block in candidates:
             b = block.block_id
             if state[b] != _IN or block.ref_cnt or b == 0:

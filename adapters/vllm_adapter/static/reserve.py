@@ -12,7 +12,7 @@ from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 def policy_reserve(policy: Path | None, model: str) -> int:
     """Bytes the policy reserves per GPU for ``model``'s KV cache; a loud error if none.
 
-    Uses ``kvpolicy.policy.load_policy(path).model_settings(model).reserve``.
+    Uses ``kvpolicy.lint.load.load_policy(path).model_settings(model).reserve``.
     """
     if policy is None:
         raise AdapterError(

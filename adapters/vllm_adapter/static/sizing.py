@@ -16,8 +16,8 @@ from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import AdapterEnv
 
 from ..identity import InstanceKey, instance_key, worker_gpu
+from ..ledger import static_ledger
 from ..pools import ALLOCATOR_GRANULE
-from .ledger import static_ledger
 from .reserve import policy_reserve
 
 ReserveOf = Callable[[AdapterEnv, str], int]
@@ -31,7 +31,8 @@ def size_kv_cache(worker: Any, reserve_of: ReserveOf | None = None) -> int:
 
     Sets ``worker.cache_config.kv_cache_memory_bytes`` to the admitted bytes (rounded down
     to whole 2 MiB allocator granules) and returns them. Refuses (AdapterError) settings
-    that would bypass the budget. ``reserve_of(env, model)`` defaults to the policy's ``reserve``.
+    that would bypass the budget; a refused admission is the ledger's ``AdmissionRefused``.
+    ``reserve_of(env, model)`` defaults to the policy's ``reserve``.
     """
     cache = worker.cache_config
     if cache.num_gpu_blocks_override is not None:

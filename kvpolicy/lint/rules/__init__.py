@@ -1,14 +1,12 @@
-"""Every lint rule, one module each; importing this package registers them all."""
+"""Every check, one module each; importing this package registers them all."""
 
-from kvpolicy.lint.rules import (  # noqa: F401
+from kvpolicy.lint.registry import CHECKS, Check
+from kvpolicy.lint.rules import (  # noqa: F401  (each registers its check)
     decimal_unit,
     duplicate_definition,
     incomplete_rule,
     ineffective_setting,
     invalid_chunk,
-    invalid_duration,
-    invalid_suppression,
-    invalid_value,
     min_above_max,
     missing_version,
     negative_size,
@@ -16,14 +14,13 @@ from kvpolicy.lint.rules import (  # noqa: F401
     over_commitment,
     percent_over_100,
     rule_without_grace,
-    suppression_without_reason,
-    syntax_error,
-    unknown_attribute,
     unknown_engine,
-    unknown_field,
     unknown_pool,
-    unknown_unit,
     unmanageable_elastic_pool,
     unreachable_model,
-    unused_suppression,
 )
+
+
+def all_checks() -> list[type[Check]]:
+    """Every check, by its rule's code."""
+    return [CHECKS[code] for code in sorted(CHECKS)]

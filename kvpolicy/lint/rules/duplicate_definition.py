@@ -1,41 +1,19 @@
+"""KV011 duplicate-definition: the same model, pool, rule, GPU id or setting defined twice.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity, Span
+from kvpolicy.lint.registry import Check, register
 
 
 @register
-class DuplicateDefinition(Rule):
-    """The same model, pool, rule, GPU id or setting defined twice.
-
-    ## What it does
-    Reports a second `model` block with the same name, a second `pool` of a name
-    in one model, a second `rule` of a name, a GPU id named in two `gpu` blocks
-    (or `gpu *` twice), a second `defaults` block, and a setting given twice in
-    one block.
-
-    ## Why is this bad?
-    Which of the two would win is not obvious to a reader; kvpolicy makes you
-    say it once.
-
-    ## Example
-    ```
-    gpu "cuda:0" { headroom 4 GiB }
-    gpu "cuda:0", "cuda:1" { headroom 2 GiB }
-    ```
-
-    ## Use instead
-    ```
-    gpu "cuda:0" { headroom 4 GiB }
-    gpu "cuda:1" { headroom 2 GiB }
-    ```
-    """
-
-    code = "KV011"
-    name = "duplicate-definition"
-    severity = Severity.ERROR
-    suppressible = False
+class DuplicateDefinition(Check):
+    rule = catalogue.DUPLICATE_DEFINITION
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         policy = ctx.policy

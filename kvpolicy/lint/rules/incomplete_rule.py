@@ -1,44 +1,19 @@
+"""KV018 incomplete-rule: a `rule` without `when` or without `shrink to`.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 
 
 @register
-class IncompleteRule(Rule):
-    """A `rule` without `when` or without `shrink to`.
-
-    ## What it does
-    A rule says when to act (`when`) and what to do (`shrink to`); both are
-    required.
-
-    ## Why is this bad?
-    A rule without a condition would act on every instance all the time; one
-    without an action does nothing.
-
-    ## Example
-    ```
-    rule "idle-reclaim" {
-      when model.idle > 60s
-      grace 30s
-    }
-    ```
-
-    ## Use instead
-    ```
-    rule "idle-reclaim" {
-      when model.idle > 60s
-      shrink to min
-      grace 30s
-    }
-    ```
-    """
-
-    code = "KV018"
-    name = "incomplete-rule"
-    severity = Severity.ERROR
-    suppressible = False
+class IncompleteRule(Check):
+    rule = catalogue.INCOMPLETE_RULE
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for rule in ctx.policy.rules:

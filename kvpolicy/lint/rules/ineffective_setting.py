@@ -1,50 +1,22 @@
+"""KV022 ineffective-setting: a setting that has no effect for this model yet.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.engines import ENGINES
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 
 ELASTIC_SETTINGS = ("min", "max", "weight")
 
 
 @register
-class IneffectiveSetting(Rule):
-    """A setting that has no effect for this model yet.
-
-    ## What it does
-    `min`, `max` and `weight` govern elastic KV memory. An engine whose adapter
-    runs no elastic pool (SGLang today: all DeepSeek-V4 pools are runtime-owned)
-    never has elastic memory, so these settings do nothing there. On vLLM they
-    take effect once the model marks a pool `owner elastic` (e.g.
-    `pool full { owner elastic }`); without one, vLLM's KV cache is sized from
-    `reserve` and the settings do nothing.
-
-    ## Why is this bad?
-    The file reads as if the model had a guarantee it will never get.
-
-    ## Example
-    ```
-    model "qwen3-8b" {
-      engine vllm
-      reserve 40 GiB
-      min 8 GiB
-    }
-    ```
-
-    ## Use instead
-    ```
-    model "qwen3-8b" {
-      engine vllm
-      min 8 GiB
-      pool full { owner elastic }
-    }
-    ```
-    """
-
-    code = "KV022"
-    name = "ineffective-setting"
-    severity = Severity.WARNING
+class IneffectiveSetting(Check):
+    rule = catalogue.INEFFECTIVE_SETTING
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for model in ctx.policy.models:

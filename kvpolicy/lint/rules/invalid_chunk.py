@@ -1,8 +1,14 @@
+"""KV015 invalid-chunk: a `chunk` that is not a positive multiple of 2 MiB.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.units import MiB, format_bytes
 
 CHUNK_GRANULE = 2 * MiB
@@ -10,32 +16,8 @@ CHUNK_GRANULE = 2 * MiB
 
 
 @register
-class InvalidChunk(Rule):
-    """A `chunk` that is not a positive multiple of 2 MiB.
-
-    ## What it does
-    The elastic allocator maps physical memory in chunks; CUDA maps device
-    memory in multiples of 2 MiB, so a chunk must be one.
-
-    ## Why is this bad?
-    The allocator could not honour the chunk; limits and targets are rounded
-    down to the chunk, so a wrong chunk also shifts every published number.
-
-    ## Example
-    ```
-    defaults { chunk 3 MiB }
-    ```
-
-    ## Use instead
-    ```
-    defaults { chunk 4 MiB }
-    ```
-    """
-
-    code = "KV015"
-    name = "invalid-chunk"
-    severity = Severity.ERROR
-    suppressible = False
+class InvalidChunk(Check):
+    rule = catalogue.INVALID_CHUNK
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for block in (*ctx.policy.defaults, *ctx.policy.gpus):

@@ -1,45 +1,21 @@
+"""KV016 min-above-max: a model whose `min` is above its `max`.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.model import PercentLit, SizeLit
 from kvpolicy.units import format_bytes
 
 
 @register
-class MinAboveMax(Rule):
-    """A model whose `min` is above its `max`.
-
-    ## What it does
-    Compares `min` and `max` of each model block: directly when both are sizes or
-    both percentages, and on every known GPU capacity (from `gpu ... capacity`,
-    `--gpu-capacity` or `--facts`) when one is a size and the other a percentage.
-
-    ## Why is this bad?
-    The guarantee could never be honoured within the cap.
-
-    ## Example
-    ```
-    model "qwen3-8b" {
-      min 8 GiB
-      max 4 GiB
-    }
-    ```
-
-    ## Use instead
-    ```
-    model "qwen3-8b" {
-      min 4 GiB
-      max 8 GiB
-    }
-    ```
-    """
-
-    code = "KV016"
-    name = "min-above-max"
-    severity = Severity.ERROR
-    suppressible = False
+class MinAboveMax(Check):
+    rule = catalogue.MIN_ABOVE_MAX
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         capacities = _known_capacities(ctx)

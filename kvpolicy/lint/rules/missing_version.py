@@ -1,40 +1,21 @@
+"""KV003 missing-version: the policy does not start with `version 1`, or names a version this kvpolicy cannot read.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity, Span
+from kvpolicy.lint.registry import Check, register
 
 SUPPORTED_VERSION = 1
 
 
 @register
-class MissingVersion(Rule):
-    """The policy does not start with `version 1`, or names a version this kvpolicy cannot read.
-
-    ## What it does
-    Requires a `version` statement with a version this kvpolicy reads (1).
-
-    ## Why is this bad?
-    An empty or truncated file has no `version` line: requiring it means such a
-    file is an error and can never replace a running policy during a hot reload.
-    A future version may mean different things by the same words.
-
-    ## Example
-    ```
-    model "qwen3-8b" { priority 10 }
-    ```
-
-    ## Use instead
-    ```
-    version 1
-    model "qwen3-8b" { priority 10 }
-    ```
-    """
-
-    code = "KV003"
-    name = "missing-version"
-    severity = Severity.ERROR
-    suppressible = False
+class MissingVersion(Check):
+    rule = catalogue.MISSING_VERSION
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         version = ctx.policy.version

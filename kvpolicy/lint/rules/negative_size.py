@@ -1,38 +1,20 @@
+"""KV006 negative-size: a size or percentage below zero.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.model import PercentLit, SizeLit
 
 
 @register
-class NegativeSize(Rule):
-    """A size or percentage below zero.
-
-    ## What it does
-    Reports `reserve`, `min`, `max`, `headroom`, `capacity`, `chunk`, `shrink to`
-    and compared sizes that are negative.
-
-    ## Why is this bad?
-    Memory cannot be negative; a negative headroom would hand out memory the GPU
-    does not have.
-
-    ## Example
-    ```
-    gpu * { headroom -2 GiB }
-    ```
-
-    ## Use instead
-    ```
-    gpu * { headroom 2 GiB }
-    ```
-    """
-
-    code = "KV006"
-    name = "negative-size"
-    severity = Severity.ERROR
-    suppressible = False
+class NegativeSize(Check):
+    rule = catalogue.NEGATIVE_SIZE
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for node in ctx.nodes_of(SizeLit, PercentLit):

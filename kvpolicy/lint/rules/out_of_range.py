@@ -1,8 +1,14 @@
+"""KV014 out-of-range: a priority, weight or size outside its range.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.model import SizeLit
 
 PRIORITY_RANGE = (0, 1000)
@@ -12,38 +18,8 @@ MAX_SIZE = 2**63 - 1
 
 
 @register
-class OutOfRange(Rule):
-    """A priority, weight or size outside its range.
-
-    ## What it does
-    `priority` is 0..1000 (higher is more important), `weight` is 1..10000 (a
-    share of spare memory), and sizes stay below 8 EiB.
-
-    ## Why is this bad?
-    Out-of-range numbers are typos (`priority 10000`), and a weight of 0 would
-    starve the model of spare memory in a way nobody reading the file expects.
-
-    ## Example
-    ```
-    model "qwen3-8b" {
-      priority 5000
-      weight 0
-    }
-    ```
-
-    ## Use instead
-    ```
-    model "qwen3-8b" {
-      priority 500
-      weight 1
-    }
-    ```
-    """
-
-    code = "KV014"
-    name = "out-of-range"
-    severity = Severity.ERROR
-    suppressible = False
+class OutOfRange(Check):
+    rule = catalogue.OUT_OF_RANGE
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for model in ctx.policy.models:

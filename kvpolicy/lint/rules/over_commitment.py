@@ -1,10 +1,16 @@
+"""KV017 over-commitment: guarantees and reservations that do not fit on a GPU.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.engines import ENGINES
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity, Span
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.model import ModelBlock
 from kvpolicy.units import format_bytes
 
@@ -17,37 +23,8 @@ class _Demand:
 
 
 @register
-class OverCommitment(Rule):
-    """Guarantees and reservations that do not fit on a GPU.
-
-    ## What it does
-    With `--gpu-capacity SIZE` (every GPU has that capacity and hosts one
-    instance of each model) or `--facts FILE` (the GPUs and instances in the
-    facts), checks on every GPU that Σ min + Σ reserve + headroom ≤ capacity −
-    other use. An instance that reports its runtime-owned pools counts their
-    bytes instead of its model's `reserve`, as the evaluator does.
-
-    ## Why is this bad?
-    Some guarantee would not be honoured (a `shortfall`), or an engine would fail
-    its static admission at start.
-
-    ## Example
-    ```
-    model "a" { reserve 100 GiB }
-    model "b" { reserve 60 GiB }
-    ```
-    checked with `--gpu-capacity 141GiB`.
-
-    ## Use instead
-    ```
-    model "a" { reserve 80 GiB }
-    model "b" { reserve 50 GiB }
-    ```
-    """
-
-    code = "KV017"
-    name = "over-commitment"
-    severity = Severity.ERROR
+class OverCommitment(Check):
+    rule = catalogue.OVER_COMMITMENT
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         policy = ctx.policy

@@ -1,37 +1,20 @@
+"""KV008 percent-over-100: a percentage of the GPU's capacity above 100%.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.model import PercentLit
 
 
 @register
-class PercentOver100(Rule):
-    """A percentage of the GPU's capacity above 100%.
-
-    ## What it does
-    Percentages (`max 40%`, `headroom 5%`, `shrink to 10%`) are shares of the
-    GPU's capacity; more than all of it is reported.
-
-    ## Why is this bad?
-    No GPU has more than its capacity; a limit above it is a typo (`400%` for `40%`).
-
-    ## Example
-    ```
-    model "qwen3-*" { max 400% }
-    ```
-
-    ## Use instead
-    ```
-    model "qwen3-*" { max 40% }
-    ```
-    """
-
-    code = "KV008"
-    name = "percent-over-100"
-    severity = Severity.ERROR
-    suppressible = False
+class PercentOver100(Check):
+    rule = catalogue.PERCENT_OVER_100
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for node in ctx.nodes_of(PercentLit):

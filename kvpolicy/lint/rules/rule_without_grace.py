@@ -1,43 +1,19 @@
+"""KV020 rule-without-grace: a `rule` without `grace`: it acts the moment its condition holds.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 
 
 @register
-class RuleWithoutGrace(Rule):
-    """A `rule` without `grace`: it acts the moment its condition holds.
-
-    ## What it does
-    Flags rules that have no `grace` (the time a condition must hold before the
-    rule acts).
-
-    ## Why is this bad?
-    Without hysteresis a rule flaps: a burst that briefly drops `gpu.free` shrinks
-    an instance that needs its memory back a second later.
-
-    ## Example
-    ```
-    rule "reclaim" {
-      when gpu.free < 8 GiB
-      shrink to min
-    }
-    ```
-
-    ## Use instead
-    ```
-    rule "reclaim" {
-      when gpu.free < 8 GiB
-      shrink to min
-      grace 30s
-    }
-    ```
-    """
-
-    code = "KV020"
-    name = "rule-without-grace"
-    severity = Severity.WARNING
+class RuleWithoutGrace(Check):
+    rule = catalogue.RULE_WITHOUT_GRACE
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for rule in ctx.policy.rules:

@@ -1,39 +1,21 @@
+"""KV009 unknown-engine: an `engine` that kvpolicy has no adapter for.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.engines import ANY_ENGINE, ENGINES
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.suggest import did_you_mean
 
 
 @register
-class UnknownEngine(Rule):
-    """An `engine` that kvpolicy has no adapter for.
-
-    ## What it does
-    `engine` is `sglang`, `vllm`, or `any` (the default: instances of any engine,
-    including programs that attach to the ledger themselves).
-
-    ## Why is this bad?
-    The engine decides which pool names are valid and which pools can be elastic;
-    a misspelt engine would bind no instance the way the policy intends.
-
-    ## Example
-    ```
-    model "qwen3-8b" { engine vlm }
-    ```
-
-    ## Use instead
-    ```
-    model "qwen3-8b" { engine vllm }
-    ```
-    """
-
-    code = "KV009"
-    name = "unknown-engine"
-    severity = Severity.ERROR
-    suppressible = False
+class UnknownEngine(Check):
+    rule = catalogue.UNKNOWN_ENGINE
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         known = (*sorted(ENGINES), ANY_ENGINE)

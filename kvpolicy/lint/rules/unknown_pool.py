@@ -1,46 +1,21 @@
+"""KV012 unknown-pool: a `pool` name the model's engine does not have.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.engines import ENGINES, pool_vocabulary
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.suggest import did_you_mean
 
 
 @register
-class UnknownPool(Rule):
-    """A `pool` name the model's engine does not have.
-
-    ## What it does
-    Checks pool names against the pools the engine's adapter reports. SGLang
-    (DeepSeek-V4): `swa c4 c128 indexer compressor_state` (and `other`). vLLM: the
-    same five for DeepSeek-V4, and `full mla sliding_window mamba` for other
-    models. A model without `engine` may name any of them.
-
-    ## Why is this bad?
-    A budget on a pool that never reports bytes limits nothing.
-
-    ## Example
-    ```
-    model "deepseek-v4-flash" {
-      engine sglang
-      pool c5 { owner runtime }
-    }
-    ```
-
-    ## Use instead
-    ```
-    model "deepseek-v4-flash" {
-      engine sglang
-      pool c4 { owner runtime }
-    }
-    ```
-    """
-
-    code = "KV012"
-    name = "unknown-pool"
-    severity = Severity.ERROR
-    suppressible = False
+class UnknownPool(Check):
+    rule = catalogue.UNKNOWN_POOL
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for model in ctx.policy.models:

@@ -1,55 +1,20 @@
+"""KV013 unmanageable-elastic-pool: `owner elastic` on a pool that the engine's adapter cannot run elastically.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.engines import DEEPSEEK_V4_POOLS, elastic_pools, pool_vocabulary
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.lint.registry import Check, register
 
 
 @register
-class UnmanageableElasticPool(Rule):
-    """`owner elastic` on a pool that the engine's adapter cannot run elastically.
-
-    ## What it does
-    A pool is `owner runtime` (the engine allocates it; kvpolicy counts it) or
-    `owner elastic` (kvpolicy's allocator backs it and can grow and shrink it).
-    Only pools whose adapter supports it can be elastic: on vLLM the standard
-    attention caches `full`, `mla` and `sliding_window`; no DeepSeek-V4 pool, on
-    either engine (its indexer aliases compressed entries on the decode hot path,
-    so binding them to memory that moves risks corruption).
-
-    ## Why is this bad?
-    The policy would promise memory the engine will never give back; the vLLM
-    adapter refuses to start such a model.
-
-    ## Example
-    ```
-    model "deepseek-v4-flash" {
-      engine vllm
-      pool swa { owner elastic }
-    }
-    ```
-
-    ## Use instead
-    ```
-    model "deepseek-v4-flash" {
-      engine vllm
-      reserve 40 GiB
-      pool swa { owner runtime }
-    }
-
-    model "qwen3-*" {
-      engine vllm
-      min 4 GiB
-      pool full { owner elastic }
-    }
-    ```
-    """
-
-    code = "KV013"
-    name = "unmanageable-elastic-pool"
-    severity = Severity.ERROR
-    suppressible = False
+class UnmanageableElasticPool(Check):
+    rule = catalogue.UNMANAGEABLE_ELASTIC_POOL
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         for model in ctx.policy.models:

@@ -1,41 +1,21 @@
+"""KV021 unreachable-model: a model glob that can never bind an instance, because another pattern wins for all its names.
+
+The check; the rule and its documentation are in ``kvpolicy.catalogue``.
+"""
+
 from collections.abc import Iterator
 
+from kvpolicy import catalogue
+from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
-from kvpolicy.lint.registry import Rule, register
+from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy import globs
-from kvpolicy.diagnostics import Diagnostic, Severity
 from kvpolicy.policy.model import ModelBlock
 
 
 @register
-class UnreachableModel(Rule):
-    """A model glob that can never bind an instance, because another pattern wins for all its names.
-
-    ## What it does
-    An instance binds the most specific matching `model` block: an exact name,
-    then the longest pattern, then the first in the file. A glob is unreachable
-    when another pattern that outranks it matches every name it matches (e.g.
-    `"qwen3-*"` after an equally long `"qwen*-*"` that is earlier in the file).
-
-    ## Why is this bad?
-    The block's settings never apply, though a reader would expect them to.
-
-    ## Example
-    ```
-    model "qwen?-*" { priority 10 }
-    model "qwen3-*" { priority 20 }
-    ```
-
-    ## Use instead
-    ```
-    model "qwen3-*" { priority 20 }
-    model "qwen?-*" { priority 10 }
-    ```
-    """
-
-    code = "KV021"
-    name = "unreachable-model"
-    severity = Severity.WARNING
+class UnreachableModel(Check):
+    rule = catalogue.UNREACHABLE_MODEL
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         models = ctx.policy.models
