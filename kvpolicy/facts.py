@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, WithJsonSchema, model_validator
 
-from kvpolicy.units import SIZE_UNITS, parse_size
+from kvpolicy.units import MAX_SIZE, SIZE_UNITS, parse_size
 
 FACTS_SCHEMA = 1
 
@@ -23,17 +23,21 @@ SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*(" + "|".join(SIZE_UNITS) + r")\s*$"
 
 
 def _size(value: Any) -> Any:
-    """A string with a unit → bytes; anything else is left to the integer check."""
+    """A string with a unit → bytes; anything else is left to the integer check, but for
+    ``true``/``false``, which are not sizes however Python counts them."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a size: write bytes as an integer or a string such as \"40 GiB\"")
     return parse_size(value) if isinstance(value, str) else value
 
 
 Size = Annotated[
-    NonNegativeInt,
+    int,
     BeforeValidator(_size),
+    Field(ge=0, le=MAX_SIZE),
     WithJsonSchema(
         {
             "anyOf": [
-                {"type": "integer", "minimum": 0},
+                {"type": "integer", "minimum": 0, "maximum": MAX_SIZE},
                 {"type": "string", "pattern": SIZE_PATTERN, "examples": ["40 GiB", "512 MiB"]},
             ]
         },
@@ -108,7 +112,7 @@ class InstanceFacts(_Frozen):
     """Its KV pools by name (swa, c4, full, ...)."""
     elastic: ElasticFacts | None = None
     """Its elastic pool, if it has one; absent: it holds no elastic memory."""
-    idle_seconds: float = Field(default=0.0, ge=0)
+    idle_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     """Seconds since it last served a request (rules' model.idle)."""
 
     @property
@@ -129,7 +133,7 @@ class Facts(_Frozen):
 
     schema_: Literal[1] = Field(default=FACTS_SCHEMA, alias="schema")
     """The version of this format: 1."""
-    now: float = 0.0
+    now: float = Field(default=0.0, allow_inf_nan=False)
     """The time of the facts, in seconds (any epoch; rules' grace and cooldown count from it)."""
     gpus: tuple[GpuFacts, ...] = ()
     """Every GPU the instances run on."""

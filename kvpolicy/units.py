@@ -28,6 +28,11 @@ DURATION_UNITS: dict[str, Fraction] = {
 }
 DECIMAL_TO_BINARY = {"KB": "KiB", "MB": "MiB", "GB": "GiB", "TB": "TiB"}
 
+MAX_SIZE = 1 << 60
+"""The largest size a flag, facts or a test file may give: 1 EiB, far beyond any GPU, and
+small enough that the figures of a GPU's instances add up within the ledger's 64-bit fields."""
+MAX_SIZE_TEXT = "1048576 TiB"
+
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 SIZE_EXAMPLE = "80 GiB"
@@ -63,7 +68,14 @@ def parse_size(text: str) -> int:
         short = _SHORT_UNITS.get(unit.upper().removesuffix("I"))
         hint = f"did you mean {short!r}?" if short else did_you_mean(unit, SIZE_UNITS)
         raise ValueError(f"{text!r}: unknown unit {unit!r}" + (f"; {hint}" if hint else f" (units: {', '.join(SIZE_UNITS)})"))
-    return size_bytes(Fraction(number), unit)
+    whole = number.split(".")[0].lstrip("0")
+    if len(whole) > len(str(MAX_SIZE)) or len(number) > 100:  # before arithmetic on a thousand digits
+        shown = text if len(text) <= 40 else text[:30] + "..."
+        raise ValueError(f"{shown!r} is too large or too long: at most {MAX_SIZE_TEXT}")
+    size = size_bytes(Fraction(number), unit)
+    if size > MAX_SIZE:
+        raise ValueError(f"{text!r} is too large: at most {MAX_SIZE_TEXT}")
+    return size
 
 
 def duration_seconds(number: Fraction, unit: str) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import socket
 from pathlib import Path
@@ -41,17 +42,38 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_seconds(text: str) -> float:
+    """A positive, finite number of seconds (``0.5``, ``10``); argparse type for intervals.
+
+    ``nan``, ``inf`` and ``0`` are refused: an interval of none of them can be waited out.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, e.g. 1 or 0.5") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive, finite number of seconds, e.g. 1 or 0.5")
+    return seconds
+
+
+def parse_count(text: str) -> int:
+    """A whole number, 0 or more; argparse type."""
+    if not (text.strip().isascii() and text.strip().isdigit()) or len(text.strip()) > 18:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 or more)")
+    return int(text)
+
+
 _ADDRESS = re.compile(r"\[(?P<v6>[^\]]+)\]:(?P<v6port>[^:]*)|(?P<host>[^:\[\]]*):(?P<port>[^:]*)")
 _ADDRESS_EXAMPLES = "e.g. 127.0.0.1:9464 (this machine only), 0.0.0.0:9464 (every interface) or [::1]:9464"
 
 
 def parse_port(text: str) -> int:
     """A TCP port, 0 to 65535 (0: any free port); argparse type."""
-    if not text.strip().isdigit():
+    if not (text.strip().isascii() and text.strip().isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    if len(text.strip()) > 5 or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"port {text.strip()} is out of range: a port is 0 to 65535")
     port = int(text)
-    if port > 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range: a port is 0 to 65535")
     return port
 
 

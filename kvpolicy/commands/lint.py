@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.facts_io import FactsError, read_facts
+    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
     from kvpolicy.lint import report
     from kvpolicy.lint.engine import lint_bytes
 
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("- (standard input) cannot be combined with other files")
         inputs = [(args.stdin_filename, None)] if args.files == ["-"] else [(str(p), p) for p in policy_files(args.files)]
         facts = read_facts(args.facts) if args.facts else None
-    except UsageError as exc:
+    except (UsageError, FactsUnreadable) as exc:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
         return 2
     except FactsError as exc:

@@ -13,15 +13,16 @@ import sys
 import time
 
 from kvpolicy.commands import add_format_option
+from kvpolicy.commands.common import parse_count, parse_seconds
 
 
 def add_parser(sub) -> None:
     parser = sub.add_parser("top", help="live view of GPU memory", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ledger-dir", metavar="DIR")
-    parser.add_argument("--group", metavar="GROUP")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="SECONDS")
-    parser.add_argument("--iterations", type=int, default=0, metavar="N", help="stop after N refreshes (0: never)")
+    parser.add_argument("--ledger-dir", metavar="DIR", help="ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
+    parser.add_argument("--group", metavar="GROUP", help="the ledger's group, if shared")
+    parser.add_argument("--interval", type=parse_seconds, default=1.0, metavar="SECONDS", help="seconds between refreshes (default 1)")
+    parser.add_argument("--iterations", type=parse_count, default=0, metavar="N", help="stop after N refreshes (0: never)")
     add_format_option(parser)
     parser.set_defaults(run=run)
 

@@ -171,6 +171,10 @@ class TestFileError(Exception):
     """A test file that cannot be run (unreadable, malformed, or its policy is invalid)."""
 
 
+class TestFileUnreadable(TestFileError):
+    """The test file or its policy cannot be read at all (a usage error: exit 2)."""
+
+
 class CaseResult(BaseModel):
     file: str
     case: str
@@ -181,9 +185,9 @@ class CaseResult(BaseModel):
 def run_test_file(path: Path) -> list[CaseResult]:
     """Run every case of one ``.kvtest.json`` file."""
     try:
-        spec = PolicyTestFile.model_validate_json(path.read_text(encoding="utf-8"))
+        spec = PolicyTestFile.model_validate_json(path.read_bytes())
     except OSError as exc:
-        raise TestFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        raise TestFileUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
     except ValidationError as exc:
         raise TestFileError(f"{path}: {_invalid(exc)}") from None
     policy_path = path.parent / spec.policy
@@ -192,7 +196,7 @@ def run_test_file(path: Path) -> list[CaseResult]:
     except PolicyError as exc:
         raise TestFileError(f"{path}: its policy does not load: {exc}") from None
     except OSError as exc:
-        raise TestFileError(f"{path}: cannot read its policy {policy_path}: {exc.strerror}") from None
+        raise TestFileUnreadable(f"{path}: cannot read its policy {policy_path}: {exc.strerror or exc}") from None
     prepared = prepare(policy)  # once for every case and step
     results = []
     for case in spec.cases:
