@@ -25,6 +25,8 @@ COMMANDS = (
 )
 NO_COLOR_OPTION = ("lsp",)
 """Commands whose output is a protocol: no ``--color``."""
+FORMAT_EXEMPT = ("lsp", "completion", "demo")
+"""Commands without ``--format text|json``: a protocol, a shell script, a foreground demo."""
 
 _COLOR_HELP = "colour the output: auto (on a terminal, unless NO_COLOR is set), always, never (default: auto)"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import add_format_option, style_for
 from kvpolicy.commands.common import UsageError, parse_size, policy_files
 
 
@@ -59,6 +59,6 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "github":
         sys.stdout.write(report.render_github(diagnostics))
     else:
-        sys.stdout.write(report.render_text(diagnostics, sources, len(inputs)))
+        sys.stdout.write(report.render_text(diagnostics, sources, len(inputs), style_for(args, sys.stdout)))
     failing = [d for d in diagnostics if d.is_error or args.strict]
     return 1 if failing else 0
