@@ -4,6 +4,7 @@ from kvpolicy.lint.registry import CHECKS, Check
 from kvpolicy.lint.rules import (  # noqa: F401  (each registers its check)
     decimal_unit,
     duplicate_definition,
+    engine_start,
     incomplete_rule,
     ineffective_setting,
     invalid_chunk,
