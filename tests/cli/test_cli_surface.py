@@ -94,3 +94,22 @@ def test_lint_colours_a_terminal_unless_no_color(tmp_path):
     # Not a terminal: no colour, unless asked for.
     assert "\x1b[" not in kvpolicy_cli("lint", str(policy)).stdout
     assert "\x1b[1;31merror\x1b[0m" in kvpolicy_cli("--color", "always", "lint", str(policy), env={"NO_COLOR": "1"}).stdout
+
+
+def test_top_quits_on_q_in_a_terminal(tmp_path):
+    from kvpolicy.runtime.directory import LedgerDir
+
+    ledger = LedgerDir(tmp_path / "ledger", create=True)
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    # An hour between refreshes: only the key can end it before the hang guard below.
+    process = subprocess.Popen([sys.executable, "-m", "kvpolicy.cli", "top", "--ledger-dir", str(ledger.path),
+                                "--interval", "3600"], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    screen = b""
+    while b"(q quits)" not in screen:
+        screen += os.read(leader, 65536)
+    os.write(leader, b"q")
+    assert process.wait(timeout=60) == 0
+    os.close(leader)
+    assert b"policy: none loaded" in screen
