@@ -370,7 +370,7 @@ UNKNOWN_ENGINE = _define(
 
     ## Use instead
     ```
-    model "qwen3-8b" { engine vllm }
+    model "qwen3-8b" { engine vllm; reserve 16 GiB }
     ```
     """,
 )
@@ -461,6 +461,7 @@ UNKNOWN_POOL = _define(
     ```
     model "deepseek-v4-flash" {
       engine sglang
+      reserve 40 GiB
       pool c5 { owner runtime }
     }
     ```
@@ -469,6 +470,7 @@ UNKNOWN_POOL = _define(
     ```
     model "deepseek-v4-flash" {
       engine sglang
+      reserve 40 GiB
       pool c4 { owner runtime }
     }
     ```
@@ -874,7 +876,7 @@ UNUSED_SUPPRESSION = _define(
 )
 
 
-ENGINE_NEEDS_RESERVE = _define(
+SGLANG_WITHOUT_RESERVE = _define(
     "KV026", "sglang-without-reserve", Severity.ERROR, CHECK, suppressible=True,
     doc="""
     An SGLang model without `reserve`: the DeepSeek-V4 adapter refuses to start it.
@@ -909,7 +911,7 @@ ENGINE_NEEDS_RESERVE = _define(
 )
 
 
-VLLM_WITHOUT_KV_CACHE_SOURCE = _define(
+VLLM_WITHOUT_RESERVE_OR_ELASTIC_POOL = _define(
     "KV027", "vllm-without-reserve-or-elastic-pool", Severity.ERROR, CHECK, suppressible=True,
     doc="""
     A vLLM model with neither `reserve` nor an `owner elastic` pool: the vLLM adapter refuses to start it.
@@ -934,8 +936,14 @@ VLLM_WITHOUT_KV_CACHE_SOURCE = _define(
     ```
 
     ## Use instead
+    A static cache, or an elastic pool:
     ```
     model "qwen3-8b" {
+      engine vllm
+      reserve 16 GiB
+    }
+
+    model "qwen3-14b" {
       engine vllm
       min 8 GiB
       pool full { owner elastic }

@@ -1,8 +1,8 @@
-"""KV026 sglang-without-reserve and KV027 vllm-without-reserve-or-elastic-pool: model blocks
-the engines' adapters refuse at start.
+"""KV027 vllm-without-reserve-or-elastic-pool: a vLLM model with neither `reserve` nor an
+`owner elastic` pool, which the vLLM adapter refuses to start.
 
-The checks; the rules and their documentation are in ``kvpolicy.catalogue``. Each message
-gives the adapter's reason, so that lint says what the engine would say at start.
+The check; the rule and its documentation are in ``kvpolicy.catalogue``. The message gives
+the adapter's reason, so that lint says what the engine would say at start.
 """
 
 from collections.abc import Iterator
@@ -15,26 +15,8 @@ from kvpolicy.lint.registry import Check, register
 
 
 @register
-class SglangWithoutReserve(Check):
-    rule = catalogue.ENGINE_NEEDS_RESERVE
-
-    def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
-        for model in ctx.policy.models:
-            if model.engine is None or model.engine.value != "sglang" or model.reserve is not None:
-                continue
-            if ctx.reported_within(model):
-                continue  # e.g. `reserve 40 GiBB`: the reserve is written, its error already said
-            yield self.at(
-                ctx.file, model.name.span,
-                f"SGLang's adapter refuses to start model '{model.name.value}': it has no `reserve`, "
-                "and DeepSeek-V4's pools are sized from it",
-                "add e.g. `reserve 40 GiB` (kvpolicy plan --policy shows what a reserve buys)",
-            )
-
-
-@register
-class VllmWithoutKvCacheSource(Check):
-    rule = catalogue.VLLM_WITHOUT_KV_CACHE_SOURCE
+class VllmWithoutReserveOrElasticPool(Check):
+    rule = catalogue.VLLM_WITHOUT_RESERVE_OR_ELASTIC_POOL
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         elastic_on_vllm = ", ".join(sorted(ENGINES["vllm"].elastic_pools))
