@@ -45,7 +45,7 @@ model "qwen3-elastic" {
 
 model "loose" { reserve 8 GiB }
 
-model "v4-without-reserve" { engine sglang }
+model "v4-without-reserve" { engine sglang }  # kvpolicy: ignore[KV026] plan's own refusal is under test
 """
 
 
