@@ -3,7 +3,8 @@
 Each GPU is a bar: headroom (#), other use (=), each runtime-owned pool (a letter
 per pool, from its name: S swa, 4 c4, 1 c128, I indexer, C compressor_state; the
 legend says which), elastic memory in use (u) and free elastic budget (.); the instance
-table follows. Bars and their legends fit 80 columns. ``q`` (or Ctrl-C) quits.
+table follows; all of it fits 80 columns (the table drops the engine, mapped bytes and
+revisions below 116, which ``kvpolicy status`` always shows). ``q`` (or Ctrl-C) quits.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
                     width = max(SCREEN_WIDTH, shutil.get_terminal_size((SCREEN_WIDTH, 24)).columns)
                     hint = "  (q quits)" if keys.active else ""
                     screen = (time.strftime("kvpolicy top  %H:%M:%S") + hint + "\n\n"
-                              + render_bars(status, style, width) + "\n" + render_status(status))
+                              + render_bars(status, style, width) + "\n" + render_status(status, width))
                     clear = "\033[H\033[2J" if sys.stdout.isatty() else ""
                     sys.stdout.write(clear + screen)
                     sys.stdout.flush()

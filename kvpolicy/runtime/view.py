@@ -46,7 +46,14 @@ def problems(status: Status) -> list[str]:
     return found
 
 
-def render_status(status: Status) -> str:
+FULL_TABLE_WIDTH = 116
+"""The instance table with every column; ``top`` on a narrower screen drops the engine,
+mapped bytes and revisions (``status`` always shows them)."""
+
+
+def render_status(status: Status, width: int | None = None) -> str:
+    """The status as text; with ``width`` below the full table's, the instance table in
+    fewer columns, each line at most ``width`` (80 or more) characters but for long names."""
     lines = []
     if status.policy is not None:
         p = status.policy
@@ -73,8 +80,28 @@ def render_status(status: Status) -> str:
             f"{g.id:<10}{_b(g.capacity):>12}{_b(g.reserved.total):>12}{_b(g.elastic_budget):>12}{_b(g.free):>12}  {g.figures}"
         )
     lines.append("")
-    lines.append(f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
-                 f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE")
+    if width is not None and width < FULL_TABLE_WIDTH:
+        lines += _compact_instances(status)
+    else:
+        lines += _instances(status)
+    for problem in status.problems:
+        lines.append(f"note: {problem}")
+    return "\n".join(lines) + "\n"
+
+
+def _compact_instances(status: Status) -> list[str]:
+    lines = [f"{'INSTANCE':<20}{'GPU':<8}{'POOLS':>10}{'USED':>11}{'LIMIT':>11}{'TARGET':>11}  STATE"]
+    for i in status.instances:
+        pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
+        used = _b(i.elastic.used) if i.elastic else "-"
+        state = (i.ack or "-") + (" STUCK" if i.stuck else "")
+        lines.append(f"{i.id:<20}{i.gpu:<8}{_b(pools):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
+    return lines
+
+
+def _instances(status: Status) -> list[str]:
+    lines = [f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
+             f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE"]
     for i in status.instances:
         pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
         used = _b(i.elastic.used) if i.elastic else "-"
@@ -84,9 +111,7 @@ def render_status(status: Status) -> str:
             f"{i.id:<22}{i.engine:<8}{i.gpu:<8}{_b(pools):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
             f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
         )
-    for problem in status.problems:
-        lines.append(f"note: {problem}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def render_bars(status: Status, style: Style = PLAIN, width: int = SCREEN_WIDTH) -> str:

@@ -45,6 +45,13 @@ def test_demo_shows_instances_in_status_and_stops_everything(tmp_path):
         assert set(instances) == {"chat/0", "batch-summarize/0", "batch-embed/0"}, seen
         assert seen["policy"]["file"] == str(tmp_path / "demo.kvp")
         controller_pid = seen["controller"]["pid"]
+        # top on an 80-column terminal: bars, legends and the instance table fit.
+        top = subprocess.run([sys.executable, "-m", "kvpolicy.cli", "top", "--ledger-dir", str(ledger), "--iterations", "1"],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "80"})
+        assert top.returncode == 0, top.stderr
+        screen = [line for line in top.stdout.splitlines() if not line.startswith("policy ")]  # it names a temp path
+        assert any(line.startswith("cuda:0   [") for line in screen) and "chat/0" in top.stdout
+        assert max(len(line) for line in screen) <= 80, top.stdout
     finally:
         demo.send_signal(signal.SIGINT)
         code = demo.wait(timeout=120)
