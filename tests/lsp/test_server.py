@@ -22,7 +22,7 @@ model "qwen3-8b" {
 
 model "qwen3-*" {
   enigne vllm
-  priority 5
+  priority 5; reserve 8 GiB
 }
 
 rule "idle-reclaim" {
