@@ -282,7 +282,7 @@ def test_completion(client: LspClient, tmp_path: Path) -> None:
     assert labels(client, uri, 10, 12) == ["min", "target"]
     # codes that a suppression may name (KV001 cannot be suppressed)
     codes = labels(client, uri, 13, 19)
-    assert {"KV017", "KV019", "KV020", "KV021", "KV022"} == set(codes)
+    assert {"KV017", "KV019", "KV020", "KV021", "KV022", "KV026", "KV027"} == set(codes)
 
 
 def test_completion_replaces_the_word_being_typed(client: LspClient, tmp_path: Path) -> None:
