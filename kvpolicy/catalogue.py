@@ -948,5 +948,82 @@ VALIDATION_BUDGET_EXCEEDED = _define(
 )
 
 
+SGLANG_WITHOUT_RESERVE = _define(
+    "KV028", "sglang-without-reserve", Severity.ERROR, CHECK, suppressible=True,
+    doc="""
+    An SGLang model without `reserve`: the DeepSeek-V4 adapter refuses to start it.
+
+    ## What it does
+    Reports a `model` block with `engine sglang` and no `reserve`. SGLang's adapter
+    sizes DeepSeek-V4's runtime-owned pools (SWA, C4, C128, indexer, compressor
+    state and the request table) from the model's `reserve`, and stops the engine
+    at start when the block that binds it has none.
+
+    ## Why is this bad?
+    The engine fails to start: "model has no `reserve` ... DeepSeek-V4's pools are
+    sized from it". SGLang runs no elastic pool, so nothing else could size them.
+
+    ## Example
+    ```
+    model "deepseek-v4-flash" {
+      engine sglang
+      priority 100
+    }
+    ```
+
+    ## Use instead
+    ```
+    model "deepseek-v4-flash" {
+      engine sglang
+      priority 100
+      reserve 40 GiB
+    }
+    ```
+    """,
+)
+
+
+VLLM_WITHOUT_RESERVE_OR_ELASTIC_POOL = _define(
+    "KV029", "vllm-without-reserve-or-elastic-pool", Severity.ERROR, CHECK, suppressible=True,
+    doc="""
+    A vLLM model with neither `reserve` nor an `owner elastic` pool: the vLLM adapter refuses to start it.
+
+    ## What it does
+    Reports a `model` block with `engine vllm` that has no `reserve` and marks no
+    pool `owner elastic`. The vLLM adapter sizes the KV cache one of two ways: a
+    static cache of the model's `reserve`, or an elastic pool that kvpolicy's
+    allocator grows and shrinks within `min` and `max`. With neither, it stops
+    the engine at start.
+
+    ## Why is this bad?
+    The engine fails to start: "the policy sets no `reserve` for model ..., so
+    vLLM's KV cache cannot be sized from it".
+
+    ## Example
+    ```
+    model "qwen3-8b" {
+      engine vllm
+      min 8 GiB
+    }
+    ```
+
+    ## Use instead
+    A static cache, or an elastic pool:
+    ```
+    model "qwen3-8b" {
+      engine vllm
+      reserve 16 GiB
+    }
+
+    model "qwen3-14b" {
+      engine vllm
+      min 8 GiB
+      pool full { owner elastic }
+    }
+    ```
+    """,
+)
+
+
 RULES: tuple[Rule, ...] = tuple(sorted(_DEFINED, key=lambda rule: rule.code))
 _BY_CODE = index(RULES)

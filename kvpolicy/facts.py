@@ -1,22 +1,54 @@
 """Facts: what is true now, per GPU and per engine instance (schema 1).
 
 Adapters produce them, the ledger carries them between processes, and tests and
-``kvpolicy explain`` read them from JSON. All sizes are bytes, times are seconds.
+``kvpolicy explain`` read them from JSON. Sizes are bytes (people may write them with
+a unit: ``"40 GiB"``; they are stored and written as integers), times are seconds.
+Field docstrings are the descriptions of the published JSON Schema
+(``docs/facts.schema.json``).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, WithJsonSchema, model_validator
+
+from kvpolicy.units import MAX_SIZE, SIZE_UNITS, parse_size
 
 FACTS_SCHEMA = 1
 
 Owner = Literal["runtime", "elastic"]
 
+SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*(" + "|".join(SIZE_UNITS) + r")\s*$"
+
+
+def _size(value: Any) -> Any:
+    """A string with a unit → bytes; anything else is left to the integer check, but for
+    ``true``/``false``, which are not sizes however Python counts them."""
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is not a size: write bytes as an integer or a string such as \"40 GiB\"")
+    return parse_size(value) if isinstance(value, str) else value
+
+
+Size = Annotated[
+    int,
+    BeforeValidator(_size),
+    Field(ge=0, le=MAX_SIZE),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_SIZE},
+                {"type": "string", "pattern": SIZE_PATTERN, "examples": ["40 GiB", "512 MiB"]},
+            ]
+        },
+        mode="validation",
+    ),
+]
+"""Bytes: an integer, or a string with a unit (``"40 GiB"``, ``"1.5 TiB"``); a string without a unit is refused."""
+
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
 
 class PoolFacts(_Frozen):
@@ -29,22 +61,33 @@ class PoolFacts(_Frozen):
     """
 
     owner: Owner = "runtime"
-    bytes: NonNegativeInt
-    tensor_bytes: NonNegativeInt | None = None
-    parts: dict[str, NonNegativeInt] = Field(default_factory=dict)
+    """runtime: the engine allocated the pool itself, once (its bytes count as reserved on the GPU);
+    elastic: kvpolicy's allocator backs it and the instance's elastic figures count it."""
+    bytes: Size
+    """Bytes the GPU loses to the pool (after allocator rounding); what budgets use."""
+    tensor_bytes: Size | None = None
+    """Sum of the pool's tensor sizes, before rounding (informational)."""
+    parts: dict[str, Size] = Field(default_factory=dict)
+    """The pool broken down further, in bytes (e.g. compressor state per ratio; informational)."""
 
 
 class ElasticFacts(_Frozen):
     """An instance's elastic pool: bytes in live blocks, and bytes mapped on the GPU."""
 
-    used: NonNegativeInt = 0
-    mapped: NonNegativeInt = 0
+    used: Size = 0
+    """Bytes in live KV blocks: what the instance's requests hold now (rules' model.used). At most mapped."""
+    mapped: Size = 0
+    """Bytes of GPU memory mapped for the pool, live blocks or free: what it takes from the GPU now."""
 
 
 class GpuFacts(_Frozen):
+    """One GPU."""
+
     id: str
-    capacity: NonNegativeInt
-    other_used: NonNegativeInt = 0
+    """The GPU's id, as instances and a policy's gpu blocks name it (e.g. cuda:0)."""
+    capacity: Size
+    """Bytes of memory the GPU has (cuMemGetInfo's total, or the policy's capacity)."""
+    other_used: Size = 0
     """Memory in use on the GPU that no instance in these facts accounts for."""
 
 
@@ -52,16 +95,25 @@ class InstanceFacts(_Frozen):
     """One engine process on one GPU."""
 
     id: str
+    """Unique among the instances, e.g. chat/0."""
     model: str
+    """The model's name, which the policy's model blocks match."""
     engine: str = "any"
+    """sglang, vllm or any."""
     engine_id: str | None = None
     """Instances sharing an engine id are one tensor-parallel engine (default: own id)."""
     gpu: str
+    """The id of the GPU it runs on (one of gpus)."""
     rank: NonNegativeInt = 0
+    """Its tensor-parallel rank."""
     pid: int | None = None
+    """Its process id, if known (informational)."""
     pools: dict[str, PoolFacts] = Field(default_factory=dict)
+    """Its KV pools by name (swa, c4, full, ...)."""
     elastic: ElasticFacts | None = None
-    idle_seconds: float = Field(default=0.0, ge=0)
+    """Its elastic pool, if it has one; absent: it holds no elastic memory."""
+    idle_seconds: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    """Seconds since it last served a request (rules' model.idle)."""
 
     @property
     def engine_group(self) -> str:
@@ -77,12 +129,18 @@ class InstanceFacts(_Frozen):
 
 
 class Facts(_Frozen):
-    schema_: Literal[1] = Field(default=FACTS_SCHEMA, alias="schema")
-    now: float = 0.0
-    gpus: tuple[GpuFacts, ...] = ()
-    instances: tuple[InstanceFacts, ...] = ()
+    """What is true now, per GPU and per engine instance: the evaluator's input."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    schema_: Literal[1] = Field(default=FACTS_SCHEMA, alias="schema")
+    """The version of this format: 1."""
+    now: float = Field(default=0.0, allow_inf_nan=False)
+    """The time of the facts, in seconds (any epoch; rules' grace and cooldown count from it)."""
+    gpus: tuple[GpuFacts, ...] = ()
+    """Every GPU the instances run on."""
+    instances: tuple[InstanceFacts, ...] = ()
+    """Every engine process, one per GPU it uses."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, use_attribute_docstrings=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> Facts:

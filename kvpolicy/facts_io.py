@@ -1,4 +1,4 @@
-"""Reading facts JSON with errors that say which file and which field."""
+"""Reading facts JSON (files, standard input, test fixtures) with errors people can act on."""
 
 from __future__ import annotations
 
@@ -8,10 +8,15 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
+from kvpolicy.validation import describe
 
 
 class FactsError(Exception):
-    """Facts that cannot be read: the message names the file and the field."""
+    """Facts that cannot be used: the message names the file and the field."""
+
+
+class FactsUnreadable(FactsError):
+    """The facts file cannot be read at all (missing, a directory, no permission): a usage error."""
 
 
 def parse_facts(text: str, source: str = "<facts>") -> Facts:
@@ -19,19 +24,26 @@ def parse_facts(text: str, source: str = "<facts>") -> Facts:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise FactsError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:
+        raise FactsError(f"{source}: not valid facts: nested too deeply") from None
+    except ValueError as exc:  # an integer of more than 4300 digits
+        raise FactsError(f"{source}: not valid facts: {exc}") from None
     try:
         return Facts.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}" for e in exc.errors()[:5]
-        )
-        raise FactsError(f"{source}: invalid facts: {problems}") from None
+        raise FactsError(f"{source}: invalid facts: {describe(exc, Facts)}") from None
+    except RecursionError:
+        raise FactsError(f"{source}: not valid facts: nested too deeply") from None
 
 
 def read_facts(path: Path | str) -> Facts:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
-        raise FactsError(f"{path}: {exc.strerror}") from None
+        raise FactsUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FactsError(f"{path}: not valid UTF-8 (byte {exc.start}: {data[exc.start]:#04x}); facts are UTF-8 JSON") from None
     return parse_facts(text, str(path))

@@ -10,6 +10,8 @@ import math
 import re
 from fractions import Fraction
 
+from kvpolicy.suggest import did_you_mean
+
 KiB = 1 << 10
 MiB = 1 << 20
 GiB = 1 << 30
@@ -26,7 +28,16 @@ DURATION_UNITS: dict[str, Fraction] = {
 }
 DECIMAL_TO_BINARY = {"KB": "KiB", "MB": "MiB", "GB": "GiB", "TB": "TiB"}
 
+MAX_SIZE = 1 << 60
+"""The largest size a flag, facts or a test file may give: 1 EiB, far beyond any GPU, and
+small enough that the figures of a GPU's instances add up within the ledger's 64-bit fields."""
+MAX_SIZE_TEXT = "1048576 TiB"
+
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
+SIZE_EXAMPLE = "80 GiB"
+_SHORT_UNITS = {"K": "KiB", "M": "MiB", "G": "GiB", "T": "TiB"}
+"""``80G`` or ``80Gi`` (as other tools write them) → the binary unit a GPU's memory comes in."""
 
 
 def parse_number(text: str) -> Fraction:
@@ -39,6 +50,32 @@ def parse_number(text: str) -> Fraction:
 def size_bytes(number: Fraction, unit: str) -> int:
     """Bytes for ``number unit`` (floor: a size is a whole number of bytes)."""
     return math.floor(number * SIZE_UNITS[unit])
+
+
+def parse_size(text: str) -> int:
+    """``"40 GiB"``, ``"40GiB"`` or ``"1.5 TiB"`` → bytes (rounded down, as in the language).
+
+    The unit is required, as in a policy: a bare number is refused, so that ``80`` meant
+    as gigabytes is never taken for 80 bytes. Raises ValueError saying what to write.
+    """
+    match = _SIZE.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size: write a number and a unit, e.g. {SIZE_EXAMPLE}")
+    number, unit = match.groups()
+    if not unit:
+        raise ValueError(f"{text!r}: a size needs a unit, e.g. {number} GiB (units: {', '.join(SIZE_UNITS)})")
+    if unit not in SIZE_UNITS:
+        short = _SHORT_UNITS.get(unit.upper().removesuffix("I"))
+        hint = f"did you mean {short!r}?" if short else did_you_mean(unit, SIZE_UNITS)
+        raise ValueError(f"{text!r}: unknown unit {unit!r}" + (f"; {hint}" if hint else f" (units: {', '.join(SIZE_UNITS)})"))
+    whole = number.split(".")[0].lstrip("0")
+    if len(whole) > len(str(MAX_SIZE)) or len(number) > 100:  # before arithmetic on a thousand digits
+        shown = text if len(text) <= 40 else text[:30] + "..."
+        raise ValueError(f"{shown!r} is too large or too long: at most {MAX_SIZE_TEXT}")
+    size = size_bytes(Fraction(number), unit)
+    if size > MAX_SIZE:
+        raise ValueError(f"{text!r} is too large: at most {MAX_SIZE_TEXT}")
+    return size
 
 
 def duration_seconds(number: Fraction, unit: str) -> float:

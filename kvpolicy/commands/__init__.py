@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 from collections.abc import Mapping
+from typing import IO
+
+from kvpolicy.terminal import Style
 
 EXTRAS: Mapping[str, Mapping[str, str]] = {
     "runtime": {"watchdog": "watchdog", "prometheus_client": "prometheus-client", "pynvml": "nvidia-ml-py"},
@@ -37,3 +41,31 @@ def missing_extra(command: str, extra: str) -> str | None:
         f"kvpolicy {command}: needs the {extra} extra ({', '.join(missing)} not installed); "
         f"install it with: pip install 'kvpolicy[{extra}]'"
     )
+
+
+def style_for(args: argparse.Namespace, stream: IO[str]) -> Style:
+    """How to colour what a command writes to ``stream``, by ``--color`` and the environment."""
+    return Style.for_stream(stream, getattr(args, "color", "auto"))
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of ``parser``'s subcommands by name, in the order of its help."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+_LITERAL = re.compile(r"``(.+?)``")
+_ROLE = re.compile(r":[a-z]+(?::[a-z]+)?:`~?([^`]+)`")
+_INTERPRETED = re.compile(r"(?<![`\w])`([^`]+)`(?![`\w])")
+
+
+def plain_help(text: str | None) -> str | None:
+    """Help text for a terminal: a docstring's ``literals`` and :role:`targets` as plain words,
+    `interpreted text` in quotes."""
+    if not text:
+        return text
+    text = _ROLE.sub(r"\1", text)
+    text = _LITERAL.sub(r"\1", text)
+    return _INTERPRETED.sub(r"'\1'", text)

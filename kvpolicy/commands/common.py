@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import socket
-from fractions import Fraction
 from pathlib import Path
 
-from kvpolicy.policy.suggest import did_you_mean
-from kvpolicy.units import SIZE_UNITS
+from kvpolicy import units
 
 POLICY_SUFFIX = ".kvp"
 
@@ -33,19 +32,35 @@ def policy_files(paths: list[str]) -> list[Path]:
 
 
 def parse_size(text: str) -> int:
-    """``141GiB``, ``141 GiB``, ``1.5TiB`` or plain bytes → bytes; argparse type for size options."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
-    if not match:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 141GiB")
-    number, unit = match.groups()
-    if not unit:
-        if "." in number:
-            raise argparse.ArgumentTypeError(f"{text!r}: a size without a unit is a whole number of bytes")
-        return int(number)
-    if unit not in SIZE_UNITS:
-        hint = did_you_mean(unit, SIZE_UNITS)
-        raise argparse.ArgumentTypeError(f"unknown unit {unit!r}" + (f"; {hint}" if hint else ""))
-    return int(Fraction(number) * SIZE_UNITS[unit])
+    """``141GiB``, ``141 GiB`` or ``1.5TiB`` → bytes; argparse type for size options.
+
+    A unit is required, as in the language: ``--gpu-capacity 80`` is a usage error.
+    """
+    try:
+        return units.parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_seconds(text: str) -> float:
+    """A positive, finite number of seconds (``0.5``, ``10``); argparse type for intervals.
+
+    ``nan``, ``inf`` and ``0`` are refused: an interval of none of them can be waited out.
+    """
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds, e.g. 1 or 0.5") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive, finite number of seconds, e.g. 1 or 0.5")
+    return seconds
+
+
+def parse_count(text: str) -> int:
+    """A whole number, 0 or more; argparse type."""
+    if not (text.strip().isascii() and text.strip().isdigit()) or len(text.strip()) > 18:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 or more)")
+    return int(text)
 
 
 _ADDRESS = re.compile(r"\[(?P<v6>[^\]]+)\]:(?P<v6port>[^:]*)|(?P<host>[^:\[\]]*):(?P<port>[^:]*)")
@@ -54,11 +69,11 @@ _ADDRESS_EXAMPLES = "e.g. 127.0.0.1:9464 (this machine only), 0.0.0.0:9464 (ever
 
 def parse_port(text: str) -> int:
     """A TCP port, 0 to 65535 (0: any free port); argparse type."""
-    if not text.strip().isdigit():
+    if not (text.strip().isascii() and text.strip().isdigit()):
         raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0 to 65535)")
+    if len(text.strip()) > 5 or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"port {text.strip()} is out of range: a port is 0 to 65535")
     port = int(text)
-    if port > 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range: a port is 0 to 65535")
     return port
 
 

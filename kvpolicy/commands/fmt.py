@@ -2,12 +2,15 @@
 
 ``--check`` writes nothing and exits 1 if a file would change; ``--diff`` prints a
 unified diff and writes nothing; ``-`` reads standard input and writes standard
-output. A file with syntax errors is left alone and reported (exit 1).
+output. A file with syntax errors is left alone and its errors shown (exit 1); with
+``--check`` or ``--diff``, exit 1 when a file would change. A file that cannot be read
+is reported and exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import difflib
 import json
 import os
@@ -25,23 +28,28 @@ def add_parser(sub) -> None:
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy files, directories, or - for stdin")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file would change")
-    mode.add_argument("--diff", action="store_true", help="print a unified diff; write nothing")
+    mode.add_argument("--diff", action="store_true", help="print a unified diff; write nothing; exit 1 if there is one")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.lint.engine import decode_policy
+    """Exit 0 when every file is formatted (or, with --check/--diff, already is); 1 when a file
+    would change under --check/--diff or has syntax errors; 2 when a file cannot be read."""
+    from kvpolicy.commands import style_for
     from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
     from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.lint.engine import decode_policy
     from kvpolicy.policy.fmt import format_text
 
+    style = style_for(args, sys.stderr)
     if args.files == ["-"]:
+        data = read_policy_stream(sys.stdin.buffer)
         try:
-            sys.stdout.write(format_text(decode_policy(read_policy_stream(sys.stdin.buffer), "<stdin>"), "<stdin>"))
+            sys.stdout.write(format_text(decode_policy(data, "<stdin>"), "<stdin>"))
             return 0
         except PolicyError as exc:
-            _report_errors(exc)
+            _report_errors("<stdin>", exc, data, style)
             return 1
     try:
         files = policy_files(args.files)
@@ -49,14 +57,22 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvpolicy fmt: {exc}", file=sys.stderr)
         return 2
     results: list[dict[str, object]] = []
-    failed = False
+    failed = unreadable = False
     for path in files:
         name = str(path)
         try:
-            original = decode_policy(read_policy_bytes(path), name)
+            data = read_policy_bytes(path)  # at most the size cap (+1 byte: KV026)
+        except OSError as exc:
+            reason = f"cannot read it: {exc.strerror or exc}"
+            print(f"kvpolicy fmt: {name}: {reason}; not formatted", file=sys.stderr)
+            results.append({"file": name, "changed": False, "error": reason})
+            unreadable = True
+            continue
+        try:
+            original = decode_policy(data, name)
             formatted = format_text(original, name)
         except PolicyError as exc:
-            _report_errors(exc)
+            _report_errors(name, exc, data, style)
             results.append({"file": name, "changed": False, "error": exc.first.render()})
             failed = True
             continue
@@ -79,14 +95,25 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"schema": 1, "files": results}, indent=2))
     elif args.format == "text" and not args.diff:
         unchanged = sum(1 for r in results if not r["changed"] and "error" not in r)
-        print(f"{len(results) - unchanged} file(s) {'would be ' if args.check else ''}reformatted, {unchanged} unchanged")
-    would_change = args.check and any(r["changed"] for r in results)
+        errors = sum(1 for r in results if "error" in r)
+        changed = len(results) - unchanged - errors
+        print(f"{changed} file(s) {'would be ' if args.check else ''}reformatted, {unchanged} unchanged"
+              + (f", {errors} not formatted (errors above)" if errors else ""))
+    if unreadable:
+        return 2
+    would_change = (args.check or args.diff) and any(r["changed"] for r in results)
     return 1 if failed or would_change else 0
 
 
-def _report_errors(exc) -> None:
-    for d in exc.diagnostics:
-        print(d.render(), file=sys.stderr)
+def _report_errors(name: str, exc, data: bytes, style) -> None:
+    """Why a file was left alone: each error with its source line and caret."""
+    from kvpolicy.lint.report import render_diagnostic
+
+    lines = data.removeprefix(codecs.BOM_UTF8).decode("utf-8", errors="replace").split("\n")
+    count = len(exc.errors)
+    print(f"kvpolicy fmt: {name}: not formatted: {count} syntax error{'s' * (count != 1)}", file=sys.stderr)
+    for d in exc.errors:
+        print("\n".join(render_diagnostic(d, lines, style)), file=sys.stderr)
 
 
 def _write_atomically(path: Path, text: str) -> None:

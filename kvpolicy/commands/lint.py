@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import add_format_option, style_for
 from kvpolicy.commands.common import UsageError, parse_size, policy_files
 
 
@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.facts_io import FactsError, read_facts
+    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
     from kvpolicy.lint import report
     from kvpolicy.lint.engine import lint_bytes
     from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("- (standard input) cannot be combined with other files")
         inputs = [(args.stdin_filename, None)] if args.files == ["-"] else [(str(p), p) for p in policy_files(args.files)]
         facts = read_facts(args.facts) if args.facts else None
-    except UsageError as exc:
+    except (UsageError, FactsUnreadable) as exc:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
         return 2
     except FactsError as exc:
@@ -65,6 +65,6 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "github":
         sys.stdout.write(report.render_github(diagnostics))
     else:
-        sys.stdout.write(report.render_text(diagnostics, sources, len(inputs)))
+        sys.stdout.write(report.render_text(diagnostics, sources, len(inputs), style_for(args, sys.stdout)))
     failing = [d for d in diagnostics if d.is_error or args.strict]
     return 1 if failing else 0

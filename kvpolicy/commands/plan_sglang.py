@@ -55,8 +55,8 @@ def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
     sg.add_argument("--page-size", type=positive_int, metavar="P", help="SGLang replaces it with 256 for DeepSeek-V4")
     sg.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
                     help="SGLang: auto (fp8_e4m3), fp8_e4m3, bfloat16; vLLM: auto, bfloat16, float16, fp8")
-    sg.add_argument("--disable-radix-cache", action="store_true")
-    sg.add_argument("--disable-overlap-schedule", action="store_true")
+    sg.add_argument("--disable-radix-cache", action="store_true", help="as SGLang's flag of that name")
+    sg.add_argument("--disable-overlap-schedule", action="store_true", help="as SGLang's flag of that name")
     sg.add_argument("--swa-prefix-tails", type=int, metavar="N", help="default: 4 per running request")
 
 

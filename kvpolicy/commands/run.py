@@ -18,9 +18,10 @@ import logging
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from kvpolicy.commands import add_format_option, missing_extra
-from kvpolicy.commands.common import parse_listen_address, parse_port, parse_size
+from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
 
 DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
 _UNSET = object()  # --metrics-address not given
@@ -29,7 +30,7 @@ _UNSET = object()  # --metrics-address not given
 def add_parser(sub) -> None:
     parser = sub.add_parser("run", help="run the controller", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("policy", metavar="POLICY")
+    parser.add_argument("policy", metavar="POLICY", help="the policy file to enforce (watched: edits take effect when they lint clean)")
     parser.add_argument("--ledger-dir", metavar="DIR", help="ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
     parser.add_argument("--group", metavar="GROUP", help="share the ledger with this group (mode 0660)")
     parser.add_argument("--allow-foreign-owner", action="store_true", help="accept segments owned by another user")
@@ -41,12 +42,14 @@ def add_parser(sub) -> None:
     parser.add_argument("--once", action="store_true", help="evaluate once, publish, print the decision and exit")
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="without NVML: every GPU has this capacity")
     parser.add_argument("--facts", metavar="FILE", help="without NVML: GPU capacity and other use from these facts")
-    parser.add_argument("--tick", type=float, default=1.0, metavar="SECONDS", help="evaluate at least this often (default 1)")
+    parser.add_argument("--tick", type=parse_seconds, default=1.0, metavar="SECONDS", help="evaluate at least this often (default 1)")
     parser.add_argument("--reload-quiet", type=_quiet_seconds, metavar="SECONDS",
                         help="a policy change seen without a close-write or rename event must hold still this long "
                              "before it is read (default 0.3)")
-    parser.add_argument("--stuck-after", type=float, default=60.0, metavar="SECONDS", help="report deferrals older than this")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--stuck-after", type=parse_seconds, default=60.0, metavar="SECONDS",
+                        help="report deferrals older than this (default 60)")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+                        help="the least severe log messages to write to stderr (default INFO)")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -80,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
         print(missing, file=sys.stderr)
         return 2
 
-    from pathlib import Path
-
-    from kvpolicy.facts_io import FactsError, read_facts
+    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
     from kvpolicy.runtime.controller import Controller, ControllerConfig
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError
@@ -104,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
     if not policy.parent.is_dir():
         print(f"kvpolicy run: {policy.parent}: no such directory", file=sys.stderr)
         return 2
+    unreadable = _unreadable(policy)
+    if unreadable:
+        print(f"kvpolicy run: {policy}: cannot read it: {unreadable}", file=sys.stderr)
+        return 2
     try:
         if args.facts:
             sampler = FactsSampler(read_facts(args.facts))
@@ -111,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
             sampler = StaticSampler(args.gpu_capacity)
         else:
             sampler = nvml_sampler()
+    except FactsUnreadable as exc:
+        print(f"kvpolicy run: {exc}", file=sys.stderr)
+        return 2
     except FactsError as exc:
         print(f"kvpolicy run: {exc}", file=sys.stderr)
         return 1
@@ -166,6 +174,18 @@ def run(args: argparse.Namespace) -> int:
         return 1
     finally:
         ledger.close()
+
+
+def _unreadable(policy: Path) -> str | None:
+    """Why a policy that exists cannot be read (None: it can, or it does not exist yet and
+    the watcher waits for it): a directory in its place, or no permission."""
+    try:
+        with open(policy, "rb"):
+            return None
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return exc.strerror or str(exc)
 
 
 def _show(host: str, port: int) -> str:

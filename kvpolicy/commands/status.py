@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from kvpolicy.commands import add_format_option
+from kvpolicy.commands.common import parse_seconds
 
 
 def add_parser(sub) -> None:
@@ -17,8 +18,10 @@ def add_parser(sub) -> None:
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ledger-dir", metavar="DIR", help="ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
     parser.add_argument("--group", metavar="GROUP", help="the ledger's group, if shared")
-    parser.add_argument("--stale-after", type=float, default=10.0, metavar="SECONDS")
-    parser.add_argument("--stuck-after", type=float, default=60.0, metavar="SECONDS")
+    parser.add_argument("--stale-after", type=parse_seconds, default=10.0, metavar="SECONDS",
+                        help="call the controller stale when its heartbeat is older than this (default 10)")
+    parser.add_argument("--stuck-after", type=parse_seconds, default=60.0, metavar="SECONDS",
+                        help="report deferrals older than this (default 60)")
     add_format_option(parser)
     parser.set_defaults(run=run)
 

@@ -1,6 +1,7 @@
 """``kvpolicy test [PATH...]``: run policy unit tests (``*.kvtest.json``, see docs/policy-tests.md).
 
-Exit 0 when every case passes, 1 when a case fails or a test file cannot be run.
+Exit 0 when every case passes, 1 when a case fails or a test file is invalid, 2 when a
+test file or its policy cannot be read.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvpolicy.evaluate.policytest import (
         TestFileError,
+        TestFileUnreadable,
         find_test_files,
         run_test_file,
     )
@@ -33,11 +35,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvpolicy test: {exc}: no such file or directory", file=sys.stderr)
         return 2
     results, errors = [], []
+    unreadable = False
     for path in files:
         try:
             results.extend(run_test_file(path))
         except TestFileError as exc:
             errors.append(str(exc))
+            unreadable |= isinstance(exc, TestFileUnreadable)
     failed = [r for r in results if not r.passed]
     if args.format == "json":
         print(json.dumps({
@@ -54,4 +58,6 @@ def run(args: argparse.Namespace) -> int:
         for error in errors:
             print(f"ERROR {error}")
         print(f"{len(results) - len(failed)} passed, {len(failed)} failed, {len(errors)} file error(s) in {len(files)} file(s)")
+    if unreadable:
+        return 2
     return 1 if failed or errors or not files else 0

@@ -3,20 +3,20 @@ instance each number with the reason it is what it is."""
 
 from __future__ import annotations
 
+from kvpolicy import gpu_bar
 from kvpolicy.evaluate.decision import Decision, GpuDecision, InstanceDecision
 from kvpolicy.policy.model import Policy
+from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
 
 BAR_WIDTH = 64
 LABEL = 28
 """Width of the figure names (``reserved compressor_state`` fits)."""
-_SEGMENTS = (("headroom", "#"), ("other use", "="))
-_RESERVED_MARK = "r"
-_GUARANTEED_MARK = "g"
-_UNGUARANTEED_MARK = "."
+LEGEND_WIDTH = 80
 
 
-def render_explain(policy: Policy, decision: Decision, facts_source: str) -> str:
+def render_explain(policy: Policy, decision: Decision, facts_source: str, style: Style = PLAIN) -> str:
+    """The decision for people; ``style`` colours the bars (kvpolicy.terminal)."""
     out = [
         f"policy {decision.policy.file} (sha256 {decision.policy.sha256[:12]}), "
         f"facts {facts_source} (now {decision.now:.1f})",
@@ -26,7 +26,7 @@ def render_explain(policy: Policy, decision: Decision, facts_source: str) -> str
         instances_by_gpu.setdefault(inst.gpu, []).append(inst)
     for gpu in decision.gpus:
         out.append("")
-        out.extend(_gpu_section(policy, gpu))
+        out.extend(_gpu_section(policy, gpu, style))
         for inst in instances_by_gpu.get(gpu.id, ()):
             out.append("")
             out.extend(_instance_section(policy, gpu, inst))
@@ -36,19 +36,16 @@ def render_explain(policy: Policy, decision: Decision, facts_source: str) -> str
     return "\n".join(out) + "\n"
 
 
-def _gpu_section(policy: Policy, gpu: GpuDecision) -> list[str]:
+def _gpu_section(policy: Policy, gpu: GpuDecision, style: Style) -> list[str]:
     settings = policy.gpu_settings(gpu.id)
     capacity_from = f"policy line {settings.capacity_line}" if settings.capacity is not None else "facts"
     headroom_from = f"policy line {settings.headroom_line}" if settings.headroom_line else "default (none)"
-    pieces = [("headroom", gpu.headroom, "#"), ("other use", gpu.other_used, "=")]
-    pieces += [(f"reserved {name}", size, _RESERVED_MARK) for name, size in gpu.reserved.by_pool.items()]
-    pieces += [
-        ("guaranteed", gpu.guaranteed, _GUARANTEED_MARK),
-        ("not guaranteed", max(0, gpu.elastic_budget - gpu.guaranteed), _UNGUARANTEED_MARK),
-    ]
+    parts = gpu_bar.segments(
+        headroom=gpu.headroom, other_used=gpu.other_used, pools=gpu.reserved.by_pool, used=gpu.used, free=gpu.free
+    )
     lines = [
         f"GPU {gpu.id}: capacity {format_bytes(gpu.capacity)} ({capacity_from}), chunk {format_bytes(gpu.chunk)}",
-        "  [" + _bar(pieces, gpu.capacity) + "]",
+        "  [" + gpu_bar.render_bar(parts, gpu.capacity, BAR_WIDTH, style) + "]",
         f"  {'headroom':<{LABEL}}{format_bytes(gpu.headroom):>12}   {headroom_from}",
         f"  {'other use':<{LABEL}}{format_bytes(gpu.other_used):>12}   memory no instance accounts for",
     ]
@@ -61,22 +58,10 @@ def _gpu_section(policy: Policy, gpu: GpuDecision) -> list[str]:
         f"  {'  guaranteed':<{LABEL}}{format_bytes(gpu.guaranteed):>12}",
         f"  {'  in use':<{LABEL}}{format_bytes(gpu.used):>12}",
         f"  {'  free':<{LABEL}}{format_bytes(gpu.free):>12}   budget - in use",
-        "  legend: # headroom  = other use  r reserved  g guaranteed  . elastic, not guaranteed",
     ]
+    entries = gpu_bar.legend(parts, sizes=False, style=style, all_kinds=True)
+    lines += gpu_bar.wrap(entries, LEGEND_WIDTH, indent=" " * len("  legend: "), first="  legend: ")
     return lines
-
-
-def _bar(pieces: list[tuple[str, int, str]], capacity: int) -> str:
-    if capacity <= 0:
-        return " " * BAR_WIDTH
-    cells: list[str] = []
-    for _, size, mark in pieces:
-        width = round(size * BAR_WIDTH / capacity)
-        if size > 0:
-            width = max(1, width)
-        cells.append(mark * width)
-    text = "".join(cells)
-    return text[:BAR_WIDTH].ljust(BAR_WIDTH)
 
 
 def _instance_section(policy: Policy, gpu: GpuDecision, inst: InstanceDecision) -> list[str]:

@@ -19,95 +19,160 @@ decision (``expect``), exactly or within bounds. Sizes may be written with units
 
 from __future__ import annotations
 
-import json
-import re
-from fractions import Fraction
+import copy
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 
 from kvpolicy.diagnostics import PolicyError
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
-from kvpolicy.facts import Facts
+from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
+from kvpolicy.facts_io import FactsError, read_facts
 from kvpolicy.lint.load import load_policy
-from kvpolicy.units import SIZE_UNITS, format_bytes
+from kvpolicy.units import format_bytes
+from kvpolicy.validation import describe
 
 TEST_SUFFIX = ".kvtest.json"
-_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]+)\s*")
-_BYTE_FIELDS = {"capacity", "other_used", "used", "mapped", "bytes", "tensor_bytes"}
-
-Bytes = Union[int, str]
 
 
-class Bounds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    min: Bytes | None = None
-    max: Bytes | None = None
+def _expected_kind(value: Any) -> str:
+    return "bounds" if isinstance(value, dict) else "exact"
 
 
-Expected = Union[Bytes, Bounds]
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
-class InstanceExpectation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Bounds(_Strict):
+    """A size within bounds (either may be left out)."""
+
+    min: Size | None = None
+    """At least this many bytes."""
+    max: Size | None = None
+    """At most this many bytes."""
+
+
+Expected = Annotated[
+    Union[Annotated[Size, Tag("exact")], Annotated[Bounds, Tag("bounds")]],
+    Discriminator(_expected_kind),
+]
+"""Exactly this size (bytes, or a string with a unit), or bounds {"min": ..., "max": ...}."""
+
+
+class InstanceExpectation(_Strict):
+    """Figures of one instance's decision."""
+
     guarantee: Expected | None = None
+    """The elastic memory guaranteed to the instance."""
     limit: Expected | None = None
+    """The most elastic memory it may map."""
     target: Expected | None = None
+    """What it should hold: guarantee plus its share of the spare, at most the limit."""
     shortfall: bool | None = None
+    """Whether its min could not be guaranteed."""
     actions: list[str] | None = None
     """Names of the rules in force on the instance, in any order."""
     violations: list[str] | None = None
     """``pool_over_max:POOL`` or ``reserve_exceeded``, in any order."""
 
 
-class GpuExpectation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class GpuExpectation(_Strict):
+    """Figures of one GPU's decision."""
+
     elastic_budget: Expected | None = None
+    """Capacity minus headroom, other use and reserved, rounded down to the chunk."""
     free: Expected | None = None
+    """The elastic budget minus the elastic memory in use."""
     reserved: Expected | None = None
+    """Runtime-owned bytes in all (reported pools, and reserves of instances that have not reported)."""
 
 
-class Expectation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Expectation(_Strict):
+    """What the decision must say, by instance id and GPU id."""
+
     instances: dict[str, InstanceExpectation] = Field(default_factory=dict)
+    """Expectations by instance id."""
     gpus: dict[str, GpuExpectation] = Field(default_factory=dict)
+    """Expectations by GPU id."""
 
 
-class FactChanges(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    instances: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    gpus: dict[str, dict[str, Any]] = Field(default_factory=dict)
+def _patch(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
+    """``model`` with every field optional, except ``id``: the fields a step may set."""
+    fields: dict[str, Any] = {
+        field_name: (
+            Optional[Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation],
+            Field(None, description=field.description),
+        )
+        for field_name, field in model.model_fields.items()
+        if field_name != "id"
+    }
+    return create_model(name, __config__=ConfigDict(extra="forbid"), __doc__=doc, **fields)
+
+
+InstanceChange = _patch(InstanceFacts, "InstanceChange", "Fields of an instance's facts to replace (not its id).")
+GpuChange = _patch(GpuFacts, "GpuChange", "Fields of a GPU's facts to replace (not its id).")
+
+
+class FactChanges(_Strict):
+    """Changes to the facts, from this step on."""
+
+    instances: dict[str, InstanceChange] = Field(default_factory=dict)  # type: ignore[valid-type]
+    """By instance id: the fields to replace."""
+    gpus: dict[str, GpuChange] = Field(default_factory=dict)  # type: ignore[valid-type]
+    """By GPU id: the fields to replace."""
     remove: list[str] = Field(default_factory=list)
     """Instance ids that are gone from this step on."""
 
 
-class Step(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    advance: float = 0.0
+class Step(_Strict):
+    """One evaluation: move time, change facts, check the decision."""
+
+    advance: float = Field(default=0.0, ge=0)
+    """Seconds added to the facts' now before this evaluation."""
     set: FactChanges | None = None
+    """Facts to change before this evaluation."""
     expect: Expectation | None = None
+    """What the decision after this step must say."""
 
 
-class Case(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Case(_Strict):
+    """One test: facts, an optional evaluator state, and steps (or one expectation)."""
+
     name: str
-    facts: Union[str, dict[str, Any]]
+    """What the case shows; printed with its result."""
+    facts: Annotated[
+        Union[Annotated[str, Tag("file")], Annotated[Facts, Tag("inline")]],
+        Discriminator(lambda value: "file" if isinstance(value, str) else "inline"),
+    ]
+    """A facts file relative to the test file, or the facts inline (sizes may have units)."""
     state: dict[str, Any] | None = None
+    """Evaluator state JSON to start from (docs/state.schema.json); default: none."""
     steps: list[Step] = Field(default_factory=list)
+    """Evaluations in order, the state carried from one to the next; none: evaluate once."""
     expect: Expectation | None = None
+    """What the decision must say (after the last step, if there are steps)."""
 
 
-class PolicyTestFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+class PolicyTestFile(_Strict):
+    """A policy unit test file (NAME.kvtest.json, run by kvpolicy test)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, use_attribute_docstrings=True)
     schema_: Literal[1] = Field(default=1, alias="schema")
+    """The version of this format: 1."""
     policy: str
+    """The policy file, relative to the test file."""
     cases: list[Case]
+    """The test cases, run in order."""
 
 
 class TestFileError(Exception):
     """A test file that cannot be run (unreadable, malformed, or its policy is invalid)."""
+
+
+class TestFileUnreadable(TestFileError):
+    """The test file or its policy cannot be read at all (a usage error: exit 2)."""
 
 
 class CaseResult(BaseModel):
@@ -120,38 +185,55 @@ class CaseResult(BaseModel):
 def run_test_file(path: Path) -> list[CaseResult]:
     """Run every case of one ``.kvtest.json`` file."""
     try:
-        spec = PolicyTestFile.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValidationError, ValueError) as exc:
-        raise TestFileError(f"{path}: {_short(exc)}") from None
+        spec = PolicyTestFile.model_validate_json(path.read_bytes())
+    except OSError as exc:
+        raise TestFileUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except ValidationError as exc:
+        raise TestFileError(f"{path}: {_invalid(exc)}") from None
     policy_path = path.parent / spec.policy
     try:
         policy = load_policy(policy_path)
     except PolicyError as exc:
         raise TestFileError(f"{path}: its policy does not load: {exc}") from None
     except OSError as exc:
-        raise TestFileError(f"{path}: cannot read its policy {policy_path}: {exc.strerror}") from None
+        raise TestFileUnreadable(f"{path}: cannot read its policy {policy_path}: {exc.strerror or exc}") from None
     prepared = prepare(policy)  # once for every case and step
     results = []
     for case in spec.cases:
         try:
             failures = _run_case(prepared, case, path.parent)
-        except (OSError, ValidationError, ValueError) as exc:
-            failures = [f"cannot run: {_short(exc)}"]
+        except (FactsError, ValueError) as exc:
+            failures = [f"cannot run: {exc}"]
         results.append(CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures))
     return results
 
 
+def _invalid(exc: ValidationError) -> str:
+    """A test file's validation errors; JSON that does not parse says where."""
+    errors = exc.errors()
+    if errors and errors[0]["type"] == "json_invalid":
+        return f"not valid JSON: {errors[0]['ctx'].get('error', errors[0]['msg'])}"
+    return describe(exc, PolicyTestFile)
+
+
 def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:
-    raw = case.facts if isinstance(case.facts, dict) else json.loads((base / case.facts).read_text(encoding="utf-8"))
-    facts_data = _with_bytes(raw)
-    state = State.model_validate(case.state) if case.state is not None else None
+    facts = read_facts(base / case.facts) if isinstance(case.facts, str) else case.facts
+    facts_data = facts.model_dump(by_alias=True)
+    try:
+        state = State.model_validate(case.state) if case.state is not None else None
+    except ValidationError as exc:
+        raise ValueError(f"state: {describe(exc, State)}") from None
     steps = case.steps or [Step(expect=case.expect)]
     if case.steps and case.expect is not None:
         steps = [*steps[:-1], steps[-1].model_copy(update={"expect": case.expect})]
     failures: list[str] = []
     for number, step in enumerate(steps, start=1):
         facts_data = _apply(facts_data, step)
-        decision, state = evaluate(policy, Facts.model_validate(facts_data), state)
+        try:
+            facts = Facts.model_validate(facts_data)
+        except ValidationError as exc:
+            raise ValueError(f"step {number}: the facts it makes are invalid: {describe(exc, Facts)}") from None
+        decision, state = evaluate(policy, facts, state)
         if step.expect is not None:
             prefix = f"step {number}: " if len(steps) > 1 else ""
             failures += [prefix + f for f in _check(decision, step.expect)]
@@ -159,7 +241,7 @@ def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:
 
 
 def _apply(data: dict[str, Any], step: Step) -> dict[str, Any]:
-    data = json.loads(json.dumps(data))  # a copy
+    data = copy.deepcopy(data)
     data["now"] = data.get("now", 0.0) + step.advance
     changes = step.set
     if changes is None:
@@ -167,15 +249,22 @@ def _apply(data: dict[str, Any], step: Step) -> dict[str, Any]:
     instances = {i["id"]: i for i in data.get("instances", [])}
     for inst_id, fields in changes.instances.items():
         if inst_id not in instances:
-            raise ValueError(f"set: no instance {inst_id!r} in the facts")
-        instances[inst_id].update(_with_bytes(fields))
+            raise ValueError(f"set: no instance {inst_id!r} in the facts" + _known(instances))
+        instances[inst_id].update(fields.model_dump(exclude_unset=True))
     gpus = {g["id"]: g for g in data.get("gpus", [])}
     for gpu_id, fields in changes.gpus.items():
         if gpu_id not in gpus:
-            raise ValueError(f"set: no GPU {gpu_id!r} in the facts")
-        gpus[gpu_id].update(_with_bytes(fields))
+            raise ValueError(f"set: no GPU {gpu_id!r} in the facts" + _known(gpus))
+        gpus[gpu_id].update(fields.model_dump(exclude_unset=True))
+    for inst_id in changes.remove:
+        if inst_id not in instances:
+            raise ValueError(f"remove: no instance {inst_id!r} in the facts" + _known(instances))
     data["instances"] = [i for i in data.get("instances", []) if i["id"] not in set(changes.remove)]
     return data
+
+
+def _known(ids: dict[str, Any]) -> str:
+    return f" (it has {', '.join(map(repr, ids))})" if ids else " (it has none)"
 
 
 def _check(decision: Decision, expect: Expectation) -> list[str]:
@@ -215,42 +304,15 @@ def _check(decision: Decision, expect: Expectation) -> list[str]:
     return failures
 
 
-def _compare(what: str, actual: int, spec: Expected) -> list[str]:
+def _compare(what: str, actual: int, spec: int | Bounds) -> list[str]:
     shown = f"{format_bytes(actual)} ({actual})"
     if isinstance(spec, Bounds):
-        low = None if spec.min is None else to_bytes(spec.min)
-        high = None if spec.max is None else to_bytes(spec.max)
+        low, high = spec.min, spec.max
         if (low is not None and actual < low) or (high is not None and actual > high):
             bounds = f"[{format_bytes(low) if low is not None else '-inf'}, {format_bytes(high) if high is not None else 'inf'}]"
             return [f"{what}: expected within {bounds}, got {shown}"]
         return []
-    want = to_bytes(spec)
-    return [] if actual == want else [f"{what}: expected {format_bytes(want)} ({want}), got {shown}"]
-
-
-def to_bytes(value: Bytes) -> int:
-    """``"40 GiB"`` or ``42`` → bytes."""
-    if isinstance(value, int):
-        return value
-    match = _SIZE.fullmatch(value)
-    if not match or match.group(2) not in SIZE_UNITS:
-        raise ValueError(f"not a size: {value!r} (write e.g. \"40 GiB\" or an integer of bytes)")
-    return int(Fraction(match.group(1)) * SIZE_UNITS[match.group(2)])
-
-
-def _with_bytes(data: Any) -> Any:
-    """Facts JSON with unit strings in byte fields turned into integers."""
-    if isinstance(data, dict):
-        return {k: (to_bytes(v) if k in _BYTE_FIELDS and isinstance(v, str) else _with_bytes(v)) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_with_bytes(v) for v in data]
-    return data
-
-
-def _short(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:5])
-    return str(exc)
+    return [] if actual == spec else [f"{what}: expected {format_bytes(spec)} ({spec}), got {shown}"]
 
 
 def find_test_files(paths: list[str]) -> list[Path]:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from kvpolicy import __version__
 from kvpolicy.catalogue import all_rules
 from kvpolicy.diagnostics import Diagnostic, Severity, printable
+from kvpolicy.terminal import PLAIN, Style
 
 LINT_SCHEMA = 1
 RULES_DOC = "https://github.com/kvpolicy/kvpolicy/blob/main/docs/lint-rules.md"
@@ -18,24 +19,13 @@ def summary(diagnostics: Sequence[Diagnostic], files: int) -> dict[str, int]:
     return {"files": files, "errors": errors, "warnings": len(diagnostics) - errors}
 
 
-def render_text(diagnostics: Sequence[Diagnostic], sources: dict[str, list[str]], files: int) -> str:
-    """Each diagnostic, the source line with a caret under the span, and the hint.
-
-    Everything from the policy is ``printable``: a control character in it (an ESC that
-    would start a terminal escape sequence) is shown escaped, the caret moved to match."""
+def render_text(
+    diagnostics: Sequence[Diagnostic], sources: dict[str, list[str]], files: int, style: Style = PLAIN
+) -> str:
+    """Each diagnostic, the source line with a caret under the span, and the hint; then the counts."""
     out: list[str] = []
     for d in diagnostics:
-        out.append(f"{printable(d.file)}:{d.line}:{d.col}: {d.code} {d.severity.value}: {printable(d.message)}")
-        lines = sources.get(d.file)
-        if lines is not None and 1 <= d.line <= len(lines):
-            text = lines[d.line - 1].rstrip("\r").expandtabs(1)
-            width = max(1, (d.end_col - d.col) if d.end_line == d.line else len(text) - d.col + 1)
-            before, span = printable(text[: d.col - 1]), printable(text[d.col - 1 : d.col - 1 + width])
-            gutter = f"{d.line:>4} | "
-            out.append(gutter + before + span + printable(text[d.col - 1 + width :]))
-            out.append(" " * (len(gutter) - 2) + "| " + " " * len(before) + "^" * max(1, len(span)))
-        if d.hint:
-            out.append(f"  hint: {printable(d.hint)}")
+        out.extend(render_diagnostic(d, sources.get(d.file), style))
     counts = summary(diagnostics, files)
     out.append(
         f"{counts['errors']} error{'s' * (counts['errors'] != 1)}, "
@@ -43,6 +33,28 @@ def render_text(diagnostics: Sequence[Diagnostic], sources: dict[str, list[str]]
         f"in {files} file{'s' * (files != 1)}"
     )
     return "\n".join(out) + "\n"
+
+
+def render_diagnostic(d: Diagnostic, lines: Sequence[str] | None, style: Style = PLAIN) -> list[str]:
+    """``file:line:col: CODE severity: message``, the source line (when ``lines`` has it) with a
+    caret under the span, and the hint: what every command shows for a finding.
+
+    Everything from the policy is ``printable``: a control character in it (an ESC that
+    would start a terminal escape sequence) is shown escaped, the caret moved to match."""
+    severity = style.paint(d.severity.value, "error" if d.is_error else "warning")
+    location = style.paint(f"{printable(d.file)}:{d.line}:{d.col}:", "location")
+    out = [f"{location} {style.paint(d.code, 'code')} {severity}: {printable(d.message)}"]
+    if lines is not None and 1 <= d.line <= len(lines):
+        text = lines[d.line - 1].rstrip("\r").expandtabs(1)
+        width = max(1, (d.end_col - d.col) if d.end_line == d.line else len(text) - d.col + 1)
+        before, span = printable(text[: d.col - 1]), printable(text[d.col - 1 : d.col - 1 + width])
+        gutter = f"{d.line:>4} | "
+        out.append(gutter + before + span + printable(text[d.col - 1 + width :]))
+        caret = style.paint("^" * max(1, len(span)), "caret" if d.is_error else "caret_warning")
+        out.append(" " * (len(gutter) - 2) + "| " + " " * len(before) + caret)
+    if d.hint:
+        out.append(f"  {style.paint('hint:', 'hint')} {printable(d.hint)}")
+    return out
 
 
 def render_json(diagnostics: Sequence[Diagnostic], files: int) -> str:

@@ -7,10 +7,13 @@ import time
 
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.status import STALE_AFTER, Status, live_status, read_status
+from kvpolicy import gpu_bar
+from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
 
-BAR_WIDTH = 60
-POOL_MARKS = "SCXIKOPQRT"
+BAR_WIDTH = 64
+SCREEN_WIDTH = 80
+"""``top`` fits a terminal of 80 columns."""
 
 
 def current_status(ledger: LedgerDir, stale_after: float = STALE_AFTER, stuck_after: float = 60.0) -> Status:
@@ -43,7 +46,14 @@ def problems(status: Status) -> list[str]:
     return found
 
 
-def render_status(status: Status) -> str:
+FULL_TABLE_WIDTH = 116
+"""The instance table with every column; ``top`` on a narrower screen drops the engine,
+mapped bytes and revisions (``status`` always shows them)."""
+
+
+def render_status(status: Status, width: int | None = None) -> str:
+    """The status as text; with ``width`` below the full table's, the instance table in
+    fewer columns, each line at most ``width`` (80 or more) characters but for long names."""
     lines = []
     if status.policy is not None:
         p = status.policy
@@ -70,8 +80,28 @@ def render_status(status: Status) -> str:
             f"{g.id:<10}{_b(g.capacity):>12}{_b(g.reserved.total):>12}{_b(g.elastic_budget):>12}{_b(g.free):>12}  {g.figures}"
         )
     lines.append("")
-    lines.append(f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
-                 f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE")
+    if width is not None and width < FULL_TABLE_WIDTH:
+        lines += _compact_instances(status)
+    else:
+        lines += _instances(status)
+    for problem in status.problems:
+        lines.append(f"note: {problem}")
+    return "\n".join(lines) + "\n"
+
+
+def _compact_instances(status: Status) -> list[str]:
+    lines = [f"{'INSTANCE':<20}{'GPU':<8}{'POOLS':>10}{'USED':>11}{'LIMIT':>11}{'TARGET':>11}  STATE"]
+    for i in status.instances:
+        pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
+        used = _b(i.elastic.used) if i.elastic else "-"
+        state = (i.ack or "-") + (" STUCK" if i.stuck else "")
+        lines.append(f"{i.id:<20}{i.gpu:<8}{_b(pools):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
+    return lines
+
+
+def _instances(status: Status) -> list[str]:
+    lines = [f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
+             f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE"]
     for i in status.instances:
         pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
         used = _b(i.elastic.used) if i.elastic else "-"
@@ -81,32 +111,27 @@ def render_status(status: Status) -> str:
             f"{i.id:<22}{i.engine:<8}{i.gpu:<8}{_b(pools):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
             f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
         )
-    for problem in status.problems:
-        lines.append(f"note: {problem}")
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def render_bars(status: Status) -> str:
-    """Per GPU: headroom, other use, each reserved pool, elastic in use, free."""
+def render_bars(status: Status, style: Style = PLAIN, width: int = SCREEN_WIDTH) -> str:
+    """Per GPU: a bar (headroom, other use, each reserved pool, elastic in use, free) and its
+    legend, in the marks ``explain`` uses. Every line fits ``width`` columns; all bars have
+    one width, which depends on the screen, never on the figures."""
     lines = []
+    known = [g for g in status.gpus if g.capacity]
+    labels = max((len(_b(g.capacity)) for g in known), default=0)
+    bar_width = max(10, min(BAR_WIDTH, width - len(f"{'':<8} [] ") - labels))
     for g in status.gpus:
         if not g.capacity:
             lines.append(f"{g.id}: capacity unknown")
             continue
-        pieces = [("headroom", g.headroom or 0, "#"), ("other", g.other_used or 0, "=")]
-        marks = {}
-        for k, (pool, size) in enumerate(sorted(g.reserved.by_pool.items())):
-            marks[pool] = POOL_MARKS[k % len(POOL_MARKS)]
-            pieces.append((pool, size, marks[pool]))
         used = sum(i.elastic.used for i in status.instances if i.gpu == g.id and i.elastic)
-        pieces += [("elastic used", used, "u"), ("free", max(0, g.free), ".")]
-        bar = ""
-        for _, size, mark in pieces:
-            width = round(size * BAR_WIDTH / g.capacity)
-            bar += mark * (max(1, width) if size > 0 else 0)
-        legend = "  ".join(f"{mark} {name} {_b(size)}" for name, size, mark in pieces if size > 0)
-        lines.append(f"{g.id:<8} [{bar[:BAR_WIDTH].ljust(BAR_WIDTH)}] {_b(g.capacity)}")
-        lines.append(f"         {legend}")
+        parts = gpu_bar.segments(
+            headroom=g.headroom or 0, other_used=g.other_used or 0, pools=g.reserved.by_pool, used=used, free=g.free
+        )
+        lines.append(f"{g.id:<8} [{gpu_bar.render_bar(parts, g.capacity, bar_width, style)}] {_b(g.capacity)}")
+        lines += gpu_bar.wrap(gpu_bar.legend(parts, sizes=True, style=style), width, indent=" " * 9)
     return "\n".join(lines) + "\n"
 
 

@@ -45,7 +45,7 @@ model "qwen3-elastic" {
 
 model "loose" { reserve 8 GiB }
 
-model "v4-without-reserve" { engine sglang }
+model "v4-without-reserve" { engine sglang }  # kvpolicy: ignore[KV028] plan's own refusal is under test
 """
 
 
@@ -74,7 +74,7 @@ def test_sglang_plans_the_budget_whose_pools_and_table_fit_the_reserve(capsys, p
     assert doc["policy"] == {"policy": str(policy), "model": "deepseek-v4-flash", "block": "deepseek-v4-flash",
                              "line": 5, "gpu": "cuda:0", "reserve": 40 * GiB}
     # The same budget through --budget gives the same pools: --policy only chooses the amount.
-    code, out, _ = plan(capsys, "--engine", "sglang", "--model-config", str(FLASH), "--budget", str(doc["budget"]),
+    code, out, _ = plan(capsys, "--engine", "sglang", "--model-config", str(FLASH), "--budget", f"{doc['budget']} B",
                         "--format", "json")
     assert code == 0 and json.loads(out)["pools"] == doc["pools"]
 
@@ -101,7 +101,7 @@ def test_vllm_static_plans_the_reserve_in_whole_granules(capsys, policy):
     # The adapter sets kv_cache_memory_bytes to the admitted reserve rounded down to 2 MiB.
     budget = 20000 * MiB - (20000 * MiB) % (2 * MiB)
     assert json.loads(out)["budget"] == budget and f"kv_cache_memory_bytes {budget}" in err
-    code, same, _ = plan(capsys, "--engine", "vllm", "--model-config", str(QWEN), "--budget", str(budget),
+    code, same, _ = plan(capsys, "--engine", "vllm", "--model-config", str(QWEN), "--budget", f"{budget} B",
                          "--max-model-len", "32768", "--format", "json")
     assert code == 0 and json.loads(same) == json.loads(out)
 

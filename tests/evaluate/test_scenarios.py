@@ -227,6 +227,7 @@ def test_runtime_pool_over_its_max_is_a_violation():
         model "dsv4" {
           engine sglang
           pool c4 { owner runtime; max 12 GiB }
+          reserve 40 GiB
         }
     """)
     facts = make_facts([gpu()], [inst("dsv4/0", engine="sglang", used=None, pools={"c4": 13 * GiB, "swa": GiB})])

@@ -156,7 +156,9 @@ def model_block(draw, name: str) -> str:
         items.append(["engine", engine])
     if draw(st.booleans()):
         items.append(["priority", str(draw(st.integers(0, 1000)))])
-    if draw(st.booleans()):
+    # SGLang and vLLM blocks need a reserve to be valid (KV028, KV029: their adapters refuse
+    # to start without one; vLLM's elastic pools are not drawn here).
+    if engine in ("sglang", "vllm") or draw(st.booleans()):
         items.append(["reserve", draw(size(0, 40))])
     if draw(st.booleans()):
         items.append(["min", draw(size(0, 1))])  # at most 1 GiB: below any max drawn here

@@ -128,10 +128,27 @@ def test_diff_prints_a_unified_diff_and_writes_nothing(tmp_path, capsys) -> None
     path = tmp_path / "p.kvp"
     path.write_text(UGLY)
     code, out, _ = run_fmt(["--diff", str(path)], capsys)
-    assert code == 0
+    assert code == 1, "a difference exits 1, as diff(1) does"
     assert path.read_text() == UGLY
     assert out.startswith(f"--- {path}\n+++ {path} (formatted)\n")
     assert '-model "a" {reserve 20GiB}  # keep me' in out and "+  reserve 20 GiB" in out
+
+
+def test_diff_of_a_formatted_file_is_empty_and_exits_0(tmp_path, capsys) -> None:
+    path = tmp_path / "p.kvp"
+    path.write_text(PRETTY)
+    code, out, _ = run_fmt(["--diff", str(path)], capsys)
+    assert (code, out) == (0, "")
+
+
+def test_a_syntax_error_is_shown_with_its_caret_and_the_file_not_formatted(tmp_path, capsys) -> None:
+    path = tmp_path / "broken.kvp"
+    path.write_text(BROKEN)
+    code, _, err = run_fmt([str(path)], capsys)
+    assert code == 1 and path.read_text() == BROKEN
+    assert f"kvpolicy fmt: {path}: not formatted: 1 syntax error\n" in err
+    assert f"{path}:3:10: KV002 error: 'reserve' needs a size" in err
+    assert "   3 |   reserve\n     |          ^" in err, err
 
 
 def test_stdin_to_stdout(capsys, monkeypatch) -> None:

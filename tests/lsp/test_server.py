@@ -22,7 +22,7 @@ model "qwen3-8b" {
 
 model "qwen3-*" {
   enigne vllm
-  priority 5
+  priority 5; reserve 8 GiB
 }
 
 rule "idle-reclaim" {
@@ -282,7 +282,7 @@ def test_completion(client: LspClient, tmp_path: Path) -> None:
     assert labels(client, uri, 10, 12) == ["min", "target"]
     # codes that a suppression may name (KV001 cannot be suppressed)
     codes = labels(client, uri, 13, 19)
-    assert {"KV017", "KV019", "KV020", "KV021", "KV022"} == set(codes)
+    assert {"KV017", "KV019", "KV020", "KV021", "KV022", "KV028", "KV029"} == set(codes)
 
 
 def test_completion_replaces_the_word_being_typed(client: LspClient, tmp_path: Path) -> None:

@@ -14,12 +14,13 @@ from kvpolicy.lint.rules import (  # noqa: F401  (each registers its check)
     over_commitment,
     percent_over_100,
     rule_without_grace,
+    sglang_without_reserve,
     unknown_engine,
     unknown_pool,
     unmanageable_elastic_pool,
     unreachable_model,
+    vllm_without_reserve_or_elastic_pool,
 )
-
 
 def all_checks() -> list[type[Check]]:
     """Every check, by its rule's code."""

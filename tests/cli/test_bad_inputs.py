@@ -1,0 +1,182 @@
+"""Bad input on the command line never gives a traceback: each gets a clear message and the
+documented exit code (1: the input is invalid; 2: a usage error, or a file that cannot be read).
+
+Every case runs ``kvpolicy`` in its own process, since what is under test is what that
+process prints and how it exits. Unreadable files are tested as a user without the right to
+read them: CI runs as root, where ``chmod 000`` blocks nothing, so as root the command runs
+as ``nobody`` (uid 65534).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.conftest import as_user, python_for
+
+GiB = 1 << 30
+NOBODY = 65534
+POLICY = 'version 1\nmodel "chat" { min 1 GiB }\n'
+TEST_FILE = {"schema": 1, "policy": "good.kvp", "cases": [{"name": "c", "facts": "good.json", "expect": {}}]}
+
+
+def facts(**gpu: object) -> str:
+    return json.dumps({"schema": 1, "gpus": [{"id": "cuda:0", "capacity": 80 * GiB, **gpu}]})
+
+
+FILES: dict[str, str | bytes] = {
+    "good.kvp": POLICY,
+    "good.json": facts(),
+    "good.kvtest.json": json.dumps(TEST_FILE),
+    "utf8.json": b'{"schema": 1, "gpus": [{"id": "cuda:\xff0", "capacity": 1}]}',
+    "deep.json": "[" * 50_000 + "]" * 50_000,
+    "huge.json": facts(capacity=10**400).replace(f'"capacity": {80 * GiB}, ', ""),
+    "digits.json": '{"now": ' + "9" * 5000 + "}",
+    "bytes30.json": json.dumps({
+        "schema": 1, "gpus": [{"id": "cuda:0", "capacity": 80 * GiB}],
+        "instances": [{"id": "a/0", "model": "chat", "gpu": "cuda:0", "pools": {"c4": {"bytes": 10**30}}}],
+    }),
+    "bool.json": facts(capacity=True).replace(f'"capacity": {80 * GiB}, ', ""),
+    "nan.json": '{"schema": 1, "now": NaN}',
+    "inf.json": '{"schema": 1, "now": Infinity}',
+    "e400.json": '{"schema": 1, "now": 1e400}',
+    "utf8.kvtest.json": b'{"schema": 1, "policy": "good.kvp\xff", "cases": []}',
+    "deep.kvtest.json": "[" * 50_000,
+}
+
+
+@pytest.fixture(scope="module")
+def work() -> Iterator[Path]:
+    """A directory every user may read (pytest's own temporary directories are 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="kvpolicy-bad-inputs-"))
+    path.chmod(0o755)
+    for name, content in FILES.items():
+        target = path / name
+        target.write_bytes(content if isinstance(content, bytes) else content.encode())
+        target.chmod(0o644)
+    yield path
+    shutil.rmtree(path)
+
+
+def environment(work: Path) -> dict[str, str]:
+    return {**os.environ, "KVPOLICY_LEDGER_DIR": str(work / "ledger"), "NO_COLOR": "1", "HOME": str(work)}
+
+
+def kvpolicy(work: Path, *args: str, python: str = sys.executable, run_as: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([python, "-m", "kvpolicy.cli", *args], cwd=work, env=environment(work), capture_output=True,
+                          text=True, timeout=120, **(run_as or {}))
+
+
+def check(done: subprocess.CompletedProcess[str], code: int, *words: str) -> None:
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    for word in words:
+        assert word in done.stderr, (word, done.stderr)
+
+
+BAD_FACTS = [
+    ("utf8.json", "not valid UTF-8"),
+    ("deep.json", "nested too deeply"),
+    ("huge.json", "gpus.0.capacity"),
+    ("digits.json", "digits"),
+    ("bytes30.json", "instances.0.pools.c4.bytes"),
+    ("bool.json", "true is not a size"),
+    ("nan.json", "now"),
+    ("inf.json", "now"),
+    ("e400.json", "now"),
+]
+
+
+COMMANDS = {
+    "lint": ["lint", "good.kvp", "--facts"],
+    "explain": ["explain", "good.kvp", "--facts"],
+    "run": ["run", "good.kvp", "--once", "--facts"],
+}
+# Every bad file through lint; explain and run read facts the same way (kvpolicy.facts_io), so
+# a few of them there, to keep this a few seconds of CI.
+FACTS_CASES = [("lint", *case) for case in BAD_FACTS] + [
+    (command, *case) for command in ("explain", "run") for case in BAD_FACTS if case[0] in ("utf8.json", "nan.json")
+]
+
+
+@pytest.mark.parametrize(("command", "name", "words"), FACTS_CASES, ids=[f"{c}-{n}" for c, n, _ in FACTS_CASES])
+def test_invalid_facts_are_an_error_in_the_input(work: Path, command: str, name: str, words: str) -> None:
+    check(kvpolicy(work, *COMMANDS[command], name), 1, name, words)
+
+
+@pytest.mark.parametrize(("name", "words"), [("utf8.kvtest.json", "not valid JSON"), ("deep.kvtest.json", "not valid JSON")])
+def test_invalid_test_files_are_an_error_in_the_input(work: Path, name: str, words: str) -> None:
+    done = kvpolicy(work, "test", name)
+    check(done, 1)
+    assert words in done.stdout, done.stdout
+
+
+USAGE = [
+    (["run", "good.kvp", "--metrics-port", "99999999"], "out of range"),
+    (["run", "good.kvp", "--metrics-port", "²"], "not a port number"),
+    (["run", "good.kvp", "--tick", "0"], "--tick"),
+    (["run", "good.kvp", "--tick", "nan"], "--tick"),
+    (["run", "good.kvp", "--stuck-after", "-1"], "--stuck-after"),
+    (["top", "--interval", "nan"], "--interval"),
+    (["top", "--interval", "inf"], "--interval"),
+    (["top", "--iterations", "-3"], "--iterations"),
+    (["status", "--stale-after", "nan"], "--stale-after"),
+    (["lint", "good.kvp", "--gpu-capacity", "80"], "needs a unit"),
+    (["lint", "good.kvp", "--gpu-capacity", "20000000TiB"], "too large"),
+    (["lint", "good.kvp", "--gpu-capacity", "9" * 5000 + "GiB"], "too large"),
+    (["run", "good.kvp", "--gpu-capacity", "1e400"], "--gpu-capacity"),
+]
+
+
+@pytest.mark.parametrize(("args", "words"), USAGE, ids=[" ".join(a)[:40] for a, _ in USAGE])
+def test_bad_option_values_are_usage_errors(work: Path, args: list[str], words: str) -> None:
+    check(kvpolicy(work, *args), 2, words)
+
+
+@pytest.fixture(scope="module")
+def reader(work: Path) -> tuple[str, dict]:
+    """A Python and the user to run it as, for whom a file of mode 0600 that we own cannot be
+    read: ourselves with chmod 000, or as root (whom no mode stops) uid 65534."""
+    if os.geteuid() != 0:
+        return sys.executable, {}
+    run_as = as_user(NOBODY, NOBODY)
+    python = python_for(run_as, environment(work), work)
+    if python is None:
+        pytest.skip(f"no Python here that uid {NOBODY} may run with this checkout's kvpolicy")
+    return python, run_as
+
+
+UNREADABLE = [
+    ["lint", "secret.kvp"],
+    ["fmt", "secret.kvp"],
+    ["fmt", "--check", "secret.kvp"],
+    ["explain", "secret.kvp", "--facts", "good.json"],
+    ["explain", "good.kvp", "--facts", "secret.json"],
+    ["explain", "good.kvp", "--facts", "good.json", "--state", "secret.json"],
+    ["lint", "good.kvp", "--facts", "secret.json"],
+    ["run", "secret.kvp", "--once", "--gpu-capacity", "80GiB"],
+    ["run", "good.kvp", "--once", "--facts", "secret.json"],
+    ["test", "secret.kvtest.json"],
+]
+
+
+@pytest.mark.parametrize("args", UNREADABLE, ids=[" ".join(a) for a in UNREADABLE])
+def test_an_unreadable_file_is_a_usage_error(work: Path, reader: tuple[str, dict], args: list[str]) -> None:
+    python, run_as = reader
+    for name, content in {"secret.kvp": POLICY, "secret.json": facts(), "secret.kvtest.json": json.dumps(TEST_FILE)}.items():
+        (work / name).write_text(content)
+        (work / name).chmod(0o600 if run_as else 0o000)
+    secret = next(a for a in args if a.startswith("secret"))
+    done = kvpolicy(work, *args, python=python, run_as=run_as)
+    check(done, 2)
+    said = done.stdout + done.stderr if args[0] == "test" else done.stderr  # test reports on stdout
+    for word in (secret, "cannot read", "Permission denied"):
+        assert word in said, (word, said)

@@ -1,0 +1,115 @@
+"""The command line as people meet it: --version, help, did-you-mean, colour (through a pty)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import kvpolicy
+from kvpolicy.cli import FORMAT_EXEMPT, build_parser
+from kvpolicy.commands import subcommands
+
+BAD_POLICY = 'version 1\nmodel "a" { reserve 4 GiBB }\n'
+
+
+def kvpolicy_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvpolicy.cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def in_a_pty(*args: str, env: dict[str, str]) -> str:
+    """What ``kvpolicy ARGS`` writes to a terminal."""
+    leader, follower = pty.openpty()
+    environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
+    process = subprocess.Popen([sys.executable, "-m", "kvpolicy.cli", *args], stdout=follower, stderr=follower,
+                               env={**environ, "TERM": "xterm", **env})
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the other side is closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait(timeout=120)
+    os.close(leader)
+    return b"".join(chunks).decode()
+
+
+def test_version():
+    done = kvpolicy_cli("--version")
+    assert (done.returncode, done.stdout) == (0, f"kvpolicy {kvpolicy.__version__}\n")
+
+
+def test_a_mistyped_command_gets_a_did_you_mean():
+    done = kvpolicy_cli("lnit", "x.kvp")
+    assert done.returncode == 2
+    assert "unknown command 'lnit'; did you mean 'lint'?" in done.stderr
+
+
+def test_a_mistyped_option_gets_a_did_you_mean(tmp_path):
+    (tmp_path / "p.kvp").write_text("version 1\n")
+    done = kvpolicy_cli("lint", str(tmp_path / "p.kvp"), "--strcit")
+    assert done.returncode == 2 and "--strcit: did you mean --strict?" in done.stderr
+
+
+PARSER = build_parser()
+COMMANDS = subcommands(PARSER)
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_has_help_in_plain_text(name):
+    command = COMMANDS[name]
+    missing = [a.option_strings or a.dest for a in command._actions if not a.help or a.help == argparse.SUPPRESS]
+    assert not missing, f"kvpolicy {name}: no help for {missing}"
+    text = command.format_help()
+    assert not re.findall(r"``|:[a-z]+:`|`[^`'\n]+`", text), text
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_command_but_the_exempt_has_format_text_and_json(name):
+    formats = [a for a in COMMANDS[name]._actions if "--format" in a.option_strings]
+    if name in FORMAT_EXEMPT:
+        assert not formats
+    else:
+        (action,) = formats
+        assert {"text", "json"} <= set(action.choices)
+
+
+def test_lint_colours_a_terminal_unless_no_color(tmp_path):
+    policy = tmp_path / "bad.kvp"
+    policy.write_text(BAD_POLICY)
+    assert "\x1b[1;31merror\x1b[0m" in in_a_pty("lint", str(policy), env={})
+    assert "\x1b[" not in in_a_pty("lint", str(policy), env={"NO_COLOR": "1"})
+    assert "\x1b[" not in in_a_pty("lint", str(policy), "--color", "never", env={})
+    # Not a terminal: no colour, unless asked for.
+    assert "\x1b[" not in kvpolicy_cli("lint", str(policy)).stdout
+    assert "\x1b[1;31merror\x1b[0m" in kvpolicy_cli("--color", "always", "lint", str(policy), env={"NO_COLOR": "1"}).stdout
+
+
+def test_top_quits_on_q_in_a_terminal(tmp_path):
+    from kvpolicy.runtime.directory import LedgerDir
+
+    ledger = LedgerDir(tmp_path / "ledger", create=True)
+    leader, follower = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    # An hour between refreshes: only the key can end it before the hang guard below.
+    process = subprocess.Popen([sys.executable, "-m", "kvpolicy.cli", "top", "--ledger-dir", str(ledger.path),
+                                "--interval", "3600"], stdin=follower, stdout=follower, stderr=follower, env=env)
+    os.close(follower)
+    screen = b""
+    while b"(q quits)" not in screen:
+        screen += os.read(leader, 65536)
+    os.write(leader, b"q")
+    assert process.wait(timeout=60) == 0
+    os.close(leader)
+    assert b"policy: none loaded" in screen
