@@ -57,20 +57,23 @@ class Built:
     stock: object = None
 
 
-def build(sglang_env, limit_bytes: int, *, budget: int = 96 * MiB, elastic: bool = True) -> Built:
+def build(sglang_env, limit_bytes: int, *, budget: int = 96 * MiB, elastic: bool = True, device: str = "cpu",
+          driver=None) -> Built:
     """The real V4 pool for ``budget`` (SWA at half the full tokens: 30 pages for 96 MiB, about 13 pages
     per chunk group), its SWA tensors on an ``ElasticSWA`` under a ``StaticLimit`` unless not ``elastic``."""
     with ExitStack() as stack:
         stack.enter_context(single_process_parallel())
-        args = stack.enter_context(published_server_args(max_running_requests=16, swa_full_tokens_ratio=0.5))
+        args = stack.enter_context(published_server_args(max_running_requests=16, swa_full_tokens_ratio=0.5,
+                                                         device=device))
         kvc = kv_cache_configurator(TINY, args)
+        kvc.device = device
         original = type(kvc)._profile_available_bytes
         type(kvc)._profile_available_bytes = lambda self, pre: budget
         try:
             if not elastic:
                 built = build_pools_through_sglang(kvc)
                 return Built(built.pool, built.sizes, None, None, None)  # type: ignore[arg-type]
-            driver = HostDriver(capacity=1 * GiB)
+            driver = driver if driver is not None else HostDriver(capacity=1 * GiB)
             limit = StaticLimit(limit_bytes)
             make = lambda layers, pages, page_bytes: E.ElasticSWA(  # noqa: E731
                 driver, layers=layers, pages=pages, page_bytes=page_bytes, chunk=CHUNK, limit=limit)
@@ -82,12 +85,12 @@ def build(sglang_env, limit_bytes: int, *, budget: int = 96 * MiB, elastic: bool
     return Built(built.pool, built.sizes, swa, limit, driver)
 
 
-def allocator_over(b: Built):
+def allocator_over(b: Built, device: str = "cpu"):
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 
     outer = SWATokenToKVPoolAllocator(b.sizes.full_max_total_num_tokens, b.sizes.swa_max_total_num_tokens, P,
-                                      torch.int64, "cpu", b.pool, need_sort=True)
+                                      torch.int64, device, b.pool, need_sort=True)
     b.swa.attach(outer.swa_attn_allocator)
     E.wrap_swa_allocator(outer, b.swa)
     return outer
@@ -136,10 +139,11 @@ class Request:
 class Scheduler:
     """Drives the real allocator as SGLang's scheduler would, and checks the invariants after each step."""
 
-    def __init__(self, b: Built, outer) -> None:
+    def __init__(self, b: Built, outer, device: str = "cpu") -> None:
         import torch
 
         self.torch = torch
+        self.device = device
         self.b, self.outer = b, outer
         self.running: list[Request] = []
         self.cached: list[Request] = []
@@ -149,10 +153,15 @@ class Scheduler:
 
     # -- helpers --------------------------------------------------------------------------------
     def t(self, *values: int):
+        """A CPU tensor (SGLang's ``*_cpu`` arguments)."""
         return self.torch.tensor(values, dtype=self.torch.int64)
 
+    def d(self, *values: int):
+        """The same on the pool's device."""
+        return self.torch.tensor(values, dtype=self.torch.int64, device=self.device)
+
     def swa_loc(self, full: list[int]):
-        return self.outer.translate_loc_from_full_to_swa(self.torch.tensor(full, dtype=self.torch.int64))
+        return self.outer.translate_loc_from_full_to_swa(self.d(*full)).cpu()
 
     def resident_swa_pages(self, r: Request) -> set[int]:
         start = r.swa_freed_to
@@ -175,13 +184,13 @@ class Scheduler:
             r.full, r.swa_freed_to, prefix, last = hit.full, hit.swa_freed_to, len(hit.full), hit.full[-1]
             r.tag = hit.tag
         seq = prefix + length
-        out = self.outer.alloc_extend(self.t(prefix), self.t(prefix), self.t(seq), self.t(seq), self.t(last), length)
+        out = self.outer.alloc_extend(self.d(prefix), self.t(prefix), self.d(seq), self.t(seq), self.d(last), length)
         if out is None:
             self.refused += 1
             if prefix:
                 self.cached.append(r)
             return
-        r.full = r.full + out.tolist()
+        r.full = r.full + out.cpu().tolist()
         self.running.append(r)
         self.write(r)
 
@@ -190,12 +199,12 @@ class Scheduler:
             return
         seq = [len(r.full) + 1 for r in self.running]
         last = [r.full[-1] for r in self.running]
-        out = self.outer.alloc_decode(self.t(*seq), self.t(*seq), self.t(*last))
+        out = self.outer.alloc_decode(self.d(*seq), self.t(*seq), self.d(*last))
         if out is None:
             self.refused += 1
             self.retract()
             return
-        for r, loc in zip(self.running, out.tolist(), strict=True):
+        for r, loc in zip(self.running, out.cpu().tolist(), strict=True):
             r.full.append(loc)
             self.trim_window(r)
             self.write(r)
@@ -205,7 +214,7 @@ class Scheduler:
         keep_from = max(0, len(r.full) - WINDOW - P)  # position of the first token the window may still read
         upto = keep_from // P * P
         if upto > r.swa_freed_to:
-            self.outer.free_swa(self.torch.tensor(r.full[r.swa_freed_to:upto], dtype=self.torch.int64))
+            self.outer.free_swa(self.d(*r.full[r.swa_freed_to:upto]))
             r.swa_freed_to = upto
 
     def retract(self) -> None:
@@ -214,9 +223,9 @@ class Scheduler:
         self.free(r)
 
     def free(self, r: Request) -> None:
-        self.outer.free_swa(self.torch.tensor(r.full[r.swa_freed_to:], dtype=self.torch.int64)) if len(
-            r.full) > r.swa_freed_to else None
-        self.outer.free_full(self.torch.tensor(r.full, dtype=self.torch.int64))
+        if len(r.full) > r.swa_freed_to:
+            self.outer.free_swa(self.d(*r.full[r.swa_freed_to:]))
+        self.outer.free_full(self.d(*r.full))
 
     def finish(self, index: int, cache: bool) -> None:
         if not self.running:
@@ -235,7 +244,7 @@ class Scheduler:
     def check(self) -> None:
         swa, outer = self.b.swa, self.outer
         inner = outer.swa_attn_allocator
-        free = set(inner.get_all_free_pages().tolist())
+        free = set(inner.get_all_free_pages().cpu().tolist())
         assert all(swa.visible[p] and swa.page_is_mapped(p) for p in free), "a free page SGLang can hand out is unmapped"
         for r in [*self.running, *self.cached]:
             pages = self.resident_swa_pages(r)
@@ -262,8 +271,14 @@ OPS = st.one_of(
 @given(ops=st.lists(OPS, min_size=1, max_size=STEPS), first_limit=st.integers(0, 3))
 def test_a_synthetic_scheduler_never_touches_an_unmapped_page(sglang_env, ops, first_limit):
     b = build(sglang_env, (1 + first_limit) * GROUP)
-    outer = allocator_over(b)
-    s = Scheduler(b, outer)
+    run_scheduler(b, allocator_over(b), ops)
+    b.swa.close()
+    assert b.driver.in_use == 0
+
+
+def run_scheduler(b: Built, outer, ops, device: str = "cpu") -> Scheduler:
+    """Play ``ops`` on the real allocator, checking every invariant after each step; frees everything at the end."""
+    s = Scheduler(b, outer, device)
     s.check()
     for op in ops:
         if op[0] == "admit":
@@ -284,8 +299,7 @@ def test_a_synthetic_scheduler_never_touches_an_unmapped_page(sglang_env, ops, f
     b.swa.sync()
     s.check()
     assert b.swa.live.count == 1  # only the padding page
-    b.swa.close()
-    assert b.driver.in_use == 0
+    return s
 
 
 def test_a_reached_limit_is_an_sglang_allocation_failure_and_frees_make_room(sglang_env):
