@@ -486,28 +486,37 @@ UNMANAGEABLE_ELASTIC_POOL = _define(
     A pool is `owner runtime` (the engine allocates it; kvpolicy counts it) or
     `owner elastic` (kvpolicy's allocator backs it and can grow and shrink it).
     Only pools whose adapter supports it can be elastic: on vLLM the standard
-    attention caches `full`, `mla` and `sliding_window`; no DeepSeek-V4 pool, on
-    either engine (its indexer aliases compressed entries on the decode hot path,
-    so binding them to memory that moves risks corruption).
+    attention caches `full`, `mla` and `sliding_window`; on SGLang (DeepSeek-V4)
+    the sliding-window pool `swa`, a plain paged pool read on the decode path only
+    through page indices. DeepSeek-V4's other pools stay runtime-owned on both
+    engines: `c4` and `c128` are read through the indexer's entries, which alias
+    them on the decode hot path; `indexer` is those entries; `compressor_state` is
+    ring state rewritten on every step; SGLang's `req_to_token` is a fixed table
+    indexed by request slot. Binding them to memory that moves risks corruption.
+    On vLLM no DeepSeek-V4 pool can be elastic.
 
     ## Why is this bad?
-    The policy would promise memory the engine will never give back; the vLLM
-    adapter refuses to start such a model.
+    The policy would promise memory the engine will never give back; the
+    adapters refuse to start such a model.
 
     ## Example
     ```
     model "deepseek-v4-flash" {
-      engine vllm
-      pool swa { owner elastic }
+      engine sglang
+      reserve 40 GiB
+      pool c4 { owner elastic }
     }
     ```
 
     ## Use instead
     ```
     model "deepseek-v4-flash" {
-      engine vllm
+      engine sglang
       reserve 40 GiB
-      pool swa { owner runtime }
+      min 2 GiB
+      max 12 GiB
+      pool swa { owner elastic }
+      pool c4 { owner runtime }
     }
 
     model "qwen3-*" {
@@ -774,12 +783,12 @@ INEFFECTIVE_SETTING = _define(
     A setting that has no effect for this model yet.
 
     ## What it does
-    `min`, `max` and `weight` govern elastic KV memory. An engine whose adapter
-    runs no elastic pool (SGLang today: all DeepSeek-V4 pools are runtime-owned)
-    never has elastic memory, so these settings do nothing there. On vLLM they
-    take effect once the model marks a pool `owner elastic` (e.g.
-    `pool full { owner elastic }`); without one, vLLM's KV cache is sized from
-    `reserve` and the settings do nothing.
+    `min`, `max` and `weight` govern elastic KV memory. They take effect once
+    the model marks a pool `owner elastic` (on vLLM e.g. `pool full { owner
+    elastic }`, on SGLang DeepSeek-V4 `pool swa { owner elastic }`); without one
+    the engine's KV cache is sized from `reserve` alone and the settings do
+    nothing. An engine whose adapter runs no elastic pool never has elastic
+    memory.
 
     ## Why is this bad?
     The file reads as if the model had a guarantee it will never get.

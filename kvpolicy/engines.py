@@ -28,7 +28,11 @@ ENGINES: dict[str, EngineVocabulary] = {
         # DeepSeek-V4's runtime-owned pools, the request-to-token table SGLang allocates beside
         # them (`req_to_token`), and `other` for buffers the adapter does not recognise.
         pools=DEEPSEEK_V4_POOLS | {"req_to_token", "other"},
-        elastic_pools=frozenset(),
+        # The sliding-window KV pool is a plain paged pool with its own allocator, read on
+        # the decode path only through page indices: the adapter can back it with the
+        # allocator (adapters/sglang_dsv4/elastic.py). The others stay runtime-owned, for
+        # the reasons in RUNTIME_OWNED_WHY.
+        elastic_pools=frozenset({"swa"}),
     ),
     "vllm": EngineVocabulary(
         name="vllm",
@@ -44,6 +48,18 @@ ENGINES: dict[str, EngineVocabulary] = {
         elastic_pools=frozenset({"full", "mla", "sliding_window"}),
     ),
 }
+
+RUNTIME_OWNED_WHY: dict[str, str] = {
+    "c4": "the compressed pools are written by the compressor and read through the indexer's entries, "
+    "which alias them on the decode hot path",
+    "c128": "the compressed pools are written by the compressor and read through the indexer's entries, "
+    "which alias them on the decode hot path",
+    "indexer": "the indexer aliases compressed entries on the decode hot path",
+    "compressor_state": "the compressor state is ring state addressed per SWA page and per request slot, "
+    "rewritten on every step",
+    "req_to_token": "the request-to-token table is indexed by request slot on every step, a fixed table",
+}
+"""Why a DeepSeek-V4 pool (and SGLang's request table) stays runtime-owned: lint's and the adapters' reason."""
 
 ANY_ENGINE = "any"
 """A model block without ``engine`` binds instances of any engine."""

@@ -1,7 +1,10 @@
 """The SGLang DeepSeek-V4 adapter: per-pool reservation facts and policy-sized pools.
 
-All V4 pools (SWA, C4, C128, indexer, compressor state) stay owned by SGLang:
-the adapter observes and sizes them, it does not take them over.
+All V4 pools (SWA, C4, C128, indexer, compressor state) are owned by SGLang:
+the adapter observes and sizes them, it does not take them over. The SWA pool can
+be put on the elastic allocator (``elastic``: the allocator side, tested with the
+real SGLang classes; ``kvpolicy plan`` plans it); an engine whose policy asks for
+that is refused at start until the hooks build it (issue 20).
 
 Activation reaches every SGLang process through SGLang's own general-plugin
 entry point (group ``sglang.srt.plugins``, name ``kvpolicy``): SGLang 0.5.23
@@ -11,9 +14,10 @@ TP rank), the detokenizer and the DP controller. ``plugin`` does nothing unless
 refusal is raised as ``StartupRefused`` (a ``SystemExit``): the process stops
 with the message instead of running unbudgeted.
 
-Module map: ``geometry``/``plan``/``footprint`` are pure (``kvpolicy plan`` uses
-them without torch or sglang); ``facts`` reads a live pool; ``hooks`` patches
-SGLang; ``ports`` holds the policy/ledger protocols.
+Module map: ``geometry``/``plan``/``footprint``/``elastic_policy`` are pure
+(``kvpolicy plan`` uses them without torch or sglang); ``facts`` reads a live pool;
+``hooks`` patches SGLang; ``ports`` holds the policy/ledger protocols; ``elastic``
+puts the SWA pool on the allocator.
 """
 
 from __future__ import annotations

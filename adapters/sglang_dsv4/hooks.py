@@ -32,6 +32,7 @@ from ..common import require_attr
 from ..errors import AdapterError
 from ..ledger_port import as_startup_failure
 from . import plan as closed
+from .elastic_policy import check_tensor_parallel
 from .facts import PoolMeasurement, measure_pool
 from .geometry import ModelGeometry
 from .ports import Connector, InstanceIdentity, LedgerSession, ReserveSource
@@ -127,6 +128,8 @@ def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *arg
     geometry, settings = live_geometry(kvc), live_settings(kvc)
     model = state.model_name or _served_model_name()
     reserve = state.reserve_source(model)
+    if reserve.swa_elastic:
+        refuse_elastic_swa(reserve, _tp_size())
     if not reserve.bytes:
         raise AdapterError(
             f"kvpolicy: model {model!r} has no `reserve` in {reserve.where}. DeepSeek-V4's pools are "
@@ -191,6 +194,19 @@ def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
         ", ".join(f"{k} {format_bytes(v.bytes)}" for k, v in m.facts.items()),
     )
     return pool
+
+
+def refuse_elastic_swa(reserve, tp_size: int) -> None:
+    """``pool swa { owner elastic }`` cannot start yet: TP > 1 never (each rank would map on its own while
+    one scheduler admits for all), and TP 1 not before the pool hook builds the SWA pool on the allocator.
+    Refused loudly rather than run the pool runtime-owned against the policy's word."""
+    check_tensor_parallel(tp_size)
+    raise AdapterError(
+        f"kvpolicy: the policy marks {reserve.model!r}'s SWA pool `owner elastic` ({reserve.where}). This "
+        "kvpolicy plans it (`kvpolicy plan --policy`) and has the allocator side "
+        "(adapters/sglang_dsv4/elastic.py), but does not yet build SGLang's SWA pool on it at start-up; "
+        "mark the pool `owner runtime` to run it sized by `reserve`."
+    )
 
 
 def unsupported_settings(kvc) -> list[str]:
@@ -311,6 +327,15 @@ def _served_model_name() -> str:
     if not name:
         raise AdapterError("kvpolicy: cannot tell the model's name; set KVPOLICY_MODEL to its policy name")
     return str(name)
+
+
+def _tp_size() -> int:
+    from sglang.srt.runtime_context import get_parallel
+
+    try:
+        return int(get_parallel().tp_size)
+    except (AttributeError, RuntimeError, ValueError):
+        return 1  # single-process use (tests, offline tools)
 
 
 def _tp_rank() -> int:

@@ -41,6 +41,7 @@ from .plan import (
     Plan,
     PlanError,
     PlanSettings,
+    SWAElasticPolicy,
     budget_for_reserve,
     plan_for_budget,
     plan_for_full_tokens,
@@ -280,19 +281,27 @@ def plan_launch(
     budget: int | None = None,
     full_tokens: int | None = None,
     policy: PolicyReserve | None = None,
+    elastic_swa: SWAElasticPolicy | None = None,
 ) -> LaunchPlan:
     """The pools of this launch for exactly one of: an available-bytes ``budget``, a ``full_tokens``
-    count, or a ``policy`` reserve (the budget the adapter's hook picks so the footprint fits it)."""
+    count, or a ``policy`` reserve (the budget the adapter's hook picks so the footprint fits it).
+    ``elastic_swa``: the SWA pool runs on the allocator (only with TP 1, as the adapter requires)."""
     if sum(x is not None for x in (budget, full_tokens, policy)) != 1:
         raise ValueError("give exactly one of budget, full_tokens or policy")
     check_pool_dtype(launch)
+    if elastic_swa is not None and launch.report.hardware.tp_size != 1:
+        raise PlanError(
+            f"an elastic SWA pool needs --tp-size 1 (the adapter refuses TP {launch.report.hardware.tp_size} "
+            "at start); plan it with --tp-size 1, or mark the pool `owner runtime`",
+            kind="elastic_tp",
+        )
     if policy is not None:
-        plan = budget_for_reserve(geometry, launch.settings, policy.reserve)
+        plan = budget_for_reserve(geometry, launch.settings, policy.reserve, elastic_swa)
     elif budget is not None:
-        plan = plan_for_budget(geometry, launch.settings, budget)
+        plan = plan_for_budget(geometry, launch.settings, budget, elastic_swa)
     else:
         assert full_tokens is not None
-        plan = plan_for_full_tokens(geometry, launch.settings, full_tokens)
+        plan = plan_for_full_tokens(geometry, launch.settings, full_tokens, elastic_swa)
     return LaunchPlan(**dict(plan), launch=launch.report, policy=policy)
 
 

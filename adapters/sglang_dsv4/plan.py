@@ -52,7 +52,8 @@ REQ_TO_TOKEN_ENTRY_BYTES = 4  # int32 token locations
 
 
 RefusalKind = Literal[
-    "swa_cap_no_room", "swa_too_small", "not_enough_memory", "no_per_token_pool", "page_size", "kv_cache_dtype"
+    "swa_cap_no_room", "swa_too_small", "not_enough_memory", "no_per_token_pool", "page_size", "kv_cache_dtype",
+    "elastic_max", "elastic_tp",
 ]
 
 
@@ -369,6 +370,72 @@ class PoolFigures(BaseModel):
     parts: dict[str, int] = Field(default_factory=dict)
 
 
+class SWAElasticPolicy(BaseModel):
+    """A policy's ``pool swa { owner elastic }`` on one GPU, resolved to bytes (``elastic_policy.py``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    chunk: PositiveInt
+    """The GPU's mapping granularity (``chunk``)."""
+    guarantee: NonNegativeInt = 0
+    """The model's ``min``."""
+    maximum: NonNegativeInt
+    """The model's ``max`` (and the pool's own ``max``, if lower)."""
+
+
+class ElasticPool(BaseModel):
+    """An SGLang pool on the allocator: SGLang's per-layer tensors as views over one virtual reservation
+    per layer, chunk ``c`` mapped in every layer together (a chunk group of ``layers × chunk`` bytes)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    layers: int
+    pages: int
+    """Pages per layer, SGLang's padding page 0 included."""
+    page_bytes: int
+    tensor_bytes: int
+    """What SGLang's tensors span: ``layers × pages × page_bytes`` (the pool as SGLang would allocate it)."""
+    chunk: int
+    virtual: int
+    """Address space reserved: each layer's tensor rounded up to whole chunks."""
+    pinned: int
+    """The chunk groups holding page 0 (SGLang writes padded tokens there): mapped at start and never given
+    back, admitted with the ``reserve`` as runtime-owned memory."""
+    guarantee: int
+    """Elastic bytes the policy guarantees (whole chunk groups, at most ``limit``)."""
+    limit: int
+    """The most elastic bytes mapped beyond ``pinned``: the policy's ``max``, at most the rest of the
+    reservation, in whole chunk groups."""
+
+    @property
+    def group_bytes(self) -> int:
+        return self.layers * self.chunk
+
+
+def elastic_swa_pool(geometry: ModelGeometry, settings: PlanSettings, sizes: Sizes, policy: SWAElasticPolicy) -> ElasticPool:
+    """The SWA pool of ``sizes`` on the allocator under ``policy``; ``PlanError`` if its ``max`` cannot map one page."""
+    P, L, chunk = settings.page_size, geometry.num_hidden_layers, policy.chunk
+    pages = ceil_div(sizes.tokens.swa + P, P)  # as pool_tensors: the allocator's reserved logical page
+    per_page = page_bytes(P)
+    group = L * chunk
+    per_layer = ceil_div(pages * per_page, chunk) * chunk
+    pinned = ceil_div(per_page, chunk) * group  # the chunks page 0 touches, in every layer
+    # One page SGLang can hand out (page 1) may need chunks beyond the pinned ones: the policy's
+    # max must cover them (checked on the max alone, so that it is the same for every budget).
+    first_page_needs = max(ceil_div(2 * per_page, chunk) * group - pinned, group)
+    if policy.maximum // group * group < first_page_needs:
+        raise PlanError(
+            f"the elastic SWA pool's max ({policy.maximum} B) cannot map one SWA page: a chunk group is "
+            f"{L} layers x {chunk} B = {group} B; raise the model's `max` (or the pool's), or lower `chunk`",
+            kind="elastic_max",
+        )
+    limit = min(policy.maximum, L * per_layer - pinned) // group * group
+    return ElasticPool(
+        layers=L, pages=pages, page_bytes=per_page, tensor_bytes=L * pages * per_page, chunk=chunk,
+        virtual=L * per_layer, pinned=pinned, guarantee=min(policy.guarantee // group * group, limit), limit=limit,
+    )
+
+
 class Plan(BaseModel):
     """The pools SGLang builds for some sizes (documented field by field in docs/sglang.md); fields are only
     ever added. ``pools`` has the five V4 pools and ``req_to_token``; the totals cover all six."""
@@ -386,6 +453,9 @@ class Plan(BaseModel):
     """How SWA is sized: a ratio of full tokens, or a cap from the running requests."""
     max_running_requests: int
     settings: PlanSettings
+    elastic: dict[str, ElasticPool] = Field(default_factory=dict)
+    """Pools on the allocator (``swa`` when the policy marks it ``owner elastic``): their ``footprint`` in
+    ``pools`` is the pinned part only, the rest is mapped on demand under the elastic budget."""
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -407,9 +477,20 @@ def figures(tensors: list[PoolTensor]) -> dict[str, PoolFigures]:
     return acc
 
 
-def make_plan(geometry: ModelGeometry, settings: PlanSettings, sizes: Sizes) -> Plan:
-    """Bytes and footprint per pool for ``sizes``."""
-    pools = figures(pool_tensors(geometry, settings, sizes))
+def make_plan(
+    geometry: ModelGeometry, settings: PlanSettings, sizes: Sizes, elastic_swa: SWAElasticPolicy | None = None
+) -> Plan:
+    """Bytes and footprint per pool for ``sizes``; with ``elastic_swa`` the SWA tensors are views over the
+    allocator, so only the other tensors go through the caching allocator (and are priced in order)."""
+    tensors = pool_tensors(geometry, settings, sizes)
+    elastic: dict[str, ElasticPool] = {}
+    if elastic_swa is None:
+        pools = figures(tensors)
+    else:
+        swa = elastic_swa_pool(geometry, settings, sizes, elastic_swa)
+        pools = figures([t for t in tensors if t.pool != "swa"])
+        pools["swa"] = PoolFigures(bytes=swa.tensor_bytes, footprint=swa.pinned, tensors=swa.layers)
+        elastic["swa"] = swa
     return Plan(
         tokens=sizes.tokens,
         pools=pools,
@@ -419,20 +500,27 @@ def make_plan(geometry: ModelGeometry, settings: PlanSettings, sizes: Sizes) -> 
         mode=sizes.mode,
         max_running_requests=sizes.max_running_requests,
         settings=settings,
+        elastic=elastic,
     )
 
 
-def plan_for_budget(geometry: ModelGeometry, settings: PlanSettings, budget: int) -> Plan:
+def plan_for_budget(
+    geometry: ModelGeometry, settings: PlanSettings, budget: int, elastic_swa: SWAElasticPolicy | None = None
+) -> Plan:
     """The pools SGLang builds from ``budget`` available bytes."""
-    return make_plan(geometry, settings, size_from_budget(geometry, settings, budget))
+    return make_plan(geometry, settings, size_from_budget(geometry, settings, budget), elastic_swa)
 
 
-def plan_for_full_tokens(geometry: ModelGeometry, settings: PlanSettings, full: int) -> Plan:
+def plan_for_full_tokens(
+    geometry: ModelGeometry, settings: PlanSettings, full: int, elastic_swa: SWAElasticPolicy | None = None
+) -> Plan:
     """The pools SGLang builds for ``full`` full tokens."""
-    return make_plan(geometry, settings, size_from_full_tokens(geometry, settings, full))
+    return make_plan(geometry, settings, size_from_full_tokens(geometry, settings, full), elastic_swa)
 
 
-def budget_for_reserve(geometry: ModelGeometry, settings: PlanSettings, reserve: int) -> Plan:
+def budget_for_reserve(
+    geometry: ModelGeometry, settings: PlanSettings, reserve: int, elastic_swa: SWAElasticPolicy | None = None
+) -> Plan:
     """The budget to hand SGLang so that what it allocates for the KV cache — the V4 pools and the
     request-to-token table — takes at most ``reserve`` bytes of GPU memory (footprint), and as many as fit.
 
@@ -445,14 +533,19 @@ def budget_for_reserve(geometry: ModelGeometry, settings: PlanSettings, reserve:
     sizing, then allocates it for the (often 2048) requests it settles on, leaving
     part of the budget unused. So this searches the budget — below or above
     ``reserve`` — for the largest one whose total footprint (pools + table) fits.
-    Raises ``PlanError`` if not even the smallest pool SGLang accepts fits.
+    With ``elastic_swa`` the reserve covers the other pools, the table and the SWA
+    pool's pinned chunks; the rest of the SWA pool is elastic, so a larger budget (and,
+    by ratio, a larger SWA capacity) fits. Raises ``PlanError`` if not even the
+    smallest pool SGLang accepts fits, or if the elastic ``max`` cannot map one page.
     """
 
     def try_budget(budget: int) -> tuple[bool, Plan | None]:
         """(too big?, the plan if it fits); a budget SGLang refuses is too small, not too big."""
         try:
-            plan = plan_for_budget(geometry, settings, budget)
-        except PlanError:
+            plan = plan_for_budget(geometry, settings, budget, elastic_swa)
+        except PlanError as exc:
+            if exc.kind == "elastic_max":
+                raise
             return False, None
         return (True, None) if plan.total_footprint > reserve else (False, plan)
 

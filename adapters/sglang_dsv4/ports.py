@@ -35,6 +35,8 @@ class Reserve:
     model: str
     file: str | None = None
     line: int | None = None
+    swa_elastic: bool = False
+    """The model block marks ``pool swa { owner elastic }``."""
 
     @property
     def where(self) -> str:
@@ -110,8 +112,13 @@ def policy_reserve(env: AdapterEnv) -> ReserveSource:
     path = require_policy_file(env)
 
     def read(model: str) -> Reserve:
+        from .elastic_policy import swa_is_elastic
+
         settings = read_policy(path).model_settings(model)
-        return Reserve(bytes=settings.reserve, model=model, file=str(path), line=settings.line or None)
+        return Reserve(
+            bytes=settings.reserve, model=model, file=str(path), line=settings.line or None,
+            swa_elastic=swa_is_elastic(settings),
+        )
 
     return read
 

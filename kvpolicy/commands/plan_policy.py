@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpolicy.engines import ANY_ENGINE
+from kvpolicy.policy.resolve import DEFAULT_CHUNK
 from kvpolicy.units import format_bytes
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ class PolicyTarget:
     settings: ModelSettings
     capacity: int | None
     """The GPU's capacity: the policy's ``capacity`` for it, else ``--gpu-capacity``; None if neither."""
+    chunk: int = DEFAULT_CHUNK
+    """The GPU's mapping granularity (the policy's ``chunk`` for it)."""
 
     @property
     def engine(self) -> str | None:
@@ -78,7 +81,10 @@ def load_target(path: str, model: str | None, gpu: str, gpu_capacity: int | None
         raise PolicyPlanError(f"{path}: {exc.strerror}") from None
     gpu_settings = policy.gpu_settings(gpu)
     capacity = gpu_settings.capacity if gpu_settings.capacity is not None else gpu_capacity
-    return PolicyTarget(path=file, model=model, gpu=gpu, settings=policy.model_settings(model), capacity=capacity)
+    return PolicyTarget(
+        path=file, model=model, gpu=gpu, settings=policy.model_settings(model), capacity=capacity,
+        chunk=gpu_settings.chunk,
+    )
 
 
 def choose_engine(target: PolicyTarget, engine: str | None) -> str:

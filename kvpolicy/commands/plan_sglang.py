@@ -88,6 +88,8 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
     """Print the plan; 0 ok, 1 the input cannot be planned (message on stderr), 2 usage error."""
     from pydantic import ValidationError
 
+    from kvpolicy.adapters.errors import AdapterError
+    from kvpolicy.adapters.sglang_dsv4.elastic_policy import elastic_swa_policy
     from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, load_geometry
     from kvpolicy.adapters.sglang_dsv4.launch import (
         Hardware,
@@ -104,14 +106,19 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
         geometry = load_geometry(args.model_config)
         hardware = Hardware(tp_size=args.tp_size, **({"gpu_memory": args.gpu_memory} if args.gpu_memory else {}))
         launch = resolve_launch(geometry, hardware, launch_flags(args))
-        policy = None
+        policy = elastic = None
         if target is not None:
             policy = PolicyReserve(
                 policy=str(target.path), model=target.model, block=target.settings.pattern,
                 line=target.settings.line, gpu=target.gpu, reserve=target.reserve(),
             )
-        plan = plan_launch(geometry, launch, budget=args.budget, full_tokens=args.full_tokens, policy=policy)
-    except (GeometryError, PlanError) as exc:
+            # Percentages resolve against the policy's capacity for the GPU, else the GPU planned for.
+            capacity = target.capacity if target.capacity is not None else hardware.gpu_memory
+            elastic = elastic_swa_policy(target.settings, chunk=target.chunk, capacity=capacity)
+        plan = plan_launch(
+            geometry, launch, budget=args.budget, full_tokens=args.full_tokens, policy=policy, elastic_swa=elastic
+        )
+    except (GeometryError, PlanError, AdapterError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except LaunchError as exc:
@@ -180,6 +187,13 @@ def render_text(plan: LaunchPlan) -> str:
         for part, nbytes in pool.parts.items():
             lines.append(f"  {part:<15}{format_bytes(nbytes):>16}")
     lines.append(f"{'total':<17}{format_bytes(plan.total_bytes):>16}{format_bytes(plan.total_footprint):>16}")
+    for name, e in plan.elastic.items():
+        lines.append(
+            f"{name}: elastic, on kvpolicy's allocator: {format_bytes(e.virtual)} reserved ({e.layers} layers x "
+            f"{e.pages:,} pages of {e.page_bytes:,} B, chunks of {format_bytes(e.chunk)}); {format_bytes(e.pinned)} "
+            f"pinned (page 0, in the footprint); maps up to {format_bytes(e.limit)} more on demand, "
+            f"guarantee {format_bytes(e.guarantee)}"
+        )
     lines.append("footprint: what the GPU loses once PyTorch's caching allocator rounds each tensor up")
     lines.append("req_to_token: SGLang's request-to-token table, allocated beside the pools and outside the budget")
     return "\n".join(lines)

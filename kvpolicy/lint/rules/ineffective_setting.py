@@ -29,8 +29,9 @@ class IneffectiveSetting(Check):
                 if elastic:
                     continue
                 message = f"'{{setting}}' has no effect: no pool of this {engine} model is `owner elastic`"
+                example = "full" if "full" in vocabulary.elastic_pools else min(vocabulary.elastic_pools)
                 hint = (
-                    f"mark its KV pool elastic (e.g. `pool full {{ owner elastic }}`; elastic on {engine}: "
+                    f"mark its KV pool elastic (e.g. `pool {example} {{ owner elastic }}`; elastic on {engine}: "
                     f"{', '.join(sorted(vocabulary.elastic_pools))}), or budget it with `reserve`"
                 )
             else:

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from kvpolicy import catalogue
 from kvpolicy.diagnostics import Diagnostic
-from kvpolicy.engines import DEEPSEEK_V4_POOLS, elastic_pools, pool_vocabulary
+from kvpolicy.engines import DEEPSEEK_V4_POOLS, RUNTIME_OWNED_WHY, elastic_pools, pool_vocabulary
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Check, register
 
@@ -32,6 +32,10 @@ class UnmanageableElasticPool(Check):
                     if elastic
                     else "use `owner runtime`: no pool of this engine can be elastic yet"
                 )
-                if elastic and name in DEEPSEEK_V4_POOLS:
+                message = f"{who} cannot run pool '{name}' elastically"
+                if name in RUNTIME_OWNED_WHY and "swa" in elastic:
+                    message += f": {RUNTIME_OWNED_WHY[name]}"
+                    hint = "use `owner runtime`: of DeepSeek-V4's pools only `swa` can be elastic"
+                elif elastic and name in DEEPSEEK_V4_POOLS:
                     hint = f"use `owner runtime`: DeepSeek-V4's pools stay runtime-owned ({hint})"
-                yield self.at(ctx.file, pool.owner.span, f"{who} cannot run pool '{name}' elastically", hint)
+                yield self.at(ctx.file, pool.owner.span, message, hint)

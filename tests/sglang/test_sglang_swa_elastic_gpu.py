@@ -1,0 +1,61 @@
+"""On a CUDA GPU (the H200): the elastic SWA pool's scheduler loop over the cuda-python driver.
+
+The same synthetic scheduler as the CPU test, with SGLang's pools, allocator and index
+tensors on the GPU and the SWA tensors over CUDA virtual memory: every page handed out
+is mapped, the data written through the views survives, the limit holds, and at the end
+cuMemGetInfo is back to what it was before the pool existed (the compressed pools freed
+by torch's caching allocator, the SWA chunks unmapped and released). For the memcheck,
+run this file under ``compute-sanitizer --tool memcheck``.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from test_sglang_swa_elastic import GROUP, OPS, STEPS, allocator_over, build, run_scheduler
+
+pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
+
+
+def _cuda() -> bool:
+    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("cuda") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def free_bytes() -> int:
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU and cuda-python")
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                  HealthCheck.too_slow])
+@given(ops=st.lists(OPS, min_size=1, max_size=STEPS), first_limit=st.integers(0, 3))
+def test_the_scheduler_loop_on_cuda_virtual_memory(sglang_env, ops, first_limit):
+    import torch
+
+    from kvpolicy.alloc import open_driver
+
+    baseline = free_bytes()
+    driver = open_driver("cuda", device=torch.cuda.current_device())
+    b = build(sglang_env, (1 + first_limit) * GROUP, device="cuda", driver=driver)
+    assert b.pool.swa_kv_pool.kv_buffer[0].is_cuda
+    assert b.swa.held_bytes == GROUP  # idle: the pinned chunk group only
+    outer = allocator_over(b, device="cuda")
+    run_scheduler(b, outer, ops, device="cuda")
+    torch.cuda.synchronize()
+    b.swa.close()
+    del outer, b
+    assert free_bytes() == baseline
