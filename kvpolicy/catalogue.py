@@ -370,7 +370,7 @@ UNKNOWN_ENGINE = _define(
 
     ## Use instead
     ```
-    model "qwen3-8b" { engine vllm }
+    model "qwen3-8b" { engine vllm; reserve 16 GiB }
     ```
     """,
 )
@@ -470,6 +470,7 @@ UNKNOWN_POOL = _define(
     ```
     model "deepseek-v4-flash" {
       engine sglang
+      reserve 40 GiB
       pool c4 { owner runtime }
     }
     ```

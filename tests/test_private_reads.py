@@ -43,6 +43,16 @@ ENGINE_INTERNALS: dict[tuple[str, str], str] = {
     ("kvpolicy/commands/plan_vllm.py", "_option_string_actions"): "argparse internals",
     ("kvpolicy/commands/plan_vllm.py", "_mutually_exclusive_groups"): "argparse internals",
     ("kvpolicy/commands/plan_vllm.py", "_group_actions"): "argparse internals",
+    # argparse: the CLI's help check, did-you-mean for options and shell completion walk the parser's
+    # actions, groups and subcommands; argparse exposes them only as these attributes.
+    ("kvpolicy/cli.py", "_action_groups"): "argparse internals",
+    ("kvpolicy/cli.py", "_actions"): "argparse internals",
+    ("kvpolicy/cli.py", "_option_string_actions"): "argparse internals",
+    ("kvpolicy/commands/__init__.py", "_actions"): "argparse internals",
+    ("kvpolicy/commands/__init__.py", "_SubParsersAction"): "argparse internals",
+    ("kvpolicy/commands/completion.py", "_actions"): "argparse internals",
+    ("kvpolicy/commands/completion.py", "_SubParsersAction"): "argparse internals",
+    ("kvpolicy/commands/completion.py", "_choices_actions"): "argparse internals",
 }
 
 _ATTR_FUNCTIONS = {"getattr", "hasattr", "setattr", "delattr"}

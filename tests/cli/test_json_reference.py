@@ -53,7 +53,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> Any:
 
 
 POLICY = """version 1
-model "chat" { engine vllm; priority 10; min 4 GiB; max 60% }
+model "chat" { engine vllm; priority 10; min 4 GiB; max 60%; pool full { owner elastic } }
 """
 FACTS = {
     "schema": 1, "now": 100.0,
