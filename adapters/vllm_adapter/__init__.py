@@ -25,7 +25,3 @@ Its parts, in the order data flows:
 Named ``vllm_adapter``, not ``vllm``, so that nothing here can shadow the real package.
 Importing this package imports neither torch nor vllm (only ``elastic.pool`` imports vllm).
 """
-
-from .versions import VALIDATED_VLLM
-
-__all__ = ["VALIDATED_VLLM"]

@@ -18,7 +18,7 @@ import yaml
 
 import kvpolicy
 from kvpolicy.adapters.sglang_dsv4 import VALIDATED_VERSIONS as SGLANG_VALIDATED
-from kvpolicy.adapters.vllm_adapter import VALIDATED_VLLM
+from kvpolicy.adapters.vllm_adapter.versions import VALIDATED_VLLM
 from tests.deploy.conftest import DEPLOY, tool
 from tests.deploy.dockerfile import args_defaults, stages
 

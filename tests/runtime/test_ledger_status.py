@@ -61,6 +61,7 @@ def test_missing_status_is_none_and_a_damaged_one_is_an_error(ledger_dir: Path) 
     ledger_dir.mkdir(mode=0o700)
     assert read_status(ledger_dir) is None
     status_path(ledger_dir).write_text('{"schema": 1, "gpus": [{"id": 3}]}')
+    status_path(ledger_dir).chmod(0o600)  # as the controller writes it: only the content is wrong
     with pytest.raises(LedgerError, match="is not a valid status file"):
         read_status(ledger_dir)
 

@@ -197,7 +197,7 @@ def test_shared_options_are_not_added_twice() -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("60GiB", 60 * GiB), ("60 GiB", 60 * GiB), ("512MiB", 512 * MiB), ("1.5GiB", 3 * GiB // 2), ("64424509440", 60 * GiB), ("1GB", 10**9)],
+    [("60GiB", 60 * GiB), ("60 GiB", 60 * GiB), ("512MiB", 512 * MiB), ("1.5GiB", 3 * GiB // 2), ("64424509440B", 60 * GiB), ("1GB", 10**9)],
 )
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
@@ -206,6 +206,8 @@ def test_parse_size(text: str, value: int) -> None:
 def test_parse_size_rejects_garbage() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="not a size"):
         parse_size("lots")
+    with pytest.raises(argparse.ArgumentTypeError, match="needs a unit"):
+        parse_size("64424509440")  # a bare number is refused, as in the language
 
 
 @pytest.mark.parametrize(
