@@ -21,7 +21,7 @@ from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import VllmEnv
 from kvpolicy.runtime.errors import LedgerError
 
-from . import VALIDATED_VLLM
+from .versions import VALIDATED_VLLM
 from .elastic import lifecycle as elastic
 from .identity import instance_key
 from .ledger import static_ledger

@@ -78,10 +78,22 @@ _distributed = False
 
 def _init_distributed(cfg: Any) -> None:
     global _distributed
-    if _distributed:
-        return
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import destroy_model_parallel, get_ep_group
+
+    if _distributed:
+        # vLLM makes the expert-parallel group only when the config current at set-up is a MoE
+        # model's: a process that first set up for a dense model must set up again for a MoE one
+        # (which file a test process runs first depends on how the suite is split).
+        if cfg.model_config.is_moe:
+            try:
+                get_ep_group()
+            except AssertionError:
+                with set_current_vllm_config(cfg):
+                    destroy_model_parallel()
+                    initialize_model_parallel(1, 1)
+        return
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
