@@ -19,7 +19,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(1, str(HERE.parents[1]))  # the repository root, for tests.support
+# The repository root, for tests.support: appended, so that where kvpolicy is installed (the GPU machine
+# installs it from a wheel, adapters inside) the source tree's kvpolicy/ (no adapters/) does not shadow it.
+sys.path.append(str(HERE.parents[1]))
 
 import sglang_standins  # noqa: E402
 
