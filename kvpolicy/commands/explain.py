@@ -1,10 +1,10 @@
 """``kvpolicy explain POLICY [--facts FILE | --live]``: the decision, and why each number is what it is.
 
 Without ``--facts`` it reads the sample facts shipped beside the policy
-(``NAME.facts.json`` next to ``NAME.kvp``). ``--facts`` also takes a ``kvpolicy status
---format json`` document. ``--live`` reads the facts from the ledger, as ``kvpolicy
-status`` does, and the rules' memory the controller keeps beside it: what this policy
-would decide on this node now. Every rule is listed with where it stands on each
+(``NAME.facts.json`` next to ``NAME.kvp``). ``--facts`` also takes the document
+``kvpolicy status --format json`` prints. ``--live`` reads the facts from the ledger, as
+``kvpolicy status`` does, and the rules' memory the controller keeps beside it: what
+this policy would decide on this node now. Every rule is listed with where it stands on each
 instance (waiting out grace, acting, cooling down). Exit 0 on any valid policy and
 facts: violations and shortfalls are part of the decision, not errors.
 """
