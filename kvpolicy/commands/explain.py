@@ -16,9 +16,7 @@ import sys
 from pathlib import Path
 
 from kvpolicy.commands import add_format_option
-from kvpolicy.commands.inputs import FACTS_SUFFIX, add_facts_options, sample_facts_path
-
-__all__ = ["FACTS_SUFFIX", "add_parser", "run", "sample_facts_path"]
+from kvpolicy.commands.inputs import add_facts_options
 
 
 def add_parser(sub) -> None:

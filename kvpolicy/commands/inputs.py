@@ -13,6 +13,7 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 from kvpolicy.evaluate.decision import State
 from kvpolicy.facts import Facts
@@ -134,6 +135,6 @@ def _state_file(command: str, path: Path) -> State:
         _fail(command, f"{path}: invalid state: {describe(exc, State)}", 1)
 
 
-def _fail(command: str, message: str, code: int):
+def _fail(command: str, message: str, code: int) -> NoReturn:
     print(f"kvpolicy {command}: {message}", file=sys.stderr)
     raise InputFailed(code)

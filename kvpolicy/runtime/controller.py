@@ -10,9 +10,10 @@ reclaims the slots of dead engines every step, and writes its status beside the
 ledger. The rules' memory (grace timers, shrinks in force, cooldowns) is kept beside
 the ledger too (``rulestate``), written before the limits it leads to are published
 and read at start, so a restart does not undo a rule's shrink. A clean stop is
-recorded in the status. A policy that fails to load never replaces the running one. ``observe`` computes and reports without
-publishing. Without a source of GPU figures (NVML, ``--gpu-capacity``, a facts
-file) it cannot know the budgets: it validates and reports only.
+recorded in the status. A policy that fails to load never replaces the running
+one. ``observe`` computes and reports without publishing. Without a source of GPU
+figures (NVML, ``--gpu-capacity``, a facts file) it cannot know the budgets: it
+validates and reports only.
 """
 
 from __future__ import annotations
