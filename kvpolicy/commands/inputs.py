@@ -77,7 +77,9 @@ def load(command: str, path: Path) -> Policy:
 def inputs(command: str, args: argparse.Namespace, beside: Path) -> Inputs:
     """The facts and state ``args`` ask for; without ``--facts`` or ``--live``, the sample facts
     beside the policy ``beside``."""
-    if getattr(args, "live", False):
+    if not args.live and (args.ledger_dir or args.group):
+        _fail(command, "--ledger-dir and --group say where the live facts are: give them with --live", 2)
+    if args.live:
         facts, state, source = _live(command, args)
     else:
         facts, source = _facts_file(command, args, beside)

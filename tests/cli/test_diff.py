@@ -77,6 +77,9 @@ def test_bad_inputs(tmp_path):
     assert done.returncode == 2 and "none.kvp: no such file" in done.stderr
     done = subprocess.run([*run, old, old, "--facts", facts, "--live"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
+    done = subprocess.run([*run, old, old, "--facts", facts, "--ledger-dir", str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "give them with --live" in done.stderr
 
 
 def test_explain_lists_every_rule_with_its_state(tmp_path, capsys):
