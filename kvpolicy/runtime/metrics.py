@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvpolicy.evaluate.decision import Decision
+from kvpolicy.evaluate.decision import Decision, RuleStateName
 
 EVALUATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
@@ -90,7 +91,7 @@ def _instance_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
         yield family
 
 
-RULE_STATES = ("waiting", "acting", "cooling_down", "not_needed")
+RULE_STATES: tuple[str, ...] = get_args(RuleStateName)
 
 
 def _rule_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
