@@ -19,7 +19,7 @@ from kvpolicy.terminal import COLOR_MODES
 
 # Order is the order of ``kvpolicy --help``.
 COMMANDS = (
-    "lint", "fmt", "explain", "test", "plan", "init", "schema",
+    "lint", "fmt", "explain", "diff", "test", "plan", "init", "schema",
     "run", "status", "top", "demo",
     "lsp", "completion",
 )

@@ -4,7 +4,11 @@ publishes revisioned limits, writes its status beside the ledger, serves metrics
 GPU figures come from NVML when the machine has a GPU, else from ``--gpu-capacity``
 or ``--facts``; with none of them it validates and reports only. ``--observe``
 computes and reports decisions without publishing. ``--once`` evaluates once and
-exits. SIGTERM or SIGINT stop it cleanly; engines keep their last limits.
+exits. A policy that is missing or does not lint clean at start is an error (exit 1,
+with the diagnostic): a crash loop is visible, a controller running on nothing is not;
+later edits that fail keep the last good policy in force. SIGTERM or SIGINT stop it
+cleanly, and the stop is recorded (``kvpolicy status`` says "stopped"); engines keep
+their last limits. ``--log-format json`` writes one JSON object per log line.
 
 It serves /metrics (Prometheus), /healthz (liveness) and /readyz (readiness) on
 ``--metrics-address`` (default 127.0.0.1:9464, this machine only; 0.0.0.0:9464 for
@@ -19,9 +23,13 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpolicy.commands import add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
+
+if TYPE_CHECKING:
+    from kvpolicy.runtime.controller import PolicyRefused
 
 DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
 _UNSET = object()  # --metrics-address not given
@@ -50,6 +58,9 @@ def add_parser(sub) -> None:
                         help="report deferrals older than this (default 60)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="the least severe log messages to write to stderr (default INFO)")
+    parser.add_argument("--log-format", default="text", choices=("text", "json"),
+                        help="stderr log lines as text, or one JSON object per line with time, level, logger, "
+                             "message and the decisions' fields (default text)")
     add_format_option(parser)
     parser.set_defaults(run=run)
 
@@ -82,16 +93,21 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
+    from kvpolicy.runtime.logs import stderr_logging
 
+    with stderr_logging(args.log_level, args.log_format):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
-    from kvpolicy.runtime.controller import Controller, ControllerConfig
+    from kvpolicy.runtime.controller import Controller, ControllerConfig, PolicyRefused
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError
     from kvpolicy.runtime.gpus import FactsSampler, StaticSampler, nvml_sampler
     from kvpolicy.runtime.health import ControllerHealth
     from kvpolicy.runtime.metrics import ControllerMetrics
 
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
     log = logging.getLogger("kvpolicy.run")
     try:
         listen = None if args.once else _listen_address(args)
@@ -134,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
              "; observing, not publishing" if args.observe else "")
     metrics = ControllerMetrics(stuck_after=args.stuck_after)
     config = ControllerConfig(policy=policy, observe=args.observe, tick=args.tick, stuck_after=args.stuck_after,
+                              require_policy=True,
                               **({} if args.reload_quiet is None else {"quiet": args.reload_quiet}))
     controller = Controller(config, ledger, sampler, metrics)
     if listen is not None:
@@ -169,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
         controller.run(stop)
         log.info("stopped; engines keep revision %d", controller.revision)
         return 0
+    except PolicyRefused as exc:
+        _refused(policy, exc)
+        return 1
     except LedgerError as exc:
         print(f"kvpolicy run: {exc}", file=sys.stderr)
         return 1
@@ -176,9 +196,22 @@ def run(args: argparse.Namespace) -> int:
         ledger.close()
 
 
+def _refused(policy: Path, exc: PolicyRefused) -> None:
+    """Why the controller did not start: the policy's first error with its caret, or why it
+    could not be read. A supervisor restarts it, and the restarts are visible."""
+    result = exc.result
+    if result is not None and result.error is not None:
+        print(result.error.render(), file=sys.stderr)
+        hint = f" (kvpolicy lint {policy} lists every finding)"
+    else:
+        print(f"kvpolicy run: {policy}: {exc}", file=sys.stderr)
+        hint = ""
+    print(f"kvpolicy run: no valid policy at start, so not starting{hint}", file=sys.stderr)
+
+
 def _unreadable(policy: Path) -> str | None:
-    """Why a policy that exists cannot be read (None: it can, or it does not exist yet and
-    the watcher waits for it): a directory in its place, or no permission."""
+    """Why a policy that exists cannot be read (None: it can, or it does not exist, which the
+    controller reports as a refused start): a directory in its place, or no permission."""
     try:
         with open(policy, "rb"):
             return None

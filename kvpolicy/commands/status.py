@@ -1,7 +1,9 @@
 """``kvpolicy status``: the policy in force, the last reload, and per GPU and instance the
-facts, limits and acknowledgements — from the controller's status file and the live ledger.
-Works from any process that can read the ledger. Exit 1 when something needs attention:
-a stale controller, a rejected policy, a stuck deferral.
+facts, limits and acknowledgements — from the controller's status file and the live ledger —
+then which rule acts on which instance (or waits out its grace, or cools down) and since
+when. Works from any process that can read the ledger. Exit 1 when something needs
+attention: no controller, a stopped or stale one, a rejected policy, a stuck deferral.
+Its JSON output can be given back as facts (``explain --facts``, ``diff --facts``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Each GPU is a bar: headroom (#), other use (=), each runtime-owned pool (a letter
 per pool, from its name: S swa, 4 c4, 1 c128, I indexer, C compressor_state; the
 legend says which), elastic memory in use (u) and free elastic budget (.); the instance
-table follows; all of it fits 80 columns (the table drops the engine, mapped bytes and
+table follows, then each rule acting, waiting out its grace or cooling down on an
+instance, and since when; all of it fits 80 columns (the table drops the engine, mapped bytes and
 revisions below 116, which ``kvpolicy status`` always shows). ``q`` (or Ctrl-C) quits.
 """
 

@@ -200,8 +200,9 @@ def evaluate(
     new_memory: dict[str, dict[str, RuleMemory]] = {}
     for gpu in gpus:
         _rules(prepared, gpu, facts.now, state, new_memory)
-    decision = _decision(prepared, facts, gpus)
-    return decision, State(rules=dict(sorted(new_memory.items())))
+    new_state = State(rules=dict(sorted(new_memory.items())))
+    decision = _decision(prepared, facts, gpus, _rule_reports(prepared, new_state, facts.now))
+    return decision, new_state
 
 
 # ---- steps 1-2: budgets -----------------------------------------------------------------
@@ -403,7 +404,7 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
         name, grace, cooldown = rule.name, rule.grace, rule.cooldown
         remembered = state.rules.get(name, {})
         rule_memory = memory.setdefault(name, {})
-        in_force: list[tuple[_Inst, float]] = []
+        in_force: list[tuple[_Inst, float, float]] = []
         candidates: list[tuple[_Inst, float]] = []
         ordered = orders.get(rule.order) if not shrunk else None  # a shrink can move targets
         if ordered is None:
@@ -420,7 +421,7 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
             if cooldown_until is not None and cooldown_until <= now:
                 cooldown_until = None
             if holds and old is not None and old.shrink_to is not None:
-                in_force.append((inst, since))
+                in_force.append((inst, since, old.acting_since if old.acting_since is not None else now))
             elif holds and cooldown_until is None and now - since >= grace:
                 candidates.append((inst, since))
             if since is not None or cooldown_until is not None:
@@ -428,15 +429,15 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
                     rule_memory[inst.id] = old  # unchanged: frozen, so it can be shared
                 else:
                     rule_memory[inst.id] = RuleMemory(holding_since=since, cooldown_until=cooldown_until)
-        for inst, since in in_force:  # shrinks in force count before anyone new is chosen
+        for inst, since, acting in in_force:  # shrinks in force count before anyone new is chosen
             value = _apply_shrink(prepared, rule, inst, gpu, used_now)
-            rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
+            rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value, acting_since=acting)
             shrunk = True
         for inst, since in candidates:
             if shrunk and not condition(_adjusted(reported[inst.id], inst, gpu, used_now)):
                 continue  # the shrinks decided so far already made the condition false
             value = _apply_shrink(prepared, rule, inst, gpu, used_now)
-            rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value)
+            rule_memory[inst.id] = RuleMemory(holding_since=since, shrink_to=value, acting_since=now)
             shrunk = True
         if not rule_memory:
             del memory[name]
@@ -481,6 +482,33 @@ def _apply_shrink(prepared: PreparedPolicy, rule: PreparedRule, inst: _Inst, gpu
     return shown
 
 
+def _rule_reports(prepared: PreparedPolicy, state: State, now: float) -> list[dict[str, object]]:
+    """Every complete rule, in policy order, with where it stands on each instance it remembers."""
+    reports: list[dict[str, object]] = []
+    for rule in prepared.rules:
+        on: list[dict[str, object]] = []
+        for instance, memory in sorted(state.rules.get(rule.name, {}).items()):
+            on.append(_rule_on(instance, memory, rule, now))
+        reports.append({
+            "rule": rule.name, "file": prepared.policy.file, "line": rule.line,
+            "grace": rule.grace, "cooldown": rule.cooldown, "instances": on,
+        })
+    return reports
+
+
+def _rule_on(instance: str, memory: RuleMemory, rule: PreparedRule, now: float) -> dict[str, object]:
+    if memory.shrink_to is not None:
+        return {"instance": instance, "state": "acting", "since": memory.acting_since, "until": None,
+                "shrink_to": memory.shrink_to}
+    if memory.cooldown_until is not None:
+        return {"instance": instance, "state": "cooling_down", "since": None, "until": memory.cooldown_until,
+                "shrink_to": None}
+    since = memory.holding_since
+    waiting = since is not None and now - since < rule.grace
+    return {"instance": instance, "state": "waiting" if waiting else "not_needed", "since": since,
+            "until": since + rule.grace if waiting else None, "shrink_to": None}
+
+
 # ---- step 7 and the decision ------------------------------------------------------------------
 
 
@@ -509,7 +537,7 @@ def _violations(prepared: PreparedPolicy, inst: _Inst, capacity: int, file: str)
     return found
 
 
-def _decision(prepared: PreparedPolicy, facts: Facts, gpus: list[_Gpu]) -> Decision:
+def _decision(prepared: PreparedPolicy, facts: Facts, gpus: list[_Gpu], rules: list[dict[str, object]]) -> Decision:
     """The decision as plain data, validated into the pydantic boundary type at once
     (one validation of the whole, not one per record)."""
     policy = prepared.policy
@@ -544,4 +572,5 @@ def _decision(prepared: PreparedPolicy, facts: Facts, gpus: list[_Gpu]) -> Decis
         "now": facts.now,
         "gpus": gpu_out,
         "instances": inst_out,
+        "rules": rules,
     })

@@ -93,12 +93,48 @@ class InstanceDecision(_Out):
     reasons: Reasons
 
 
+RuleStateName = Literal["waiting", "acting", "cooling_down", "not_needed"]
+
+
+class RuleOnInstance(_Out):
+    """Where one rule stands on one instance."""
+
+    instance: str
+    state: RuleStateName
+    """waiting: its condition holds, the grace is not over; acting: its shrink is in force;
+    cooling_down: its shrink ended, it may not act again before ``until``; not_needed: its
+    condition holds and the grace is over, but the shrinks decided before it made the
+    condition false."""
+    since: float | None
+    """acting: when the shrink started; waiting, not_needed: when the condition started
+    holding; cooling_down: null."""
+    until: float | None
+    """waiting: when the grace ends; cooling_down: when the cooldown ends; else null."""
+    shrink_to: int | None
+    """acting: the limit it holds the instance to, in bytes; else null."""
+
+
+class RuleReport(_Out):
+    """One complete rule of the policy and where it stands on each instance it touches."""
+
+    rule: str
+    file: str
+    line: int
+    grace: float
+    cooldown: float
+    instances: tuple[RuleOnInstance, ...] = ()
+    """By instance id; an instance the rule does not touch (its condition does not hold,
+    no cooldown runs) is not listed."""
+
+
 class Decision(_Out):
     schema_: Literal[1] = Field(default=DECISION_SCHEMA, alias="schema")
     policy: PolicyRef
     now: float
     gpus: tuple[GpuDecision, ...]
     instances: tuple[InstanceDecision, ...]
+    rules: tuple[RuleReport, ...] = ()
+    """Every complete rule of the policy, in policy order, with its state per instance."""
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
 
@@ -120,25 +156,30 @@ class Decision(_Out):
 
 
 class RuleMemory(BaseModel):
-    """One rule's memory of one instance."""
+    """One rule's memory of one instance. Times are the facts' ``now`` (seconds)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     holding_since: float | None = None
-    """When the rule's condition started holding on the reported facts (None: it does not)."""
+    """When the rule's condition started holding on the reported facts (null: it does not)."""
     shrink_to: int | None = None
-    """The shrink in force, in bytes (None: none)."""
+    """The shrink in force, in bytes (null: none)."""
     cooldown_until: float | None = None
+    """Until when the rule may not act on the instance again (null: no cooldown runs)."""
+    acting_since: float | None = None
+    """When the shrink in force started (null: none is in force, or an older state did not record it)."""
 
 
 class State(BaseModel):
-    """What the evaluator carries from one evaluation to the next (JSON in and out)."""
+    """What the evaluator carries from one evaluation to the next: ``explain --state``'s input,
+    and the controller's rule state file beside the ledger (``state.json``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, use_attribute_docstrings=True)
 
     schema_: Literal[1] = Field(default=STATE_SCHEMA, alias="schema")
+    """The version of this format: 1."""
     rules: dict[str, dict[str, RuleMemory]] = Field(default_factory=dict)
-    """rule name → instance id → memory."""
+    """Rule name → instance id → memory; a rule or instance with nothing to remember is absent."""
 
     def memory(self, rule: str, instance: str) -> RuleMemory | None:
         return self.rules.get(rule, {}).get(instance)

@@ -4,7 +4,7 @@ instance each number with the reason it is what it is."""
 from __future__ import annotations
 
 from kvpolicy import gpu_bar
-from kvpolicy.evaluate.decision import Decision, GpuDecision, InstanceDecision
+from kvpolicy.evaluate.decision import Decision, GpuDecision, InstanceDecision, RuleOnInstance, RuleReport
 from kvpolicy.policy.model import Policy
 from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
@@ -33,7 +33,50 @@ def render_explain(policy: Policy, decision: Decision, facts_source: str, style:
     if not decision.gpus:
         out.append("")
         out.append("no GPUs in the facts: nothing to decide")
+    out.append("")
+    out.extend(render_rules(decision.rules, decision.now))
     return "\n".join(out) + "\n"
+
+
+RULE_STATES = {
+    "waiting": "waiting out grace",
+    "acting": "acting",
+    "cooling_down": "cooling down",
+    "not_needed": "holds, not needed",
+}
+"""How each rule state reads, in ``explain``, ``status`` and ``top``."""
+
+
+def render_rules(rules: tuple[RuleReport, ...], now: float) -> list[str]:
+    """Every rule with where it stands on each instance; times relative to ``now``."""
+    if not rules:
+        return ["rules: none"]
+    lines = ["rules"]
+    for rule in rules:
+        head = f'  rule "{rule.rule}" ({rule.file}:{rule.line}): grace {rule.grace:g}s, cooldown {rule.cooldown:g}s'
+        if not rule.instances:
+            lines.append(head + "; idle (its condition holds on no instance)")
+            continue
+        lines.append(head)
+        lines.extend(f"    {on.instance:<22}{rule_state_text(on, now)}" for on in rule.instances)
+    return lines
+
+
+def rule_state_text(on: RuleOnInstance, now: float) -> str:
+    """One rule's state on one instance, short enough for ``top``: ``acting for 12.0s, shrink to 4 GiB``."""
+    name = RULE_STATES[on.state]
+    if on.state == "acting":
+        since = f" for {_seconds(now - on.since)}" if on.since is not None else ""
+        return f"{name}{since}, shrink to {format_bytes(on.shrink_to or 0)}"
+    if on.state == "waiting":
+        return f"{name}: acts in {_seconds((on.until or now) - now)}"
+    if on.state == "cooling_down":
+        return f"{name}: may act in {_seconds((on.until or now) - now)}"
+    return f"{name} (earlier shrinks suffice)"
+
+
+def _seconds(value: float) -> str:
+    return f"{max(0.0, value):.1f}s"
 
 
 def _gpu_section(policy: Policy, gpu: GpuDecision, style: Style) -> list[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpolicy.commands.common import parse_size
-from kvpolicy.commands.explain import sample_facts_path
+from kvpolicy.commands.inputs import sample_facts_path
 from kvpolicy.facts import Facts
 from kvpolicy.facts_io import FactsError, read_facts
 

@@ -5,11 +5,15 @@ GPU's ledger generation moves (an engine attached, admitted, reported or left;
 polled with one 8-byte read per GPU every ``poll`` seconds, evaluations at most
 every ``min_interval``), and on a timer (``tick``: grace, cooldown and idle time
 move on their own). It publishes only when a limit, target, guarantee or GPU
-figure changed, logs each change as one JSON line, reclaims the slots of dead
-engines every step, and writes its status beside the ledger. A policy that fails
-to load never replaces the running one. ``observe`` computes and reports without
-publishing. Without a source of GPU figures (NVML, ``--gpu-capacity``, a facts
-file) it cannot know the budgets: it validates and reports only.
+figure changed, logs each change as one JSON line (naming the rules that act),
+reclaims the slots of dead engines every step, and writes its status beside the
+ledger. The rules' memory (grace timers, shrinks in force, cooldowns) is kept beside
+the ledger too (``rulestate``), written before the limits it leads to are published
+and read at start, so a restart does not undo a rule's shrink. A clean stop is
+recorded in the status. A policy that fails to load never replaces the running
+one. ``observe`` computes and reports without publishing. Without a source of GPU
+figures (NVML, ``--gpu-capacity``, a facts file) it cannot know the budgets: it
+validates and reports only.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from kvpolicy.runtime.directory import LedgerDir, LedgerView
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.gpus import GpuSampler
 from kvpolicy.runtime.metrics import ControllerMetrics
+from kvpolicy.runtime.rulestate import read_rule_state, write_rule_state
 from kvpolicy.runtime.status import (
     ControllerStatus,
     GpuStatus,
@@ -64,6 +69,17 @@ class ControllerConfig:
     """After a close-write or a rename of the policy, read it this much later (seconds)."""
     quiet: float = DEFAULT_QUIET
     """A change seen any other way (a modify event, the poll) must hold still this long before it is read."""
+    require_policy: bool = False
+    """Refuse to start (``PolicyRefused``) when the policy cannot be loaded at start; else run on
+    nothing and wait for a good one (the probes say so)."""
+
+
+class PolicyRefused(Exception):
+    """The policy could not be loaded when the controller started (``require_policy``)."""
+
+    def __init__(self, result: ReloadResult | None) -> None:
+        super().__init__(result.message if result is not None and result.message else "the policy was refused")
+        self.result = result
 
 
 class Controller:
@@ -79,6 +95,9 @@ class Controller:
         self.sampler = sampler
         self.metrics = metrics
         self.state = State()
+        self._saved_state: State | None = None
+        """The rule state last written beside the ledger."""
+        self.stopped_at: float | None = None
         self.revision = 0
         self.decision: Decision | None = None
         self.prepared: PreparedPolicy | None = None
@@ -113,8 +132,11 @@ class Controller:
         """Run until ``stop`` is set; holds the directory's controller lock throughout."""
         with self.ledger.claim_controller():
             self.revision = self.ledger.read().revision  # a restart continues above what engines hold
+            self._restore_state()
             self.watcher.start()
             try:
+                if self.config.require_policy and self.watcher.current is None:
+                    raise PolicyRefused(self.watcher.last_reload)
                 self.step("start")
                 next_tick = time.monotonic() + self.config.tick
                 while not stop.is_set():
@@ -133,6 +155,8 @@ class Controller:
                         next_tick = time.monotonic() + self.config.tick
                     elif time.time() - self._last_beat >= self.config.heartbeat:
                         self._beat()
+                self.stopped_at = time.time()  # only a clean stop gets here: status says "stopped"
+                self._beat()
             finally:
                 self.watcher.stop()
 
@@ -140,6 +164,7 @@ class Controller:
         """Load, evaluate and publish once (``--once``)."""
         with self.ledger.claim_controller():
             self.revision = self.ledger.read().revision
+            self._restore_state()
             self.watcher.check_now()
             self.step("once")
         return self.decision
@@ -182,6 +207,7 @@ class Controller:
         decision, self.state = evaluate(self.prepared, facts, self.state)
         if self.metrics:
             self.metrics.evaluation.observe(time.perf_counter() - started)
+        self._save_state()  # before the limits it leads to are published: a crash between keeps the shrink
         if self.publishing:
             self._publish(view, decision, loaded, reason)
         elif self.decision is None or _limits_of(decision) != _limits_of(self.decision):
@@ -217,9 +243,10 @@ class Controller:
                 if old is None or getattr(old, name) != getattr(inst, name)
             }
             if fields:
+                fields["rules"] = [a.rule for a in inst.actions]  # the rules holding it down, if any
                 changes[inst.id] = fields
         gone = sorted(set(before) - {i.id for i in decision.instances})
-        decisions_log.info(json.dumps({
+        record = {
             "event": "decision",
             "at": round(time.time(), 3),
             "reason": reason,
@@ -228,7 +255,31 @@ class Controller:
             "policy_sha256": decision.policy.sha256[:12],
             "changes": changes,
             "gone": gone,
-        }, sort_keys=True))
+        }
+        decisions_log.info(json.dumps(record, sort_keys=True), extra={"fields": record})
+
+    # ---- the rules' memory ------------------------------------------------------------------
+
+    def _restore_state(self) -> None:
+        """The rule state the last controller left beside the ledger (none, or unreadable: a fresh one)."""
+        try:
+            saved = read_rule_state(self.ledger.path)
+        except LedgerError as exc:
+            log.warning("%s; starting with no rule memory (grace periods start again)", exc)
+            return
+        if saved is not None:
+            self.state = self._saved_state = saved
+            remembered = sum(len(m) for m in saved.rules.values())
+            log.info("rule state restored: %d rule(s), %d instance memory(ies)", len(saved.rules), remembered)
+
+    def _save_state(self) -> None:
+        if self.state == self._saved_state:
+            return
+        try:
+            write_rule_state(self.ledger.path, self.state, self.ledger.access)
+            self._saved_state = self.state
+        except (LedgerError, OSError) as exc:
+            log.warning("cannot write the rule state: %s (a restart would start grace periods again)", exc)
 
     def _beat(self) -> None:
         self._write_status(self.ledger.read(), [])
@@ -275,7 +326,7 @@ class Controller:
                 guarantee=mine.guarantee if mine else slot.guarantee,
                 revision=slot.revision, acked_revision=slot.ack_revision, ack=slot.ack,
                 stuck=slot.stuck(view.now, self.config.stuck_after), deferred_since=slot.deferred_since,
-                idle_seconds=facts.idle_seconds,
+                idle_seconds=facts.idle_seconds, engine_id=facts.engine_id, rank=facts.rank,
             ))
         last = self.watcher.last_reload
         problems = list(notes)
@@ -289,10 +340,11 @@ class Controller:
             last_reload=_last_reload(last) if last else None,
             controller=ControllerStatus(
                 pid=os.getpid(), started_at=self.started_at, heartbeat_at=now, tick_seconds=self.config.tick,
-                observe=not self.publishing,
+                observe=not self.publishing, stopped_at=self.stopped_at,
             ),
             gpus=gpus,
             instances=instances,
+            rules=list(self.decision.rules) if self.decision else [],
             problems=problems,
         )
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvpolicy.evaluate.decision import Decision
+from kvpolicy.evaluate.decision import Decision, RuleStateName
 
 EVALUATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
@@ -41,6 +42,7 @@ class _Snapshot(Collector):
         if decision is not None:
             yield from _gpu_families(decision)
             yield from _instance_families(decision)
+            yield from _rule_families(decision)
         if view is not None:
             yield from _ledger_families(view, self.stuck_after)
 
@@ -87,6 +89,31 @@ def _instance_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
         for inst in decision.instances:
             family.add_metric([inst.id, inst.model, inst.engine, inst.gpu], value(inst))
         yield family
+
+
+RULE_STATES: tuple[str, ...] = get_args(RuleStateName)
+
+
+def _rule_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
+    """Per rule and instance: its state (one series per state, 1 for the one it is in), and
+    the shrink in force."""
+    where = {i.id: i for i in decision.instances}
+    labels = ["rule", "instance", "model", "engine", "gpu"]
+    state = GaugeMetricFamily("kvpolicy_rule_state", "1 for the state a rule is in on an instance "
+                              "(waiting out grace, acting, cooling down, holding but not needed).",
+                              labels=[*labels, "state"])
+    shrink = GaugeMetricFamily("kvpolicy_rule_shrink_to_bytes", "The limit a rule in force holds an instance to.",
+                               labels=labels)
+    for rule in decision.rules:
+        for on in rule.instances:
+            inst = where.get(on.instance)
+            key = [rule.rule, on.instance, inst.model if inst else "", inst.engine if inst else "", inst.gpu if inst else ""]
+            for name in RULE_STATES:
+                state.add_metric([*key, name], int(on.state == name))
+            if on.shrink_to is not None:
+                shrink.add_metric(key, on.shrink_to)
+    yield state
+    yield shrink
 
 
 def _ledger_families(view, stuck_after: float) -> Iterator[GaugeMetricFamily]:

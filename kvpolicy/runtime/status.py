@@ -11,20 +11,18 @@ fields beyond it are additions, allowed by the contract.
 
 from __future__ import annotations
 
-import errno
 import json
-import os
-import secrets
-import stat
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kvpolicy.evaluate.decision import RuleReport
 from kvpolicy.facts import ElasticFacts
 from kvpolicy.runtime.admission import elastic_budget
 from kvpolicy.runtime.errors import LedgerError
-from kvpolicy.runtime.segment import Access, check_owner
+from kvpolicy.runtime.segment import Access
+from kvpolicy.runtime.stores import MAX_DOCUMENT_BYTES, read_document, write_document
 
 STATUS_FILE = "status.json"
 STATUS_SCHEMA = 1
@@ -96,6 +94,9 @@ class InstanceStatus(_Model):
     stuck: bool = False
     deferred_since: float | None = None
     idle_seconds: float = 0.0
+    engine_id: str | None = None
+    """Instances sharing an engine id are one tensor-parallel engine (null: its own id)."""
+    rank: int = 0
 
 
 class ControllerStatus(_Model):
@@ -105,6 +106,8 @@ class ControllerStatus(_Model):
     tick_seconds: float
     observe: bool = False
     stale: bool = False
+    stopped_at: float | None = None
+    """When the controller stopped cleanly (SIGTERM, SIGINT); null while it runs or after a crash."""
 
 
 class Status(_Model):
@@ -117,6 +120,9 @@ class Status(_Model):
     controller: ControllerStatus | None = None
     gpus: list[GpuStatus] = Field(default_factory=list)
     instances: list[InstanceStatus] = Field(default_factory=list)
+    rules: list[RuleReport] = Field(default_factory=list)
+    """Every complete rule of the policy in force and where it stands on each instance
+    (``explain``'s ``rules``), as of the controller's last evaluation."""
     problems: list[str] = Field(default_factory=list)
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
@@ -131,44 +137,10 @@ def status_path(ledger_dir: Path | str) -> Path:
 
 def write_status(ledger_dir: Path | str, status: Status, access: Access | None = None) -> Path:
     """Replace ``<ledger_dir>/status.json`` atomically (mode 0600, or 0660 for the ledger's group)."""
-    access = access or Access()
-    path = status_path(ledger_dir)
-    tmp = path.with_name(f".{STATUS_FILE}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise _status_error(exc, path) from None
-    try:
-        if access.group is not None:
-            os.fchown(fd, -1, access.group)
-        os.fchmod(fd, access.file_mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            fd = -1
-            f.write(status.to_json())
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        if fd >= 0:
-            os.close(fd)
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise _status_error(exc, path) from None
-        raise
-    return path
+    return write_document(status_path(ledger_dir), status.to_json() + "\n", access)
 
 
-def _status_error(exc: OSError, path: Path) -> LedgerError:
-    """A failed status write as a LedgerError; ENOSPC named, with what to do."""
-    what = errno.errorcode.get(exc.errno or 0, "error")
-    hint = ""
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        hint = " Free space on that filesystem (for /dev/shm: a larger --shm-size or tmpfs size=)."
-    return LedgerError(f"kvpolicy ledger: cannot write {path} ({what}: {exc.strerror or exc}).{hint}")
-
-
-MAX_STATUS_BYTES = 16 * 1024 * 1024
+MAX_STATUS_BYTES = MAX_DOCUMENT_BYTES
 """The largest status file read (a full node's status is well under 1 MiB); a larger one is refused."""
 
 
@@ -179,31 +151,9 @@ def read_status(ledger_dir: Path | str) -> Status | None:
     others may read or write, and one over ``MAX_STATUS_BYTES``.
     """
     path = status_path(ledger_dir)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except FileNotFoundError:
+    text = read_document(path, "a status file")
+    if text is None:
         return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise LedgerError(f"kvpolicy ledger: {path} is a symlink; refusing to follow it") from None
-        raise LedgerError(f"kvpolicy ledger: cannot read {path}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise LedgerError(f"kvpolicy ledger: {path} is not a regular file; refusing to read it")
-        check_owner(st, f"the status file {path}", Access(allow_foreign_owner=True))
-        if st.st_size > MAX_STATUS_BYTES:
-            raise LedgerError(
-                f"kvpolicy ledger: {path} is {st.st_size} bytes, more than a status file can be "
-                f"({MAX_STATUS_BYTES} B); refusing to read it"
-            )
-        raw = f.read(MAX_STATUS_BYTES + 1)
-    if len(raw) > MAX_STATUS_BYTES:
-        raise LedgerError(f"kvpolicy ledger: {path} grew past {MAX_STATUS_BYTES} B while read; refusing it")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LedgerError(f"kvpolicy ledger: {path} is not UTF-8 ({exc}); not a status file") from None
     try:
         return Status.model_validate(json.loads(text))
     except (json.JSONDecodeError, ValidationError) as exc:
@@ -250,6 +200,8 @@ def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, 
                     stuck=v.stuck(view.now, stuck_after),
                     deferred_since=v.deferred_since,
                     idle_seconds=facts.idle_seconds,
+                    engine_id=facts.engine_id,
+                    rank=facts.rank,
                 )
             )
     status = base.model_copy(deep=True) if base is not None else Status()
@@ -258,5 +210,6 @@ def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, 
     if status.controller is not None:
         hb = view.heartbeat if view.heartbeat is not None else status.controller.heartbeat_at
         status.controller.heartbeat_at = hb
-        status.controller.stale = view.now - hb > stale_after
+        # a clean stop is not a wedged loop: it is reported as stopped, not stale
+        status.controller.stale = status.controller.stopped_at is None and view.now - hb > stale_after
     return status

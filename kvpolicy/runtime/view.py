@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from kvpolicy.evaluate.explain import rule_state_text
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.status import STALE_AFTER, Status, live_status, read_status
 from kvpolicy import gpu_bar
@@ -38,6 +39,9 @@ def problems(status: Status) -> list[str]:
     found = []
     if status.controller is None:
         found.append("no controller has written a status here")
+    elif status.controller.stopped_at is not None:
+        found.append(f"controller pid {status.controller.pid} stopped {_ago(status.controller.stopped_at)}: "
+                     "nothing enforces the policy (engines keep their last limits)")
     elif status.controller.stale:
         found.append(f"controller pid {status.controller.pid} is stale (last heartbeat {_ago(status.controller.heartbeat_at)})")
     if status.last_reload is not None and not status.last_reload.ok:
@@ -70,9 +74,12 @@ def render_status(status: Status, width: int | None = None) -> str:
             lines.append(f"last reload: FAILED {_ago(r.at)}: {where}{e.message if e else ''}")
     if status.controller is not None:
         c = status.controller
-        state = "STALE" if c.stale else "ok"
         mode = ", observing (not publishing)" if c.observe else ""
-        lines.append(f"controller: pid {c.pid}, heartbeat {_ago(c.heartbeat_at)} ({state}){mode}")
+        if c.stopped_at is not None:
+            lines.append(f"controller: pid {c.pid}, stopped {_ago(c.stopped_at)} (a clean stop){mode}")
+        else:
+            state = "STALE" if c.stale else "ok"
+            lines.append(f"controller: pid {c.pid}, heartbeat {_ago(c.heartbeat_at)} ({state}){mode}")
     lines.append("")
     lines.append(f"{'GPU':<10}{'capacity':>12}{'reserved':>12}{'budget':>12}{'free':>12}  figures")
     for g in status.gpus:
@@ -84,6 +91,9 @@ def render_status(status: Status, width: int | None = None) -> str:
         lines += _compact_instances(status)
     else:
         lines += _instances(status)
+    if status.rules:
+        lines.append("")
+        lines += _rules(status)
     for problem in status.problems:
         lines.append(f"note: {problem}")
     return "\n".join(lines) + "\n"
@@ -111,6 +121,19 @@ def _instances(status: Status) -> list[str]:
             f"{i.id:<22}{i.engine:<8}{i.gpu:<8}{_b(pools):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
             f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
         )
+    return lines
+
+
+def _rules(status: Status) -> list[str]:
+    """Each rule on each instance it touches: what it does and since when (as of the
+    controller's last evaluation)."""
+    now = time.time()
+    lines = [f"{'RULE':<20}{'INSTANCE':<20}STATE"]
+    for rule in status.rules:
+        if not rule.instances:
+            lines.append(f"{rule.rule:<20}{'-':<20}idle")
+        for on in rule.instances:
+            lines.append(f"{rule.rule:<20}{on.instance:<20}{rule_state_text(on, now)}")
     return lines
 
 

@@ -69,6 +69,7 @@ KVTEST = {"schema": 1, "policy": "p.kvp",
 def outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
     (tmp_path / "bad.kvp").write_text('version 1\nmodel "a" {\n  min 4 GiBB\n}\n')
     (tmp_path / "p.kvp").write_text(POLICY)
+    (tmp_path / "p2.kvp").write_text(POLICY.replace("min 4 GiB", "min 8 GiB"))
     (tmp_path / "p.facts.json").write_text(json.dumps(FACTS))
     (tmp_path / "p.kvtest.json").write_text(json.dumps(KVTEST))
     ledger = tmp_path / "ledger"
@@ -77,6 +78,8 @@ def outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
         "lint": run_json(capsys, "lint", str(tmp_path / "bad.kvp")),
         "fmt": run_json(capsys, "fmt", "--check", str(POLICIES / "two-models.kvp")),
         "explain": run_json(capsys, "explain", str(POLICIES / "two-models.kvp")),
+        "diff": run_json(capsys, "diff", str(tmp_path / "p.kvp"), str(tmp_path / "p2.kvp"),
+                         "--facts", str(tmp_path / "p.facts.json")),
         "test": run_json(capsys, "test", str(tmp_path / "p.kvtest.json")),
         "plan-sglang": run_json(capsys, "plan", "--engine", "sglang", "--budget", "40 GiB",
                                 "--model-config", str(POLICIES / "models" / "deepseek-v4-flash.json")),
@@ -95,6 +98,7 @@ def test_every_example_is_a_command_s_output(tmp_path: Path, capsys: pytest.Capt
     assert {name: found for name, found in gaps.items() if found} == {}
     assert real["lint"]["diagnostics"][0]["code"] == docs["lint"]["diagnostics"][0]["code"] == "KV001"
     assert real["test"]["summary"]["passed"] == 1
+    assert real["diff"]["changed"] == 1 and real["diff"]["instances"][0]["guarantee"]["new"] == 8 << 30
     # JSON status carries what the text output flags (here: no controller has written one)
     assert real["status"]["problems"] == ["no controller has written a status here"]
 
@@ -104,7 +108,7 @@ def test_the_status_example_is_the_status_model() -> None:
     model the controller writes: it validates, and every field it shows is one of the model's."""
     example = documented()["status"]
     status = Status.model_validate(example)
-    assert missing(example, status.model_dump(by_alias=True)) == []
+    assert missing(example, status.model_dump(by_alias=True, mode="json")) == []
     assert not status.model_extra and all(not i.model_extra for i in status.instances)
 
 

@@ -72,6 +72,8 @@ class Site:
         self._running: list[tuple[threading.Event, threading.Thread]] = []
         self._engines: list[subprocess.Popen] = []
         self._servers: list = []
+        self._processes: list[subprocess.Popen] = []
+        self._root = root
 
     def controller(self, sampler: GpuSampler | None = StaticSampler(80 * GiB), **config) -> Controller:
         """A controller running on a thread; GPU figures from ``sampler`` (None: no source of figures)."""
@@ -97,6 +99,19 @@ class Site:
             thread.join(5)
         self._running.clear()
 
+    def run_process(self, *args: str) -> tuple[subprocess.Popen, Path]:
+        """``kvpolicy run`` on this site as a real process (GPU figures: an 80 GiB GPU); returns
+        it and the file its stderr goes to. SIGTERM it to stop it cleanly."""
+        log = self._root / f"controller-{len(self._processes)}.log"
+        with open(log, "w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kvpolicy.cli", "run", str(self.policy), "--ledger-dir", str(self.ledger_dir),
+                 "--gpu-capacity", "80GiB", "--metrics-address", "off", "--tick", "0.2", *args],
+                stderr=err, text=True,
+            )
+        self._processes.append(proc)
+        return proc, log
+
     def engine(self, model: str) -> subprocess.Popen:
         proc = subprocess.Popen([sys.executable, "-c", ENGINE, model, str(self.ledger_dir)], stdout=subprocess.PIPE,
                                 text=True)
@@ -112,6 +127,10 @@ class Site:
             server.shutdown()
             server.server_close()
         self.stop_controllers()
+        for proc in self._processes:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
         for proc in self._engines:
             proc.kill()
             proc.wait()

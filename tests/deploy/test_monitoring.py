@@ -14,7 +14,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.controller.site import Site, http_get, wait_for
+from tests.controller.site import POLICY, Site, http_get, wait_for
 from tests.deploy.conftest import DEPLOY, tool
 
 PROMETHEUS = DEPLOY / "prometheus"
@@ -149,10 +149,14 @@ ENGINE = textwrap.dedent("""
 """)
 
 
+RULE = 'rule "squeeze-chat" {\n  when model.name == "chat"\n  shrink to min\n  grace 0s\n}\n'
+
+
 @pytest.fixture
 def exported(tmp_path) -> set[str]:
     """The sample names of a real controller's /metrics, with an engine reporting pools and elastic use."""
     site = Site(tmp_path)
+    site.policy.write_text(POLICY + RULE)  # a rule in force, for the rule series
     engine = None
     try:
         controller = site.controller()
@@ -166,7 +170,7 @@ def exported(tmp_path) -> set[str]:
             return http_get(f"{base}/metrics")[1]
 
         text = wait_for(lambda: (t := scrape()) and "kvpolicy_gpu_reserved_bytes{" in t and
-                        "kvpolicy_instance_mapped_bytes{" in t and t)
+                        "kvpolicy_instance_mapped_bytes{" in t and "kvpolicy_rule_shrink_to_bytes{" in t and t)
         assert text
     finally:
         if engine is not None:

@@ -1,0 +1,142 @@
+"""What ``explain`` and ``diff`` evaluate a policy against: facts from a file (facts JSON or a
+``kvpolicy status --format json`` document), the sample facts beside the policy, or the
+live ledger (``--live``: the facts ``kvpolicy status`` shows, and the rules' memory the
+controller keeps beside the ledger); and the rules' state (``--state``).
+
+Each reader prints its own error and raises ``InputFailed`` with the exit code: 1 for
+input that is invalid, 2 for a file that is missing or cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from kvpolicy.evaluate.decision import State
+from kvpolicy.facts import Facts
+from kvpolicy.policy.model import Policy
+
+FACTS_SUFFIX = ".facts.json"
+
+
+class InputFailed(Exception):
+    """An input could not be used; the message was printed, ``code`` is the exit status."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Inputs:
+    facts: Facts
+    state: State | None
+    source: str
+    """Where the facts came from, as the output names it."""
+
+
+def add_facts_options(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--facts FILE`` or ``--live`` (with ``--ledger-dir``, ``--group``), and ``--state FILE``."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--facts", metavar="FILE",
+                        help=f"facts JSON, or a 'kvpolicy status --format json' document (default: {default})")
+    source.add_argument("--live", action="store_true",
+                        help="the facts in the ledger now, as 'kvpolicy status' shows them, and the controller's "
+                             "rule state")
+    parser.add_argument("--ledger-dir", metavar="DIR",
+                        help="with --live: the ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
+    parser.add_argument("--group", metavar="GROUP", help="with --live: the ledger's group, if shared")
+    parser.add_argument("--state", metavar="FILE",
+                        help="evaluator state JSON from an earlier evaluation (with --live: instead of the controller's)")
+
+
+def sample_facts_path(policy: Path) -> Path:
+    return policy.with_name(policy.name.removesuffix(".kvp") + FACTS_SUFFIX)
+
+
+def load(command: str, path: Path) -> Policy:
+    """The policy at ``path``, or its errors printed (exit 1; 2 if it cannot be read)."""
+    from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.lint.load import load_policy
+
+    if not path.is_file():
+        _fail(command, f"{path}: no such file", 2)
+    try:
+        return load_policy(path)
+    except OSError as exc:
+        _fail(command, f"{path}: cannot read it: {exc.strerror or exc}", 2)
+    except PolicyError as exc:
+        for d in exc.errors:
+            print(d.render(), file=sys.stderr)
+        raise InputFailed(1) from None
+
+
+def inputs(command: str, args: argparse.Namespace, beside: Path) -> Inputs:
+    """The facts and state ``args`` ask for; without ``--facts`` or ``--live``, the sample facts
+    beside the policy ``beside``."""
+    if not args.live and (args.ledger_dir or args.group):
+        _fail(command, "--ledger-dir and --group say where the live facts are: give them with --live", 2)
+    if args.live:
+        facts, state, source = _live(command, args)
+    else:
+        facts, source = _facts_file(command, args, beside)
+        state = None
+    if args.state:
+        state = _state_file(command, Path(args.state))
+    return Inputs(facts, state, source)
+
+
+def _facts_file(command: str, args: argparse.Namespace, beside: Path) -> tuple[Facts, str]:
+    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
+
+    path = Path(args.facts) if args.facts else sample_facts_path(beside)
+    if not args.facts and not path.is_file():
+        _fail(command, f"no --facts or --live given and no sample facts at {path}", 2)
+    try:
+        return read_facts(path), str(path)
+    except FactsUnreadable as exc:
+        _fail(command, str(exc), 2)
+    except FactsError as exc:
+        _fail(command, str(exc), 1)
+
+
+def _live(command: str, args: argparse.Namespace) -> tuple[Facts, State | None, str]:
+    from kvpolicy.runtime.directory import LedgerDir
+    from kvpolicy.runtime.errors import LedgerError
+    from kvpolicy.runtime.rulestate import read_rule_state
+
+    try:
+        ledger = LedgerDir(args.ledger_dir, group=args.group)
+        if not ledger.path.is_dir():
+            _fail(command, f"no ledger at {ledger.path}", 1)
+        with ledger:
+            facts, notes = ledger.read().facts()
+            state = read_rule_state(ledger.path)
+    except (LedgerError, OSError) as exc:
+        _fail(command, str(exc), 1)
+    for note in notes:
+        print(f"kvpolicy {command}: note: {note}", file=sys.stderr)
+    return facts, state, f"ledger {ledger.path} (live)"
+
+
+def _state_file(command: str, path: Path) -> State:
+    from pydantic import ValidationError
+
+    from kvpolicy.validation import describe
+
+    try:
+        text = path.read_bytes()
+    except OSError as exc:
+        _fail(command, f"{path}: cannot read it: {exc.strerror or exc}", 2)
+    try:
+        return State.model_validate_json(text)
+    except ValidationError as exc:
+        _fail(command, f"{path}: invalid state: {describe(exc, State)}", 1)
+
+
+def _fail(command: str, message: str, code: int) -> NoReturn:
+    print(f"kvpolicy {command}: {message}", file=sys.stderr)
+    raise InputFailed(code)
