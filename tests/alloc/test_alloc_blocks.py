@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from alloc_support import RecordingLimit, check_pool, resources
+from tests.alloc.alloc_support import RecordingLimit, check_pool, resources
 
 from kvpolicy.alloc import BlockError, BlockPool, BlockSpec, DriverError, HostDriver, KVCacheLayout, OutOfBlocks
 from kvpolicy.units import GiB, MiB

@@ -9,10 +9,8 @@ where they are absent (the GPU machine).
 from __future__ import annotations
 
 import multiprocessing as mp
-import shutil
 import time
 import traceback
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,17 +27,6 @@ from kvpolicy.units import GiB, MiB  # noqa: E402
 
 CHUNK = 2 * MiB
 QUARTER = BlockSpec(CHUNK // 4)
-
-
-@pytest.fixture
-def ledger_dir() -> Iterator[Path]:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    parent = base / f"kvpolicy-alloc-test-{uuid.uuid4().hex[:12]}"
-    parent.mkdir(mode=0o700)
-    try:
-        yield parent / "ledger"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def publish(ledger_dir: Path, revision: int, budget: int, **limits: InstanceLimits) -> None:

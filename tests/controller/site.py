@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +16,7 @@ from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.gpus import GpuSampler, StaticSampler
 from kvpolicy.runtime.health import ControllerHealth
 from kvpolicy.runtime.metrics import ControllerMetrics
+from tests.support.waiting import wait_for  # the controller tests import it from here
 
 GiB = 1 << 30
 POLICY = """version 1
@@ -49,16 +49,6 @@ def http_get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
     except OSError:
         return 0, ""
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.005)
-    return predicate()
 
 
 class Site:

@@ -15,7 +15,6 @@ content the controller ever loaded was invalid or a prefix of a slow save.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 import subprocess
@@ -31,7 +30,7 @@ from kvpolicy.lint.engine import lint_bytes
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.status import read_status
 from tests.fuzz.scale import HANG_SECONDS, RELOAD_EDITS, scaled, seed
-from tests.support.policy_saves import Directory
+from tests.support.policy_saves import Directory, sha
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fuzz
@@ -65,10 +64,6 @@ INVALID = [
     b'version 1\nrule "r" { when gpu.fre < 1 GiB; shrink to min; grace 1s }\n',
     b"version 1\n\xff\xfe not utf-8\n",
 ]
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def valid_policy(n: int, other_gib: int) -> bytes:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kvpolicy.adapters.sglang_dsv4 import hooks
 from kvpolicy.adapters.sglang_dsv4 import plan as closed
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
-from sglang_support import (
+from tests.sglang.sglang_support import (
     kv_cache_configurator,
     published_server_args,
     real_sizes,

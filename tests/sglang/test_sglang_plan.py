@@ -24,7 +24,7 @@ from kvpolicy.adapters.sglang_dsv4.plan import (
 )
 from kvpolicy.cli import main
 from kvpolicy.units import GiB, MiB
-from sglang_support import MODELS, REPO
+from tests.sglang.sglang_support import MODELS, REPO
 
 FLASH = MODELS / "deepseek-v4-flash.json"
 PRO = MODELS / "deepseek-v4-pro.json"

@@ -28,7 +28,7 @@ from kvpolicy.adapters.sglang_dsv4 import elastic as E
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
 from kvpolicy.alloc import HostDriver, StaticLimit
 from kvpolicy.units import GiB, MiB
-from sglang_support import (
+from tests.sglang.sglang_support import (
     TINY_RATIOS,
     build_pools_through_sglang,
     kv_cache_configurator,

@@ -19,7 +19,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 
 @dataclass(frozen=True)

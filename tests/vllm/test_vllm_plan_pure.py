@@ -20,7 +20,7 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     model_specs,
 )
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
-from vllm_paths import CONFIGS, POLICY_MODELS
+from tests.vllm.vllm_paths import CONFIGS, POLICY_MODELS
 
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, parse_size, run_vllm
 from kvpolicy.units import GiB, MiB

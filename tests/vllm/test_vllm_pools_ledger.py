@@ -30,7 +30,7 @@ from kvpolicy.adapters.vllm_adapter.pools import (
     PoolLayout,
     pool_facts,
 )
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB, MiB

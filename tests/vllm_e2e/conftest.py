@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from source_stamp import REPO, STAMP_NAME, source_digest
+from tests.vllm_e2e.source_stamp import REPO, STAMP_NAME, source_digest
 
 HERE = Path(__file__).resolve().parent
 
@@ -59,7 +59,7 @@ def tiny_model(e2e_venv: E2EVenv, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    from engines import FIGURES
+    from tests.vllm_e2e.engines import FIGURES
 
     if FIGURES:
         terminalreporter.section("vLLM engines started (measured, not asserted)")

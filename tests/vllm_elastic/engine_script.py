@@ -9,21 +9,20 @@ controller's ``LedgerDir.publish``. Stand-ins: the model runner object around th
 (no GPU model), the worker's CUDA memory snapshot, and the model's outputs (one sampled
 token per finished prefill), as in vLLM's own scheduler tests.
 
-argv: tests/vllm directory, steps. Prints one JSON line.
+argv: the repository root (for the tests package), steps. Prints one JSON line.
 """
 
 import json
 import sys
 from types import SimpleNamespace
 
-sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, sys.argv[2])
-STEPS = int(sys.argv[3])
+sys.path.append(sys.argv[1])
+STEPS = int(sys.argv[2])
 
 import torch  # noqa: E402
-from elastic_harness import KVSigner  # noqa: E402
+from tests.vllm_elastic.elastic_harness import KVSigner  # noqa: E402
 
-from real_vllm import Case, layer_specs, vllm_config  # noqa: E402
+from tests.vllm.real_vllm import Case, layer_specs, vllm_config  # noqa: E402
 from vllm.plugins import load_general_plugins  # noqa: E402
 
 load_general_plugins()
