@@ -19,11 +19,11 @@ import pytest
 
 pytest.importorskip("pydantic")
 
-from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks  # noqa: E402
-from kvpolicy.runtime.client import attach  # noqa: E402
-from kvpolicy.runtime.directory import LedgerDir  # noqa: E402
-from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits  # noqa: E402
-from kvpolicy.units import GiB, MiB  # noqa: E402
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks
+from kvpolicy.runtime.client import attach
+from kvpolicy.runtime.directory import LedgerDir
+from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits
+from kvpolicy.units import GiB, MiB
 
 CHUNK = 2 * MiB
 QUARTER = BlockSpec(CHUNK // 4)

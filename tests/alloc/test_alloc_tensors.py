@@ -11,7 +11,7 @@ from kvpolicy.alloc import BlockPool, BlockSpec, KVCacheLayout, StaticLimit
 from kvpolicy.units import GiB, MiB
 
 torch = pytest.importorskip("torch")
-from kvpolicy.alloc.tensors import arena_bytes, block_bytes, kv_view, kv_views  # noqa: E402
+from kvpolicy.alloc.tensors import arena_bytes, block_bytes, kv_view, kv_views  # noqa: E402 - after the skip when torch is missing
 
 CHUNK = 2 * MiB
 

@@ -19,6 +19,7 @@ from kvpolicy.runtime.metrics import ControllerMetrics
 from tests.support.waiting import wait_for  # the controller tests import it from here
 
 GiB = 1 << 30
+EIGHTY_GIB = StaticSampler(80 * GiB)  # the controller's default source of GPU figures
 POLICY = """version 1
 defaults { headroom 2 GiB }
 model "chat" { priority 100; min 10 GiB; max 60%; weight 300 }
@@ -65,7 +66,7 @@ class Site:
         self._processes: list[subprocess.Popen] = []
         self._root = root
 
-    def controller(self, sampler: GpuSampler | None = StaticSampler(80 * GiB), **config) -> Controller:
+    def controller(self, sampler: GpuSampler | None = EIGHTY_GIB, **config) -> Controller:
         """A controller running on a thread; GPU figures from ``sampler`` (None: no source of figures)."""
         ledger = LedgerDir(self.ledger_dir, create=True)
         config = {"tick": 0.2, **config}

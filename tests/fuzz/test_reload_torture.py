@@ -199,12 +199,12 @@ def test_reload_edits_against_the_real_controller(tmp_path):
                 directory.configmap_swap(data)
             else:
                 directory.symlink_elsewhere(data, rng)
-            outcome = log.wait(since, lambda e: e[1] == sha(data))
+            outcome = log.wait(since, lambda e: e[1] == sha(data))  # noqa: B023 - waited for in this iteration
             assert outcome is not None, f"edit {n} ({kind}/{how}) was never looked at"
             assert outcome[0] == ("loaded" if is_valid else "rejected"), f"edit {n} ({kind}/{how}): {outcome}"
             if is_valid:  # published before the status names it: the controller publishes, then writes status
                 assert wait_for(lambda: (st := read_status(ledger_dir)) is not None and st.policy is not None
-                                and st.policy.sha256 == sha(data), HANG_SECONDS), f"edit {n} ({kind}/{how}) never reached status"
+                                and st.policy.sha256 == sha(data), HANG_SECONDS), f"edit {n} ({kind}/{how}) never reached status"  # noqa: B023 - waited for here
                 if kind == "valid":
                     expected = engine_limit(value)
                     assert limit() == expected, f"edit {n} ({kind}/{how}) was not published"

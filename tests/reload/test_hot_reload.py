@@ -107,10 +107,11 @@ def test_active_policy_is_always_the_last_valid_content(tmp_path):
             else:
                 directory.configmap_swap(data)
             if is_valid:
-                assert wait_for(lambda: watcher.current.sha256 == sha(data), CONVERGE_TIMEOUT), f"edit {n} ({kind}/{how}) did not converge"
+                assert wait_for(lambda: watcher.current.sha256 == sha(data), CONVERGE_TIMEOUT), (  # noqa: B023 - waited for here
+                    f"edit {n} ({kind}/{how}) did not converge")
                 last_valid = sha(data)
             else:
-                assert wait_for(lambda: watcher.last_reload is not None and watcher.last_reload.sha256 in (sha(data), None),
+                assert wait_for(lambda: watcher.last_reload is not None and watcher.last_reload.sha256 in (sha(data), None),  # noqa: B023 - waited for here
                                 CONVERGE_TIMEOUT), (
                     f"edit {n} ({kind}/{how}) was never looked at"
                 )

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parents[1]) not in sys.path:
     sys.path.append(str(HERE.parents[1]))
 
-from tests.sglang import sglang_standins  # noqa: E402
+from tests.sglang import sglang_standins  # noqa: E402 - after the repository root is on sys.path
 
 SEGMENT = 2 << 20
 

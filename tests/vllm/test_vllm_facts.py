@@ -10,8 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-pytestmark = pytest.mark.vllm
-
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.pools import (
@@ -26,6 +24,8 @@ from kvpolicy.adapters.vllm_adapter.pools import (
 
 from kvpolicy.units import MiB
 from tests.support.ledgers import InProcessVllmLedger
+
+pytestmark = pytest.mark.vllm
 
 # Small caches: max_model_len 1024, so a CPU allocation of a few hundred MiB suffices.
 FACT_CASES = [
@@ -133,7 +133,7 @@ def test_live_split_follows_the_real_block_pool(allocated) -> None:
     manager = _manager(plan)
     coordinator = manager.coordinator
     tokens = {"a": 700, "b": 130}
-    for i, group_manager in enumerate(coordinator.single_type_managers):
+    for group_manager in coordinator.single_type_managers:
         for request, n in tokens.items():
             group_manager.allocate_new_blocks(request, n, n)
     held, free = held_blocks_per_group(coordinator)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.vllm
-
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     SpecSettings,
     load_config,
@@ -20,6 +18,8 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
 from kvpolicy.units import GiB, MiB
+
+pytestmark = pytest.mark.vllm
 
 CASES_SPEC = [
     # (name, block_size, layout, kv_cache_dtype, indexer, sliding-window block on vLLM's CPU backend)

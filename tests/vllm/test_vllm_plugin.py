@@ -16,8 +16,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.vllm
-
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
 from kvpolicy.adapters.vllm_adapter.static import sizing
@@ -30,6 +28,8 @@ from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB
 from tests.support.ledgers import InProcessVllmLedger
 from tests.support.processes import last_json
+
+pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
 

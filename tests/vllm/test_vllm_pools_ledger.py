@@ -175,7 +175,7 @@ def test_missing_hook_target_names_it() -> None:
 def test_reporter_is_throttled_and_sends_only_changes() -> None:
     from kvpolicy.adapters.vllm_adapter.reports import EngineReporter
 
-    
+
     clock = iter([0.0, 0.4, 1.5])
     reporter = EngineReporter(interval=1.0, clock=lambda: next(clock))
     sent = []

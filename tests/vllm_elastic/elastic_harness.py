@@ -20,16 +20,16 @@ from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
-import torch  # noqa: E402
+import torch
 
-from kvpolicy.adapters.vllm_adapter.elastic.buffer import (  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.buffer import (
     ElasticKVBuffer,
     allocation_context,
     check_views,
     pinned_chunks,
 )
-from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, bind_scheduler  # noqa: E402
-from kvpolicy.alloc import Driver, LimitSource  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, bind_scheduler
+from kvpolicy.alloc import Driver, LimitSource
 
 
 def kv_cache_config(name: str, block_size: int, budget: int, max_model_len: int = 2048) -> Any:

@@ -19,14 +19,15 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from tests.vllm_elastic import pool_loop  # noqa: E402
-from tests.vllm_elastic.elastic_harness import build  # noqa: E402
+from tests.vllm_elastic import pool_loop
+from tests.vllm_elastic.elastic_harness import build
 
-from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit  # noqa: E402
-from kvpolicy.units import GiB, MiB  # noqa: E402
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit
+from kvpolicy.units import GiB, MiB
+
+pytestmark = pytest.mark.vllm
 
 CHUNK = 2 * MiB
 GPU = "cuda:0"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from tests.vllm_elastic.pool_loop import soak  # noqa: E402
+from tests.vllm_elastic.pool_loop import soak
 
-from kvpolicy.alloc import HostDriver  # noqa: E402
+from kvpolicy.alloc import HostDriver
+
+pytestmark = pytest.mark.vllm
 
 MiB = 1 << 20
 
@@ -30,9 +33,6 @@ def test_the_gpu_loop_on_the_host_driver() -> None:
     assert out["idle_held"] == out["pinned"] == 4 * MiB  # idle with target 0: the null block's chunks only
     assert out["zero_calls"] > 0
 
-
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])

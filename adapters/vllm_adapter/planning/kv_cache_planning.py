@@ -236,7 +236,7 @@ def _uniform_page_size_groups(layers: dict[str, LayerSpec]) -> list[Group]:
     if max(sizes) < group_size * 1.5:
         group_size = max(sizes)
     groups: list[Group] = []
-    for spec, names in buckets.items():
+    for names in buckets.values():
         n = cdiv(len(names), group_size)
         for i in range(n):
             members = names[i::n]
