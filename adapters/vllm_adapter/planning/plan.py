@@ -1,7 +1,8 @@
 """``kvpolicy plan --engine vllm``: what vLLM would allocate for a model and a budget.
 
-The arithmetic is vLLM 0.33's; for standard attention 0.32.0 plans the same (checked against
-a real vLLM 0.32.0 CPU engine in tests/vllm_e2e).
+The arithmetic is vLLM 0.33's; 0.32.0 plans the same (it has DeepSeek-V4 too): checked against a
+real vLLM 0.32.0 CPU engine in tests/vllm_e2e, and its planning functions over random DeepSeek-V4
+layer patterns in tests/vllm_e2e/test_vllm_plan_v4_032.py.
 
 Pure code on top of ``hf_config`` and ``kv_cache_planning``; ``VllmPlan`` is the JSON
 that ``kvpolicy plan --engine vllm --format json`` prints.
