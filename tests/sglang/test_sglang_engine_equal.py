@@ -194,7 +194,7 @@ def test_flash_40_gib_total_is_over_the_budget_as_sglang_builds_it(sglang_env, c
 
     from kvpolicy.adapters.sglang_dsv4.geometry import load_geometry
     from kvpolicy.cli import main
-    from sglang_support import MODELS
+    from tests.sglang.sglang_support import MODELS
 
     budget = 40 << 30
     flash = MODELS / "deepseek-v4-flash.json"

@@ -26,7 +26,7 @@ from kvpolicy.adapters.vllm_adapter.planning.plan import (
     PlanSettings,
     make_plan,
 )
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 pytestmark = pytest.mark.vllm
 
@@ -45,7 +45,7 @@ RATIO_CHOICES = {  # what a pattern draws from: V4's mix, and patterns without 4
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], dict]:
-    from real_vllm import Case, v4_layer_templates, v4_template_config
+    from tests.vllm.real_vllm import Case, v4_layer_templates, v4_template_config
 
     folder = tmp_path_factory.mktemp("v4-template")
     config = v4_template_config(json.loads((CONFIGS / "deepseek-v4-flash" / "config.json").read_text()))
@@ -73,7 +73,7 @@ ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 
 
 def test_random_v4_patterns_plan_as_vllm_does(template: tuple[Path, dict[str, Any], dict]) -> None:
-    from real_vllm import (
+    from tests.vllm.real_vllm import (
         Case,
         max_request_bytes,
         real_plan_for_specs,

@@ -51,7 +51,7 @@ def planned(model_dir: Path, max_model_len: int, *flags: str, capsys: pytest.Cap
 
 def test_cpu_defaults_equal_a_real_vllm_032_launch(e2e_python: Path, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from tiny_model import TinyLlama
+    from tests.vllm_e2e.tiny_model import TinyLlama
 
     tiny_model = tmp_path / "tiny-llama"  # its config.json is all a resolution reads
     tiny_model.mkdir()
