@@ -106,7 +106,7 @@ class HostDriver(Driver):
             keep_file: object = None
         else:  # no memfd (macOS): an unlinked temporary file serves as the physical memory
             keep_file = tempfile.TemporaryFile()
-            self._fd = keep_file.fileno()  # type: ignore[attr-defined]
+            self._fd = keep_file.fileno()
         self._punch_holes = hasattr(self._libc, "fallocate")
         self._file_size = 0
         self._bump = 0
