@@ -388,7 +388,7 @@ class Segment:
                 fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _UNLOCK_WRITE)
         finally:
             self._tlock.release()
-            _leave(me)  # type: ignore[arg-type]
+            _leave(me)  # type: ignore[arg-type]  # unlock follows lock(), which set the holder
 
     @contextmanager
     def locked(self) -> Iterator[None]:
