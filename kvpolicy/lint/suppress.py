@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-
 from kvpolicy.catalogue import INVALID_SUPPRESSION, SUPPRESSION_WITHOUT_REASON, UNUSED_SUPPRESSION, rule_by_code
 from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.lark_parser import Token

@@ -18,8 +18,7 @@ from lark import Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
 from kvpolicy.diagnostics import Diagnostic
-from kvpolicy.policy.lark_parser import NestingTooDeep, Trace, parse
-from kvpolicy.policy.lark_parser import Token
+from kvpolicy.policy.lark_parser import NestingTooDeep, Token, Trace, parse
 from kvpolicy.policy.syntax_messages import explain_failure
 from kvpolicy.policy.vocabulary import RECOVERED
 
