@@ -7,9 +7,13 @@ what to fix; the settings themselves come from ``kvpolicy.adapters.settings``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
+
+if TYPE_CHECKING:
+    from kvpolicy.policy.model import Policy
 
 
 def check_version(engine: str, found: str, validated: tuple[str, ...]) -> None:
@@ -22,8 +26,9 @@ def check_version(engine: str, found: str, validated: tuple[str, ...]) -> None:
         )
 
 
-def require_attr(owner: object, name: str, hook: str) -> object:
-    """The attribute ``owner.name`` that the hook ``hook`` patches, or a loud error."""
+def require_attr(owner: object, name: str, hook: str) -> Any:
+    """The attribute ``owner.name`` that the hook ``hook`` patches, or a loud error (Any: an
+    engine's, and the engines ship no types the check follows)."""
     try:
         return getattr(owner, name)
     except AttributeError:
@@ -34,7 +39,7 @@ def require_attr(owner: object, name: str, hook: str) -> object:
         ) from None
 
 
-def read_policy(path: Path):
+def read_policy(path: Path) -> Policy:
     """The policy an enabled adapter runs under; AdapterError naming file:line:col if it cannot be used."""
     from kvpolicy.diagnostics import PolicyError
     from kvpolicy.lint.load import load_policy

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __version__ = "0.1.0"
 
 __all__ = ["attach"]
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     # `import kvpolicy` stays cheap (no pydantic, no mmap): the ledger client loads on first use.
+    # Any: each name is the function it hands on (a static import here would load it).
     if name == "attach":
         from kvpolicy.runtime.client import attach
 

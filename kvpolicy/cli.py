@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from types import ModuleType
 
 from kvpolicy import __version__
 from kvpolicy.commands import plain_help, subcommands
@@ -66,7 +67,7 @@ def _plain(parser: argparse.ArgumentParser) -> None:
             action.help = plain_help(action.help)
 
 
-def _command_module(name: str):
+def _command_module(name: str) -> ModuleType | None:
     try:
         return importlib.import_module(f"kvpolicy.commands.{name}")
     except ModuleNotFoundError as exc:

@@ -9,13 +9,13 @@ Field docstrings are the descriptions of the published JSON Schema
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, WithJsonSchema, model_validator
 
 from kvpolicy.units import MAX_SIZE, SIZE_UNITS, parse_size
 
-FACTS_SCHEMA = 1
+FACTS_SCHEMA: Final = 1
 
 Owner = Literal["runtime", "elastic"]
 

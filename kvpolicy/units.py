@@ -47,7 +47,7 @@ def parse_number(text: str) -> Fraction:
     return Fraction(text)
 
 
-def size_bytes(number: Fraction, unit: str) -> int:
+def size_bytes(number: int | Fraction, unit: str) -> int:
     """Bytes for ``number unit`` (floor: a size is a whole number of bytes)."""
     return math.floor(number * SIZE_UNITS[unit])
 
@@ -78,7 +78,7 @@ def parse_size(text: str) -> int:
     return size
 
 
-def duration_seconds(number: Fraction, unit: str) -> float:
+def duration_seconds(number: int | Fraction, unit: str) -> float:
     return float(number * DURATION_UNITS[unit])
 
 

@@ -79,8 +79,8 @@ def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], list
             current = None
     current = _unwrap(current)
     if not _is_model(current):
-        members = [m for m in _union_members(current) if _is_model(_unwrap(m))]
-        current = _unwrap(members[0]) if len(members) == 1 else None
+        models = [m for m in _union_members(current) if _is_model(_unwrap(m))]
+        current = _unwrap(models[0]) if len(models) == 1 else None
     fields = [f.alias or name for name, f in current.model_fields.items()] if _is_model(current) else []
     return where, fields
 

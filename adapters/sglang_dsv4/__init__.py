@@ -23,10 +23,14 @@ puts the SWA pool on the allocator.
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from ..common import check_version
 from ..errors import AdapterError
 from ..settings import AdapterEnv
+
+if TYPE_CHECKING:
+    from .ports import Connector, ReserveSource
 
 VALIDATED_VERSIONS = ("0.5.23",)
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
@@ -64,7 +68,10 @@ def installed_sglang_version() -> str:
     return str(__version__)
 
 
-def activate(env: AdapterEnv, reserve_source=None, connect=None, version: str | None = None) -> list[str]:
+def activate(
+    env: AdapterEnv, reserve_source: ReserveSource | None = None, connect: Connector | None = None,
+    version: str | None = None,
+) -> list[str]:
     """Check the SGLang version and install the hooks; returns the hook targets installed.
 
     ``reserve_source`` and ``connect`` default to the policy named by ``KVPOLICY_POLICY``

@@ -287,7 +287,7 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
     def available_size() -> int:
         return original["available_size"]() + pool.mappable_pages() * P
 
-    def taking(name: str, pages: Callable[..., int]):
+    def taking(name: str, pages: Callable[..., int]) -> Callable[..., Any]:
         call = original[name]
 
         @functools.wraps(call)
@@ -300,13 +300,13 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
 
         return method
 
-    def extend_pages(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens,
-                     num_new_pages=None) -> int:
+    def extend_pages(prefix_lens: Any, prefix_lens_cpu: Any, seq_lens: Any, seq_lens_cpu: Any, last_loc: Any,
+                     extend_num_tokens: Any, num_new_pages: Any = None) -> int:
         if num_new_pages is not None:
             return int(num_new_pages)
         return int(get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, prefix_lens=prefix_lens_cpu))
 
-    def decode_pages(seq_lens, seq_lens_cpu, last_loc) -> int:
+    def decode_pages(seq_lens: Any, seq_lens_cpu: Any, last_loc: Any) -> int:
         return int(get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, decode=True))
 
     def release(*page_ids: Any) -> None:
@@ -330,7 +330,7 @@ def wrap_swa_allocator(outer: Any, pool: ElasticSWA) -> None:
 
     P = outer.page_size
 
-    def guarded(name: str, pages: Callable[..., int]):
+    def guarded(name: str, pages: Callable[..., int]) -> None:
         call = getattr(outer, name)
 
         @functools.wraps(call)
@@ -360,7 +360,7 @@ def swa_backed_by(make: Callable[[int, int, int], ElasticSWA]) -> Iterator[list[
     cls = mod.DeepSeekV4TokenToKVPool
     original = cls._make_kv_pool
 
-    def _make_kv_pool(self, *, size: int, cls: type = mod.DeepSeekV4SingleKVPool, **kwargs: Any):
+    def _make_kv_pool(self: Any, *, size: int, cls: type = mod.DeepSeekV4SingleKVPool, **kwargs: Any) -> Any:
         if getattr(self, "_kvpolicy_swa", None) is not None or size != self.swa_size:
             return original(self, size=size, cls=cls, **kwargs)
         backed = _backed_class(cls, make, made)
@@ -377,7 +377,7 @@ def swa_backed_by(make: Callable[[int, int, int], ElasticSWA]) -> Iterator[list[
 
 @functools.cache
 def _backed_type(base: type) -> type:
-    class ElasticSWAKVPool(base):  # type: ignore[misc, valid-type]
+    class ElasticSWAKVPool(base):
         """SGLang's SWA pool whose per-layer tensors are views over an ``ElasticSWA``."""
 
         def _create_buffers(self) -> None:

@@ -19,11 +19,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from kvpolicy.facts import PoolFacts
 
 from . import footprint as fp
 from .plan import REQ_TO_TOKEN
+
+if TYPE_CHECKING:
+    import torch
+
+# SGLang's pools are Any (SGLang ships no types).
 
 logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
 
@@ -77,12 +83,12 @@ class PoolMeasurement:
         return self.enumerated_bytes is None or self.enumerated_bytes == self.pool_tensor_bytes
 
 
-def _storage_key(t) -> tuple[str, int]:
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     storage = t.untyped_storage()
     return (str(t.device), storage.data_ptr())
 
 
-def _recognised(pool) -> Iterator[tuple[str, str, str, object]]:
+def _recognised(pool: Any) -> Iterator[tuple[str, str, str, object]]:
     """(pool, part, where, tensor) for the five policy pools, in the order SGLang allocates them."""
     swa = getattr(pool, "swa_kv_pool", None)
     if swa is not None:
@@ -113,7 +119,7 @@ def _recognised(pool) -> Iterator[tuple[str, str, str, object]]:
             )
 
 
-def _walk(obj, where: str, seen: set[int]) -> Iterator[tuple[str, object]]:
+def _walk(obj: object, where: str, seen: set[int]) -> Iterator[tuple[str, object]]:
     """Every tensor reachable from ``obj`` through SGLang memory-pool objects and containers."""
     import torch
 
@@ -146,7 +152,7 @@ def _walk(obj, where: str, seen: set[int]) -> Iterator[tuple[str, object]]:
         yield from _walk(value, f"{where}.{name}" if where else name, seen)
 
 
-def _enumerated_bytes(pool) -> int | None:
+def _enumerated_bytes(pool: Any) -> int | None:
     total = 0
     for name in ENUMERATIONS:
         method = getattr(pool, name, None)
@@ -160,14 +166,14 @@ def _enumerated_bytes(pool) -> int | None:
     return total
 
 
-def measure_pool(pool, req_to_token_pool=None) -> PoolMeasurement:
+def measure_pool(pool: Any, req_to_token_pool: Any = None) -> PoolMeasurement:
     """Read every tensor of a live pool (and of the request table, if given, allocated first);
     per policy pool, its tensor bytes and footprint."""
     seen_storage: set[tuple[str, int]] = set()
     tensors: list[LiveTensor] = []
     device_type = "cpu"
 
-    def add(pool_name: str, part: str, where: str, t) -> None:
+    def add(pool_name: str, part: str, where: str, t: torch.Tensor) -> None:
         nonlocal device_type
         key = _storage_key(t)
         if key in seen_storage:

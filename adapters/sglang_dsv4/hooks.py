@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvpolicy.runtime.gpus import gpu_id
 from kvpolicy.units import format_bytes
@@ -35,7 +37,10 @@ from . import plan as closed
 from .elastic_policy import check_tensor_parallel
 from .facts import PoolMeasurement, measure_pool
 from .geometry import ModelGeometry
-from .ports import Connector, InstanceIdentity, LedgerSession, ReserveSource
+from .ports import Connector, InstanceIdentity, LedgerSession, Reserve, ReserveSource
+
+# SGLang's objects (the configurator ``kvc``, its pools, the methods patched) are Any: SGLang
+# ships no types; the pinned version's classes are what the tests run the hooks against.
 
 logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
 
@@ -98,24 +103,26 @@ def uninstall() -> None:
             setattr(cls, name, box["original"])
 
 
-def _patched(wrapper, original, state: AdapterState):
+def _patched(wrapper: Callable[..., Any], original: Callable[..., Any], state: AdapterState) -> Callable[..., Any]:
     box = {"state": state, "original": original}
 
     @functools.wraps(original)
-    def method(self, *args, **kwargs):
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
         return wrapper(self, original, box["state"], *args, **kwargs)
 
     setattr(method, _MARK, box)  # lets install() and uninstall() recognise their own patch
     return method
 
 
-def _is_target_v4(kvc) -> bool:
+def _is_target_v4(kvc: Any) -> bool:
     from sglang.srt.configs.model_config import is_deepseek_v4
 
     return is_deepseek_v4(kvc.model_config.hf_config) and not kvc.is_draft_worker
 
 
-def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *args, **kwargs):
+def _budget_hook(
+    kvc: Any, original: Callable[..., Any], state: AdapterState, pre_model_load_memory: Any, *args: Any, **kwargs: Any
+) -> Any:
     if not _is_target_v4(kvc):
         return original(kvc, pre_model_load_memory, *args, **kwargs)
     unsupported = unsupported_settings(kvc)
@@ -162,7 +169,7 @@ def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *arg
     return chosen.budget
 
 
-def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
+def _pool_hook(kvc: Any, original: Callable[..., Any], state: AdapterState, *args: Any, **kwargs: Any) -> Any:
     pool = original(kvc, *args, **kwargs)
     if kvc.is_draft_worker:
         return pool
@@ -196,7 +203,7 @@ def _pool_hook(kvc, original, state: AdapterState, *args, **kwargs):
     return pool
 
 
-def refuse_elastic_swa(reserve, tp_size: int) -> None:
+def refuse_elastic_swa(reserve: Reserve, tp_size: int) -> None:
     """``pool swa { owner elastic }`` cannot start yet: TP > 1 never (each rank would map on its own while
     one scheduler admits for all), and TP 1 not before the pool hook builds the SWA pool on the allocator.
     Refused loudly rather than run the pool runtime-owned against the policy's word."""
@@ -209,7 +216,7 @@ def refuse_elastic_swa(reserve, tp_size: int) -> None:
     )
 
 
-def unsupported_settings(kvc) -> list[str]:
+def unsupported_settings(kvc: Any) -> list[str]:
     """The engine settings that take SGLang off the path the closed forms are validated on."""
     from sglang.srt.environ import envs
     from sglang.srt.layers.attention.dsv4.unified_kv_gate import is_unified_kv_triton
@@ -249,7 +256,7 @@ def unsupported_settings(kvc) -> list[str]:
     return found
 
 
-def live_geometry(kvc) -> ModelGeometry:
+def live_geometry(kvc: Any) -> ModelGeometry:
     """The model's V4 geometry as this configurator sees it (its PP stage, its window)."""
     mc = kvc.model_config
     info = kvc.layer_info
@@ -265,7 +272,7 @@ def live_geometry(kvc) -> ModelGeometry:
     )
 
 
-def live_settings(kvc) -> closed.PlanSettings:
+def live_settings(kvc: Any) -> closed.PlanSettings:
     """The launch settings the closed forms need, read from SGLang's published config."""
     from sglang.srt.environ import envs
     from sglang.srt.runtime_context import get_memory, get_schedule
@@ -287,7 +294,7 @@ def live_settings(kvc) -> closed.PlanSettings:
     )
 
 
-def _cross_check_configurator(kvc, chosen: closed.Plan, settings: closed.PlanSettings) -> None:
+def _cross_check_configurator(kvc: Any, chosen: closed.Plan, settings: closed.PlanSettings) -> None:
     """SGLang's own configurator must pick the token counts the closed forms predict for this budget."""
     import logging as _logging
 

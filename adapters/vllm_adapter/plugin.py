@@ -114,6 +114,6 @@ def wrap(owner: type, name: str, hook: str, make: Callable[[Callable[..., Any]],
     original = require_attr(owner, name, hook)
     if getattr(original, HOOK_MARK, False):
         return
-    wrapper = functools.wraps(original)(make(original))  # type: ignore[arg-type]
+    wrapper = functools.wraps(original)(make(original))
     setattr(wrapper, HOOK_MARK, True)
     setattr(owner, name, wrapper)

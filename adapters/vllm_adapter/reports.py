@@ -38,7 +38,10 @@ def report_worker_pools(worker: Any, held: Sequence[int] | None = None, free: in
     shared pool (default: nothing held, at start)."""
     plan = elastic.plan_of(worker)
     if plan is not None:
-        elastic.report(plan, held if held is not None else [0] * len(plan.layout.groups))
+        if held is None:
+            assert plan.layout is not None, "report before the elastic buffer exists"  # as elastic.report says
+            held = [0] * len(plan.layout.groups)
+        elastic.report(plan, held)
         return
     layout: PoolLayout | None = getattr(worker, LAYOUT_ATTR, None)
     if layout is None:

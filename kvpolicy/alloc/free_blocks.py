@@ -147,7 +147,7 @@ class FreeBlockIndex:
                     if not self._in_partial[h]:
                         heappush(self._partial, h)
                         self._in_partial[h] = 1
-                    emptied = []
+                    emptied: list[int] = []
                 else:
                     emptied = [h]
                     if not self._in_empty[h]:
@@ -178,7 +178,7 @@ class FreeBlockIndex:
                 for ci in range(h + 1, h + 1 + spans[b]):
                     users[ci] -= 1
                     touched.append(ci)
-        emptied: list[int] = []
+        emptied = []
         for ci in touched:
             if users[ci]:
                 if free_in[ci] and not self._in_partial[ci]:

@@ -23,7 +23,7 @@ import os
 import tempfile
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from kvpolicy.alloc.driver import Driver
 from kvpolicy.alloc.errors import INVALID_VALUE, OUT_OF_MEMORY, driver_error
@@ -69,14 +69,14 @@ class _Mapping:
     accessible: bool = False
 
 
-def _cleanup(libc: Any, fd: int, keep_file: object, reservations: dict[int, int]) -> None:
+def _cleanup(libc: Any, fd: int, keep_file: IO[bytes] | None, reservations: dict[int, int]) -> None:
     for va, size in list(reservations.items()):
         libc.munmap(va, size)
     reservations.clear()
     if keep_file is None:
         os.close(fd)
     else:
-        keep_file.close()  # type: ignore[attr-defined]
+        keep_file.close()
 
 
 class HostDriver(Driver):
@@ -103,10 +103,10 @@ class HostDriver(Driver):
         self._libc = _load_libc()
         if hasattr(os, "memfd_create"):
             self._fd = os.memfd_create("kvpolicy-host-device-memory", os.MFD_CLOEXEC)
-            keep_file: object = None
+            keep_file: IO[bytes] | None = None
         else:  # no memfd (macOS): an unlinked temporary file serves as the physical memory
             keep_file = tempfile.TemporaryFile()  # noqa: SIM115 - the driver's memory: open until close()
-            self._fd = keep_file.fileno()  # type: ignore[attr-defined]
+            self._fd = keep_file.fileno()
         self._punch_holes = hasattr(self._libc, "fallocate")
         self._file_size = 0
         self._bump = 0

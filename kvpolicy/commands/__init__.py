@@ -6,7 +6,7 @@ import argparse
 import importlib
 import re
 from collections.abc import Mapping
-from typing import IO
+from typing import IO, Any, Protocol
 
 from kvpolicy.terminal import Style
 
@@ -14,6 +14,13 @@ EXTRAS: Mapping[str, Mapping[str, str]] = {
     "runtime": {"watchdog": "watchdog", "prometheus_client": "prometheus-client", "pynvml": "nvidia-ml-py"},
 }
 """Per optional extra of the package (pyproject.toml) that a command needs: its modules → their distributions."""
+
+
+class Subcommands(Protocol):
+    """What each command's ``add_parser`` is given: the ``kvpolicy`` parser's subcommands
+    (what ``ArgumentParser.add_subparsers`` returns)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser: ...
 
 
 def add_format_option(parser: argparse.ArgumentParser, *choices: str) -> None:

@@ -18,10 +18,12 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from kvpolicy.commands import Subcommands
+
 SHELLS = ("bash", "zsh", "fish")
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("completion", help="print a shell completion script (bash, zsh, fish)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("shell", choices=SHELLS, metavar="SHELL", help=f"one of: {', '.join(SHELLS)}")

@@ -19,6 +19,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kvpolicy.commands import Subcommands
 from kvpolicy.commands.common import parse_listen_address, parse_seconds
 
 POLICY = """\
@@ -52,7 +53,7 @@ ENGINES = (("chat", 0.0), ("batch-summarize", 0.33), ("batch-embed", 0.66))
 """Models and the phase of their load (a third of a period apart)."""
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("demo", help="run a controller and simulated engines (no GPU needed)", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ledger-dir", metavar="DIR", help="the demo's ledger (default: a new temporary directory)")
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     controller = subprocess.Popen([python, "-m", "kvpolicy.cli", "run", str(policy), "--ledger-dir", str(ledger),
                                    "--gpu-capacity", f"{DEMO_CAPACITY}B", "--metrics-address", metrics, "--tick", "0.5",
                                    "--log-level", "WARNING"])
-    children = [controller]
+    children: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = [controller]
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
             engine = subprocess.Popen([python, "-m", "kvpolicy.commands.demo_engine", model, str(ledger), str(phase)],
                                       stdout=subprocess.PIPE, text=True)
             children.append(engine)
+            assert engine.stdout is not None  # stdout=PIPE
             if engine.stdout.readline().strip() != "attached":
                 print(f"kvpolicy demo: the simulated engine {model!r} did not start", file=sys.stderr)
                 return 1

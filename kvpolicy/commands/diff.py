@@ -17,11 +17,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.inputs import add_facts_options
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("diff", help="preview a policy change: old and new limits on the same facts",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("old", metavar="OLD", help="the policy in force (or any baseline)")

@@ -17,12 +17,17 @@ import os
 import stat
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import UsageError, policy_files
 
+if TYPE_CHECKING:
+    from kvpolicy.diagnostics import PolicyError
+    from kvpolicy.terminal import Style
 
-def add_parser(sub) -> None:
+
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("fmt", help="format policy files", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy files, directories, or - for stdin")
@@ -96,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.format == "text" and not args.diff:
         unchanged = sum(1 for r in results if not r["changed"] and "error" not in r)
         errors = sum(1 for r in results if "error" in r)
-        changed = len(results) - unchanged - errors
-        print(f"{changed} file(s) {'would be ' if args.check else ''}reformatted, {unchanged} unchanged"
+        reformatted = len(results) - unchanged - errors
+        print(f"{reformatted} file(s) {'would be ' if args.check else ''}reformatted, {unchanged} unchanged"
               + (f", {errors} not formatted (errors above)" if errors else ""))
     if unreadable:
         return 2
@@ -105,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed or would_change else 0
 
 
-def _report_errors(name: str, exc, data: bytes, style) -> None:
+def _report_errors(name: str, exc: PolicyError, data: bytes, style: Style) -> None:
     """Why a file was left alone: each error with its source line and caret."""
     from kvpolicy.lint.report import render_diagnostic
 

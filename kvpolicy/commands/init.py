@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 
 DEFAULT_FILE = "policy.kvp"
 
@@ -69,7 +69,7 @@ rule "idle-reclaim" {
 """
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("init", help="write a commented starter policy", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", nargs="?", default=DEFAULT_FILE, metavar="FILE",

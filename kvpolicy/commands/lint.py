@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from kvpolicy.commands import add_format_option, style_for
+from kvpolicy.commands import Subcommands, add_format_option, style_for
 from kvpolicy.commands.common import UsageError, parse_size, policy_files
 
+if TYPE_CHECKING:
+    from kvpolicy.diagnostics import Diagnostic
 
-def add_parser(sub) -> None:
+
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("lint", help="check policy files", description=__doc__)
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy files, directories of .kvp files, or - for stdin")
     parser.add_argument("--stdin-filename", metavar="NAME", default="<stdin>", help="the name diagnostics give standard input")
@@ -45,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     except FactsError as exc:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
         return 1
-    diagnostics = []
+    diagnostics: list[Diagnostic] = []
     sources: dict[str, list[str]] = {}
     for name, path in inputs:
         try:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvpolicy.commands import Subcommands
+
 EXTRA_HINT = "kvpolicy lsp: needs pygls, which the 'lsp' extra installs: pip install 'kvpolicy[lsp]'"
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("lsp", help="serve the language server protocol over stdio (editors)", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--stdio", action="store_true", help="accepted for editors that pass it; stdio is the only transport")

@@ -16,16 +16,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import parse_size
 from kvpolicy.commands.plan_sglang import add_sglang_arguments, positive_int, run_sglang
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, run_vllm
 
+if TYPE_CHECKING:
+    from kvpolicy.commands.plan_policy import PolicyTarget
+
 ENGINES = ("sglang", "vllm")
 
 
-def add_parser(subparsers) -> None:
+def add_parser(subparsers: Subcommands) -> None:
     p = subparsers.add_parser(
         "plan",
         help="token capacities and bytes per KV pool for a budget, a token count or a policy (closed forms)",
@@ -75,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     return _run_vllm(args, target)
 
 
-def _run_vllm(args: argparse.Namespace, target) -> int:
+def _run_vllm(args: argparse.Namespace, target: PolicyTarget | None) -> int:
     """``run_vllm`` with the budget the vLLM adapter sets at start-up when planning a policy."""
     from kvpolicy.commands.plan_policy import PolicyPlanError, vllm_startup_budget
 

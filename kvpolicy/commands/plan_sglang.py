@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands.common import parse_size
@@ -60,7 +61,7 @@ def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
     sg.add_argument("--swa-prefix-tails", type=int, metavar="N", help="default: 4 per running request")
 
 
-def launch_flags(args: argparse.Namespace, environ=os.environ) -> LaunchFlags:
+def launch_flags(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LaunchFlags:
     """The SGLang flags given on the command line (and the two SGLang environment variables that matter)."""
     from kvpolicy.adapters.sglang_dsv4.launch import LaunchFlags
 

@@ -109,7 +109,7 @@ def run_vllm(args: argparse.Namespace) -> int:
     except ModelSpecError as exc:
         print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
         return 1
-    platform = getattr(args, "platform", "cuda")
+    platform: pf.Platform = getattr(args, "platform", "cuda")
     amx = bool(getattr(args, "cpu_amx", False))
     resolved = {
         "block_size": pf.block_size(platform, family, args.block_size, amx),

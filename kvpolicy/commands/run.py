@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvpolicy.commands import add_format_option, missing_extra
+from kvpolicy.commands import Subcommands, add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
 _UNSET = object()  # --metrics-address not given
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("run", help="run the controller", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("policy", metavar="POLICY", help="the policy file to enforce (watched: edits take effect when they lint clean)")
@@ -104,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvpolicy.runtime.controller import Controller, ControllerConfig, PolicyRefused
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError
-    from kvpolicy.runtime.gpus import FactsSampler, StaticSampler, nvml_sampler
+    from kvpolicy.runtime.gpus import FactsSampler, GpuSampler, StaticSampler, nvml_sampler
     from kvpolicy.runtime.health import ControllerHealth
     from kvpolicy.runtime.metrics import ControllerMetrics
 
@@ -125,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     if unreadable:
         print(f"kvpolicy run: {policy}: cannot read it: {unreadable}", file=sys.stderr)
         return 2
+    sampler: GpuSampler | None
     try:
         if args.facts:
             sampler = FactsSampler(read_facts(args.facts))
@@ -178,7 +179,9 @@ def _run(args: argparse.Namespace) -> int:
             else:
                 from kvpolicy.evaluate.explain import render_explain
 
-                sys.stdout.write(render_explain(controller.watcher.current.policy, decision, f"ledger {ledger.path}"))
+                current = controller.watcher.current
+                assert current is not None  # the decision was made under it
+                sys.stdout.write(render_explain(current.policy, decision, f"ledger {ledger.path}"))
             return 0
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,12 +12,12 @@ import argparse
 import json
 import sys
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 
 NAMES = ("facts", "kvtest", "decision", "state")
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("schema", help="print the JSON Schema of facts, .kvtest.json and other documents",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", choices=NAMES, metavar="NAME", help=f"one of: {', '.join(NAMES)}")

@@ -10,10 +10,10 @@ import argparse
 import json
 import sys
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("test", help="run policy unit tests", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="test files or directories (default: .)")

@@ -17,12 +17,13 @@ import select
 import shutil
 import sys
 import time
+from typing import Any
 
-from kvpolicy.commands import add_format_option
+from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import parse_count, parse_seconds
 
 
-def add_parser(sub) -> None:
+def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("top", help="live view of GPU memory", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ledger-dir", metavar="DIR", help="ledger directory (default: $KVPOLICY_LEDGER_DIR or /dev/shm/kvpolicy)")
@@ -78,7 +79,7 @@ class _Keys:
 
     def __init__(self) -> None:
         self.active = False
-        self._saved = None
+        self._saved: list[Any] | None = None  # the terminal's attributes (termios.tcgetattr)
 
     def __enter__(self) -> _Keys:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Any
 
 from kvpolicy.evaluate.conditions import Condition, compile_condition
 from kvpolicy.evaluate.decision import Decision, RuleMemory, State
@@ -236,7 +237,7 @@ def _gpus(prepared: PreparedPolicy, facts: Facts) -> list[_Gpu]:
                     facts=inst_facts,
                     settings=model,
                     elastic=elastic,
-                    used=inst_facts.elastic.used if elastic else 0,
+                    used=inst_facts.elastic.used if inst_facts.elastic is not None else 0,
                     min=minimum,
                     max=maximum,
                 )
@@ -412,7 +413,7 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
         for inst in ordered:
             holds = condition(reported[inst.id])
             old = remembered.get(inst.id)
-            since = None
+            since: float | None = None  # set exactly when the condition holds
             if holds:
                 since = old.holding_since if old is not None and old.holding_since is not None else now
             cooldown_until = old.cooldown_until if old is not None else None
@@ -420,9 +421,9 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
                 cooldown_until = now + cooldown  # the shrink ends: its cooldown starts
             if cooldown_until is not None and cooldown_until <= now:
                 cooldown_until = None
-            if holds and old is not None and old.shrink_to is not None:
+            if since is not None and old is not None and old.shrink_to is not None:
                 in_force.append((inst, since, old.acting_since if old.acting_since is not None else now))
-            elif holds and cooldown_until is None and now - since >= grace:
+            elif since is not None and cooldown_until is None and now - since >= grace:
                 candidates.append((inst, since))
             if since is not None or cooldown_until is not None:
                 if old is not None and old.shrink_to is None and (old.holding_since, old.cooldown_until) == (since, cooldown_until):
@@ -465,11 +466,13 @@ def _adjusted(figures: dict, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -
 
 def _apply_shrink(prepared: PreparedPolicy, rule: PreparedRule, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -> int:
     """Lower the instance's limit to the rule's value (never below its guarantee)."""
+    value: Exact
     if rule.shrink == "min":
         value = inst.min
     elif rule.shrink == "target":
         value = inst.target
     else:
+        assert rule.amount is not None  # a shrink to an amount has one
         value = rule.amount.resolve(gpu.capacity)
     value = max(inst.guarantee, max(0, value))
     if value < inst.limit:
@@ -504,9 +507,9 @@ def _rule_on(instance: str, memory: RuleMemory, rule: PreparedRule, now: float) 
         return {"instance": instance, "state": "cooling_down", "since": None, "until": memory.cooldown_until,
                 "shrink_to": None}
     since = memory.holding_since
-    waiting = since is not None and now - since < rule.grace
-    return {"instance": instance, "state": "waiting" if waiting else "not_needed", "since": since,
-            "until": since + rule.grace if waiting else None, "shrink_to": None}
+    until = since + rule.grace if since is not None and now - since < rule.grace else None
+    return {"instance": instance, "state": "waiting" if until is not None else "not_needed", "since": since,
+            "until": until, "shrink_to": None}
 
 
 # ---- step 7 and the decision ------------------------------------------------------------------
@@ -543,7 +546,7 @@ def _decision(prepared: PreparedPolicy, facts: Facts, gpus: list[_Gpu], rules: l
     policy = prepared.policy
     file = policy.file
     gpu_out: list[dict[str, object]] = []
-    inst_out: list[dict[str, object]] = []
+    inst_out: list[dict[str, Any]] = []  # Decision validates them
     for gpu in gpus:
         chunk = gpu.chunk
         used = sum(i.used for i in gpu.elastic)

@@ -6,12 +6,12 @@ fields beyond it are additions. ``reasons`` say why each number is what it is.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-DECISION_SCHEMA = 1
-STATE_SCHEMA = 1
+DECISION_SCHEMA: Final = 1
+STATE_SCHEMA: Final = 1
 
 
 class _Out(BaseModel):

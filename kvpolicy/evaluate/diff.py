@@ -8,14 +8,14 @@ on it; per GPU its elastic budget. ``changed`` marks what moved.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from kvpolicy.evaluate.decision import Decision, PolicyRef
 from kvpolicy.units import format_bytes
 
-DIFF_SCHEMA = 1
+DIFF_SCHEMA: Final = 1
 
 
 class _Out(BaseModel):
@@ -92,9 +92,9 @@ def diff_decisions(old: Decision, new: Decision, facts: str) -> PolicyDiff:
         ))
     new_gpus = {g.id: g for g in new.gpus}
     gpus = []
-    for a in old.gpus:
-        budget = Bytes(old=a.elastic_budget, new=new_gpus[a.id].elastic_budget)
-        gpus.append(GpuDiff(id=a.id, elastic_budget=budget, changed=budget.changed))
+    for gpu in old.gpus:
+        budget = Bytes(old=gpu.elastic_budget, new=new_gpus[gpu.id].elastic_budget)
+        gpus.append(GpuDiff(id=gpu.id, elastic_budget=budget, changed=budget.changed))
     changed = sum(i.changed for i in instances) + sum(g.changed for g in gpus)
     return PolicyDiff(old=old.policy, new=new.policy, facts=facts, now=old.now, gpus=tuple(gpus),
                       instances=tuple(instances), changed=changed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvpolicy import gpu_bar
 from kvpolicy.evaluate.decision import Decision, GpuDecision, InstanceDecision, RuleOnInstance, RuleReport
 from kvpolicy.policy.model import Policy
+from kvpolicy.policy.resolve import ModelSettings
 from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
 
@@ -143,7 +144,7 @@ def _instance_section(policy: Policy, gpu: GpuDecision, inst: InstanceDecision) 
     return lines
 
 
-def _guarantee_reason(inst: InstanceDecision, settings) -> str:
+def _guarantee_reason(inst: InstanceDecision, settings: ModelSettings) -> str:
     r = inst.reasons
     level = f"priority {settings.priority}, level {r.priority_level + 1}"
     return {
@@ -155,7 +156,7 @@ def _guarantee_reason(inst: InstanceDecision, settings) -> str:
     }[r.guarantee]
 
 
-def _limit_reason(inst: InstanceDecision, settings, gpu: GpuDecision) -> str:
+def _limit_reason(inst: InstanceDecision, settings: ModelSettings, gpu: GpuDecision) -> str:
     r = inst.reasons
     if r.limit == "max":
         where = f" (line {settings.block.max.span.line})" if settings.block and settings.block.max else " (default 100%)"

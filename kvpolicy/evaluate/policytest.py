@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
+from pydantic.fields import FieldInfo
 
 from kvpolicy.diagnostics import PolicyError
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
@@ -98,29 +99,41 @@ class Expectation(_Strict):
     """Expectations by GPU id."""
 
 
+def _constrained(field: FieldInfo) -> Any:
+    """A field's type with its constraints (pydantic keeps them apart, in ``metadata``)."""
+    if not field.metadata:
+        return field.annotation
+    arguments = (field.annotation, *field.metadata)  # a tuple, not a star in the subscript: Python 3.10
+    return Annotated[arguments]
+
+
 def _patch(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
     """``model`` with every field optional, except ``id``: the fields a step may set."""
     fields: dict[str, Any] = {
-        field_name: (
-            (Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation) | None,
-            Field(None, description=field.description),
-        )
+        field_name: (_constrained(field) | None, Field(None, description=field.description))
         for field_name, field in model.model_fields.items()
         if field_name != "id"
     }
     return create_model(name, __config__=ConfigDict(extra="forbid"), __doc__=doc, **fields)
 
 
-InstanceChange = _patch(InstanceFacts, "InstanceChange", "Fields of an instance's facts to replace (not its id).")
-GpuChange = _patch(GpuFacts, "GpuChange", "Fields of a GPU's facts to replace (not its id).")
+if TYPE_CHECKING:  # models built at import from the facts' fields: the type checker sees their base
+
+    class InstanceChange(BaseModel): ...
+
+    class GpuChange(BaseModel): ...
+
+else:
+    InstanceChange = _patch(InstanceFacts, "InstanceChange", "Fields of an instance's facts to replace (not its id).")
+    GpuChange = _patch(GpuFacts, "GpuChange", "Fields of a GPU's facts to replace (not its id).")
 
 
 class FactChanges(_Strict):
     """Changes to the facts, from this step on."""
 
-    instances: dict[str, InstanceChange] = Field(default_factory=dict)  # type: ignore[valid-type]
+    instances: dict[str, InstanceChange] = Field(default_factory=dict)
     """By instance id: the fields to replace."""
-    gpus: dict[str, GpuChange] = Field(default_factory=dict)  # type: ignore[valid-type]
+    gpus: dict[str, GpuChange] = Field(default_factory=dict)
     """By GPU id: the fields to replace."""
     remove: list[str] = Field(default_factory=list)
     """Instance ids that are gone from this step on."""
@@ -252,10 +265,10 @@ def _apply(data: dict[str, Any], step: Step) -> dict[str, Any]:
             raise ValueError(f"set: no instance {inst_id!r} in the facts" + _known(instances))
         instances[inst_id].update(fields.model_dump(exclude_unset=True))
     gpus = {g["id"]: g for g in data.get("gpus", [])}
-    for gpu_id, fields in changes.gpus.items():
+    for gpu_id, gpu_fields in changes.gpus.items():
         if gpu_id not in gpus:
             raise ValueError(f"set: no GPU {gpu_id!r} in the facts" + _known(gpus))
-        gpus[gpu_id].update(fields.model_dump(exclude_unset=True))
+        gpus[gpu_id].update(gpu_fields.model_dump(exclude_unset=True))
     for inst_id in changes.remove:
         if inst_id not in instances:
             raise ValueError(f"remove: no instance {inst_id!r} in the facts" + _known(instances))

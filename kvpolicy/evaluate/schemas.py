@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel
 
@@ -29,7 +30,7 @@ WRITTEN_BY_PEOPLE = (Facts, PolicyTestFile)
 
 
 def render(model: type[BaseModel]) -> str:
-    mode = "validation" if model in WRITTEN_BY_PEOPLE else "serialization"
+    mode: Literal["validation", "serialization"] = "validation" if model in WRITTEN_BY_PEOPLE else "serialization"
     schema = model.model_json_schema(by_alias=True, mode=mode)
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 

@@ -6,6 +6,7 @@ import codecs
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 from kvpolicy.catalogue import SYNTAX_ERROR, VALIDATION_BUDGET_EXCEEDED
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
@@ -18,6 +19,9 @@ from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
 from kvpolicy.policy.model import Policy
 from kvpolicy.policy.syntax import SyntaxResult, gc_paused, parse_tree
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing's from Python 3.11
 
 
 @dataclass(frozen=True)
@@ -134,13 +138,23 @@ def decode_policy(data: bytes, file: str, max_bytes: int | None = None) -> str:
         ) from None
 
 
-def lint_file(path: Path | str, *, display_name: str | None = None, **context) -> LintResult:
+class LintOptions(TypedDict, total=False):
+    """What ``lint_file`` and ``lint_bytes`` hand on to ``lint_text``."""
+
+    gpu_capacity: int | None
+    facts: Facts | None
+    budget: int | WorkBudget | None
+    max_bytes: int | None
+    syntax: SyntaxResult | None
+
+
+def lint_file(path: Path | str, *, display_name: str | None = None, **context: Unpack[LintOptions]) -> LintResult:
     """Read and lint a policy file; unreadable bytes become a diagnostic, not an exception."""
     path = Path(path)
     return lint_bytes(read_policy_bytes(path, context.get("max_bytes")), display_name or str(path), **context)
 
 
-def lint_bytes(data: bytes, name: str, **context) -> LintResult:
+def lint_bytes(data: bytes, name: str, **context: Unpack[LintOptions]) -> LintResult:
     """Lint a policy's raw bytes (a file's, or standard input's) reported as ``name``."""
     try:
         text = decode_policy(data, name, context.get("max_bytes"))

@@ -10,10 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from lark import Token
-
 from kvpolicy.catalogue import INVALID_SUPPRESSION, SUPPRESSION_WITHOUT_REASON, UNUSED_SUPPRESSION, rule_by_code
 from kvpolicy.diagnostics import Diagnostic, Span
+from kvpolicy.policy.lark_parser import Token
 from kvpolicy.policy.suppressions import SUPPRESSION as _SUPPRESSION
 from kvpolicy.policy.suppressions import covered_lines
 

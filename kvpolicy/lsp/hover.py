@@ -168,10 +168,10 @@ def _capacities(doc: PolicyDocument, block: Block) -> list[tuple[str, int]]:
     elif doc.context.gpu_capacity is not None:
         found.append((f"every GPU ({doc.context.capacity_from or 'kvpolicy.gpuCapacity'})", doc.context.gpu_capacity))
     elif policy is not None:
-        for gpu in policy.gpus:
-            if gpu.capacity is not None:
-                label = ", ".join(s.value for s in gpu.ids) or "*"
-                found.append((label, gpu.capacity.bytes))
+        for gpu_block in policy.gpus:
+            if gpu_block.capacity is not None:
+                label = ", ".join(s.value for s in gpu_block.ids) or "*"
+                found.append((label, gpu_block.capacity.bytes))
     grouped: dict[int, list[str]] = {}
     for label, capacity in found:
         grouped.setdefault(capacity, []).append(label)

@@ -58,7 +58,7 @@ def parse(text: str) -> JsonDocument | None:
 
 
 def _skip(text: str, pos: int) -> int:
-    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]
+    return _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # a run of zero or more always matches
 
 
 def _value(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[Any, int]:

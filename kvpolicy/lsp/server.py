@@ -28,7 +28,7 @@ from kvpolicy.lsp.findings import to_lsp
 from kvpolicy.lsp.formatting import format_edits
 from kvpolicy.lsp.language import FormatRefused, Policy, partial_policy
 from kvpolicy.lsp.positions import Codec, Pos
-from kvpolicy.lsp.testfiles import Navigator, Place, kvtest_files_in, open_kvtest
+from kvpolicy.lsp.testfiles import KvTestFile, Navigator, Place, kvtest_files_in, open_kvtest
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ class PolicyServer(LanguageServer):
         return Path(root) if root else None
 
     def context_for(self, path: Path | None) -> CheckContext:
-        for problem in self.settings.problems:
-            self.tell(problem)
+        for setting_problem in self.settings.problems:
+            self.tell(setting_problem)
         facts_path = facts_path_for(path, self.settings, self.root())
         facts = None
         if facts_path is not None:
@@ -355,7 +355,7 @@ def create_server() -> PolicyServer:
     return server
 
 
-def _test_document(ls: PolicyServer, uri: str):
+def _test_document(ls: PolicyServer, uri: str) -> KvTestFile | None:
     path = _path(uri)
     if not is_test_file(uri) or path is None:
         return None

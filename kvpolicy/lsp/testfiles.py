@@ -199,7 +199,8 @@ class Navigator:
 
     def references_from_policy(self, policy_path: Path, policy: Policy, at: Pos, include_declaration: bool) -> list[Place]:
         """References to the model block or rule whose name is at ``at`` in the policy."""
-        for item in (*policy.models, *policy.rules):
+        items: tuple[ModelBlock | Rule, ...] = (*policy.models, *policy.rules)
+        for item in items:
             if Region.of_span(item.name.span).contains(at):
                 identity = ("rule", item.name.value) if isinstance(item, Rule) else ("model", item.span)
                 declaration = [Place(policy_path, _header(item))] if include_declaration else []

@@ -10,11 +10,12 @@ twice). What it cannot build it leaves out, so later checks see a valid model.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from decimal import Decimal
 from fractions import Fraction
+from typing import Any
 
-from lark import Token, Tree
+from lark import Tree
 
 from kvpolicy.catalogue import (
     DUPLICATE_DEFINITION,
@@ -29,6 +30,7 @@ from kvpolicy.catalogue import (
 from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy import model as m
 from kvpolicy.policy import vocabulary as v
+from kvpolicy.policy.lark_parser import Token
 from kvpolicy.policy.suggest import closest, did_you_mean
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS, duration_seconds, size_bytes
 
@@ -51,6 +53,42 @@ VALUE_TOKENS = frozenset({"QUANTITY", "STRING", "NAME", "ATTRIBUTE", "COMPARE", 
 def args(tree: Tree) -> list[Tree | Token]:
     """A node's operands: subtrees and value tokens, without keywords, braces and separators."""
     return [c for c in tree.children if isinstance(c, Tree) or c.type in VALUE_TOKENS]
+
+
+# The grammar says which operands are tokens and which are nodes; these say it to the
+# type checker, and refuse a tree that breaks it (a grammar change the builder missed).
+
+
+def _as_token(tree: Tree, node: Tree | Token) -> Token:
+    if isinstance(node, Tree):
+        raise TypeError(f"the grammar has a token among the operands of {tree.data!r}, not a {node.data!r} node")
+    return node
+
+
+def _as_tree(tree: Tree, node: Tree | Token) -> Tree:
+    if not isinstance(node, Tree):
+        raise TypeError(f"the grammar has a node among the operands of {tree.data!r}, not a {node.type} token")
+    return node
+
+
+def token_arg(tree: Tree, index: int = 0) -> Token:
+    """Operand ``index`` of ``tree``, where the grammar puts a token (a value, a name, a word)."""
+    return _as_token(tree, args(tree)[index])
+
+
+def tree_arg(tree: Tree, index: int = 0) -> Tree:
+    """Operand ``index`` of ``tree``, where the grammar puts a node (a selector, a condition)."""
+    return _as_tree(tree, args(tree)[index])
+
+
+def token_args(tree: Tree) -> list[Token]:
+    """The operands of ``tree``, all tokens in the grammar."""
+    return [_as_token(tree, node) for node in args(tree)]
+
+
+def tree_args(tree: Tree) -> list[Tree]:
+    """The operands of ``tree``, all nodes in the grammar (statements, conditions)."""
+    return [_as_tree(tree, node) for node in args(tree)]
 
 
 def first_token(node: Tree | Token) -> Token:
@@ -117,10 +155,10 @@ class PolicyBuilder:
     def policy(self, tree: Tree, sha256: str, end: Span) -> m.Policy:
         version: m.IntLit | None = None
         statements: list[m.Statement] = []
-        for child in args(tree):
+        for child in tree_args(tree):
             kind = _kind(child)
             if kind == "version":
-                built = self.integer(args(child)[0], "version")
+                built = self.integer(token_arg(child), "version")
                 if version is not None:
                     self.report(
                         DUPLICATE_DEFINITION, child, "'version' is given twice",
@@ -147,7 +185,7 @@ class PolicyBuilder:
         )
 
     def unknown(self, tree: Tree, block: str | None) -> None:
-        word: Token = args(tree)[0]
+        word = token_arg(tree)
         if word.value == v.RECOVERED:
             return  # stands in for a line that already has a syntax error
         message, hint = unknown_keyword(word.value, block)
@@ -158,9 +196,10 @@ class PolicyBuilder:
         tree: Tree,
         block: str,
         build: dict[str, Callable[[Tree], object]],
-    ) -> dict[str, object]:
-        """Build a block's settings; each may be given once."""
-        values: dict[str, object] = {}
+    ) -> dict[str, Any]:
+        """Build a block's settings; each may be given once (keywords for the block's model,
+        which validates them)."""
+        values: dict[str, Any] = {}
         first_line: dict[str, int] = {}
         for child in args(tree):
             if not isinstance(child, Tree):
@@ -189,8 +228,8 @@ class PolicyBuilder:
         fields = self._fields(
             tree, "defaults",
             {
-                "headroom": lambda t: self.amount(args(t)[0], "headroom"),
-                "chunk": lambda t: self.size(args(t)[0], "chunk"),
+                "headroom": lambda t: self.amount(token_arg(t), "headroom"),
+                "chunk": lambda t: self.size(token_arg(t), "chunk"),
                 "capacity": lambda t: self._not_here(t, "capacity", "defaults", 'gpu * { capacity 141 GiB }'),
             },
         )
@@ -200,14 +239,14 @@ class PolicyBuilder:
         self.report(UNKNOWN_FIELD, tree, f"'{key}' cannot be set in a {block} block", f"use `{example}`")
 
     def gpu(self, tree: Tree) -> m.GpuBlock:
-        selector: Tree = args(tree)[0]
-        ids = () if _kind(selector) == "all_gpus" else tuple(self.string(t) for t in args(selector))
+        selector = tree_arg(tree)
+        ids = () if _kind(selector) == "all_gpus" else tuple(self.string(t) for t in token_args(selector))
         fields = self._fields(
             tree, "gpu",
             {
-                "headroom": lambda t: self.amount(args(t)[0], "headroom"),
-                "capacity": lambda t: self.size(args(t)[0], "capacity"),
-                "chunk": lambda t: self.size(args(t)[0], "chunk"),
+                "headroom": lambda t: self.amount(token_arg(t), "headroom"),
+                "capacity": lambda t: self.size(token_arg(t), "capacity"),
+                "chunk": lambda t: self.size(token_arg(t), "chunk"),
             },
         )
         return m.GpuBlock(span=span_of(tree), ids=ids, **fields)
@@ -216,27 +255,27 @@ class PolicyBuilder:
         fields = self._fields(
             tree, "model",
             {
-                "engine": lambda t: self.name(args(t)[0]),
-                "priority": lambda t: self.integer(args(t)[0], "priority"),
-                "reserve": lambda t: self.size(args(t)[0], "reserve"),
-                "min": lambda t: self.amount(args(t)[0], "min"),
-                "max": lambda t: self.amount(args(t)[0], "max"),
-                "weight": lambda t: self.integer(args(t)[0], "weight"),
+                "engine": lambda t: self.name(token_arg(t)),
+                "priority": lambda t: self.integer(token_arg(t), "priority"),
+                "reserve": lambda t: self.size(token_arg(t), "reserve"),
+                "min": lambda t: self.amount(token_arg(t), "min"),
+                "max": lambda t: self.amount(token_arg(t), "max"),
+                "weight": lambda t: self.integer(token_arg(t), "weight"),
                 "pool": self.pool,
             },
         )
         pools = tuple(fields.pop("pools", ()))
-        return m.ModelBlock(span=span_of(tree), name=self.string(args(tree)[0]), pools=pools, **fields)
+        return m.ModelBlock(span=span_of(tree), name=self.string(token_arg(tree)), pools=pools, **fields)
 
     def pool(self, tree: Tree) -> m.PoolBlock:
         fields = self._fields(
             tree, "pool",
             {
-                "owner": lambda t: self.owner(args(t)[0]),
-                "max": lambda t: self.amount(args(t)[0], "max"),
+                "owner": lambda t: self.owner(token_arg(t)),
+                "max": lambda t: self.amount(token_arg(t), "max"),
             },
         )
-        return m.PoolBlock(span=span_of(tree), name=self.name(args(tree)[0]), **fields)
+        return m.PoolBlock(span=span_of(tree), name=self.name(token_arg(tree)), **fields)
 
     def owner(self, token: Token) -> m.Name | None:
         if token.value not in v.OWNERS:
@@ -251,23 +290,23 @@ class PolicyBuilder:
         fields = self._fields(
             tree, "rule",
             {
-                "when": lambda t: self.expression(args(t)[0]),
+                "when": lambda t: self.expression(tree_arg(t)),
                 "order": self.order,
-                "shrink": lambda t: self.shrink(args(t)[0]),
-                "grace": lambda t: self.duration(args(t)[0], "grace"),
-                "cooldown": lambda t: self.duration(args(t)[0], "cooldown"),
+                "shrink": lambda t: self.shrink(token_arg(t)),
+                "grace": lambda t: self.duration(token_arg(t), "grace"),
+                "cooldown": lambda t: self.duration(token_arg(t), "cooldown"),
             },
         )
         if "shrink" in fields:
             fields["shrink_to"] = fields.pop("shrink")
-        return m.Rule(span=span_of(tree), name=self.string(args(tree)[0]), **fields)
+        return m.Rule(span=span_of(tree), name=self.string(token_arg(tree)), **fields)
 
     def order(self, tree: Tree) -> tuple[m.OrderKey, ...] | None:
         keys: list[m.OrderKey] = []
         keys_given = [k for k in args(tree) if isinstance(k, Tree)]
         for key in keys_given:
-            words = args(key)
-            attribute: Token = words[0]
+            words = token_args(key)
+            attribute = words[0]
             ok = True
             if attribute.value == "by" and len(words) > 1 and words[1].value in v.ORDER_KEYS:
                 self.report(
@@ -277,6 +316,7 @@ class PolicyBuilder:
                 continue
             if attribute.value not in v.ORDER_KEYS:
                 prefix, _, short = attribute.value.rpartition(".")
+                hint: str | None
                 if prefix == "model" and short in v.ORDER_KEYS:
                     hint = f"order takes the short name: did you mean '{short}'?"
                 elif prefix:
@@ -291,7 +331,7 @@ class PolicyBuilder:
                 ok = False
             descending = False
             if len(words) > 1:
-                direction: Token = words[1]
+                direction = words[1]
                 if direction.value not in v.DIRECTIONS:
                     alias = v.DIRECTION_ALIASES.get(direction.value.lower())
                     self.report(
@@ -325,8 +365,8 @@ class PolicyBuilder:
         if kind == "comparison":
             return self.comparison(node)
         if kind == "group":
-            return self.expression(args(node)[0])
-        operands = [self.expression(c) for c in args(node)]
+            return self.expression(tree_arg(node))
+        operands = [self.expression(c) for c in tree_args(node)]
         if any(o is None for o in operands):
             return None
         span = span_of(node)
@@ -337,7 +377,7 @@ class PolicyBuilder:
         return m.Or(span=span, operands=tuple(operands))
 
     def comparison(self, node: Tree) -> m.Compare | None:
-        left_token, op, right_token = args(node)
+        left_token, op, right_token = token_args(node)
         left = self.operand(left_token)
         right = self.operand(right_token)
         if left is None or right is None:
@@ -370,9 +410,9 @@ class PolicyBuilder:
         if q.unit == "%":
             return m.PercentLit(span=span, percent=Decimal(q.number_text))
         if q.unit in SIZE_UNITS:
-            return self._size(q)
+            return self._size(q, q.unit)
         if q.unit in DURATION_UNITS:
-            return self._duration(q)
+            return self._duration(q, q.unit)
         self.report(
             UNKNOWN_UNIT, q.unit_span, f"unknown unit '{q.unit}'",
             unit_hint(q.unit, (*SIZE_UNITS, *DURATION_UNITS))
@@ -380,12 +420,12 @@ class PolicyBuilder:
         )
         return None
 
-    def _comparable(self, left, op: Token, right, left_token: Token, right_token: Token) -> bool:
+    def _comparable(self, left: m.Operand, op: Token, right: m.Operand, left_token: Token, right_token: Token) -> bool:
         attrs = [o for o in (left, right) if isinstance(o, m.Attr)]
         if not attrs:
             for side, token in ((left, left_token), (right, right_token)):
                 full = _attribute_for(side.value) if isinstance(side, m.Name) else None
-                if full is not None:
+                if full is not None and isinstance(side, m.Name):
                     self.report(UNKNOWN_ATTRIBUTE, token, f"unknown attribute '{side.value}'", f"did you mean '{full}'?")
                     return False
             self.report(
@@ -514,10 +554,10 @@ class PolicyBuilder:
                 unit_hint(q.unit, units) or "sizes use " + ", ".join(units),
             )
             return None
-        return self._size(q)
+        return self._size(q, q.unit)
 
-    def _size(self, q: _Quantity) -> m.SizeLit:
-        return m.SizeLit(span=q.span, bytes=size_bytes(q.number, q.unit), number=q.number_text, unit=q.unit)
+    def _size(self, q: _Quantity, unit: str) -> m.SizeLit:
+        return m.SizeLit(span=q.span, bytes=size_bytes(q.number, unit), number=q.number_text, unit=unit)
 
     def duration(self, token: Token, setting: str) -> m.DurationLit | None:
         q = self.quantity(token)
@@ -541,14 +581,14 @@ class PolicyBuilder:
                     unit_hint(q.unit, DURATION_UNITS) or "durations use ms, s, m or h",
                 )
             return None
-        return self._duration(q)
+        return self._duration(q, q.unit)
 
-    def _duration(self, q: _Quantity) -> m.DurationLit | None:
+    def _duration(self, q: _Quantity, unit: str) -> m.DurationLit | None:
         if q.number < 0:
             self.report(INVALID_DURATION, q.token, f"a duration cannot be negative ('{q.token.value}')")
             return None
         return m.DurationLit(
-            span=q.span, seconds=duration_seconds(q.number, q.unit), number=q.number_text, unit=q.unit
+            span=q.span, seconds=duration_seconds(q.number, unit), number=q.number_text, unit=unit
         )
 
     def string(self, token: Token) -> m.Str:
@@ -600,7 +640,7 @@ def _unquote(text: str) -> str:
     return re.sub(r"\\(.)", r"\1", text[1:-1])
 
 
-def _literal_kind(node) -> str:
+def _literal_kind(node: m.Operand) -> str:
     if isinstance(node, (m.SizeLit, m.PercentLit)):
         return "size"
     if isinstance(node, m.DurationLit):
@@ -631,7 +671,7 @@ def _example_name(attr: m.Attr) -> str:
     return "vllm" if attr.name == "model.engine" else '"qwen3-8b"'
 
 
-def unit_hint(unit: str, units) -> str | None:
+def unit_hint(unit: str, units: Collection[str]) -> str | None:
     """``did you mean 's'?`` for ``sec``, ``GiB`` for ``GiBB``: a known spelling, else the closest unit."""
     alias = v.UNIT_ALIASES.get(unit.lower())
     if alias is not None and alias in units:

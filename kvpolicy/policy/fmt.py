@@ -22,11 +22,13 @@ from __future__ import annotations
 import re
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lark import Token, Tree
+from lark import Tree
 
 from kvpolicy.policy.build import first_token, last_token
+from kvpolicy.policy.lark_parser import Token
 from kvpolicy.diagnostics import PolicyError
 from kvpolicy.policy.suppressions import covered_lines, is_suppression
 from kvpolicy.policy.syntax import gc_paused, parse_tree
@@ -214,21 +216,22 @@ class _Printer:
             self.emit(indent, _inline(tree), first.line, self.trailing_comment(last))
             return
         head, items, close = _split_block(tree)
-        if tree.data in _SINGLE_LINE_BLOCKS and self.fits_on_one_line(head[0], close, items):
+        if tree.data in _SINGLE_LINE_BLOCKS and self.fits_on_one_line(first, close, items):
             body = "; ".join(_inline(i) for i in items)
             code = f"{_join(head[:-1])} {{ {body} }}" if items else f"{_join(head[:-1])} {{}}"
             self.emit(indent, code, first.line, self.trailing_comment(close))
             return
         open_brace = head[-1]
+        assert isinstance(open_brace, Token)  # the head ends with the '{'
         if not items and not self.has_comments_between(first.line, close.line):
             self.emit(indent, f"{_join(head[:-1])} {{}}", first.line, self.trailing_comment(close))
             return
         self.emit(indent, _join(head[:-1]) + " {", first.line, self.trailing_comment(open_brace))
-        body = len(self.lines)
+        body_start = len(self.lines)
         self.items(items, indent + 1)
         self.flush_comments(close.line, indent + 1)
-        if len(self.lines) > body:
-            self.lines[body].blank_before = False  # no blank line right after '{'
+        if len(self.lines) > body_start:
+            self.lines[body_start].blank_before = False  # no blank line right after '{'
         self.emit(indent, "}", close.line, self.trailing_comment(close))
         self.lines[-1].blank_before = False  # nor right before '}'
 
@@ -260,6 +263,7 @@ def _split_block(tree: Tree) -> tuple[list[Token | Tree], list[Tree], Token]:
     brace = next(i for i, c in enumerate(children) if isinstance(c, Token) and c.type == "LBRACE")
     head = children[: brace + 1]
     close = children[-1]
+    assert isinstance(close, Token)  # a block ends with its '}'
     items = [c for c in children[brace + 1 : -1] if isinstance(c, Tree)]
     return head, items, close
 
@@ -297,7 +301,7 @@ def _inline(node: Tree | Token) -> str:
     return _join(_tokens(node) if isinstance(node, Tree) else [node])
 
 
-def _join(parts: list[Token | Tree]) -> str:
+def _join(parts: Sequence[Token | Tree]) -> str:
     tokens: list[Token] = []
     for part in parts:
         tokens.extend(_tokens(part))

@@ -20,9 +20,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import cache
 from importlib.resources import files
+from typing import TYPE_CHECKING, cast
 
 import lark
-from lark import Lark, Token, Tree
+from lark import Lark, Tree
 from lark.lark import PostLex
 
 from kvpolicy.policy.vocabulary import TOP_LEVEL
@@ -30,6 +31,24 @@ from kvpolicy.policy.vocabulary import TOP_LEVEL
 MAX_NESTING = 32
 TOP_LEVEL_BLOCKS = frozenset(TOP_LEVEL) - {"version"}
 """Statements that open a block only at the top level."""
+
+if TYPE_CHECKING:
+
+    class Token(lark.Token):
+        """A token of a policy, as the type checker sees it: Lark types a token's positions
+        as optional (a token made by hand may have none), but every token this parser hands
+        on comes from its lexer, which sets them all (``new_borrow_pos`` copies them). The
+        casts below, where tokens leave Lark, are the only place that claims it."""
+
+        start_pos: int
+        line: int
+        column: int
+        end_line: int
+        end_column: int
+        end_pos: int
+
+else:
+    Token = lark.Token
 
 
 @cache
@@ -83,13 +102,13 @@ class Layout(PostLex):
     lexed as one wherever it stands, and a newline inside parentheses reaches this
     postlexer, which drops it."""
 
-    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+    def process(self, stream: Iterator[lark.Token]) -> Iterator[Token]:
         trace = _TRACE.get()
         history, parens, braces = trace.history, trace.open_parens, trace.open_braces
         statement_head: Token | None = None
         nots = 0  # 'not's in a row: each nests the condition one level deeper
         after_sep = False
-        for token in stream:
+        for token in cast("Iterator[Token]", stream):  # the lexer's tokens (see Token)
             if token.type == "_SEP":
                 if parens and token.value != ";":
                     continue  # newlines inside parentheses do not end a statement
@@ -132,16 +151,17 @@ class Layout(PostLex):
                 statement_head = None
 
 
-def _keep_comment(token: Token) -> Token:
-    _TRACE.get().comments.append(token)
+def _keep_comment(token: lark.Token) -> lark.Token:
+    _TRACE.get().comments.append(cast(Token, token))  # a lexer's token (see Token)
     return token
 
 
-def _end_on_its_line(separator: Token) -> Token:
+def _end_on_its_line(separator: lark.Token) -> lark.Token:
     """A newline ends on its own line, one column on (Lark ends it at the start of the
     next line): a diagnostic at the end of a line stays on that line."""
-    separator.end_line, separator.end_column = separator.line, separator.column + 1
-    return separator
+    token = cast(Token, separator)  # a lexer's token (see Token)
+    token.end_line, token.end_column = token.line, token.column + 1
+    return token
 
 
 @cache
@@ -175,11 +195,11 @@ def _cache_file() -> str | bool:
     return os.path.join(directory, f"grammar-lark{lark.__version__}-py{python}.pickle")
 
 
-def parse(text: str, trace: Trace) -> Tree:
+def parse(text: str, trace: Trace) -> Tree[Token]:
     """The parse tree of ``text``, recording what the parse saw in ``trace``; raises
     Lark's UnexpectedToken or UnexpectedCharacters, or NestingTooDeep."""
     reset = _TRACE.set(trace)
     try:
-        return parser().parse(text)
+        return cast("Tree[Token]", parser().parse(text))  # the lexer's tokens (see Token)
     finally:
         _TRACE.reset(reset)

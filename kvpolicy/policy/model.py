@@ -11,12 +11,15 @@ from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 from functools import cache
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 from kvpolicy.diagnostics import Span
 from kvpolicy.units import percent_of
+
+if TYPE_CHECKING:
+    from kvpolicy.policy.resolve import GpuSettings, ModelSettings
 
 
 class Node(BaseModel):
@@ -242,13 +245,13 @@ class Policy(Node):
     def rules(self) -> tuple[Rule, ...]:
         return tuple(s for s in self.statements if isinstance(s, Rule))
 
-    def model_settings(self, name: str):
+    def model_settings(self, name: str) -> ModelSettings:
         """The settings that bind an instance of model ``name`` (see ``policy.resolve``)."""
         from kvpolicy.policy.resolve import model_settings
 
         return model_settings(self, name)
 
-    def gpu_settings(self, gpu_id: str):
+    def gpu_settings(self, gpu_id: str) -> GpuSettings:
         """The headroom, capacity override and chunk for GPU ``gpu_id``."""
         from kvpolicy.policy.resolve import gpu_settings
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from kvpolicy.policy import globs
 from kvpolicy.diagnostics import Span
@@ -85,7 +86,7 @@ def gpu_settings(policy: Policy, gpu_id: str) -> GpuSettings:
     wildcard = [g for g in policy.gpus if g.is_wildcard]
     layers = [*specific, *wildcard, *policy.defaults]  # most specific first
 
-    def first(attr: str):
+    def first(attr: str) -> tuple[Any, int]:
         for block in layers:
             value = getattr(block, attr, None)
             if value is not None:

@@ -14,11 +14,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from lark import Token, Tree
+from lark import Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
 from kvpolicy.diagnostics import Diagnostic
-from kvpolicy.policy.lark_parser import NestingTooDeep, Trace, parse
+from kvpolicy.policy.lark_parser import NestingTooDeep, Token, Trace, parse
 from kvpolicy.policy.syntax_messages import explain_failure
 from kvpolicy.policy.vocabulary import RECOVERED
 
@@ -48,7 +48,7 @@ class SyntaxResult:
     """A parse tree (of the text with broken lines replaced, when there were errors),
     the comments, and the syntax errors."""
 
-    tree: Tree | None
+    tree: Tree[Token] | None
     comments: list[Token]
     diagnostics: list[Diagnostic]
     kinds: list[str] = field(default_factory=list)

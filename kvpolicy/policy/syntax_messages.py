@@ -20,13 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property
 
-from lark import Token
 from lark.exceptions import UnexpectedCharacters, UnexpectedToken
 
 from kvpolicy.catalogue import SYNTAX_ERROR, UNKNOWN_FIELD, UNKNOWN_UNIT, Rule
 from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
-from kvpolicy.policy.lark_parser import NestingTooDeep, Trace, parser
+from kvpolicy.policy.lark_parser import NestingTooDeep, Token, Trace, parser
 from kvpolicy.policy.vocabulary import RECOVERED, UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -284,11 +283,14 @@ class Matcher:
 
 
 def _too_deep(s: Situation) -> Failure:
-    return s.fail(_span(s.error.token), s.error.what, "flatten the structure", recover=False)
+    error = s.error
+    assert isinstance(error, NestingTooDeep)  # the matcher's kind of error
+    return s.fail(_span(error.token), error.what, "flatten the structure", recover=False)
 
 
 def _unterminated_string(s: Situation) -> Failure:
-    error: UnexpectedCharacters = s.error
+    error = s.error
+    assert isinstance(error, UnexpectedCharacters)  # the matcher's kind of error
     span = Span.point(error.line, error.column)
     return Failure(SYNTAX_ERROR.at(s.file, span, "unterminated string", 'close the string with " on the same line'), error.line)
 
@@ -307,7 +309,8 @@ _BAD_CHARACTER_HINTS = {
 
 
 def _bad_character(s: Situation) -> Failure:
-    error: UnexpectedCharacters = s.error
+    error = s.error
+    assert isinstance(error, UnexpectedCharacters)  # the matcher's kind of error
     char = error.char
     if not char.isprintable() or char.isspace():
         shown = f"U+{ord(char):04X}"
@@ -330,7 +333,9 @@ def _missing_close_paren(s: Situation) -> Failure:
 def _forgotten_close_brace(s: Situation) -> Failure:
     """Recovery closes the blocks at the end of the last line of code before the
     statement, so the statements below are read (and checked) where they belong."""
-    unclosed, where = s.forgotten_braces
+    forgotten = s.forgotten_braces
+    assert forgotten is not None  # the matcher applies only then
+    unclosed, where = forgotten
     last = s.last_code_line(unclosed[-1][0].line, where)
     return s.fail(
         Span.point(where, _indent(s.lines[where - 1])),
@@ -365,16 +370,20 @@ def _missing_close_brace_at_end(s: Situation) -> Failure:
 
 
 def _misplaced_statement(s: Situation) -> Failure:
-    head, block_head = s.misplaced
+    misplaced = s.misplaced
+    assert misplaced is not None  # the matcher applies only then
+    head, block_head = misplaced
     message, hint = unknown_keyword(head.value, block_head.value if block_head is not None else None)
     return s.fail(_span(head), message, hint, rule=UNKNOWN_FIELD)
 
 
 def _missing_operand(s: Situation) -> Failure:
+    assert s.previous is not None  # the matcher applies only after a token
     return s.fail(s.after(s.previous), f"missing a value after '{s.prev_word}'", "e.g. `gpu.free < 8 GiB`")
 
 
 def _missing_value(s: Situation) -> Failure:
+    assert s.previous is not None  # the matcher applies only after a token
     return s.fail(s.after(s.previous), f"{s.setting(s.prev_word)} needs {s.words()}", s.example)
 
 
@@ -404,7 +413,9 @@ def _unquoted_name(s: Situation) -> Failure:
     token, keyword = s.token, s.prev_word
     line = s.lines[token.line - 1]
     start = token.column - 1
-    word = re.match(r"[^\s{]+", line[start:]).group()
+    name = re.match(r"[^\s{]+", line[start:])
+    assert name is not None  # the refused token, a name, starts there
+    word = name.group()
     rest = line[start + len(word) :]
     # Quoting shifts what follows by two columns: only when nothing else can be reported there.
     replacement = line[:start] + f'"{word}"' + rest if rest.strip() in ("{", "{}") else None
@@ -426,6 +437,7 @@ def _missing_open_brace(s: Situation) -> Failure:
     # A block body follows (its '}' is below): parse it as a block, so its
     # lines are not reported again as statements out of place.
     body_follows = token.type == "_SEP" and rest.count("}") > rest.count("{")
+    hint: str | None
     if keyword == "gpu" and token.type == "STRING":
         hint = 'separate GPU ids with commas: `gpu "cuda:0", "cuda:1" { ... }`'
     else:
@@ -475,6 +487,7 @@ def _is_keyword_as_unit(s: Situation) -> bool:
 
 
 def _keyword_as_unit(s: Situation) -> Failure:
+    assert s.previous is not None  # the matcher applies only after a quantity
     unit = UNIT_ALIASES[s.token.value]
     return s.fail(
         _span(s.token), f"unknown unit '{s.token.value}'",
@@ -509,7 +522,8 @@ MATCHERS: tuple[Matcher, ...] = (
          'version 1\nrule "r" { when ' + "(" * 40 + "gpu.free < 1 GiB" + ")" * 40 + " }\n"),
     ),
     Matcher(
-        "unterminated-string", UnexpectedCharacters, lambda s: s.error.char == '"', _unterminated_string,
+        "unterminated-string", UnexpectedCharacters,
+        lambda s: isinstance(s.error, UnexpectedCharacters) and s.error.char == '"', _unterminated_string,
         ('version 1\nmodel "a\n',),
     ),
     Matcher("bad-character", UnexpectedCharacters, lambda s: True, _bad_character, ('version 1\nmodel "a" { reserve 40 @ }\n',)),

@@ -37,6 +37,7 @@ from kvpolicy.runtime.admission import Refusal
 from kvpolicy.runtime.errors import Detached, LedgerError
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
 from kvpolicy.runtime.ledger import Claim, GpuLedger
+from kvpolicy.runtime.records import Words
 from kvpolicy.runtime.segment import Access, add_unlock_hook, holds_any_lock, list_gpus
 from kvpolicy.runtime.values import GpuFigures, SlotView
 
@@ -90,7 +91,7 @@ class Instance:
         self.last_refusal: Refusal | None = None
         """Why the last elastic admission said no (None after one that said yes)."""
         self._attached = True
-        self._words = ledger.seg.words
+        self._words: Words = ledger.seg.words
         self._pub = ledger.records.slots[claim.index].published
         self._pub_seq_index = self._pub.seq_index
         self._pub_seen = -1

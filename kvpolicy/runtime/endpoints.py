@@ -28,6 +28,8 @@ from kvpolicy.runtime.health import ControllerHealth, Probe
 INDEX = b"kvpolicy controller\n/metrics  Prometheus metrics\n/healthz  liveness\n/readyz   readiness\n"
 
 StartResponse = Callable[..., Any]
+App = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+"""A WSGI application."""
 
 
 class _Server(ThreadingMixIn, WSGIServer):
@@ -39,7 +41,7 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def make_app(registry: CollectorRegistry, health: ControllerHealth | None = None):
+def make_app(registry: CollectorRegistry, health: ControllerHealth | None = None) -> App:
     """The WSGI application behind the endpoints; without ``health`` only ``/metrics`` and ``/``."""
     metrics = make_wsgi_app(registry)
 
@@ -78,7 +80,7 @@ def serve(host: str, port: int, registry: CollectorRegistry,
     """
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     server_class = type("Server", (_Server,), {"address_family": family})
-    server = make_server(host, port, make_app(registry, health), server_class, handler_class=_QuietHandler)
+    server: WSGIServer = make_server(host, port, make_app(registry, health), server_class, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="kvpolicy-http", daemon=True)
     thread.start()
     return server, thread

@@ -54,7 +54,7 @@ class LayoutVersionMismatch(CorruptSegment):
         return self.found > self.expected
 
     @property
-    def tag(self) -> str:  # type: ignore[override]
+    def tag(self) -> str:  # type: ignore[override]  # the base's class constant, per instance here
         return f"layout{self.found}"
 
     @classmethod

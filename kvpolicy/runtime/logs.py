@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Literal, TextIO
 
 LogFormat = Literal["text", "json"]
 LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
@@ -48,12 +48,12 @@ class JsonFormatter(logging.Formatter):
 class StderrHandler(logging.StreamHandler):
     """A stream handler on the current ``sys.stderr``, looked up at every record."""
 
-    @property  # type: ignore[override]
-    def stream(self):  # logging's attribute (a property here)
+    @property
+    def stream(self) -> TextIO:  # logging's attribute (a property here)
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it; stderr is looked up instead
+    def stream(self, value: object) -> None:  # StreamHandler.__init__ assigns it; stderr is looked up instead
         pass
 
     def handleError(self, record: logging.LogRecord) -> None:

@@ -11,13 +11,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from typing import get_args
+from typing import TYPE_CHECKING, get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvpolicy.evaluate.decision import Decision, RuleStateName
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from kvpolicy.runtime.directory import LedgerView
+    from kvpolicy.runtime.health import ControllerHealth
 
 EVALUATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
@@ -26,13 +32,13 @@ class _Snapshot(Collector):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.decision: Decision | None = None
-        self.view = None
+        self.view: LedgerView | None = None
         self.policy_revision = 0
         self.published_revision = 0
         self.heartbeat = 0.0
         self.stuck_after = 60.0
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         with self._lock:
             decision, view = self.decision, self.view
             policy_revision, published, heartbeat = self.policy_revision, self.published_revision, self.heartbeat
@@ -53,7 +59,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return family
 
 
-def _gpu_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
+def _gpu_families(decision: Decision) -> Iterator[Metric]:
     specs = (
         ("kvpolicy_gpu_capacity_bytes", "GPU capacity (policy override or measured).", lambda g: g.capacity),
         ("kvpolicy_gpu_headroom_bytes", "Headroom never handed out.", lambda g: g.headroom),
@@ -74,7 +80,7 @@ def _gpu_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
     yield reserved
 
 
-def _instance_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
+def _instance_families(decision: Decision) -> Iterator[Metric]:
     labels = ["instance", "model", "engine", "gpu"]
     specs = (
         ("kvpolicy_instance_limit_bytes", "Published hard cap on elastic memory.", lambda i: i.limit),
@@ -116,7 +122,7 @@ def _rule_families(decision: Decision) -> Iterator[GaugeMetricFamily]:
     yield shrink
 
 
-def _ledger_families(view, stuck_after: float) -> Iterator[GaugeMetricFamily]:
+def _ledger_families(view: LedgerView, stuck_after: float) -> Iterator[Metric]:
     labels = ["instance", "model", "engine", "gpu"]
     used = GaugeMetricFamily("kvpolicy_instance_used_bytes", "Elastic bytes in live blocks.", labels=labels)
     mapped = GaugeMetricFamily("kvpolicy_instance_mapped_bytes", "Elastic bytes mapped on the GPU.", labels=labels)
@@ -165,7 +171,7 @@ class ControllerMetrics:
             buckets=EVALUATION_BUCKETS, registry=self.registry,
         )
 
-    def update(self, *, decision: Decision | None, view, policy_revision: int, published_revision: int, heartbeat: float) -> None:
+    def update(self, *, decision: Decision | None, view: LedgerView | None, policy_revision: int, published_revision: int, heartbeat: float) -> None:
         with self._snapshot._lock:
             self._snapshot.decision = decision
             self._snapshot.view = view
@@ -173,7 +179,9 @@ class ControllerMetrics:
             self._snapshot.published_revision = published_revision
             self._snapshot.heartbeat = heartbeat
 
-    def serve(self, port: int, addr: str = "127.0.0.1", health=None):
+    def serve(
+        self, port: int, addr: str = "127.0.0.1", health: ControllerHealth | None = None
+    ) -> tuple[WSGIServer, threading.Thread]:
         """Serve ``/metrics`` (and ``/healthz``, ``/readyz`` with a ``health.ControllerHealth``) on ``addr:port``.
 
         Returns (server, thread); ``server.server_port`` is the port bound (for ``port`` 0).

@@ -34,7 +34,9 @@ class SegmentReader:
         _, g = self.records.gpu.read(self.seg.mm, self.seg.words)
         if g is not self._figures_of:  # the record cache hands back the same tuple until the record moves
             self._figures, self._figures_of = codec.decode_figures(g, self.where), g
-        return self._figures  # type: ignore[return-value]
+        figures = self._figures
+        assert figures is not None  # decoded on the first read (a record's values are never None)
+        return figures
 
     def totals(self) -> Totals:
         _, t = self.records.totals.read(self.seg.mm, self.seg.words)

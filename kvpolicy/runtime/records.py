@@ -36,7 +36,7 @@ import threading
 import zlib
 from collections import namedtuple
 from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.errors import CorruptSegment, TornSlot
@@ -101,12 +101,19 @@ def stores_made() -> int:
 @functools.cache
 def _compiled(spec: RecordSpec) -> tuple[struct.Struct, Any]:
     """The body's Struct and value tuple class, built once per record kind."""
-    return struct.Struct(spec.body_format), namedtuple(f"{spec.name.title()}Record", spec.names)  # type: ignore[misc]
+    return struct.Struct(spec.body_format), namedtuple(f"{spec.name.title()}Record", spec.names)
 
 
 def value_type(spec: RecordSpec) -> Any:
     """The named tuple class of ``spec``'s values (the one ``Record.read`` returns)."""
     return _compiled(spec)[1]
+
+
+class Words(Protocol):
+    """What a reader needs of a segment's 64-bit words: one by index (``Segment.words``, or a
+    stand-in that refuses every read once an instance detached)."""
+
+    def __getitem__(self, index: int, /) -> int: ...
 
 
 class Record:
@@ -137,11 +144,11 @@ class Record:
         self.where = where
         self._last: tuple[int, Any] = (-1, None)  # (seq, values) last read or written by this process
 
-    def seq(self, words: memoryview) -> int:
+    def seq(self, words: Words) -> int:
         """The sequence word: changes exactly when a new copy becomes visible."""
         return words[self.seq_index]
 
-    def read(self, mm: mmap.mmap, words: memoryview) -> tuple[int, Any]:
+    def read(self, mm: mmap.mmap, words: Words) -> tuple[int, Any]:
         """``(seq, values)`` of the visible copy, consistent; CorruptSegment if its CRC is wrong.
 
         While ``seq`` has not moved since this process last read or wrote the record, the values

@@ -388,7 +388,7 @@ class Segment:
                 fcntl.fcntl(self.fd, fcntl.F_OFD_SETLK, _UNLOCK_WRITE)
         finally:
             self._tlock.release()
-            _leave(me)  # type: ignore[arg-type]
+            _leave(me)  # type: ignore[arg-type]  # unlock follows lock(), which set the holder
 
     @contextmanager
     def locked(self) -> Iterator[None]:
@@ -461,6 +461,7 @@ _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _no_room(exc: OSError, directory: Path, gpu: str) -> LedgerError:
+    assert exc.errno is not None  # one of _NO_ROOM
     return LedgerError(
         f"kvpolicy ledger: no room for {gpu}'s segment in {directory} ({errno.errorcode[exc.errno]}: "
         f"{os.strerror(exc.errno)}). Free space on that filesystem (for /dev/shm: a larger --shm-size or "

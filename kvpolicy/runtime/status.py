@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -24,8 +24,11 @@ from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 from kvpolicy.runtime.stores import MAX_DOCUMENT_BYTES, read_document, write_document
 
+if TYPE_CHECKING:
+    from kvpolicy.runtime.directory import LedgerView
+
 STATUS_FILE = "status.json"
-STATUS_SCHEMA = 1
+STATUS_SCHEMA: Final = 1
 STALE_AFTER = 10.0
 """A controller whose heartbeat is older than this (seconds) is stale: in status, and for /healthz."""
 
@@ -160,7 +163,7 @@ def read_status(ledger_dir: Path | str) -> Status | None:
         raise LedgerError(f"kvpolicy ledger: {path} is not a valid status file (schema {STATUS_SCHEMA}): {exc}") from None
 
 
-def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, stale_after: float = STALE_AFTER) -> Status:
+def live_status(view: LedgerView, base: Status | None = None, *, stuck_after: float = 60.0, stale_after: float = STALE_AFTER) -> Status:
     """``base`` (the controller's file, if any) with GPUs and instances refreshed from ``view`` (a LedgerView)."""
     gpus: list[GpuStatus] = []
     instances: list[InstanceStatus] = []
@@ -195,7 +198,7 @@ def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, 
                     target=v.target,
                     revision=v.revision,
                     acked_revision=v.ack_revision,
-                    ack=v.ack,  # type: ignore[arg-type]
+                    ack=v.ack,
                     guarantee=v.guarantee,
                     stuck=v.stuck(view.now, stuck_after),
                     deferred_since=v.deferred_since,

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.budget import RELOAD_WORK_BUDGET
@@ -47,6 +47,10 @@ from kvpolicy.lint.engine import lint_bytes
 from kvpolicy.lint.source import read_policy_stream
 from kvpolicy.policy.model import Policy
 from kvpolicy.runtime.links import Chain, resolve_chain
+
+if TYPE_CHECKING:  # watchdog is the runtime extra's, imported when watching starts
+    from watchdog.events import FileSystemEvent, FileSystemEventHandler
+    from watchdog.observers.api import BaseObserver, ObservedWatch
 
 log = logging.getLogger("kvpolicy.watch")
 
@@ -153,9 +157,9 @@ class PolicyWatcher:
         """(signature, first seen (monotonic), trigger) of new content waiting out the quiet period."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._observer = None
-        self._watches: dict[str, object] = {}
-        self._handler = None
+        self._observer: BaseObserver | None = None
+        self._watches: dict[str, ObservedWatch] = {}
+        self._handler: FileSystemEventHandler | None = None
 
     # ---- checking ------------------------------------------------------------------
 
@@ -282,7 +286,7 @@ class PolicyWatcher:
         watcher = self
 
         class _Handler(FileSystemEventHandler):
-            def on_any_event(self, event) -> None:
+            def on_any_event(self, event: FileSystemEvent) -> None:
                 watcher.on_event(event)
 
         self._handler = _Handler()
@@ -293,7 +297,7 @@ class PolicyWatcher:
         self._thread = threading.Thread(target=self._loop, name="kvpolicy-watch", daemon=True)
         self._thread.start()
 
-    def on_event(self, event) -> None:
+    def on_event(self, event: FileSystemEvent) -> None:
         """A watchdog event in a watched directory (on the observer's thread)."""
         from watchdog.events import (
             DirModifiedEvent,
@@ -367,8 +371,8 @@ class PolicyWatcher:
 
     def _reconcile_watches(self) -> None:
         """Watch exactly the directories of the current chain (the ones that exist)."""
-        observer = self._observer
-        if observer is None:
+        observer, handler = self._observer, self._handler
+        if observer is None or handler is None:  # not started (start sets both)
             return
         wanted = {d for d in self.chain.directories if os.path.isdir(d)}
         for directory in set(self._watches) - wanted:
@@ -379,7 +383,7 @@ class PolicyWatcher:
                 pass  # its directory is gone, and the watch with it
         for directory in wanted - set(self._watches):
             try:
-                self._watches[directory] = observer.schedule(self._handler, directory, recursive=False)
+                self._watches[directory] = observer.schedule(handler, directory, recursive=False)
             except OSError as exc:
                 log.warning("cannot watch %s (%s): the %.1fs poll will see its changes", directory, exc,
                             self.poll_interval)

@@ -25,7 +25,7 @@ import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,7 +91,7 @@ def model_is_elastic(env: AdapterEnv, model: str) -> bool:
     return bool(marked_pools(read_policy(env.policy).model_settings(model).pools)[0])
 
 
-def prepare_engine(vllm_config: Any, model: str, environ: dict[str, str] | None = None) -> bool:
+def prepare_engine(vllm_config: Any, model: str, environ: MutableMapping[str, str] | None = None) -> bool:
     """Before vLLM resolves the KV cache layout: ask for BLHNC if ``model`` is elastic. True if it is."""
     env = AdapterEnv.from_environ()
     if not model_is_elastic(env, model):
@@ -119,6 +119,7 @@ def after_step(engine_core: Any) -> None:
 
     elastic = elastic_of(getattr(manager, "block_pool", None))
     if elastic is not None:
+        assert scheduler is not None  # the pool was found through it
         elastic.on_step(active=scheduler.has_requests())
         return
     if not has_unbound():
@@ -193,6 +194,7 @@ def elastic_allocation(worker: Any, plan: ElasticPlan) -> Iterator[None]:
     allocates inside the elastic buffer's allocation context. Set on that one runner, for the call."""
     runner = worker.model_runner
     initialize = runner.initialize_kv_cache
+    params: Mapping[str, inspect.Parameter]
     try:
         params = inspect.signature(initialize).parameters
     except (TypeError, ValueError):

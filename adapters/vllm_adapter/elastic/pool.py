@@ -163,9 +163,9 @@ class ElasticPool:
         pool.free_block_queue = FreeKVCacheBlockQueue(usable)
         self._n_in = len(usable)
         # Instance attributes on vLLM's pool: a handful, so its attribute layout stays fast.
-        pool._kvpolicy = self  # type: ignore[attr-defined]
-        pool.get_usage = self.get_usage  # type: ignore[method-assign]
-        pool.reset_prefix_cache = self.reset_prefix_cache  # type: ignore[method-assign]
+        pool._kvpolicy = self
+        pool.get_usage = self.get_usage
+        pool.reset_prefix_cache = self.reset_prefix_cache
         buffer.set_listener(self._on_unmap)
         buffer.bound = True
 
@@ -181,7 +181,7 @@ class ElasticPool:
         self._doomed = chunks
         draining = "free_blocks" in vars(self.vllm)
         if chunks is not None and not draining:
-            self.vllm.free_blocks = self._free_blocks_draining  # type: ignore[method-assign]
+            self.vllm.free_blocks = self._free_blocks_draining
         elif chunks is None and draining:
             del self.vllm.free_blocks
 
@@ -203,7 +203,7 @@ class ElasticPool:
         """vLLM's ``reset_prefix_cache``, counting the blocks out of the queue (unmapped or parked) as free."""
         pool = self.vllm
         if self._n_in - pool.free_block_queue.num_free_blocks == 0:
-            pool.get_num_free_blocks = lambda: pool.num_gpu_blocks - 1  # type: ignore[method-assign]
+            pool.get_num_free_blocks = lambda: pool.num_gpu_blocks - 1
             try:
                 return BlockPool.reset_prefix_cache(pool)
             finally:
@@ -355,8 +355,9 @@ class ElasticPool:
             return
         count = math.ceil(excess / self._chunk)
         mapped = [c for c in range(kv.num_chunks - 1, -1, -1) if kv.is_mapped(c) and c not in self._pinned_chunks]
-        self._set_doomed(frozenset(mapped[:count]))
-        self._park([self.blocks[b] for c in self._doomed for b in self._grid.blocks_touching(c)])
+        doomed = frozenset(mapped[:count])
+        self._set_doomed(doomed)
+        self._park([self.blocks[b] for c in doomed for b in self._grid.blocks_touching(c)])
 
     def _park(self, candidates: list[KVCacheBlock]) -> None:
         doomed, grid, state, queue = self._doomed, self._grid, self._state, self.vllm.free_block_queue

@@ -34,16 +34,21 @@ class KVCacheLayout(Enum):
     BHLNC = (1, 2, 0, 3, 4)
 
     @property
+    def axes(self) -> tuple[int, ...]:
+        """Where [L, B, H, N, C] go (the type checker reads ``value`` as the first member's)."""
+        return self.value
+
+    @property
     def is_block_outermost(self) -> bool:
-        return self.value[0] == 1
+        return self.axes[0] == 1
 
     @property
     def is_layer_compact(self) -> bool:
-        return self.value[0] == 0
+        return self.axes[0] == 0
 
     @property
     def is_block_compact(self) -> bool:
-        return set(self.value[:2]) == {0, 1}
+        return set(self.axes[:2]) == {0, 1}
 
     @classmethod
     def from_name(cls, name: str) -> KVCacheLayout:

@@ -11,7 +11,7 @@ that ``kvpolicy plan --engine vllm --format json`` prints.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
@@ -30,7 +30,7 @@ from .kv_cache_planning import (
     validate_layout,
 )
 
-PLAN_SCHEMA = 1
+PLAN_SCHEMA: Final = 1
 
 
 class PlanSettings(SpecSettings):

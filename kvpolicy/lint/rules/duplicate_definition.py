@@ -9,6 +9,7 @@ from kvpolicy import catalogue
 from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Check, register
+from kvpolicy.policy.model import Node
 
 
 @register
@@ -19,7 +20,7 @@ class DuplicateDefinition(Check):
         policy = ctx.policy
         seen: dict[str, int] = {}
 
-        def once(key: str, what: str, node, span: Span | None = None) -> Iterator[Diagnostic]:
+        def once(key: str, what: str, node: Node, span: Span | None = None) -> Iterator[Diagnostic]:
             if key in seen:
                 yield self.at(ctx.file, span or node.span, f"{what} is defined twice", f"the first is on line {seen[key]}")
             else:
@@ -40,7 +41,7 @@ class DuplicateDefinition(Check):
             yield from once(f"rule {rule.name.value}", f"rule {rule.name.value!r}", rule.name)
 
 
-def _keyword(block, word: str) -> Span:
+def _keyword(block: Node, word: str) -> Span:
     """The block's keyword (a block's span starts with it): where a duplicate is reported."""
     start = block.span
     return Span(line=start.line, col=start.col, end_line=start.line, end_col=start.col + len(word))

@@ -9,6 +9,7 @@ from kvpolicy import catalogue
 from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Check, register
+from kvpolicy.policy.model import Defaults, GpuBlock
 from kvpolicy.units import MiB, format_bytes
 
 CHUNK_GRANULE = 2 * MiB
@@ -20,7 +21,8 @@ class InvalidChunk(Check):
     rule = catalogue.INVALID_CHUNK
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
-        for block in (*ctx.policy.defaults, *ctx.policy.gpus):
+        blocks: tuple[Defaults | GpuBlock, ...] = (*ctx.policy.defaults, *ctx.policy.gpus)
+        for block in blocks:
             chunk = block.chunk
             if chunk is None or chunk.bytes < 0:
                 continue

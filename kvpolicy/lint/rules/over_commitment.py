@@ -57,7 +57,7 @@ def _may_be_elastic(model: ModelBlock) -> bool:
     return engine not in ENGINES or ENGINES[engine].supports_elastic
 
 
-def _gpus(ctx: LintContext):
+def _gpus(ctx: LintContext) -> Iterator[tuple[str, int, int, list[_Demand]]]:
     """(gpu id, capacity, other use, demands) for each GPU the context knows of."""
     policy = ctx.policy
     if ctx.facts is not None:
