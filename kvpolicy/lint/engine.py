@@ -7,8 +7,6 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from lark import Token
-
 from kvpolicy.catalogue import SYNTAX_ERROR, VALIDATION_BUDGET_EXCEEDED
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
 from kvpolicy.facts import Facts
@@ -18,7 +16,7 @@ from kvpolicy.lint.rules import all_checks
 from kvpolicy.lint.source import check_size, read_policy_bytes
 from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
-from kvpolicy.policy.incremental import StatementCache
+from kvpolicy.policy.incremental import BuiltText, StatementCache
 from kvpolicy.policy.model import Policy
 from kvpolicy.policy.syntax import SyntaxResult, gc_paused, parse_tree
 
@@ -94,33 +92,32 @@ def _lint_text(
 ) -> LintResult:
     lines = text.split("\n")
     end = Span.point(len(lines), len(lines[-1]) + 1)
+    # from the document's cache when it has one (None there: a syntax error, parse it whole)
     built = statements.build(text, file, digest, end) if statements is not None and syntax is None else None
-    if built is None and syntax is None:
-        syntax = parse_tree(text, file)
-    syntax_ok = built is not None or not syntax.diagnostics
+    syntax_errors: list[Diagnostic] = []
+    if built is None:
+        if syntax is None:
+            syntax = parse_tree(text, file)
+        syntax_errors = syntax.diagnostics
     if budget is not None:
-        budget.charge(len(text) * (1 + (0 if syntax is None else len(syntax.kinds))))  # each recovery parses the text again
+        recoveries = 0 if syntax is None else len(syntax.kinds)
+        budget.charge(len(text) * (1 + recoveries))  # each recovery parses the text again
+    diagnostics.extend(syntax_errors)
+    if built is None and syntax is not None and syntax.tree is not None:
+        builder = PolicyBuilder(file)
+        built = BuiltText(builder.policy(syntax.tree, digest, end), builder.diagnostics, syntax.comments)
     policy: Policy | None = None
-    comments: list[Token] = []
     if built is not None:
-        policy, comments = built.policy, built.comments
+        policy = built.policy
         diagnostics.extend(built.diagnostics)
-    else:
-        diagnostics.extend(syntax.diagnostics)
-        if syntax.tree is not None:
-            builder = PolicyBuilder(file)
-            policy = builder.policy(syntax.tree, digest, end)
-            diagnostics.extend(builder.diagnostics)
-            comments = syntax.comments
-    if policy is not None:
-        if syntax_ok:  # other checks once the file parses
+        if not syntax_errors:  # other checks once the file parses
             ctx = LintContext(
                 policy, gpu_capacity=gpu_capacity, facts=facts, parse_diagnostics=tuple(diagnostics), budget=budget,
             )
             for check in all_checks():
                 ctx.charge(len(ctx.nodes))
                 diagnostics.extend(check().check(ctx))
-        suppressions, problems = find_suppressions(comments, lines, file)
+        suppressions, problems = find_suppressions(built.comments, lines, file)
         diagnostics[:] = apply_suppressions(diagnostics, suppressions, file) + problems
     diagnostics.sort(key=Diagnostic.sort_key)
     has_errors = any(d.is_error for d in diagnostics)

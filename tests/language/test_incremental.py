@@ -117,29 +117,31 @@ def test_split_cuts_after_each_top_level_statement() -> None:
 
 
 def test_an_edit_reparses_only_its_statement(monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed: list[list[int]] = []
-    build_run = incremental._build_run
+    parsed: list[str] = []
+    parse = incremental.parse
 
-    def spy(chunks, file):
-        parsed.append([c.first_line for c in chunks])
-        return build_run(chunks, file)
+    def spy(text, trace):
+        parsed.append(text)
+        return parse(text, trace)
 
-    monkeypatch.setattr(incremental, "_build_run", spy)
+    monkeypatch.setattr(incremental, "parse", spy)
     cache = StatementCache()
     first = lint_text(POLICY, FILE, statements=cache)
-    assert parsed == [[1, 2, 6, 8]]  # the first version: one parse of the whole
+    assert parsed == [POLICY]  # the first version: one parse of the whole
     assert [d.code for d in first.diagnostics] == []  # the suppression holds
 
     edited = POLICY.replace("priority 5", "priority 5000")
     parsed.clear()
     again = lint_text(edited, FILE, statements=cache)
-    assert parsed == [[6]]  # the one chunk that changed
+    assert parsed == ['\nmodel "b" { priority 5000; reserve 2 GiB }  # one line\n']  # the one statement that changed
     assert [(d.code, d.line) for d in again.diagnostics] == [("KV014", 7)]
     assert again == lint_text(edited, FILE)
 
-    broken = edited.replace("shrink to min", "shrink to {")  # a syntax error: the whole text is parsed
+    broken = edited.replace("shrink to min", "shrink to {")  # a syntax error: then the whole text is parsed
     parsed.clear()
     result = lint_text(broken, FILE, statements=cache)
-    assert parsed == [[8]]
+    assert parsed == [broken[broken.index('\nrule "reclaim"'):]]
     assert result == lint_text(broken, FILE) and result.errors
+    parsed.clear()
     assert lint_text(edited, FILE, statements=cache) == again  # the cache still holds the version before
+    assert parsed == []
