@@ -10,8 +10,10 @@ whatever the machine. Also the start-up of `kvpolicy lint` in a fresh process.
 
 "re-lint" is what an editor server pays per change: the same policy linted again
 after one value in its middle changed, with the document's ``StatementCache`` (so
-only that statement is parsed and built again); CPU time, median. The lint from
-scratch ("lint", "cpu") is what `kvpolicy lint` and a reload pay.
+only that statement is parsed and built again); CPU time, median. "+line" is the
+same with a blank line added (and removed) in the middle instead: every statement
+below it moves, and is parsed and built again. The lint from scratch ("lint", "cpu")
+is what `kvpolicy lint` and a reload pay.
 
 Then the inputs that used to stall lint or fmt (issue 16, item 7): each one's median
 time, and its ratio to tokenizing it (the near-linear floor), so a return of the
@@ -128,6 +130,7 @@ def bench_size(lines: int, runs: int) -> dict[str, float]:
     lint_cpu_s = _median(lambda: lint_text(text, "bench.kvp"), runs, time.process_time)
     baseline_s = _median(lambda: _TOKENS.findall(text), runs)
     relint_cpu_s = _median(_edits(text), runs, time.process_time)
+    relint_line_cpu_s = _median(_edits(text, add_line=True), runs, time.process_time)
     with gc_paused():
         parse_s = _median(lambda: parse_tree(text, "bench.kvp"), runs)
         tree = parse_tree(text, "bench.kvp").tree
@@ -140,6 +143,7 @@ def bench_size(lines: int, runs: int) -> dict[str, float]:
         "lint_ms": lint_s * 1000,
         "lint_cpu_ms": lint_cpu_s * 1000,
         "relint_cpu_ms": relint_cpu_s * 1000,
+        "relint_line_added_cpu_ms": relint_line_cpu_s * 1000,
         "lines_per_s": n / lint_s,
         "parse_ms": parse_s * 1000,
         "build_ms": build_s * 1000,
@@ -150,12 +154,14 @@ def bench_size(lines: int, runs: int) -> dict[str, float]:
     }
 
 
-def _edits(text: str):
+def _edits(text: str, add_line: bool = False):
     """A function that lints ``text`` again with one size in its middle edited (4 GiB,
-    5 GiB, 4 GiB...), reusing what the last lint built, as an editor server does."""
+    40 GiB, 4 GiB...), or a blank line added there and removed, reusing what the last
+    lint built, as an editor server does."""
     lines = text.split("\n")
     target = next(i for i in range(len(lines) // 2, len(lines)) if " GiB  # static KV budget" in lines[i])
-    versions = [text, "\n".join([*lines[:target], lines[target].replace(" GiB", "0 GiB", 1), *lines[target + 1 :]])]
+    edited = [""] if add_line else [lines[target].replace(" GiB", "0 GiB", 1)]
+    versions = [text, "\n".join([*lines[:target], *edited, *lines[target + int(not add_line) :]])]
     cache = StatementCache()
     lint_text(text, "bench.kvp", statements=cache)
     count = iter(range(1, 1 << 30))
@@ -218,13 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser()  # build the LALR tables once, outside the timings (start-up is measured apart)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, load average {load}")
-    print(f"{'lines':>7} {'lint ms':>9} {'cpu ms':>8} {'re-lint cpu ms':>15} {'lines/s':>10} {'parse ms':>9} {'build ms':>9} {'checks ms':>10} {'other ms':>9} {'x tokenize':>11}")
+    print(f"{'lines':>7} {'lint ms':>9} {'cpu ms':>8} {'re-lint cpu ms':>15} {'+line':>7} {'lines/s':>10} {'parse ms':>9} {'build ms':>9} {'checks ms':>10} {'other ms':>9} {'x tokenize':>11}")
     rows = []
     for size in args.sizes:
         row = bench_size(size, args.runs)
         rows.append(row)
         print(
-            f"{row['lines']:>7} {row['lint_ms']:>9.1f} {row['lint_cpu_ms']:>8.1f} {row['relint_cpu_ms']:>15.1f} {row['lines_per_s']:>10,.0f} {row['parse_ms']:>9.1f} "
+            f"{row['lines']:>7} {row['lint_ms']:>9.1f} {row['lint_cpu_ms']:>8.1f} {row['relint_cpu_ms']:>15.1f} {row['relint_line_added_cpu_ms']:>7.1f} {row['lines_per_s']:>10,.0f} {row['parse_ms']:>9.1f} "
             f"{row['build_ms']:>9.1f} {row['checks_ms']:>10.1f} {row['other_ms']:>9.1f} {row['ratio_to_baseline']:>11.1f}"
         )
     print(f"\n{'input (issue 16, item 7)':<44} {'bytes':>9} {'ms':>9} {'x tokenize':>11}")
