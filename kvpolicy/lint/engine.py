@@ -17,6 +17,7 @@ from kvpolicy.lint.rules import all_checks
 from kvpolicy.lint.source import check_size, read_policy_bytes
 from kvpolicy.lint.suppress import apply_suppressions, find_suppressions
 from kvpolicy.policy.build import PolicyBuilder
+from kvpolicy.policy.incremental import BuiltText, StatementCache
 from kvpolicy.policy.model import Policy
 from kvpolicy.policy.syntax import SyntaxResult, gc_paused, parse_tree
 
@@ -55,13 +56,16 @@ def lint_text(
     budget: int | WorkBudget | None = None,
     max_bytes: int | None = None,
     syntax: SyntaxResult | None = None,
+    statements: StatementCache | None = None,
 ) -> LintResult:
     """Every diagnostic for ``text``; ``policy`` is set only when there is no error.
 
     ``budget`` (units of work, see ``kvpolicy.lint.budget``) bounds the validation: past
     it, lint stops with KV027 and no policy. A text over ``max_bytes`` (default: the
     size cap, ``kvpolicy.lint.source``) is KV026 and is not parsed. ``syntax`` is this
-    text's parse, when the caller already has it.
+    text's parse, when the caller already has it. ``statements`` (an editor's, one per
+    document) keeps what this lint built for the next lint of an edited version, which
+    then parses and builds only the statements that changed; the result is the same.
     """
     encoded = text.encode("utf-8")
     try:
@@ -74,7 +78,7 @@ def lint_text(
     diagnostics: list[Diagnostic] = []
     with gc_paused():
         try:
-            return _lint_text(text, file, digest, gpu_capacity, facts, budget, syntax, diagnostics)
+            return _lint_text(text, file, digest, gpu_capacity, facts, budget, syntax, statements, diagnostics)
         except BudgetExceeded as exc:
             stop = VALIDATION_BUDGET_EXCEEDED.at(
                 file, Span.point(1, 1),
@@ -87,28 +91,37 @@ def lint_text(
 
 def _lint_text(
     text: str, file: str, digest: str, gpu_capacity: int | None, facts: Facts | None,
-    budget: WorkBudget | None, syntax: SyntaxResult | None, diagnostics: list[Diagnostic],
+    budget: WorkBudget | None, syntax: SyntaxResult | None, statements: StatementCache | None,
+    diagnostics: list[Diagnostic],
 ) -> LintResult:
     lines = text.split("\n")
-    if syntax is None:
-        syntax = parse_tree(text, file)
+    end = Span.point(len(lines), len(lines[-1]) + 1)
+    # from the document's cache when it has one (None there: a syntax error, parse it whole)
+    built = statements.build(text, file, digest, end) if statements is not None and syntax is None else None
+    syntax_errors: list[Diagnostic] = []
+    if built is None:
+        if syntax is None:
+            syntax = parse_tree(text, file)
+        syntax_errors = syntax.diagnostics
     if budget is not None:
-        budget.charge(len(text) * (1 + len(syntax.kinds)))  # each recovery parses the text again
-    diagnostics.extend(syntax.diagnostics)
-    policy: Policy | None = None
-    if syntax.tree is not None:
+        recoveries = 0 if syntax is None else len(syntax.kinds)
+        budget.charge(len(text) * (1 + recoveries))  # each recovery parses the text again
+    diagnostics.extend(syntax_errors)
+    if built is None and syntax is not None and syntax.tree is not None:
         builder = PolicyBuilder(file)
-        end = Span.point(len(lines), len(lines[-1]) + 1)
-        policy = builder.policy(syntax.tree, digest, end)
-        diagnostics.extend(builder.diagnostics)
-        if not syntax.diagnostics:  # other checks once the file parses
+        built = BuiltText(builder.policy(syntax.tree, digest, end), builder.diagnostics, syntax.comments)
+    policy: Policy | None = None
+    if built is not None:
+        policy = built.policy
+        diagnostics.extend(built.diagnostics)
+        if not syntax_errors:  # other checks once the file parses
             ctx = LintContext(
                 policy, gpu_capacity=gpu_capacity, facts=facts, parse_diagnostics=tuple(diagnostics), budget=budget,
             )
             for check in all_checks():
                 ctx.charge(len(ctx.nodes))
                 diagnostics.extend(check().check(ctx))
-        suppressions, problems = find_suppressions(syntax.comments, lines, file)
+        suppressions, problems = find_suppressions(built.comments, lines, file)
         diagnostics[:] = apply_suppressions(diagnostics, suppressions, file) + problems
     diagnostics.sort(key=Diagnostic.sort_key)
     has_errors = any(d.is_error for d in diagnostics)

@@ -7,7 +7,7 @@ from functools import cached_property
 from pathlib import Path
 
 from kvpolicy.lsp.context import CheckContext
-from kvpolicy.lsp.language import Linted, Policy, declared_capacity, lint
+from kvpolicy.lsp.language import Linted, Policy, StatementCache, declared_capacity, lint
 from kvpolicy.lsp.scan import Outline, scan
 
 POLICY_SUFFIX = ".kvp"
@@ -46,14 +46,18 @@ class PolicyDocument:
         return self.linted.policy or self.linted.partial
 
 
-def analyse(uri: str, path: Path | None, version: int | None, text: str, context: CheckContext) -> PolicyDocument:
+def analyse(
+    uri: str, path: Path | None, version: int | None, text: str, context: CheckContext,
+    statements: StatementCache | None = None,
+) -> PolicyDocument:
     """Lint ``text`` against ``context``; with no facts and no capacity given, against the
-    capacity the policy declares for its GPUs (a second pass, only for such a policy)."""
+    capacity the policy declares for its GPUs (a second pass, only for such a policy).
+    ``statements``: the document's cache of what its last version built (see ``lint``)."""
     file = str(path) if path else uri
-    linted = lint(text, file, gpu_capacity=context.gpu_capacity, facts=context.facts)
+    linted = lint(text, file, gpu_capacity=context.gpu_capacity, facts=context.facts, statements=statements)
     if context.facts is None and context.gpu_capacity is None and linted.policy is not None and "capacity" in text:
         capacity = declared_capacity(linted.policy)
         if capacity is not None:
             context = CheckContext(gpu_capacity=capacity, capacity_from="the policy's gpu blocks")
-            linted = lint(text, file, gpu_capacity=capacity, syntax=linted.syntax)  # parsed once
+            linted = lint(text, file, gpu_capacity=capacity, syntax=linted.syntax, statements=statements)  # not parsed again
     return PolicyDocument(uri, path, version, text, context, linted)

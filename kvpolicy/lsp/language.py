@@ -22,6 +22,7 @@ from kvpolicy.lint.report import RULES_DOC
 from kvpolicy.policy import globs, vocabulary
 from kvpolicy.policy.build import BLOCK_FIELDS, PolicyBuilder
 from kvpolicy.policy.fmt import format_text
+from kvpolicy.policy.incremental import StatementCache
 from kvpolicy.policy.model import ModelBlock, Policy, Rule
 from kvpolicy.policy.resolve import bind
 from kvpolicy.policy.syntax import SyntaxResult, parse_tree
@@ -32,6 +33,7 @@ Defined once, in ``kvpolicy.lint.report`` (the SARIF output links the same pages
 
 __all__ = [
     "BLOCK_FIELDS", "Diagnostic", "FormatRefused", "Linted", "ModelBlock", "Policy", "RULES_DOC_URL", "Rule", "RuleDoc", "Span",
+    "StatementCache",
     "binding_block", "declared_capacity", "format_policy", "gpu_capacity", "lint", "matches", "partial_policy",
     "rule_doc", "rule_docs", "vocabulary",
 ]
@@ -50,17 +52,19 @@ class Linted:
 
 def lint(
     text: str, file: str, *, gpu_capacity: int | None = None, facts: Facts | None = None,
-    syntax: SyntaxResult | None = None,
+    syntax: SyntaxResult | None = None, statements: StatementCache | None = None,
 ) -> Linted:
     """Every diagnostic of ``text``, as ``kvpolicy lint`` reports them (from ``syntax``, this
-    text's parse, when a first pass made it)."""
+    text's parse, when a first pass made it). With ``statements``, the document's cache, only
+    the statements changed since its last lint are parsed and built (then ``syntax`` stays None)."""
     if syntax is None:
         try:
             check_size(text.encode("utf-8"), file)  # before parsing: an editor can hold anything
         except PolicyError as exc:
             return Linted(exc.diagnostics, None)
-        syntax = parse_tree(text, file)
-    result = lint_text(text, file, gpu_capacity=gpu_capacity, facts=facts, syntax=syntax)
+        if statements is None:
+            syntax = parse_tree(text, file)
+    result = lint_text(text, file, gpu_capacity=gpu_capacity, facts=facts, syntax=syntax, statements=statements)
     return Linted(result.diagnostics, result.policy, result.partial, syntax)
 
 

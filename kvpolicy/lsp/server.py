@@ -26,7 +26,7 @@ from kvpolicy.lsp.context import (
 from kvpolicy.lsp.documents import PolicyDocument, analyse, is_policy, is_test_file
 from kvpolicy.lsp.findings import to_lsp
 from kvpolicy.lsp.formatting import format_edits
-from kvpolicy.lsp.language import FormatRefused, Policy, partial_policy
+from kvpolicy.lsp.language import FormatRefused, Policy, StatementCache, partial_policy
 from kvpolicy.lsp.positions import Codec, Pos
 from kvpolicy.lsp.testfiles import KvTestFile, Navigator, Place, kvtest_files_in, open_kvtest
 
@@ -47,6 +47,8 @@ class PolicyServer(LanguageServer):
         self.settings = Settings()
         self.facts_cache = FactsCache()
         self.analyses: dict[str, PolicyDocument] = {}
+        self.statements: dict[str, StatementCache] = {}
+        """Per open policy, what its last version built: a change re-parses only its statements."""
         self.published: dict[str, int | None] = {}
         self.pending: set[str] = set()
         self.shut_down = False
@@ -84,7 +86,8 @@ class PolicyServer(LanguageServer):
         if known is not None and known.version == document.version and known.text == document.source:
             return known
         path = _path(uri)
-        result = analyse(uri, path, document.version, document.source, self.context_for(path))
+        statements = self.statements.setdefault(uri, StatementCache())
+        result = analyse(uri, path, document.version, document.source, self.context_for(path), statements)
         self.analyses[uri] = result
         return result
 
@@ -244,6 +247,7 @@ def create_server() -> PolicyServer:
     def did_close(ls: PolicyServer, params: types.DidCloseTextDocumentParams) -> None:
         uri = params.text_document.uri
         ls.analyses.pop(uri, None)
+        ls.statements.pop(uri, None)
         if ls.published.pop(uri, None) is not None or is_policy(uri):
             ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
 

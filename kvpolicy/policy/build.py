@@ -10,7 +10,8 @@ twice). What it cannot build it leaves out, so later checks see a valid model.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 from typing import Any
@@ -110,24 +111,19 @@ def _kind(tree: Tree) -> str:
     return data.value if isinstance(data, Token) else data
 
 
-_span = Span.model_construct
-"""A Span without validation: the builder's positions are Lark's ints (validating some
-2,000 spans of a 1,000-line policy was a tenth of the build, on every editor change)."""
-
-
 def span_of(node: Tree | Token) -> Span:
     """From the first token of ``node`` to the end of its last (separators excluded)."""
     if isinstance(node, Token):
-        return _span(line=node.line, col=node.column, end_line=node.end_line, end_col=node.end_column)
+        return Span(line=node.line, col=node.column, end_line=node.end_line, end_col=node.end_column)
     first = first_token(node)
     last = last_token(node)
-    return _span(line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column)
+    return Span(line=first.line, col=first.column, end_line=last.end_line, end_col=last.end_column)
 
 
 class _Quantity:
     """A QUANTITY token split into its exact number and its unit."""
 
-    __slots__ = ("token", "number_text", "number", "unit", "span", "unit_span")
+    __slots__ = ("token", "number_text", "number", "unit", "span", "unit_start")
 
     def __init__(self, token: Token, number_text: str, number: int | Fraction, unit: str | None, unit_start: int) -> None:
         self.token = token
@@ -135,8 +131,54 @@ class _Quantity:
         self.number = number
         self.unit = unit
         self.span = span_of(token)
-        col = token.column + unit_start
-        self.unit_span = _span(line=token.line, col=col, end_line=token.line, end_col=token.end_column)
+        self.unit_start = unit_start
+
+    @property
+    def unit_span(self) -> Span:
+        """Where the unit is (for an unknown unit: most quantities never need it)."""
+        col = self.token.column + self.unit_start
+        return Span(line=self.token.line, col=col, end_line=self.token.line, end_col=self.token.end_column)
+
+
+@dataclass(frozen=True)
+class Built:
+    """One top-level statement as built: a block, or the number of a ``version`` statement."""
+
+    node: m.Statement | None
+    """The block; None for ``version``, or when it could not be built (or is not a block)."""
+    version: m.IntLit | None
+    """A ``version`` statement's number, when it could be built."""
+    version_span: Span | None
+    """A ``version`` statement's span (None for every other statement)."""
+    diagnostics: tuple[Diagnostic, ...]
+    """What building it reported."""
+
+
+def assemble(file: str, built: Iterable[Built], sha256: str, end: Span) -> tuple[m.Policy, list[Diagnostic]]:
+    """The policy of these statements (in file order), and every diagnostic of building them."""
+    version: m.IntLit | None = None
+    statements: list[m.Statement] = []
+    diagnostics: list[Diagnostic] = []
+    for item in built:
+        diagnostics.extend(item.diagnostics)
+        if item.version_span is not None:
+            if version is not None:
+                diagnostics.append(DUPLICATE_DEFINITION.at(
+                    file, item.version_span, "'version' is given twice",
+                    f"remove one (the first is on line {version.span.line})",
+                ))
+            elif item.version is not None:
+                version = item.version
+        elif item.node is not None:
+            statements.append(item.node)
+    policy = m.Policy(
+        span=Span(line=1, col=1, end_line=end.line, end_col=end.col),
+        file=file,
+        sha256=sha256,
+        version=version,
+        statements=tuple(statements),
+    )
+    return policy, diagnostics
 
 
 class PolicyBuilder:
@@ -153,36 +195,39 @@ class PolicyBuilder:
     # ---- top level --------------------------------------------------------------
 
     def policy(self, tree: Tree, sha256: str, end: Span) -> m.Policy:
-        version: m.IntLit | None = None
-        statements: list[m.Statement] = []
-        for child in tree_args(tree):
-            kind = _kind(child)
-            if kind == "version":
-                built = self.integer(token_arg(child), "version")
-                if version is not None:
-                    self.report(
-                        DUPLICATE_DEFINITION, child, "'version' is given twice",
-                        f"remove one (the first is on line {version.span.line})",
-                    )
-                elif built is not None:
-                    version = built
-            elif kind == "defaults":
-                statements.append(self.defaults(child))
-            elif kind == "gpu":
-                statements.append(self.gpu(child))
-            elif kind == "model":
-                statements.append(self.model(child))
-            elif kind == "rule":
-                statements.append(self.rule(child))
-            else:
-                self.unknown(child, None)
-        return m.Policy(
-            span=Span(line=1, col=1, end_line=end.line, end_col=end.col),
-            file=self.file,
-            sha256=sha256,
-            version=version,
-            statements=tuple(statements),
-        )
+        policy, diagnostics = assemble(self.file, self.statements(tree), sha256, end)
+        self.diagnostics.extend(diagnostics)
+        return policy
+
+    def statements(self, tree: Tree) -> list[Built]:
+        """Each top-level statement of ``tree`` built on its own (``assemble`` makes the policy)."""
+        return [self.statement(child) for child in tree_args(tree)]
+
+    def statement(self, child: Tree) -> Built:
+        """One top-level statement, with what building it reported."""
+        before = len(self.diagnostics)
+        kind = _kind(child)
+        node: m.Statement | None = None
+        if kind == "version":
+            number = self.integer(token_arg(child), "version")
+            return Built(None, number, span_of(child), self._taken(before))
+        if kind == "defaults":
+            node = self.defaults(child)
+        elif kind == "gpu":
+            node = self.gpu(child)
+        elif kind == "model":
+            node = self.model(child)
+        elif kind == "rule":
+            node = self.rule(child)
+        else:
+            self.unknown(child, None)
+        return Built(node, None, None, self._taken(before))
+
+    def _taken(self, before: int) -> tuple[Diagnostic, ...]:
+        """What was reported since ``before``, taken out of ``diagnostics`` (a ``Built`` carries it)."""
+        taken = tuple(self.diagnostics[before:])
+        del self.diagnostics[before:]
+        return taken
 
     def unknown(self, tree: Tree, block: str | None) -> None:
         word = token_arg(tree)

@@ -1,0 +1,147 @@
+"""The editor's incremental lint (``StatementCache``) is a lint from scratch, field by field.
+
+Random edit sequences on generated policies: after each edit, the lint that reuses
+what the last version built equals ``lint_text`` of the whole text (diagnostics,
+policy, partial policy), the cache answers exactly when the text has no syntax
+error, and the comments it keeps stand where a full parse puts them. Then: an edit
+of one statement re-parses that statement alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.diagnostics import Span
+from kvpolicy.lint.engine import LintResult, lint_text
+from kvpolicy.policy import incremental
+from kvpolicy.policy.incremental import StatementCache, split
+from kvpolicy.policy.syntax import parse_tree
+
+from .helpers import PROFILE, examples
+from .strategies import valid_policies
+
+FILE = "edited.kvp"
+
+FRAGMENTS = st.sampled_from([
+    "\n", "\n\n", "}", "{", "}\n", '"', "#", "# note\n", "(", ")", ";", ",", " ", "GiBB", " 4 GiB", "5", "-", "%",
+    "version 1\n", "version 2\n", 'model "extra*" { priority 7; reserve 1 GB }\n', "pool swa { owner runtime }\n",
+    "  reserve 2 GiB\n", "  max 120%\n", "  priority 5000\n", "  enigne vllm\n", "  engine sglang\n",
+    'rule "r" {\n  when (gpu.free < 1 GiB\n    or model.idle > 60s)\n  shrink to min\n}\n',
+    "# kvpolicy: ignore[KV019] vendor sizes\n", " # kvpolicy: ignore[KV019]", "# kvpolicy: ignore[KV999] x\n",
+    "  when not not gpu.free < 1 GiB\n", "model", "rule", "gpu * { capacity 80 GiB }\n",
+])
+
+
+@st.composite
+def edits(draw) -> tuple[str, list[tuple[int, int, str]]]:
+    """A valid policy and 1-6 edits, each (start, length deleted, text inserted) as fractions of the text."""
+    text = draw(valid_policies())
+    steps = []
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from(["insert", "insert", "delete", "replace", "line"]))
+        where = draw(st.integers(0, 1000))
+        length = 0 if kind == "insert" else draw(st.integers(1, 40))
+        inserted = "" if kind == "delete" else draw(FRAGMENTS)
+        steps.append((where, length if kind != "line" else -1, inserted))
+    return text, steps
+
+
+def _apply(text: str, where: int, length: int, inserted: str) -> str:
+    """One edit; ``length`` -1 duplicates the line at ``where`` (a statement copied, lines shift)."""
+    at = where * len(text) // 1000
+    if length == -1:
+        start = text.rfind("\n", 0, at) + 1
+        end = text.find("\n", at)
+        line = text[start:] if end < 0 else text[start : end + 1]
+        return text[:start] + line + ("\n" if end < 0 else "") + text[start:]
+    return text[:at] + inserted + text[at + length :]
+
+
+def _positions(tokens) -> list[tuple]:
+    return [(t.type, t.value, t.start_pos, t.end_pos, t.line, t.column, t.end_line, t.end_column) for t in tokens]
+
+
+def _same(incremental_result: LintResult, full: LintResult) -> None:
+    assert [d.model_dump() for d in incremental_result.diagnostics] == [d.model_dump() for d in full.diagnostics]
+    assert incremental_result.policy == full.policy
+    assert incremental_result.partial == full.partial
+    assert (incremental_result.file, incremental_result.text) == (full.file, full.text)
+
+
+@settings(PROFILE, max_examples=examples(60))
+@given(edits())
+def test_incremental_lint_equals_a_full_lint_after_every_edit(case: tuple[str, list[tuple[int, int, str]]]) -> None:
+    text, steps = case
+    linting, probing = StatementCache(), StatementCache()
+    _same(lint_text(text, FILE, statements=linting), lint_text(text, FILE))
+    for where, length, inserted in steps:
+        text = _apply(text, where, length, inserted)
+        assert "".join(chunk.text for chunk in split(text)) == text
+        full = lint_text(text, FILE)
+        _same(lint_text(text, FILE, statements=linting), full)
+        # the cache builds exactly the texts that parse, and keeps their comments where they are
+        lines = text.split("\n")
+        syntax = parse_tree(text, FILE)
+        built = probing.build(text, FILE, hashlib.sha256(text.encode()).hexdigest(), Span.point(len(lines), len(lines[-1]) + 1))
+        assert (built is None) == bool(syntax.diagnostics)
+        if built is not None:
+            assert _positions(built.comments) == _positions(syntax.comments)
+
+
+POLICY = """version 1  # the language
+# a family of models
+model "a*" {
+  reserve 4 GB  # kvpolicy: ignore[KV019] the vendor's sizes
+}
+
+model "b" { priority 5; reserve 2 GiB }  # one line
+
+rule "reclaim" {
+  when (gpu.free < 2 GiB
+        or model.idle > 60s)
+  shrink to min
+  grace 10s
+}
+"""
+
+
+def test_split_cuts_after_each_top_level_statement() -> None:
+    chunks = split(POLICY)
+    assert [c.first_line for c in chunks] == [1, 2, 6, 8]
+    assert [c.offset for c in chunks] == [POLICY.index(c.text) for c in chunks]
+    assert "".join(c.text for c in chunks) == POLICY
+
+
+def test_an_edit_reparses_only_its_statement(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[str] = []
+    parse = incremental.parse
+
+    def spy(text, trace):
+        parsed.append(text)
+        return parse(text, trace)
+
+    monkeypatch.setattr(incremental, "parse", spy)
+    cache = StatementCache()
+    first = lint_text(POLICY, FILE, statements=cache)
+    assert parsed == [POLICY]  # the first version: one parse of the whole
+    assert [d.code for d in first.diagnostics] == []  # the suppression holds
+
+    edited = POLICY.replace("priority 5", "priority 5000")
+    parsed.clear()
+    again = lint_text(edited, FILE, statements=cache)
+    assert parsed == ['\nmodel "b" { priority 5000; reserve 2 GiB }  # one line\n']  # the one statement that changed
+    assert [(d.code, d.line) for d in again.diagnostics] == [("KV014", 7)]
+    assert again == lint_text(edited, FILE)
+
+    broken = edited.replace("shrink to min", "shrink to {")  # a syntax error: then the whole text is parsed
+    parsed.clear()
+    result = lint_text(broken, FILE, statements=cache)
+    assert parsed == [broken[broken.index('\nrule "reclaim"'):]]
+    assert result == lint_text(broken, FILE) and result.errors
+    parsed.clear()
+    assert lint_text(edited, FILE, statements=cache) == again  # the cache still holds the version before
+    assert parsed == []
