@@ -118,10 +118,12 @@ class KVSigner:
         self.pages = [self._page_view(views[names[0]]), self._page_view(views[names[-1]])]
 
     def _page_view(self, view: torch.Tensor) -> torch.Tensor:
-        """``[num_blocks, page]`` int16 over one layer's pages (each page is contiguous in BLHNC)."""
+        """``[num_blocks, page]`` int16 over one layer's pages: each page is one dense run of memory in the
+        block-compact layouts (BL…, LB…), whatever the order of heads and tokens inside it."""
         v = view.view(torch.int16) if view.dtype.itemsize == 2 else view.view(torch.int8).view(torch.int16)
-        assert v[0].is_contiguous(), "a layer's page is not contiguous in this layout"
         page = v[0].numel()
+        span = 1 + sum((n - 1) * st for n, st in zip(v.shape[1:], v.stride()[1:]))
+        assert span == page, "a layer's page is not one dense run in this layout"  # no tensor repr: unmapped
         self.per_token = page // self.block_size
         return v.as_strided((v.shape[0], page), (v.stride(0), 1), v.storage_offset())
 
