@@ -68,7 +68,7 @@ def run(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
     log = work / "engine.log"
     with log.open("wb") as out:
         proc = subprocess.run(args, env=engine_env(work, env), stdout=out, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, timeout=START_TIMEOUT_S, cwd=work)
+                              stdin=subprocess.DEVNULL, timeout=2 * START_TIMEOUT_S, cwd=work)  # start + ~120 steps
     text = log.read_text(errors="replace")
     assert proc.returncode == 0, f"the elastic engine exited with {proc.returncode}; its log ends:\n{text[-6000:]}"
     result = json.loads((work / "result.json").read_text())
