@@ -124,11 +124,12 @@ def manager_hook(original: Method) -> Method:
 
 
 def start_report_hook(original: Method) -> Method:
-    """``EngineCore._initialize_kv_caches``: ask for the elastic layout before vLLM resolves it; then
+    """``EngineCore._initialize_kv_caches``: ask for an elastic layout before vLLM resolves it; then
     start the live reports."""
 
     def _initialize_kv_caches(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
-        elastic.prepare_engine(vllm_config, policy_model(vllm_config))  # before vLLM resolves the layout
+        # Before vLLM resolves the layout: a layout the elastic pool can back, among the backends' own.
+        elastic.prepare_engine(vllm_config, policy_model(vllm_config), self.model_executor.get_supported_kv_cache_layouts)
         result = original(self, vllm_config, *args, **kwargs)
         if result.kv_cache_groups:  # attention-free models have nothing to report
             setattr(self, REPORTER_ATTR, EngineReporter.from_environ())

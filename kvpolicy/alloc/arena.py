@@ -62,8 +62,18 @@ class Arena:
     """
 
     def __init__(
-        self, driver: Driver, capacity: int, chunk: int, *, keep_handles: int = 0, name: str = "arena"
+        self,
+        driver: Driver,
+        capacity: int,
+        chunk: int,
+        *,
+        keep_handles: int = 0,
+        name: str = "arena",
+        va: int | None = None,
     ) -> None:
+        """``va``: an address range of ``capacity`` bytes (rounded up to whole chunks) that the caller
+        reserved and will free (one region of a larger reservation); the arena then neither reserves
+        nor frees address space."""
         g = driver.granularity
         if chunk <= 0 or chunk % g:
             raise ValueError(
@@ -80,9 +90,14 @@ class Arena:
         self.capacity = self.num_chunks * chunk
         self.keep_handles = keep_handles
         self.calls = CallCounts()
-        self.calls.address_reserve += 1
-        driver.activate()
-        self.va = driver.reserve(self.capacity)
+        self.owns_va = va is None
+        if va is None:
+            self.calls.address_reserve += 1
+            driver.activate()
+            va = driver.reserve(self.capacity)
+        elif va % chunk:
+            raise ValueError(f"region address {va:#x} is not a multiple of the chunk {format_bytes(chunk)}")
+        self.va = va
         self._handles: list[Handle | None] = [None] * self.num_chunks
         self._pool: list[Handle] = []
         self._stuck: dict[int, Handle] = {}
@@ -288,7 +303,7 @@ class Arena:
             self.release_pooled()
         except DriverError as exc:
             errors.append(exc)
-        if not errors:
+        if not errors and self.owns_va:
             self.calls.address_free += 1
             try:
                 drv.free_address(self.va, self.capacity)

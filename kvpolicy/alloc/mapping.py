@@ -11,6 +11,11 @@ limit source's books exact. It holds no block ids: whoever hands them out — a
 never unmapped. ``grid`` says which blocks a chunk completes, so growth can be asked
 for in blocks.
 
+The arenas are separate reservations, or (``contiguous``) chunk-aligned regions of one
+reservation laid end to end — what an engine needs that views one buffer with a fixed
+stride between layers (vLLM's layer-outermost layouts): a block then touches chunk ``c``
+of every region, one map call each.
+
 Invariants (the tests check them after every step):
 - bytes held (mapped chunks, pooled handles, stuck chunks) never exceed the limit,
   except while a lowered limit is *deferred* because live blocks pin the chunks
@@ -90,23 +95,40 @@ class ChunkMapping:
         before_unmap: Callable[[list[int]], None] | None = None,
         zero_new_chunks: bool = False,
         used_bytes: Callable[[], int] = lambda: 0,
+        contiguous: bool = False,
     ) -> None:
         """``before_unmap(chunks)`` runs before mapped chunk indices are unmapped (the owner of the
         ids takes their blocks out of circulation, and may wait for kernels in flight); if it
         raises, nothing is unmapped. ``zero_new_chunks`` fills every newly mapped chunk with
         zeros before the mapping returns. ``used_bytes()`` gives the bytes of live blocks for
-        the limit source's reports (the owner of the ids knows them)."""
+        the limit source's reports (the owner of the ids knows them).
+
+        ``contiguous`` places the arenas one after another in **one** reservation, each a
+        chunk-aligned region of ``region_bytes`` (an engine that makes its own strided views
+        over one buffer, e.g. vLLM's layer-outermost layouts, needs one base address);
+        otherwise each arena is its own reservation."""
         self.grid = grid
         self.driver = driver
         self.name = name
         self.chunk = chunk = grid.chunk
         self.arenas: list[Arena] = []
+        self.region_bytes = region = -(-grid.num_blocks * grid.block_stride // chunk) * chunk
+        """Each arena's reserved bytes: the grid's blocks, rounded up to whole chunks."""
+        self.contiguous = contiguous
+        self.va: int | None = None
+        """With ``contiguous``, the one reservation's base (arena ``a`` is at ``va + a × region_bytes``)."""
+        if contiguous:
+            driver.activate()
+            self.va = driver.reserve(region * num_arenas)
         try:
             for a in range(num_arenas):
-                self.arenas.append(Arena(driver, grid.num_blocks * grid.block_stride, chunk, name=f"{name}[{a}]"))
+                at = None if self.va is None else self.va + a * region
+                self.arenas.append(Arena(driver, region, chunk, name=f"{name}[{a}]", va=at))
         except BaseException:
             for arena in self.arenas:
                 arena.close()
+            if self.va is not None:
+                driver.free_address(self.va, region * num_arenas)
             raise
         self.num_chunks = n = self.arenas[0].num_chunks
         self.group_bytes = chunk * num_arenas
@@ -431,6 +453,13 @@ class ChunkMapping:
         released = before - self.held_bytes
         if released:
             self.limit.release(released)
+        if not errors and self.va is not None:
+            try:
+                self.driver.free_address(self.va, self.region_bytes * len(self.arenas))
+            except DriverError as exc:
+                errors.append(exc)
+            else:
+                self.va = None
         raise_first(errors, f"pool {self.name!r}")
         self.closed = True
         self.mapped[:] = bytes(self.num_chunks)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from kvpolicy.alloc.arena import Arena
 from kvpolicy.alloc.blocks import BlockPool
 from kvpolicy.alloc.layout import KVCacheLayout
+from kvpolicy.alloc.mapping import ChunkMapping
 
 if TYPE_CHECKING:
     import torch
@@ -93,15 +94,27 @@ def _torch() -> Any:
 
 def arena_bytes(arena: Arena) -> torch.Tensor:
     """A uint8 tensor over the arena's whole reservation (``arena.capacity`` bytes), on its device."""
-    torch = _torch()
     if arena.closed:
         raise ValueError(f"arena {arena.name!r} is closed")
-    cuda = arena.driver.kind == "cuda"
-    shape = (ctypes.c_int64 * 1)(arena.capacity)
+    return _bytes_at(arena.driver, arena.va, arena.capacity, arena)
+
+
+def mapping_bytes(mapping: ChunkMapping) -> torch.Tensor:
+    """A uint8 tensor over a contiguous mapping's one reservation (every region, end to end)."""
+    if mapping.closed or mapping.va is None:
+        raise ValueError(f"mapping {mapping.name!r} is closed or not contiguous")
+    return _bytes_at(mapping.driver, mapping.va, mapping.region_bytes * len(mapping.arenas), mapping)
+
+
+def _bytes_at(driver: Any, va: int, size: int, owner: object) -> torch.Tensor:
+    """A uint8 tensor of ``size`` bytes at ``va`` on ``driver``'s device; ``owner`` is kept alive with it."""
+    torch = _torch()
+    cuda = driver.kind == "cuda"
+    shape = (ctypes.c_int64 * 1)(size)
     managed = _DLManagedTensor()
     t = managed.dl_tensor
-    t.data = arena.va
-    t.device = _DLDevice(_KDL_CUDA if cuda else _KDL_CPU, arena.driver.device if cuda else 0)
+    t.data = va
+    t.device = _DLDevice(_KDL_CUDA if cuda else _KDL_CPU, driver.device if cuda else 0)
     t.ndim = 1
     t.dtype = _DLDataType(_KDL_UINT, 8, 1)
     t.shape = shape
@@ -110,7 +123,7 @@ def arena_bytes(arena: Arena) -> torch.Tensor:
     managed.manager_ctx = None
     managed.deleter = _release_export
     address = ctypes.addressof(managed)
-    _exported[address] = (managed, shape, arena)
+    _exported[address] = (managed, shape, owner)
     capsule = _capsule_new(address, b"dltensor", None)
     return torch.utils.dlpack.from_dlpack(capsule)
 

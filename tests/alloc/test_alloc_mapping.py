@@ -46,6 +46,28 @@ def test_growth_is_asked_in_blocks_and_maps_the_lowest_chunks(driver) -> None:
     assert resources(driver) == base and limit.mapped == 0 and limit.reported == (0, 0)
 
 
+def test_contiguous_regions_share_one_reservation_and_map_chunk_c_in_each(driver) -> None:
+    # vLLM's layer-outermost layouts: one buffer, one chunk-aligned region per layer, block b at
+    # b × stride in every region. 10 blocks of 1/4 chunk = 2.5 chunks: each region is rounded up to 3.
+    base = resources(driver)
+    mapping, live, limit = make(driver, stride=CHUNK // 4, num_blocks=10, num_arenas=4, contiguous=True)
+    try:
+        assert mapping.region_bytes == 3 * CHUNK and driver.reserved_bytes - base[2] == 4 * 3 * CHUNK
+        assert [a.va for a in mapping.arenas] == [mapping.va + r * 3 * CHUNK for r in range(4)]
+        assert mapping.grow(5, at_least=1, requested=5, free=0) == [0, 1]  # 4 blocks per chunk
+        assert mapping.held_bytes == 2 * 4 * CHUNK and limit.calls("admit") == [8 * CHUNK]
+        assert all(a.mapped_indices() == [0, 1] for a in mapping.arenas)
+        assert driver.mapped_bytes - base[1] == 8 * CHUNK
+        live.claim([9])  # the last block, in the last (partial) chunk of every region
+        assert mapping.is_mapped(2) and all(a.is_mapped(2) for a in mapping.arenas)
+        live.release([9])
+        mapping.release_down_to(0)
+        assert mapping.held_bytes == 0
+    finally:
+        mapping.close()
+    assert mapping.va is None and resources(driver) == base and limit.reported == (0, 0)
+
+
 def test_growth_never_applies_a_new_revision_and_refusals_map_nothing(driver) -> None:
     mapping, live, limit = make(driver, limit=RecordingLimit(4 * CHUNK))
     try:

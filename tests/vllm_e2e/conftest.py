@@ -12,6 +12,7 @@ import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,6 +67,16 @@ def tiny_model(e2e_venv: E2EVenv, tmp_path_factory: pytest.TempPathFactory) -> P
     folder = tmp_path_factory.mktemp("tiny-llama")
     subprocess.run([str(e2e_venv.python), str(HERE / "tiny_model.py"), str(folder)], check=True, timeout=300)
     return folder
+
+
+@pytest.fixture(scope="session")
+def stock_run(e2e_venv: E2EVenv, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One engine without kvpolicy, 64 MiB of KV cache by hand, generating greedily for GREEDY_PROMPTS:
+    the baseline the other engines' tokens are compared with (started once per session)."""
+    from tests.vllm_e2e.engines import GREEDY_PROMPTS, GREEDY_TOKENS, run_offline
+
+    return run_offline(e2e_venv.python, tiny_model, tmp_path_factory.mktemp("offline-stock"), GREEDY_PROMPTS,
+                       max_tokens=GREEDY_TOKENS)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

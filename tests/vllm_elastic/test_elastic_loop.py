@@ -379,3 +379,41 @@ def test_growth_maps_before_handing_out_and_zeroes_new_chunks(host_loop) -> None
     untouched = [b for b in range(1, buffer.num_blocks) if b not in ids and loop.pool._state[b] == 1]
     if untouched:  # a mapped block nobody wrote: zero, as vLLM's torch.zeros buffer would be
         assert not buffer.tensor()[untouched[0] * buffer.bytes_per_block:][: buffer.bytes_per_block].any()
+
+
+@pytest.mark.parametrize("layout", ["LBHNC", "LBNHC"])
+def test_layer_outermost_layouts_map_one_chunk_per_layer_region(host_loop, layout: str) -> None:
+    """vLLM's layer-outermost layouts (the CPU backend's LBHNC; LBNHC, vLLM's default): one chunk-aligned
+    region per layer in one reservation, block b one page at b × page in each. Grow to a limit, lower it
+    below what is live (deferred, then applied), raise it: every token's KV reads back as written."""
+    limit = StaticLimit(160 * MiB, 128 * MiB)
+    loop, buffer, driver = host_loop(1 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, limit, seed=3, layout=layout)
+    kv = buffer.mapping
+    layers = len(loop.views)
+    assert buffer.regions == layers == 36  # one group: a region per layer
+    assert kv.contiguous and len(kv.arenas) == buffer.regions and kv.region_bytes % CHUNK == 0
+    assert buffer.bytes_per_block == buffer.regions * buffer.grid.block_stride
+    # Each layer's view starts on its own region (views of overlaid groups may share one).
+    starts = {v.data_ptr() for v in loop.views.values()}
+    assert starts <= {buffer.va + r * kv.region_bytes for r in range(buffer.regions)}
+    assert len(starts) == buffer.regions <= layers
+    loop.max_running = 12
+    lowered = False
+    for step in range(500):
+        if step == 250:
+            limit.set(32 * MiB, 32 * MiB)
+            lowered = True
+        if step == 400:
+            limit.set(320 * MiB, 320 * MiB)
+        while len(loop.waiting) < 6:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+        held = kv.held_bytes - buffer.pinned
+        assert held % kv.group_bytes == 0  # one chunk in every region, or none
+        assert driver.in_use == kv.held_bytes
+        if lowered and not kv.deferred:
+            assert held <= limit.read().limit
+    stats = loop.stats
+    assert stats.finished > 20 and stats.verified_tokens > 20_000 and stats.misses > 0
+    assert loop.pool.unmapped_chunks > 0 and loop.pool.grown_blocks > 0

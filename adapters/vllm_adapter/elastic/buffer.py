@@ -46,13 +46,15 @@ if TYPE_CHECKING:
 UnmapListener = Callable[[list[int]], None]
 
 
-def pinned_chunks(bytes_per_block: int, chunk: int) -> int:
-    """Chunks that hold block 0 (the null block), mapped for the buffer's whole life."""
-    return len(ChunkGrid(bytes_per_block, chunk, 1).chunks_of(0))
+def pinned_chunks(block_stride: int, chunk: int, regions: int = 1) -> int:
+    """Chunks that hold block 0 (the null block) in every region, mapped for the buffer's whole life."""
+    return len(ChunkGrid(block_stride, chunk, 1).chunks_of(0)) * regions
 
 
 class ElasticKVBuffer:
-    """One rank's KV backing buffer: ``num_blocks × bytes_per_block`` bytes of reserved address space.
+    """One rank's KV backing buffer: ``num_blocks × bytes_per_block`` bytes of reserved address space,
+    in one region (block-outermost layouts) or ``regions`` chunk-aligned regions of ``block_stride``
+    bytes per block each (layer-outermost: one region per layer, ``layouts``).
 
     ``limit`` is the ledger's (elastic) LimitSource; ``pinned`` the bytes already
     admitted statically for the null block's chunks. vLLM's scheduler hands out the
@@ -73,31 +75,41 @@ class ElasticKVBuffer:
         pinned: int,
         grow_chunks: int = 1,
         name: str = "vllm-kv",
+        regions: int = 1,
+        block_stride: int | None = None,
     ) -> None:
-        need = pinned_chunks(bytes_per_block, chunk) * chunk
+        stride = bytes_per_block if block_stride is None else block_stride
+        if regions < 1 or stride * regions != bytes_per_block:
+            raise ValueError(f"{regions} region(s) of {stride} bytes per block do not make {bytes_per_block}-byte blocks")
+        need = pinned_chunks(stride, chunk, regions) * chunk
         if pinned != need:
             raise ValueError(f"the null block needs {need} pinned bytes, {pinned} were admitted")
         self.driver = driver
         self.num_blocks = num_blocks
         self.bytes_per_block = bytes_per_block
-        self.size = num_blocks * bytes_per_block
+        self.regions = regions
         self.chunk = chunk
         self.pinned = pinned
         self.limit = PinnedFirst(limit, pinned, pinned_used=bytes_per_block)
         self._listener: UnmapListener | None = None
         self._tensor: torch.Tensor | None = None
         self.grow_chunks = grow_chunks
-        self.grid = ChunkGrid(bytes_per_block, chunk, num_blocks)
-        self.give_back = GiveBack(group_bytes=chunk, grow_chunks=grow_chunks, pressure=self.limit.pressure())
+        self.grid = ChunkGrid(stride, chunk, num_blocks)
+        """Where a block falls in each region (chunk ``c`` is mapped in every region at once)."""
+        self.give_back = GiveBack(group_bytes=chunk * regions, grow_chunks=grow_chunks, pressure=self.limit.pressure())
         self.mapping = ChunkMapping(
             driver,
             self.grid,
             limit=self.limit,
+            num_arenas=regions,
             name=name,
             before_unmap=self._before_unmap,
             zero_new_chunks=True,
             used_bytes=lambda: self.live.used_bytes,
+            contiguous=regions > 1,
         )
+        self.size = num_blocks * bytes_per_block if regions == 1 else regions * self.mapping.region_bytes
+        """The bytes vLLM allocates: its own size in one region, else every widened region."""
         self.live = LiveBlocks(self.mapping)
         try:
             self.live.claim([0])  # the null block: its chunks map now, from the static allowance
@@ -109,16 +121,18 @@ class ElasticKVBuffer:
 
     @property
     def va(self) -> int:
-        return self.mapping.arenas[0].va
+        va = self.mapping.va
+        return self.mapping.arenas[0].va if va is None else va
 
     def tensor(self) -> torch.Tensor:
-        """The int8 buffer vLLM asked for, over the arena (made once; never moves)."""
+        """The int8 buffer vLLM asked for, over the reservation (made once; never moves)."""
         if self._tensor is None:
             import torch
 
-            from kvpolicy.alloc.tensors import arena_bytes
+            from kvpolicy.alloc.tensors import arena_bytes, mapping_bytes
 
-            self._tensor = arena_bytes(self.mapping.arenas[0])[: self.size].view(torch.int8)
+            whole = mapping_bytes(self.mapping) if self.regions > 1 else arena_bytes(self.mapping.arenas[0])
+            self._tensor = whole[: self.size].view(torch.int8)
         return self._tensor
 
     def set_listener(self, listener: UnmapListener | None) -> None:
@@ -137,7 +151,8 @@ class ElasticKVBuffer:
 
     def __repr__(self) -> str:
         return (
-            f"ElasticKVBuffer({self.num_blocks} blocks × {format_bytes(self.bytes_per_block)}, "
+            f"ElasticKVBuffer({self.num_blocks} blocks × {format_bytes(self.bytes_per_block)} in {self.regions} "
+            f"region(s), "
             f"{format_bytes(self.size)} reserved at {self.va:#x}, {format_bytes(self.mapping.held_bytes)} held)"
         )
 

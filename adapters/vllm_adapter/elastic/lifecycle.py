@@ -3,8 +3,9 @@
 In the order they run in one engine process (engine core and its one worker):
 
 1. ``prepare_engine`` (``EngineCore._initialize_kv_caches``, before it): if the policy
-   marks this model's pools elastic, ask vLLM for the block-outermost layout
-   (``VLLM_KV_CACHE_LAYOUT=BLHNC``), which vLLM checks against its attention backends.
+   marks this model's pools elastic, ask vLLM for a layout the elastic pool can back
+   and the attention backends accept (``layouts.choose_layout``: ``BLHNC`` where it is
+   accepted, else e.g. ``LBHNC`` on the CPU backend) through ``VLLM_KV_CACHE_LAYOUT``.
 2. ``plan_worker`` (``Worker.determine_available_memory``, before it): open the rank's
    ledger session as an elastic instance (guarantee = the model's ``min``) and set
    ``kv_cache_memory_bytes`` to the model's ``max`` — vLLM then plans that many
@@ -12,7 +13,8 @@ In the order they run in one engine process (engine core and its one worker):
 3. ``elastic_allocation`` / ``allocate`` (``Worker.initialize_from_config``, around it):
    admit the null block's chunks statically, build the ``ElasticKVBuffer``, and let the
    model runner (V1's or the default Model Runner V2) run vLLM's own
-   ``allocate_kv_cache`` inside the buffer's allocation context.
+   ``allocate_kv_cache`` inside the buffer's allocation context (in a layer-outermost
+   layout, with the layer regions widened to whole chunks: ``layouts.BufferGeometry``).
 4. ``bind_manager`` (``KVCacheManager.__init__``, after it): the scheduler's block pool
    gets an ``ElasticPool`` beside it, over that buffer.
 5. ``after_step`` (``EngineCore.step`` / ``step_with_batch_queue``, after each): the
@@ -25,7 +27,7 @@ import contextlib
 import inspect
 import logging
 import os
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,14 +45,12 @@ from .buffer import (
     allocation_context,
     check_views,
     has_unbound,
-    pinned_chunks,
     publish,
     take_unbound,
     unbound,
 )
+from .layouts import ELASTIC_LAYOUTS, choose_layout
 from .policy import (
-    BLOCK_OUTERMOST_LAYOUTS,
-    ELASTIC_LAYOUT,
     ElasticSettings,
     check_kv_cache_config,
     check_parallel,
@@ -91,8 +91,15 @@ def model_is_elastic(env: AdapterEnv, model: str) -> bool:
     return bool(marked_pools(read_policy(env.policy).model_settings(model).pools)[0])
 
 
-def prepare_engine(vllm_config: Any, model: str, environ: MutableMapping[str, str] | None = None) -> bool:
-    """Before vLLM resolves the KV cache layout: ask for BLHNC if ``model`` is elastic. True if it is."""
+def prepare_engine(
+    vllm_config: Any,
+    model: str,
+    supported_layouts: Callable[[], Sequence[Sequence[str]]] | None = None,
+    environ: MutableMapping[str, str] | None = None,
+) -> bool:
+    """Before vLLM resolves the KV cache layout: if ``model`` is elastic, ask for a layout the elastic
+    pool can back among those its workers' attention backends support (``supported_layouts``, vLLM's
+    ``Executor.get_supported_kv_cache_layouts``; None: BLHNC). True if the model is elastic."""
     env = AdapterEnv.from_environ()
     if not model_is_elastic(env, model):
         return False
@@ -100,14 +107,23 @@ def prepare_engine(vllm_config: Any, model: str, environ: MutableMapping[str, st
     configured = getattr(vllm_config.cache_config, "kv_cache_layout", None)
     requested = environ.get("VLLM_KV_CACHE_LAYOUT") or None
     for source, layout in (("--kv-cache-layout", configured), ("VLLM_KV_CACHE_LAYOUT", requested)):
-        if layout is not None and str(getattr(layout, "name", layout)) not in BLOCK_OUTERMOST_LAYOUTS:
+        if layout is not None and str(getattr(layout, "name", layout)) not in ELASTIC_LAYOUTS:
             raise AdapterError(
                 f"kvpolicy: {source}={getattr(layout, 'name', layout)}, but {model!r} has an elastic KV cache, which "
-                f"needs a block-outermost layout ({', '.join(BLOCK_OUTERMOST_LAYOUTS)}); use {ELASTIC_LAYOUT}."
+                f"needs one of the layouts {', '.join(ELASTIC_LAYOUTS)} (docs/vllm.md, \"Layouts\")."
             )
     if configured is None and requested is None:
-        environ["VLLM_KV_CACHE_LAYOUT"] = ELASTIC_LAYOUT
-        logger.info("kvpolicy: %s has an elastic KV cache: VLLM_KV_CACHE_LAYOUT=%s", model, ELASTIC_LAYOUT)
+        supported = list(supported_layouts()[0]) if supported_layouts is not None else None
+        chosen = choose_layout(supported)
+        if chosen is None:
+            raise AdapterError(
+                f"kvpolicy: {model!r} has an elastic KV cache, but its attention backends accept only the KV cache "
+                f"layouts {', '.join(supported or ())}, none of which the elastic pool can back "
+                f"({', '.join(ELASTIC_LAYOUTS)}). Use another attention backend, or mark the pools `owner runtime`."
+            )
+        environ["VLLM_KV_CACHE_LAYOUT"] = chosen
+        logger.info("kvpolicy: %s has an elastic KV cache: VLLM_KV_CACHE_LAYOUT=%s (backends accept %s)",
+                    model, chosen, supported)
     return True
 
 
@@ -175,7 +191,7 @@ def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
     return plan
 
 
-def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
+def _driver_for(device: Any, plan: ElasticPlan, pinned: int, regions: int) -> Any:
     from kvpolicy.alloc import HostDriver, open_driver
 
     if getattr(device, "type", str(device)) == "cuda":
@@ -183,8 +199,9 @@ def _driver_for(device: Any, plan: ElasticPlan, pinned: int) -> Any:
 
         index = device.index if device.index is not None else torch.cuda.current_device()
         return open_driver("cuda", device=index)
-    # vLLM on a CPU (tests): host memory simulates the device, as large as the cache can grow.
-    return HostDriver(capacity=plan.settings.virtual + pinned + plan.settings.chunk)
+    # vLLM on a CPU: shared-memory pages stand for the device's, as many as the cache can grow to
+    # (its max, the pinned null-block chunks, and one chunk group of rounding).
+    return HostDriver(capacity=plan.settings.virtual + pinned + plan.settings.chunk * regions)
 
 
 @contextlib.contextmanager
@@ -226,15 +243,17 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
             "an elastic KV cache cannot live there"
         )
     layout_name = kv_cache_config.kv_cache_layout or worker.cache_config.get_resolved_kv_cache_layout().name
-    check_kv_cache_config(kv_cache_config, str(getattr(layout_name, "name", layout_name)), plan.settings.runtime_pools)
+    geometry = check_kv_cache_config(
+        kv_cache_config, str(getattr(layout_name, "name", layout_name)), plan.settings.runtime_pools
+    )
     layout = PoolLayout.from_kv_cache_config(kv_cache_config)
     chunk = plan.settings.chunk
-    pinned = pinned_chunks(layout.bytes_per_block, chunk) * chunk
+    pinned = geometry.pinned_chunks(chunk) * chunk
     admitted = plan.session.admit_static(pinned)  # runtime-owned: GPU figures measured here before a controller
     if admitted < pinned:
         raise AdapterError(f"kvpolicy: {plan.key.id}: only {admitted} of the {pinned} bytes for the null block were admitted")
     device = getattr(worker.model_runner, "device", None) or worker.device
-    driver = _driver_for(device, plan, pinned)
+    driver = _driver_for(device, plan, pinned, geometry.regions)
     grow_bytes = VllmEnv.from_environ().grow_bytes
     buffer = ElasticKVBuffer(
         driver,
@@ -243,13 +262,16 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
         chunk=chunk,
         limit=plan.session.limit_source(),
         pinned=pinned,
-        grow_chunks=max(1, grow_bytes // chunk),
+        grow_chunks=max(1, grow_bytes // (chunk * geometry.regions)),
         name=f"{plan.key.id}-kv",
+        regions=geometry.regions,
+        block_stride=geometry.block_stride,
     )
     try:
         context = allocation_context(buffer, device)
         kwargs["kv_cache_allocation_context"] = context
-        result = initialize(kv_cache_config, *args, **kwargs)
+        # The worker's copy: layer regions widened to whole chunks; the scheduler keeps vLLM's config.
+        result = initialize(geometry.widened(kv_cache_config, chunk), *args, **kwargs)
         if not context.served:
             raise AdapterError(
                 f"kvpolicy: vLLM did not allocate its {buffer.size}-byte KV buffer through torch.zeros as "

@@ -22,6 +22,7 @@ from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import ENV_POLICY
 from kvpolicy.units import format_bytes, round_down
 
+from .layouts import PREFERRED_LAYOUT, BufferGeometry
 from ..pools import (
     DEEPSEEK_V4_POOLS,
     VLLM_ELASTIC_POOLS,
@@ -30,10 +31,8 @@ from ..pools import (
     standard_pool,
 )
 
-BLOCK_OUTERMOST_LAYOUTS = ("BLHNC", "BLNHC", "BHLNC")
-"""vLLM layouts whose block dimension is outermost: block ``b`` is one byte range of the buffer."""
-ELASTIC_LAYOUT = "BLHNC"
-"""The layout the adapter asks vLLM for when a model is elastic (``VLLM_KV_CACHE_LAYOUT``)."""
+ELASTIC_LAYOUT = PREFERRED_LAYOUT
+"""The layout the adapter asks vLLM for when a model is elastic and the backends accept it (``layouts``)."""
 
 
 @dataclass(frozen=True)
@@ -153,12 +152,13 @@ def kv_pools_of(kv_cache_config: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def check_kv_cache_config(kv_cache_config: Any, layout: str, runtime: Iterable[str] = ()) -> None:
-    """Refuse a vLLM KV cache the elastic pool cannot back; the message says why and what to do.
+def check_kv_cache_config(kv_cache_config: Any, layout: str, runtime: Iterable[str] = ()) -> BufferGeometry:
+    """Refuse a vLLM KV cache the elastic pool cannot back (the message says why and what to do), else
+    say where its blocks lie.
 
     Needs: only standard attention pools (not DeepSeek-V4, Mamba, …), one device
-    backing buffer, a block-outermost layout (block ``b`` is the byte range
-    ``[b × bytes_per_block, (b + 1) × bytes_per_block)``), and no pool of the model
+    backing buffer, a layout whose blocks the allocator can map (``layouts``: block-outermost,
+    or layer-outermost with one page per layer and block), and no pool of the model
     marked ``owner runtime``.
     """
     pools = kv_pools_of(kv_cache_config)
@@ -183,10 +183,4 @@ def check_kv_cache_config(kv_cache_config: Any, layout: str, runtime: Iterable[s
             f"kvpolicy: expected one device KV backing buffer, got sizes {sorted(sizes)}; this placement "
             "(host-resident groups, several buffers) cannot be elastic"
         )
-    if layout not in BLOCK_OUTERMOST_LAYOUTS:
-        raise AdapterError(
-            f"kvpolicy: the KV cache layout is {layout}; an elastic pool needs a block-outermost layout "
-            f"({', '.join(BLOCK_OUTERMOST_LAYOUTS)}) so that each block is one byte range that one mapping covers. "
-            f"Set VLLM_KV_CACHE_LAYOUT={ELASTIC_LAYOUT} (the adapter sets it when the engine core starts, unless "
-            "another layout was asked for)."
-        )
+    return BufferGeometry.of(kv_cache_config, layout)

@@ -129,7 +129,7 @@ class ElasticPool:
         self._give_back = buffer.give_back
         self._limit = buffer.limit
         self._bpb = buffer.bytes_per_block
-        self._chunk = buffer.chunk
+        self._group_bytes = buffer.mapping.group_bytes  # one chunk index: a chunk in every region
         self._pinned_chunks = frozenset(grid.chunks_of(0))
         self._state = bytearray(pool.num_gpu_blocks)
         self._state[0] = _IN  # the null block: mapped for good, never in the queue
@@ -353,7 +353,7 @@ class ElasticPool:
         excess = kv.held_bytes - reading.limit
         if excess <= 0:
             return
-        count = math.ceil(excess / self._chunk)
+        count = math.ceil(excess / self._group_bytes)
         mapped = [c for c in range(kv.num_chunks - 1, -1, -1) if kv.is_mapped(c) and c not in self._pinned_chunks]
         doomed = frozenset(mapped[:count])
         self._set_doomed(doomed)
