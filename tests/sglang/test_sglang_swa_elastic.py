@@ -91,8 +91,7 @@ def allocator_over(b: Built, device: str = "cpu"):
 
     outer = SWATokenToKVPoolAllocator(b.sizes.full_max_total_num_tokens, b.sizes.swa_max_total_num_tokens, P,
                                       torch.int64, device, b.pool, need_sort=True)
-    b.swa.attach(outer.swa_attn_allocator)
-    E.wrap_swa_allocator(outer, b.swa)
+    b.swa.bind(outer)
     return outer
 
 
@@ -254,7 +253,7 @@ class Scheduler:
                 for layer in self.b.pool.swa_kv_pool.kv_buffer:
                     assert int(layer[p, 0]) == r.tag, "data written through the views did not survive"
         if not swa.mapping.deferred:
-            assert swa.held_bytes <= self.b.limit.read().limit
+            assert swa.held_bytes <= swa.mapping.limit.read().limit
         assert swa.used_bytes == (swa.live.count - 1) * swa.page_bytes * swa.layers
 
 
@@ -341,45 +340,3 @@ def test_a_lower_limit_unmaps_only_fully_free_chunks_and_waits_for_the_rest(sgla
         s.finish(0, cache=False)
         s.check()
     assert not b.swa.mapping.deferred and b.swa.held_bytes <= 2 * GROUP
-
-
-# ------------------------------------------------------------------ start-up
-
-
-@pytest.fixture
-def elastic_policy_hooks(tmp_path):
-    """The real hooks, reading a real policy that marks the SWA pool elastic."""
-    from kvpolicy.adapters.settings import AdapterEnv
-    from kvpolicy.adapters.sglang_dsv4 import hooks
-    from kvpolicy.adapters.sglang_dsv4.ports import policy_reserve
-    from tests.support.ledgers import InProcessLedger
-
-    policy = tmp_path / "p.kvp"
-    policy.write_text('version 1\nmodel "tiny" {\n  engine sglang\n  reserve 48 MiB\n  max 1 GiB\n'
-                      '  pool swa { owner elastic }\n}\n')
-    env = AdapterEnv(enabled=True, policy=policy, model="tiny", ledger_dir=tmp_path)
-    ledger = InProcessLedger({"cuda:0": 80 * GiB})
-    state = hooks.AdapterState(reserve_source=policy_reserve(env), connect=ledger.session, model_name="tiny")
-    hooks.install(state)
-    yield ledger
-    hooks.uninstall()
-
-
-@pytest.mark.parametrize("tp_size", [1, 2])
-def test_an_elastic_swa_policy_is_refused_at_start_loudly(sglang_env, elastic_policy_hooks, tp_size):
-    from kvpolicy.adapters.errors import AdapterError
-    from sglang.srt.runtime_context import get_parallel
-
-    with ExitStack() as stack:
-        stack.enter_context(single_process_parallel())
-        stack.enter_context(get_parallel().override(tp_size=tp_size))
-        args = stack.enter_context(published_server_args(max_running_requests=8))
-        kvc = kv_cache_configurator(TINY, args)
-        with pytest.raises(AdapterError) as info:
-            build_pools_through_sglang(kvc)
-    message = str(info.value)
-    if tp_size > 1:
-        assert "needs tensor parallel 1" in message and f"--tp-size {tp_size}" in message
-    else:
-        assert "`owner elastic`" in message and "p.kvp:2" in message and "owner runtime" in message
-    assert elastic_policy_hooks.admitted["cuda:0"] == {}  # refused before anything was admitted
