@@ -12,12 +12,9 @@ machine lacks is stood in for: its free GPU memory (pinned) and the GPU's figure
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -26,13 +23,13 @@ import pytest
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.units import GiB, MiB
-from sglang_support import (
-    HERE,
+from tests.sglang.sglang_support import (
+    REPO,
     kv_cache_configurator,
     published_server_args,
     single_process_parallel,
 )
-from test_sglang_swa_elastic import GROUP, TINY, Built, Scheduler
+from tests.sglang.test_sglang_swa_elastic import GROUP, TINY, Built, Scheduler
 
 pytestmark = pytest.mark.sglang
 
@@ -50,17 +47,6 @@ model "tiny" {{
   pool swa {{ owner elastic }}
 }}
 """
-
-
-@pytest.fixture
-def ledger_dir() -> Iterator[Path]:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    parent = base / f"kvpolicy-swa-test-{uuid.uuid4().hex[:12]}"
-    parent.mkdir(mode=0o700)
-    try:
-        yield parent / "ledger"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def offer_figures(ledger_dir: Path):
@@ -104,11 +90,12 @@ def engine(sglang_env, tmp_path, ledger_dir, monkeypatch):
     stack = ExitStack()
     made: list = []
 
-    def start(tp_size: int = 1):
+    def start(tp_size: int = 1, device: str = "cpu"):
         stack.enter_context(single_process_parallel())
         stack.enter_context(get_parallel().override(tp_size=tp_size))
-        args = stack.enter_context(published_server_args(**ENGINE_ARGS))
+        args = stack.enter_context(published_server_args(**ENGINE_ARGS, device=device))
         kvc = kv_cache_configurator(TINY, args)
+        kvc.device = device
         targets = activate(env, version="0.5.23")
         state = _state()
         sizes, pools = build_engine(kvc)
@@ -225,15 +212,15 @@ def test_sglangs_plugin_entry_point_builds_the_elastic_swa_pool_in_a_real_proces
     policy.write_text(POLICY)
     code = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(HERE)!r})
-        import sglang_standins; sglang_standins.install()
+        sys.path.insert(0, {str(REPO)!r})
+        from tests.sglang import sglang_standins; sglang_standins.install()
         from sglang.srt.plugins import load_plugins
         load_plugins()
         import sglang.srt.mem_cache.kv_cache_configurator as mod
         mod.get_available_gpu_memory = lambda *a, **k: 64.0
-        from test_sglang_swa_elastic import TINY
-        from test_sglang_swa_wiring import ENGINE_ARGS, build_engine
-        from sglang_support import kv_cache_configurator, published_server_args, single_process_parallel
+        from tests.sglang.test_sglang_swa_elastic import TINY
+        from tests.sglang.test_sglang_swa_wiring import ENGINE_ARGS, build_engine
+        from tests.sglang.sglang_support import kv_cache_configurator, published_server_args, single_process_parallel
         with single_process_parallel(), published_server_args(**ENGINE_ARGS) as args:
             sizes, pools = build_engine(kv_cache_configurator(TINY, args))
         swa = pools.token_to_kv_pool_allocator.swa_attn_allocator
@@ -248,9 +235,9 @@ def test_sglangs_plugin_entry_point_builds_the_elastic_swa_pool_in_a_real_proces
         env = {k: v for k, v in os.environ.items() if not k.startswith(("KVPOLICY_", "SGLANG_PLUGINS"))}
         env.update({"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy), "KVPOLICY_MODEL": "tiny",
                     "KVPOLICY_LEDGER_DIR": str(ledger_dir), "KVPOLICY_ENGINE_ID": "tiny@test",
-                    "PYTHONPATH": str(HERE)})
+                    "PYTHONPATH": str(REPO)})
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                              cwd=tmp_path, timeout=300)
+                              cwd=tmp_path, timeout=900)  # a hang guard: importing sglang is slow on a loaded machine
         assert done.returncode == 0, done.stderr[-3000:]
         assert "BOUND function True" in done.stdout  # SGLang's SWA page allocator, wrapped by the pool
         assert f"SLOT True {GUARANTEE} elastic {GROUP}" in done.stdout
