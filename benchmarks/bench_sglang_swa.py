@@ -5,7 +5,7 @@ half the full tokens) is built twice by SGLang's own pool code: stock, and with 
 tensors over an ``ElasticSWA`` bound to SGLang's ``SWATokenToKVPoolAllocator``. The same
 workloads drive SGLang's allocator over each, rounds alternating, medians reported:
 
-1. ``prefill``: a request of 4 pages admitted (``alloc_extend``) and finished (``free``),
+1. ``prefill``: a request of one page admitted (``alloc_extend``) and finished (``free``),
    then the scheduler's capacity check (``available_size``), per step;
 2. ``decode``: 16 running requests, one decode token each (``alloc_decode``, a new page
    every 256 tokens), the capacity check, per step; requests restart when long;
@@ -118,7 +118,7 @@ class Workload:
     def prefill(self, steps: int) -> None:
         o = self.outer
         for _ in range(steps):
-            full = self.extend([], 4 * P)
+            full = self.extend([], P)
             o.free(self.d(full))
             o.available_size()
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     driver = open_driver(args.driver, host_capacity=4 * GiB)
     device = "cuda" if driver.kind == "cuda" else "cpu"
-    rounds, steps = (3, 100) if args.quick else (5, 1000)
+    rounds, steps = (3, 30) if args.quick else (5, 300)
     results: dict[str, Any] = {"driver": driver.kind, "device": driver.name, "python": platform.python_version()}
     try:
         results["throughput"] = tp = throughput(device, driver, rounds, steps)

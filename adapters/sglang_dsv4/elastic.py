@@ -118,6 +118,8 @@ class ElasticSWA:
         self._handouts_reported = 0
         self._short = False  # a growth was refused: report no mappable pages until memory is freed or the limit moves
         self._short_revision: int | None = None
+        self._mappable_key: tuple[int, int, int, int] | None = None  # mappable_pages' answer, until this changes
+        self._mappable = 0
         try:
             self.live.claim([PADDING_PAGE])  # maps (and zeroes) the pinned chunks
         except BaseException:
@@ -207,17 +209,25 @@ class ElasticSWA:
         return sum(self.visible) - self.visible[PADDING_PAGE]
 
     def mappable_pages(self) -> int:
-        """Pages that mapping more chunks under the limit in force would make visible."""
+        """Pages that mapping more chunks under the limit in force would make visible.
+
+        SGLang asks for it several times a step (every ``available_size``): the answer is kept
+        until the limit or the mapping changes (a map or unmap moves the mapping's counters)."""
         if self._short and self._short_revision == self.mapping.reading.revision:
             return 0
         m = self.mapping
-        m.read()
-        room = m.reading.limit - m.held_bytes
+        reading = m.read()
+        held = m.held_bytes
+        key = (reading.limit, held, m.groups_mapped, m.groups_unmapped)
+        if key == self._mappable_key:
+            return self._mappable
+        room = reading.limit - held
         groups = max(0, room // m.group_bytes)
-        if not groups:
-            return 0
-        _, gained = plan_growth(self.grid, m.mapped, 0, start=m.low_unmapped, at_least=groups,
-                                fits=lambda count: count <= groups)
+        gained = 0
+        if groups:
+            _, gained = plan_growth(self.grid, m.mapped, 0, start=m.low_unmapped, at_least=groups,
+                                    fits=lambda count: count <= groups)
+        self._mappable_key, self._mappable = key, gained
         return gained
 
     def ensure(self, pages: int) -> bool:
