@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "sglang"))  # SGLang's pool set-up on CPU (import stand-ins)
+sys.path.insert(0, str(HERE.parent))  # the tests' SGLang pool set-up on CPU (import stand-ins): tests.sglang
 
-from kvpolicy.alloc import StaticLimit, open_driver  # noqa: E402
-from kvpolicy.units import GiB, MiB  # noqa: E402
+from kvpolicy.alloc import StaticLimit, open_driver  # noqa: E402 - after the path to the tests' SGLang helpers
+from kvpolicy.units import GiB, MiB  # noqa: E402 - after the path to the tests' SGLang helpers
 
 GOAL_RATIO = 1.2
 P = 256
@@ -49,18 +49,19 @@ BUDGET = 400 * MiB
 
 def build(device: str, driver: Any | None, limit: StaticLimit | None) -> tuple[Any, Any, Any]:
     """(SGLang's SWA allocator, its V4 pool, the ElasticSWA or None) for a fixed budget."""
-    import sglang_standins
+    from tests.sglang import sglang_standins
 
     sglang_standins.install()
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
-    from sglang_support import (
+
+    from tests.sglang.sglang_support import (
         build_pools_through_sglang,
         kv_cache_configurator,
         published_server_args,
         single_process_parallel,
     )
-    from test_sglang_swa_elastic import TINY
+    from tests.sglang.test_sglang_swa_elastic import TINY
 
     from kvpolicy.adapters.sglang_dsv4 import elastic as E
 
@@ -78,7 +79,7 @@ def build(device: str, driver: Any | None, limit: StaticLimit | None) -> tuple[A
             if driver is None:
                 built, swa = build_pools_through_sglang(kvc), None
             else:
-                make = lambda layers, pages, page_bytes: E.ElasticSWA(  # noqa: E731
+                make = lambda layers, pages, page_bytes: E.ElasticSWA(  # noqa: E731 - the pool factory swa_backed_by calls
                     driver, layers=layers, pages=pages, page_bytes=page_bytes, chunk=CHUNK, limit=limit)
                 with E.swa_backed_by(make) as made:
                     built = build_pools_through_sglang(kvc)
@@ -166,7 +167,7 @@ def timed(fn: Any, steps: int) -> float:
 
 
 def throughput(device: str, driver: Any, rounds: int, steps: int) -> dict[str, Any]:
-    from test_sglang_swa_elastic import WINDOW
+    from tests.sglang.test_sglang_swa_elastic import WINDOW
 
     stock, _, _ = build(device, None, None)
     elastic, _, swa = build(device, driver, StaticLimit(1 * GiB))

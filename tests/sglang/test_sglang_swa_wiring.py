@@ -114,7 +114,7 @@ def _state():
     """The state ``activate`` installed (the hooks keep it in their patch)."""
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
 
-    return getattr(KVCacheConfigurator._profile_available_bytes, "__kvpolicy_hook__")["state"]
+    return KVCacheConfigurator._profile_available_bytes.__kvpolicy_hook__["state"]
 
 
 def ledger_slot(ledger_dir: Path, instance_id: str):
@@ -131,7 +131,7 @@ def test_the_start_up_builds_the_swa_pool_on_the_allocator_under_the_ledger(engi
 
     from kvpolicy.adapters.sglang_dsv4.hooks import ALLOCATOR_HOOK
 
-    targets, state, sizes, pools = engine()
+    targets, state, _sizes, pools = engine()
     assert ALLOCATOR_HOOK in targets
     (pool, swa), = state.elastic_pools
     allocator = pools.token_to_kv_pool_allocator

@@ -6,8 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.vllm_adapter.elastic.policy import check_parallel, elastic_settings
