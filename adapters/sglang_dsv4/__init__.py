@@ -1,10 +1,10 @@
 """The SGLang DeepSeek-V4 adapter: per-pool reservation facts and policy-sized pools.
 
-All V4 pools (SWA, C4, C128, indexer, compressor state) are owned by SGLang:
-the adapter observes and sizes them, it does not take them over. The SWA pool can
-be put on the elastic allocator (``elastic``: the allocator side, tested with the
-real SGLang classes; ``kvpolicy plan`` plans it); an engine whose policy asks for
-that is refused at start until the hooks build it (issue 20).
+The V4 pools (SWA, C4, C128, indexer, compressor state) are owned by SGLang: the
+adapter observes and sizes them. A policy that marks ``pool swa { owner elastic }``
+puts the SWA pool on the elastic allocator (``elastic``; tensor parallel 1 only):
+its tensors are views over reserved address space, mapped as SGLang's SWA
+allocator hands out pages, under the engine's elastic limit in the ledger.
 
 Activation reaches every SGLang process through SGLang's own general-plugin
 entry point (group ``sglang.srt.plugins``, name ``kvpolicy``): SGLang 0.5.23
@@ -17,7 +17,7 @@ with the message instead of running unbudgeted.
 Module map: ``geometry``/``plan``/``footprint``/``elastic_policy`` are pure
 (``kvpolicy plan`` uses them without torch or sglang); ``facts`` reads a live pool;
 ``hooks`` patches SGLang; ``ports`` holds the policy/ledger protocols; ``elastic``
-puts the SWA pool on the allocator.
+puts the SWA pool on the allocator (``elastic_wiring`` builds it at start-up).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def activate(
         require_policy_file(env)  # fail now, in the launcher, rather than after loading weights
         reserve_source = lambda model: policy_reserve(env)(model)  # noqa: E731 (re-read at start-up)
     if connect is None:
-        connect = lambda identity: default_connector(env)(identity)  # noqa: E731 - the connector is made when an engine connects
+        connect = lambda identity, **options: default_connector(env)(identity, **options)  # noqa: E731 - the connector is made when an engine connects
     state = hooks.AdapterState(reserve_source=reserve_source, connect=connect, model_name=env.model)
     targets = hooks.install(state)
     logger.warning(

@@ -21,13 +21,20 @@ puts those tensors on the allocator:
   with page 0 — SGLang's padding page, written for padded tokens — live for good: the
   chunks it touches are *pinned* (mapped at start, admitted as runtime-owned memory,
   ``limits.PinnedFirst``-style accounting by the caller's limit source);
-- ``sync`` gives back fully free chunks above the target or under pressure
-  (``GiveBack``), and a lowered limit is applied at once or deferred until pages are
-  freed; a chunk about to be unmapped first has its pages taken out of SGLang's free
-  list (``before_unmap``).
+- ``tick`` runs between scheduler steps, from the allocator entry points SGLang's
+  scheduler calls every round (``available_size``, ``swa_available_size``, and
+  ``swa_capacity_and_available``, which the idle loop's leak check calls): a new limit
+  revision is applied at once; at most every ``give_back_interval`` seconds ``sync``
+  gives back fully free chunks above the target or under pressure (``GiveBack``); at
+  most every ``report_interval`` seconds the bytes in use go to the ledger. A lowered
+  limit is applied at once or deferred until pages are freed (each free that empties a
+  chunk then unmaps it); a chunk about to be unmapped first has its pages taken out of
+  SGLang's free list, and the device finishes the kernels in flight (``before_unmap``:
+  with the overlap scheduler a step may still read pages freed a step ago).
 
 ``swa_backed_by`` builds the real ``DeepSeekV4TokenToKVPool`` with its SWA tensors over
-an ``ElasticSWA``; ``attach`` binds the SWA page allocator SGLang builds over that pool.
+an ``ElasticSWA``; ``bind`` binds the ``SWATokenToKVPoolAllocator`` SGLang builds over
+that pool (``attach``: its SWA page allocator; ``wrap_swa_allocator``: its checks).
 Imports torch (and sglang, for ``get_num_new_pages``) when used.
 """
 
@@ -36,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -75,15 +83,19 @@ class ElasticSWA:
         limit: LimitSource,
         grow_chunks: int = 1,
         name: str = "sglang-swa",
+        give_back_interval: float = 1.0,
+        report_interval: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if pages < 2:
             raise ValueError(f"an SWA pool needs the padding page and at least one more, got {pages} pages")
         self.layers, self.pages, self.page_bytes, self.chunk = layers, pages, page_bytes, chunk
         self.grid = ChunkGrid(page_bytes, chunk, pages)
         self.grow_chunks = grow_chunks
+        self.driver = driver
         self.mapping = ChunkMapping(
             driver, self.grid, limit=limit, num_arenas=layers, name=name,
-            before_unmap=self._hide_chunks, zero_new_chunks=True, used_bytes=lambda: self.used_bytes,
+            before_unmap=self._before_unmap, zero_new_chunks=True, used_bytes=lambda: self.used_bytes,
         )
         self.live = LiveBlocks(self.mapping)
         self.give_back = GiveBack(group_bytes=self.mapping.group_bytes, grow_chunks=grow_chunks,
@@ -94,8 +106,20 @@ class ElasticSWA:
         """SGLang's SWA page allocator, once ``attach``\\ ed."""
         self.refusals = 0
         """Growths the limit, the ledger or the GPU refused (each an ordinary SGLang allocation failure)."""
+        self.give_back_interval, self.report_interval = give_back_interval, report_interval
+        self.on_report: Callable[[], None] | None = None
+        """Called at most every ``report_interval`` (the adapter reports the pools' facts to the ledger)."""
+        self.on_activity: Callable[[], None] | None = None
+        """Called at a report when pages were handed out since the last one (the ledger's ``idle_seconds``)."""
+        self.handouts = 0
+        """Allocations that took pages (cumulative)."""
+        self._clock = clock
+        self._last_give_back = self._last_report = clock()
+        self._handouts_reported = 0
         self._short = False  # a growth was refused: report no mappable pages until memory is freed or the limit moves
         self._short_revision: int | None = None
+        self._mappable_key: tuple[int, int, int, int] | None = None  # mappable_pages' answer, until this changes
+        self._mappable = 0
         try:
             self.live.claim([PADDING_PAGE])  # maps (and zeroes) the pinned chunks
         except BaseException:
@@ -161,6 +185,10 @@ class ElasticSWA:
             added = torch.tensor(new, dtype=free.dtype, device=free.device)
             self.allocator.free_pages = torch.sort(torch.cat((free, added)))[0]
 
+    def _before_unmap(self, chunks: list[int]) -> None:
+        self._hide_chunks(chunks)
+        self.driver.synchronize()  # kernels still reading these chunks (the overlap scheduler) finish first
+
     def _hide_chunks(self, chunks: list[int]) -> None:
         """``before_unmap``: take the pages touching ``chunks`` out of SGLang's free list (none is live)."""
         import torch
@@ -176,18 +204,30 @@ class ElasticSWA:
             drop = torch.tensor(going, dtype=free.dtype, device=free.device)
             self.allocator.free_pages = free[~torch.isin(free, drop)]
 
+    def visible_pages(self) -> int:
+        """Pages SGLang can hold now: in its free list or handed out (the padding page left out)."""
+        return sum(self.visible) - self.visible[PADDING_PAGE]
+
     def mappable_pages(self) -> int:
-        """Pages that mapping more chunks under the limit in force would make visible."""
+        """Pages that mapping more chunks under the limit in force would make visible.
+
+        SGLang asks for it several times a step (every ``available_size``): the answer is kept
+        until the limit or the mapping changes (a map or unmap moves the mapping's counters)."""
         if self._short and self._short_revision == self.mapping.reading.revision:
             return 0
         m = self.mapping
-        m.read()
-        room = m.reading.limit - m.held_bytes
+        reading = m.read()
+        held = m.held_bytes
+        key = (reading.limit, held, m.groups_mapped, m.groups_unmapped)
+        if key == self._mappable_key:
+            return self._mappable
+        room = reading.limit - held
         groups = max(0, room // m.group_bytes)
-        if not groups:
-            return 0
-        _, gained = plan_growth(self.grid, m.mapped, 0, start=m.low_unmapped, at_least=groups,
-                                fits=lambda count: count <= groups)
+        gained = 0
+        if groups:
+            _, gained = plan_growth(self.grid, m.mapped, 0, start=m.low_unmapped, at_least=groups,
+                                    fits=lambda count: count <= groups)
+        self._mappable_key, self._mappable = key, gained
         return gained
 
     def ensure(self, pages: int) -> bool:
@@ -222,6 +262,7 @@ class ElasticSWA:
     def handed_out(self, pages: Sequence[int]) -> None:
         """SGLang's allocator took ``pages`` from its free list: they are live (all mapped already)."""
         if pages:
+            self.handouts += 1
             self.live.claim(pages)
 
     def returned(self, pages: Sequence[int]) -> None:
@@ -235,6 +276,34 @@ class ElasticSWA:
         self.give_back.sync(self.mapping, self.used_bytes)
         if self.mapping.reading.revision != self._short_revision:
             self._short = False
+
+    def tick(self) -> None:
+        """Between scheduler steps: a new limit revision at once; a give-back when due and there is
+        something to give back (above the target, or another instance under pressure); a report when due."""
+        m = self.mapping
+        now = self._clock()
+        reading = m.limit.read()
+        due = now - self._last_give_back >= self.give_back_interval
+        if reading.revision != m.revision or (
+            due and (m.held_bytes > reading.target or self.give_back.pressed(m.limit.pressure()))
+        ):
+            try:
+                self.sync()
+            except DriverError as exc:  # the pool stays true to the driver; the next tick retries
+                logger.error("kvpolicy: giving SWA memory back failed (retried next step): %s", exc)
+            self._last_give_back = now
+        if now - self._last_report >= self.report_interval:
+            self._last_report = now
+            self.report()
+
+    def report(self) -> None:
+        """The bytes in use and held to the limit source, activity, and the adapter's facts."""
+        self.mapping.report()
+        if self.handouts != self._handouts_reported and self.on_activity is not None:
+            self.on_activity()
+        self._handouts_reported = self.handouts
+        if self.on_report is not None:
+            self.on_report()
 
     def close(self) -> None:
         self.mapping.close()
@@ -258,6 +327,13 @@ class ElasticSWA:
         self.allocator = allocator
         _wrap_page_allocator(allocator, self)
         allocator.clear()
+
+    def bind(self, outer: Any) -> None:
+        """Bind SGLang's ``SWATokenToKVPoolAllocator`` over this pool: its SWA page allocator (``attach``),
+        its SWA allocations mapped first and refused as a full pool, its capacity figures under the limit
+        in force, and ``tick`` at the entry points its scheduler calls every round (``wrap_swa_allocator``)."""
+        self.attach(outer.swa_attn_allocator)
+        wrap_swa_allocator(outer, self)
 
 
 def _pages_taken(before: Any, after: Any) -> list[int]:
@@ -311,8 +387,7 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
 
     def release(*page_ids: Any) -> None:
         original["_release_page_ids"](*page_ids)
-        pool.returned([p for ids in page_ids for p in ids.tolist()])
-        pool.sync()
+        pool.returned([p for ids in page_ids for p in ids.tolist()])  # a deferred limit unmaps what empties
 
     a.clear = clear
     a.available_size = available_size
@@ -323,12 +398,42 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
 
 
 def wrap_swa_allocator(outer: Any, pool: ElasticSWA) -> None:
-    """SGLang's ``SWATokenToKVPoolAllocator`` asserts that its SWA side succeeds once its own check
-    passed: map the SWA pages first, and fail the allocation (``None``) before that check when the
-    limit refuses them, so a refusal is never an assertion in SGLang."""
+    """Instance-level wrappers on SGLang's ``SWATokenToKVPoolAllocator``.
+
+    - It asserts that its SWA side succeeds once its own check passed: map the SWA pages
+      first, and fail the allocation (``None``) before that check when the limit refuses
+      them, so a refusal is never an assertion in SGLang.
+    - Its capacity figures (``swa_capacity_and_available``, which the idle loop's leak
+      check reads) say the SWA capacity under the limit in force: the pages SGLang can
+      hold now plus those it could still map, so that capacity = available + used holds.
+    - ``available_size``, ``swa_available_size`` and ``swa_capacity_and_available`` (the
+      scheduler asks one of them every round, never inside an allocation) ``tick`` first.
+    """
     from sglang.srt.utils.common import get_num_new_pages
 
     P = outer.page_size
+
+    def ticking(name: str) -> None:
+        call = getattr(outer, name)
+
+        @functools.wraps(call)
+        def method(*args: Any, **kwargs: Any) -> Any:
+            pool.tick()
+            return call(*args, **kwargs)
+
+        setattr(outer, name, method)
+
+    ticking("available_size")
+    ticking("swa_available_size")
+    capacity_and_available = outer.swa_capacity_and_available
+
+    @functools.wraps(capacity_and_available)
+    def swa_capacity_and_available(*, full_capacity: int, swa_capacity: int) -> Any:
+        pool.tick()
+        full, (_, available) = capacity_and_available(full_capacity=full_capacity, swa_capacity=swa_capacity)
+        return full, (min(swa_capacity, (pool.visible_pages() + pool.mappable_pages()) * P), available)
+
+    outer.swa_capacity_and_available = swa_capacity_and_available
 
     def guarded(name: str, pages: Callable[..., int]) -> None:
         call = getattr(outer, name)

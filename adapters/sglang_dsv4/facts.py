@@ -166,10 +166,17 @@ def _enumerated_bytes(pool: Any) -> int | None:
     return total
 
 
-def measure_pool(pool: Any, req_to_token_pool: Any = None) -> PoolMeasurement:
+def measure_pool(pool: Any, req_to_token_pool: Any = None, *, elastic_swa: bool = False) -> PoolMeasurement:
     """Read every tensor of a live pool (and of the request table, if given, allocated first);
-    per policy pool, its tensor bytes and footprint."""
+    per policy pool, its tensor bytes and footprint. With ``elastic_swa`` the SWA tensors are
+    views over the allocator's reservation, not the caching allocator's: they are left out
+    (the elastic pool reports them itself, ``with_elastic_swa``)."""
     seen_storage: set[tuple[str, int]] = set()
+    skipped = 0
+    if elastic_swa:
+        for t in pool.swa_kv_pool.kv_buffer:
+            seen_storage.add(_storage_key(t))
+            skipped += t.nbytes
     tensors: list[LiveTensor] = []
     device_type = "cpu"
 
@@ -190,6 +197,8 @@ def measure_pool(pool: Any, req_to_token_pool: Any = None) -> PoolMeasurement:
         add(OTHER, where, where, t)
 
     enumerated = _enumerated_bytes(pool)
+    if enumerated is not None:
+        enumerated -= skipped  # the enumerations list the SWA views' bytes
     m = PoolMeasurement(tensors=tensors, enumerated_bytes=enumerated, device_type=device_type)
     m.facts = facts_from_tensors(tensors)
     if not m.cross_check_ok:
@@ -217,3 +226,22 @@ def facts_from_tensors(tensors: list[LiveTensor]) -> dict[str, PoolFacts]:
         if t.pool in ("compressor_state", OTHER):
             entry["parts"][t.part] = entry["parts"].get(t.part, 0) + t.nbytes
     return {name: PoolFacts(owner="runtime", **entry) for name, entry in acc.items()}
+
+
+def with_elastic_swa(static: dict[str, PoolFacts], elastic: dict[str, PoolFacts]) -> dict[str, PoolFacts]:
+    """The measured runtime-owned pools with an elastic SWA pool's facts (``ElasticSWA.facts``): ``swa``
+    as the elastic pool, and its pinned chunks added to ``other``."""
+    merged = dict(static)
+    for name, facts in elastic.items():
+        had = merged.get(name)
+        if had is None:
+            merged[name] = facts
+            continue
+        if had.owner != facts.owner:
+            raise ValueError(f"pool {name!r} is both {had.owner} and {facts.owner}")
+        parts = dict(had.parts)
+        for part, nbytes in facts.parts.items():
+            parts[part] = parts.get(part, 0) + nbytes
+        merged[name] = PoolFacts(owner=had.owner, bytes=had.bytes + facts.bytes,
+                                 tensor_bytes=(had.tensor_bytes or 0) + (facts.tensor_bytes or 0), parts=parts)
+    return merged

@@ -1,4 +1,4 @@
-"""The two hooks in SGLang 0.5.23, installed by ``install`` (imports sglang).
+"""The hooks in SGLang 0.5.23, installed by ``install`` (imports sglang).
 
 - ``KVCacheConfigurator._profile_available_bytes`` (the budget): instead of the
   free memory at start-up, hand the DeepSeek-V4 configurator the largest budget
@@ -12,8 +12,14 @@
   built and the request table it is handed, per policy pool (the table as
   ``req_to_token``), set the pool's ``mem_usage``, check the total fits what was
   admitted, and report it to the ledger.
+- ``KVCacheConfigurator._build_token_to_kv_pool_allocator`` (the elastic SWA pool's
+  allocator): bind the allocator SGLang builds over an elastic SWA pool.
 
-Both wrap the original and change nothing for non-V4 models or draft workers.
+With ``pool swa { owner elastic }`` (tensor parallel 1) the budget hook plans the SWA
+pool on the allocator and opens an elastic ledger session, the pool hook builds the
+SWA tensors over it, and the allocator hook binds SGLang's SWA allocator to it
+(``elastic_wiring``). All wrap the original and change nothing for non-V4 models or
+draft workers.
 Anything the adapter cannot do correctly is an ``AdapterError`` at start-up; the
 ledger's refusals become one here, with the policy line of the reserve
 (``ledger_port.as_startup_failure``), and nowhere else.
@@ -33,11 +39,13 @@ from kvpolicy.units import format_bytes
 from ..common import require_attr
 from ..errors import AdapterError
 from ..ledger_port import as_startup_failure
+from . import elastic_wiring as wiring
 from . import plan as closed
+from .elastic import ElasticSWA, swa_backed_by
 from .elastic_policy import check_tensor_parallel
-from .facts import PoolMeasurement, measure_pool
+from .facts import PoolMeasurement, measure_pool, with_elastic_swa
 from .geometry import ModelGeometry
-from .ports import Connector, InstanceIdentity, LedgerSession, Reserve, ReserveSource
+from .ports import Connector, ElasticLedgerSession, InstanceIdentity, LedgerSession, Reserve, ReserveSource
 
 # SGLang's objects (the configurator ``kvc``, its pools, the methods patched) are Any: SGLang
 # ships no types; the pinned version's classes are what the tests run the hooks against.
@@ -47,6 +55,7 @@ logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
 CONFIGURATOR = "sglang.srt.mem_cache.kv_cache_configurator.KVCacheConfigurator"
 BUDGET_HOOK = f"{CONFIGURATOR}._profile_available_bytes"
 POOL_HOOK = f"{CONFIGURATOR}._build_dsv4_kv_pool"
+ALLOCATOR_HOOK = f"{CONFIGURATOR}._build_token_to_kv_pool_allocator"
 _MARK = "__kvpolicy_hook__"
 GB = 1 << 30
 
@@ -58,6 +67,8 @@ class Admitted:
     reserve: closed.Plan | None
     admitted: int
     reserve_where: str
+    elastic: closed.ElasticPool | None = None
+    """The SWA pool on the allocator, when the policy marks it elastic."""
 
 
 @dataclass
@@ -70,18 +81,29 @@ class AdapterState:
     """KVPOLICY_MODEL; None: SGLang's served model name."""
     admitted: dict[int, Admitted] = field(default_factory=dict)  # by GPU id
     measurements: list[PoolMeasurement] = field(default_factory=list)
+    elastic_pools: list[tuple[object, ElasticSWA]] = field(default_factory=list)
+    """(SGLang's V4 pool, its elastic SWA pool) for each pool built with one."""
+
+    def elastic_swa_of(self, pool: object) -> ElasticSWA | None:
+        return next((swa for p, swa in self.elastic_pools if p is pool), None)
+
+
+HOOKS = (
+    ("_profile_available_bytes", BUDGET_HOOK),
+    ("_build_dsv4_kv_pool", POOL_HOOK),
+    ("_build_token_to_kv_pool_allocator", ALLOCATOR_HOOK),
+)
 
 
 def install(state: AdapterState) -> list[str]:
-    """Patch the two hook points; a missing one is an ``AdapterError`` naming it. Idempotent."""
+    """Patch the hook points; a missing one is an ``AdapterError`` naming it. Idempotent."""
     from sglang.srt.mem_cache import kv_cache_configurator as mod
 
     cls = require_attr(mod, "KVCacheConfigurator", BUDGET_HOOK)
     installed = []
-    for name, wrapper, hook in (
-        ("_profile_available_bytes", _budget_hook, BUDGET_HOOK),
-        ("_build_dsv4_kv_pool", _pool_hook, POOL_HOOK),
-    ):
+    wrappers = {BUDGET_HOOK: _budget_hook, POOL_HOOK: _pool_hook, ALLOCATOR_HOOK: _allocator_hook}
+    for name, hook in HOOKS:
+        wrapper = wrappers[hook]
         current = require_attr(cls, name, hook)
         box = getattr(current, _MARK, None)
         if box is not None:  # already ours: point it at the new state
@@ -97,7 +119,7 @@ def uninstall() -> None:
     from sglang.srt.mem_cache import kv_cache_configurator as mod
 
     cls = mod.KVCacheConfigurator
-    for name in ("_profile_available_bytes", "_build_dsv4_kv_pool"):
+    for name, _ in HOOKS:
         box = getattr(cls.__dict__.get(name), _MARK, None)
         if box is not None:
             setattr(cls, name, box["original"])
@@ -135,8 +157,7 @@ def _budget_hook(
     geometry, settings = live_geometry(kvc), live_settings(kvc)
     model = state.model_name or _served_model_name()
     reserve = state.reserve_source(model)
-    if reserve.swa_elastic:
-        refuse_elastic_swa(reserve, _tp_size())
+    swa_policy = elastic_swa_policy(reserve, gpu_id(kvc.gpu_id)) if reserve.swa_elastic else None
     if not reserve.bytes:
         raise AdapterError(
             f"kvpolicy: model {model!r} has no `reserve` in {reserve.where}. DeepSeek-V4's pools are "
@@ -144,7 +165,7 @@ def _budget_hook(
         )
     free = original(kvc, pre_model_load_memory, *args, **kwargs)  # what SGLang would have used
     try:
-        chosen = closed.budget_for_reserve(geometry, settings, reserve.bytes)
+        chosen = closed.budget_for_reserve(geometry, settings, reserve.bytes, swa_policy)
     except closed.PlanError as exc:
         raise AdapterError(f"kvpolicy: reserve {format_bytes(reserve.bytes)} at {reserve.where}: {exc}") from None
     if chosen.total_footprint > free:
@@ -156,64 +177,102 @@ def _budget_hook(
         )
     _cross_check_configurator(kvc, chosen, settings)
     identity = InstanceIdentity(model=model, gpu=gpu_id(kvc.gpu_id), rank=_tp_rank())
+    elastic = chosen.elastic.get("swa")
     with as_startup_failure(f"policy: reserve {format_bytes(reserve.bytes)} at {reserve.where}"):
-        session = state.connect(identity)
+        if elastic is None:
+            session = state.connect(identity)
+        else:  # an elastic instance, owed the SWA pool's guarantee; the reserve covers the rest
+            session = state.connect(identity, guarantee=elastic.guarantee, elastic=True)
         admitted = session.admit_static(reserve.bytes)
-    state.admitted[kvc.gpu_id] = Admitted(identity, session, chosen, admitted, reserve.where)
+    state.admitted[kvc.gpu_id] = Admitted(identity, session, chosen, admitted, reserve.where, elastic)
     logger.info(
         "kvpolicy: admitted %s on %s for %s (%s); DeepSeek-V4 budget %d B -> %d full tokens, "
         "pools %s (footprint %s); SGLang alone would have used %s",
         format_bytes(admitted), identity.gpu, model, reserve.where, chosen.budget, chosen.tokens.full,
         format_bytes(chosen.total_bytes), format_bytes(chosen.total_footprint), format_bytes(free),
     )
+    if elastic is not None:
+        logger.info(
+            "kvpolicy: elastic SWA pool: %d pages x %d layers, %s reserved, %s pinned, guarantee %s, max %s",
+            elastic.pages, elastic.layers, format_bytes(elastic.virtual), format_bytes(elastic.pinned),
+            format_bytes(elastic.guarantee), format_bytes(elastic.limit),
+        )
     return chosen.budget
 
 
+def elastic_swa_policy(reserve: Reserve, gpu: str) -> closed.SWAElasticPolicy:
+    """The policy's elastic SWA pool on ``gpu``; TP > 1 is refused loudly (each rank would map its pages on its
+    own while one scheduler admits requests for all)."""
+    check_tensor_parallel(_tp_size())
+    if reserve.swa_policy is None:
+        raise AdapterError(f"kvpolicy: the policy source for {reserve.model!r} cannot resolve its elastic SWA pool")
+    return reserve.swa_policy(gpu)
+
+
 def _pool_hook(kvc: Any, original: Callable[..., Any], state: AdapterState, *args: Any, **kwargs: Any) -> Any:
-    pool = original(kvc, *args, **kwargs)
     if kvc.is_draft_worker:
-        return pool
-    m = measure_pool(pool, kwargs.get("req_to_token_pool"))
-    state.measurements.append(m)
-    pool.mem_usage = m.pool_tensor_bytes / GB  # SGLang's kv_cache_memory_usage_gb reads it (0 otherwise)
+        return original(kvc, *args, **kwargs)
     entry = state.admitted.get(kvc.gpu_id)
     if entry is None:
         raise AdapterError(
-            f"kvpolicy: a DeepSeek-V4 pool was built on cuda:{kvc.gpu_id} without passing the budget hook "
+            f"kvpolicy: a DeepSeek-V4 pool is being built on cuda:{kvc.gpu_id} without passing the budget hook "
             f"({BUDGET_HOOK}); it is not sized by the policy. This SGLang code path is not supported."
         )
-    if m.footprint > entry.admitted:
+    swa: ElasticSWA | None = None
+    if entry.elastic is None:
+        pool = original(kvc, *args, **kwargs)
+    else:
+        name = f"{entry.identity.instance_id}-swa"
+        if not isinstance(entry.session, ElasticLedgerSession):
+            raise AdapterError(f"kvpolicy: the ledger session of {name} has no limit source for an elastic pool")
+        make = wiring.maker(entry.session, entry.elastic, wiring.driver_for(kvc.device, kvc.gpu_id, entry.elastic), name)
+        with swa_backed_by(make) as made:
+            pool = original(kvc, *args, **kwargs)
+        swa = wiring.check_built(made, entry.elastic)
+    m = measure_pool(pool, kwargs.get("req_to_token_pool"), elastic_swa=swa is not None)
+    state.measurements.append(m)
+    held = swa.held_bytes if swa is not None else 0
+    pool.mem_usage = (m.pool_tensor_bytes + held) / GB  # SGLang's kv_cache_memory_usage_gb reads it (0 otherwise)
+    footprint = m.footprint + (swa.pinned if swa is not None else 0)  # the runtime-owned part
+    if footprint > entry.admitted:
+        if swa is not None:
+            swa.close()
         raise AdapterError(
-            f"kvpolicy: the DeepSeek-V4 pools and request table take {format_bytes(m.footprint)} "
-            f"({m.footprint} B) on {entry.identity.gpu}, more than the {format_bytes(entry.admitted)} "
+            f"kvpolicy: the DeepSeek-V4 pools and request table take {format_bytes(footprint)} "
+            f"({footprint} B) on {entry.identity.gpu}, more than the {format_bytes(entry.admitted)} "
             f"({entry.admitted} B) "
             f"admitted for reserve at {entry.reserve_where}. Refusing to run over the policy."
         )
-    if entry.reserve is not None and m.tensor_bytes != entry.reserve.total_bytes:
+    predicted = entry.reserve.total_bytes - (entry.elastic.tensor_bytes if entry.elastic is not None else 0) \
+        if entry.reserve is not None else None
+    if predicted is not None and m.tensor_bytes != predicted:
         logger.warning(
             "kvpolicy: the DeepSeek-V4 pools hold %d bytes, the closed forms predicted %d; the ledger "
-            "gets the measured figures.", m.tensor_bytes, entry.reserve.total_bytes,
+            "gets the measured figures.", m.tensor_bytes, predicted,
         )
+    facts = m.facts
+    if swa is not None:
+        static, session = m.facts, entry.session
+        facts = with_elastic_swa(static, swa.facts())
+        swa.on_report = lambda: session.report_pools(with_elastic_swa(static, swa.facts()))
+        state.elastic_pools.append((pool, swa))
     with as_startup_failure(f"reporting the DeepSeek-V4 pools of {entry.identity.instance_id}"):
-        entry.session.report_pools(m.facts)
+        entry.session.report_pools(facts)
     logger.info(
         "kvpolicy: DeepSeek-V4 pools on %s: %s", entry.identity.gpu,
-        ", ".join(f"{k} {format_bytes(v.bytes)}" for k, v in m.facts.items()),
+        ", ".join(f"{k} {format_bytes(v.bytes)}{' (elastic, mapped)' if v.owner == 'elastic' else ''}"
+                  for k, v in facts.items()),
     )
     return pool
 
 
-def refuse_elastic_swa(reserve: Reserve, tp_size: int) -> None:
-    """``pool swa { owner elastic }`` cannot start yet: TP > 1 never (each rank would map on its own while
-    one scheduler admits for all), and TP 1 not before the pool hook builds the SWA pool on the allocator.
-    Refused loudly rather than run the pool runtime-owned against the policy's word."""
-    check_tensor_parallel(tp_size)
-    raise AdapterError(
-        f"kvpolicy: the policy marks {reserve.model!r}'s SWA pool `owner elastic` ({reserve.where}). This "
-        "kvpolicy plans it (`kvpolicy plan --policy`) and has the allocator side "
-        "(adapters/sglang_dsv4/elastic.py), but does not yet build SGLang's SWA pool on it at start-up; "
-        "mark the pool `owner runtime` to run it sized by `reserve`."
-    )
+def _allocator_hook(kvc: Any, original: Callable[..., Any], state: AdapterState, *args: Any, **kwargs: Any) -> Any:
+    allocator = original(kvc, *args, **kwargs)
+    swa = state.elastic_swa_of(kwargs.get("token_to_kv_pool"))
+    if swa is not None:
+        wiring.bind_allocator(allocator, swa)
+        logger.info("kvpolicy: SGLang's SWA allocator hands out pages of %r", swa)
+    return allocator
 
 
 def unsupported_settings(kvc: Any) -> list[str]:

@@ -4,9 +4,11 @@
   reads it through ``kvpolicy.policy``; the one place that knows the loader).
 - ``LedgerSession``: static admission of the reserve on this GPU, and the
   per-pool facts once the real pools exist — the part of the runtime's
-  ``EngineSession`` the hooks use. ``default_connector`` opens one per scheduler
-  (``InstanceIdentity`` → ``EngineIdentity``) in the shared-memory ledger; its
-  errors are the ledger's, which the hooks turn into ``AdapterError`` at start-up.
+  ``EngineSession`` the hooks use (an elastic SWA pool also reads its limit source
+  and reports activity). ``default_connector`` opens one per scheduler
+  (``InstanceIdentity`` → ``EngineIdentity``) in the shared-memory ledger, an
+  elastic instance owed a guarantee when the SWA pool is elastic; its errors are
+  the ledger's, which the hooks turn into ``AdapterError`` at start-up.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.session import EngineIdentity
@@ -24,7 +26,15 @@ from ..common import read_policy
 from ..errors import AdapterError
 from ..settings import ENV_POLICY, AdapterEnv
 
+if TYPE_CHECKING:
+    from kvpolicy.alloc.limits import LimitSource
+
+    from .plan import SWAElasticPolicy
+
 ENGINE = "sglang"
+
+SWAPolicySource = Callable[[str], "SWAElasticPolicy"]
+"""The policy's elastic SWA pool on a GPU (by ledger id), resolved against that GPU's capacity."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,8 @@ class Reserve:
     line: int | None = None
     swa_elastic: bool = False
     """The model block marks ``pool swa { owner elastic }``."""
+    swa_policy: SWAPolicySource | None = field(default=None, compare=False, repr=False)
+    """With ``swa_elastic``: the elastic SWA pool's guarantee, max and chunk on a GPU."""
 
     @property
     def where(self) -> str:
@@ -91,8 +103,26 @@ class LedgerSession(Protocol):
         ...
 
 
+@runtime_checkable
+class ElasticLedgerSession(LedgerSession, Protocol):
+    """The session of an engine whose SWA pool is elastic (an elastic instance in the ledger)."""
+
+    def limit_source(self) -> LimitSource:
+        """The instance's limit, as the elastic pool's ``LimitSource``."""
+        ...
+
+    def touch(self) -> None:
+        """The engine served something now (facts: ``idle_seconds``)."""
+        ...
+
+
+class Connector(Protocol):
+    def __call__(self, identity: InstanceIdentity, *, guarantee: int = 0, elastic: bool = False) -> LedgerSession:
+        """The session of ``identity``: static, or (``elastic``) an elastic instance owed ``guarantee`` bytes."""
+        ...
+
+
 ReserveSource = Callable[[str], Reserve]
-Connector = Callable[[InstanceIdentity], LedgerSession]
 
 
 def require_policy_file(env: AdapterEnv) -> Path:
@@ -114,10 +144,29 @@ def policy_reserve(env: AdapterEnv) -> ReserveSource:
     def read(model: str) -> Reserve:
         from .elastic_policy import swa_is_elastic
 
-        settings = read_policy(path).model_settings(model)
+        loaded = read_policy(path)
+        settings = loaded.model_settings(model)
+
+        def swa_policy(gpu: str) -> SWAElasticPolicy:
+            from ..ledger_port import gpu_capacity
+            from .elastic_policy import elastic_swa_policy
+
+            gpu_settings = loaded.gpu_settings(gpu)
+            capacity = gpu_settings.capacity if gpu_settings.capacity is not None else gpu_capacity(gpu, env)
+            if capacity is None:
+                raise AdapterError(
+                    f"kvpolicy: {model!r}'s SWA pool is elastic, but the capacity of {gpu} is unknown (no GPU to "
+                    f"measure, no published figures): its min and max cannot be resolved. Set `capacity` for "
+                    f"{gpu} in {path}, or start `kvpolicy run` first."
+                )
+            policy = elastic_swa_policy(settings, chunk=gpu_settings.chunk, capacity=capacity)
+            assert policy is not None, "the model block marks the SWA pool elastic"
+            return policy
+
+        elastic = swa_is_elastic(settings)
         return Reserve(
             bytes=settings.reserve, model=model, file=str(path), line=settings.line or None,
-            swa_elastic=swa_is_elastic(settings),
+            swa_elastic=elastic, swa_policy=swa_policy if elastic else None,
         )
 
     return read
@@ -127,4 +176,7 @@ def default_connector(env: AdapterEnv) -> Connector:
     """Sessions in the shared-memory ledger under ``KVPOLICY_LEDGER_DIR`` (``LedgerError`` if one cannot open)."""
     from ..ledger_port import open_session
 
-    return lambda identity: open_session(identity.ledger_identity(), env)
+    def connect(identity: InstanceIdentity, *, guarantee: int = 0, elastic: bool = False) -> LedgerSession:
+        return open_session(identity.ledger_identity(), env, guarantee=guarantee, elastic=elastic)
+
+    return connect

@@ -1,11 +1,13 @@
 """On a CUDA GPU (the H200): the elastic SWA pool's scheduler loop over the cuda-python driver.
 
-The same synthetic scheduler as the CPU test, with SGLang's pools, allocator and index
+The same synthetic scheduler as the CPU tests, with SGLang's pools, allocator and index
 tensors on the GPU and the SWA tensors over CUDA virtual memory: every page handed out
 is mapped, the data written through the views survives, the limit holds, and at the end
 cuMemGetInfo is back to what it was before the pool existed (the compressed pools freed
-by torch's caching allocator, the SWA chunks unmapped and released). For the memcheck,
-run this file under ``compute-sanitizer --tool memcheck``.
+by torch's caching allocator, the SWA chunks unmapped and released). Two ways in: the
+pool built directly (a ``StaticLimit``), and the start-up wiring — the real hooks, the
+real ledger, SGLang's ``_init_pools`` on ``cuda`` (the hooks open the CUDA driver
+themselves). For the memcheck, run this file under ``compute-sanitizer --tool memcheck``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.sglang.test_sglang_swa_elastic import GROUP, OPS, STEPS, allocator_over, build, run_scheduler
+from tests.sglang.test_sglang_swa_elastic import GROUP, OPS, STEPS, Built, allocator_over, build, run_scheduler
+from tests.sglang.test_sglang_swa_wiring import GUARANTEE, engine, publish  # noqa: F401 - engine is a fixture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
 
@@ -80,4 +83,33 @@ def test_the_scheduler_loop_on_cuda_virtual_memory(sglang_env, ops, first_limit)
     torch.cuda.synchronize()
     b.swa.close()
     del outer, b
+    assert free_bytes() == baseline
+
+
+@pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU and cuda-python")
+def test_the_start_up_wiring_on_cuda_virtual_memory(sglang_env, engine, ledger_dir):  # noqa: F811 - fixtures
+    import torch
+
+    from kvpolicy.runtime.values import InstanceLimits
+
+    warm_up(sglang_env)
+    baseline = free_bytes()
+    _targets, state, sizes, pools = engine(device="cuda")
+    (pool, swa), = state.elastic_pools
+    assert swa.driver.kind == "cuda" and pool.swa_kv_pool.kv_buffer[0].is_cuda
+    assert swa.held_bytes == GROUP  # idle: the pinned chunk group only
+    instance = state.admitted[0].identity.instance_id
+    publish(ledger_dir, 1, {instance: InstanceLimits(limit=6 * GROUP, target=GUARANTEE, guarantee=GUARANTEE)})
+    swa.give_back_interval = swa.report_interval = 0.0
+    ops = [("admit", 300), ("decode", 600), ("admit", 700), ("decode", 400), ("finish", 0, True),
+           ("admit", 256), ("decode", 300), ("finish", 1, False)] * 3
+    s = run_scheduler(Built(pool, sizes, swa, None, None), pools.token_to_kv_pool_allocator,  # type: ignore[arg-type]
+                      [op for op in ops if op[0] != "limit"], device="cuda")
+    assert swa.held_bytes <= 7 * GROUP and swa.mapping.groups_mapped > 1  # it grew under the published limit
+    pools.token_to_kv_pool_allocator.available_size()  # a tick: give back to the guarantee
+    assert swa.held_bytes <= GROUP + GUARANTEE
+    torch.cuda.synchronize()
+    swa.close()
+    state.elastic_pools.clear()
+    del pool, pools, s, swa
     assert free_bytes() == baseline

@@ -19,7 +19,7 @@ been zero at least once, as with the stock buffer, and nothing unmapped is touch
 mapping per unused chunk and a remap on every growth.)
 
 **Null block.** Block 0 is vLLM's null block, which kernels may read at any time;
-the chunks holding it are mapped at start and never released (see ``limits``).
+the chunks holding it are mapped at start and never released (``kvpolicy.alloc.pinned``).
 
 **Unmapping** waits for the device first (``Driver.synchronize``): cuMemUnmap does not
 wait for kernels in flight, and with async scheduling a step may still be reading
@@ -36,9 +36,8 @@ from typing import TYPE_CHECKING, Any
 from kvpolicy.adapters.errors import AdapterError
 
 from kvpolicy.alloc import ChunkGrid, ChunkMapping, Driver, GiveBack, LimitSource, LiveBlocks
+from kvpolicy.alloc.pinned import PinnedFirst
 from kvpolicy.units import format_bytes
-
-from .limits import PinnedFirst
 
 if TYPE_CHECKING:
     import torch

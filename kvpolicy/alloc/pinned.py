@@ -1,15 +1,17 @@
-"""The limit an elastic vLLM rank's block pool maps under: the ledger's, plus the pinned null-block chunks.
+"""The limit an elastic pool with pinned chunks maps under: the ledger's, plus the pinned chunks.
 
-vLLM's block 0 is its *null block*: block tables point at it for tokens that hold no
-KV (sliding-window holes, padding, CUDA-graph dummy runs), so kernels may read it
-at any time. The chunks that hold it are therefore mapped at start and never given
-back. They are admitted once as **runtime-owned** memory (a static admission, then
-reported as the ``padding`` pool), not as elastic memory: an instance whose
-guarantee is 0 still starts, and the controller's limits and targets stay about the
-memory that really grows and shrinks. ``PinnedFirst`` presents both to the
-allocator's ``BlockPool`` as one ``LimitSource``: the first ``allowance`` bytes it
-admits come from the static admission, the rest from the ledger; every figure it
-reports to the ledger leaves the pinned bytes out.
+Both engines keep a page that kernels may read or write at any time: vLLM's block 0
+(its *null block*: block tables point at it for tokens that hold no KV) and SGLang's
+page 0 (padded tokens write there). The chunks that hold it are mapped at start and
+never given back. They are admitted once as **runtime-owned** memory (a static
+admission, reported as a runtime-owned pool), not as elastic memory: an instance
+whose guarantee is 0 still starts, and the controller's limits and targets stay
+about the memory that really grows and shrinks. ``PinnedFirst`` presents both to the
+allocator (a ``BlockPool`` or a ``ChunkMapping``) as one ``LimitSource``: the first
+``allowance`` bytes it admits come from the static admission, the rest from the
+ledger; every figure it reports to the ledger leaves the pinned bytes out. An
+optional ``cap`` bounds the elastic limit it passes on (the policy's ``max`` for a
+pool whose reservation is larger than what the policy lets it map).
 """
 
 from __future__ import annotations
@@ -26,10 +28,14 @@ class PinnedFirst:
     thread-safe on its own: the block pool calls it under its lock.
     """
 
-    def __init__(self, inner: LimitSource, allowance: int, pinned_used: int = 0) -> None:
+    def __init__(self, inner: LimitSource, allowance: int, pinned_used: int = 0, cap: int | None = None) -> None:
         if allowance < 0 or pinned_used < 0:
             raise ValueError(f"allowance {allowance} and pinned_used {pinned_used} must be >= 0")
+        if cap is not None and cap < 0:
+            raise ValueError(f"cap {cap} must be >= 0")
         self.inner = inner
+        self.cap = cap
+        """The most elastic bytes the limit passed on allows, whatever the ledger says (None: no cap)."""
         self.allowance = allowance
         self.pinned_used = pinned_used
         """Bytes of live blocks that are not the engine's KV (the null block): left out of ``used``."""
@@ -56,8 +62,9 @@ class PinnedFirst:
         seen = self._seen
         if seen is not None and seen[0] is reading:  # the ledger's hot path returns the same object
             return seen[1]
-        a = self.allowance
-        shifted = LimitReading(reading.limit + a, reading.target + a, reading.revision, reading.guarantee + a)
+        a, cap = self.allowance, self.cap
+        limit, target = (reading.limit, reading.target) if cap is None else (min(reading.limit, cap), min(reading.target, cap))
+        shifted = LimitReading(limit + a, target + a, reading.revision, reading.guarantee + a)
         self._seen = (reading, shifted)
         return shifted
 
