@@ -34,6 +34,7 @@ from kvpolicy.alloc.limits import LimitReading, LimitSource
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.client import Instance, attach, resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.errors import LedgerError
+from kvpolicy.runtime.group import Gather, GroupAdmission, GroupAdmissionFailed, GroupRefused
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.values import SlotView
 
@@ -149,6 +150,18 @@ class EngineSession:
                 }
         return inst.admit_static(nbytes, reserve=nbytes, **offered)
 
+    def withdraw_static(self) -> None:
+        """Give back the static admission (reported pools stay counted); never refused."""
+        self._instance.withdraw_static()
+
+    def admit_static_group(self, nbytes: int, *, rank: int, size: int, gather: Gather) -> int:
+        """Admit ``nbytes`` on this rank's GPU only if every rank of the engine is admitted on its own
+        (``GroupAdmission``: all or none, crash-safe); ``gather`` is the engine's all-gather over its ranks.
+        With ``size`` 1 it is ``admit_static``."""
+        if size == 1:
+            return self.admit_static(nbytes)
+        return GroupAdmission(self, rank=rank, size=size, gather=gather, engine=self.identity.engine_id).admit(nbytes)
+
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
         """The real pools exist: their runtime-owned bytes replace the admission in the GPU's reservations."""
         self._instance.report_pools(pools)
@@ -198,4 +211,14 @@ def ledger_capacity(gpu: str, ledger_dir: str | os.PathLike[str] | None = None) 
     return figures.capacity if figures.known else None
 
 
-__all__ = ["EngineIdentity", "EngineSession", "GpuMeasure", "MeasuredGpu", "ledger_capacity"]
+__all__ = [
+    "EngineIdentity",
+    "EngineSession",
+    "Gather",
+    "GpuMeasure",
+    "GroupAdmission",
+    "GroupAdmissionFailed",
+    "GroupRefused",
+    "MeasuredGpu",
+    "ledger_capacity",
+]
