@@ -26,8 +26,10 @@ import logging
 from dataclasses import dataclass, field
 
 from kvpolicy.runtime.gpus import gpu_id
+from kvpolicy.runtime.session import RankGroup
 from kvpolicy.units import format_bytes
 
+from ..collective import process_group_ranks
 from ..common import require_attr
 from ..errors import AdapterError
 from ..ledger_port import as_startup_failure
@@ -151,7 +153,8 @@ def _budget_hook(kvc, original, state: AdapterState, pre_model_load_memory, *arg
     identity = InstanceIdentity(model=model, gpu=gpu_id(kvc.gpu_id), rank=_tp_rank())
     with as_startup_failure(f"policy: reserve {format_bytes(reserve.bytes)} at {reserve.where}"):
         session = state.connect(identity)
-        admitted = session.admit_static(reserve.bytes)
+        ranks = _engine_ranks()
+        admitted = session.admit_static(reserve.bytes) if ranks is None else session.admit_static_group(reserve.bytes, ranks)
     state.admitted[kvc.gpu_id] = Admitted(identity, session, chosen, admitted, reserve.where)
     logger.info(
         "kvpolicy: admitted %s on %s for %s (%s); DeepSeek-V4 budget %d B -> %d full tokens, "
@@ -327,6 +330,22 @@ def _served_model_name() -> str:
     if not name:
         raise AdapterError("kvpolicy: cannot tell the model's name; set KVPOLICY_MODEL to its policy name")
     return str(name)
+
+
+def _engine_ranks() -> RankGroup | None:
+    """The engine's ranks, admitted all or none (tensor parallel > 1): SGLang's world group; None for one."""
+    if _tp_size() == 1:
+        return None
+    try:
+        from sglang.srt.distributed.parallel_state import get_world_group
+
+        ranks = process_group_ranks(get_world_group())
+    except (AssertionError, AttributeError, ImportError) as exc:
+        raise AdapterError(
+            f"kvpolicy: tensor parallel {_tp_size()} but SGLang's world group is not there ({exc!r}); the ranks' "
+            "reserves must be admitted together. This SGLang code path is not supported."
+        ) from None
+    return ranks
 
 
 def _tp_size() -> int:

@@ -44,6 +44,16 @@ Gather = Callable[[Any], Sequence[Any]]
 """All-gather of one small picklable value over the engine's ranks, in rank order; raises when a rank is gone."""
 
 
+@dataclass(frozen=True)
+class RankGroup:
+    """This process's place among the engine's ranks, and the engine's collective over them."""
+
+    rank: int
+    """0 ≤ rank < size, this process's index in ``gather``'s result."""
+    size: int
+    gather: Gather
+
+
 class RankSession(Protocol):
     """What group admission needs of one rank's ``EngineSession``."""
 
@@ -160,4 +170,4 @@ class GroupAdmission:
         return f"{name} rank {self.rank}/{self.size}"
 
 
-__all__ = ["Gather", "GroupAdmission", "GroupAdmissionFailed", "GroupRefused", "RankSession"]
+__all__ = ["Gather", "GroupAdmission", "GroupAdmissionFailed", "GroupRefused", "RankGroup", "RankSession"]

@@ -31,6 +31,7 @@ from kvpolicy.runtime.session import (
     GroupAdmissionFailed,
     GroupRefused,
     MeasuredGpu,
+    RankGroup,
 )
 from kvpolicy.units import MiB
 from tests.fuzz.scale import scaled
@@ -150,7 +151,7 @@ def _rank_main(
         results: list[tuple[Any, ...]] = []
         for _ in range(spec.iterations):
             try:
-                session.admit_static_group(spec.nbytes, rank=spec.rank, size=spec.size, gather=gather)
+                session.admit_static_group(spec.nbytes, RankGroup(spec.rank, spec.size, gather))
                 outcome: tuple[Any, ...] = ("admitted",)
             except GroupRefused as e:
                 outcome = ("refused", e.rank, e.gpu, str(e), e.figures)
