@@ -24,6 +24,7 @@ import pytest
 from kvpolicy.runtime import records
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.ledger import GpuLedger
+from kvpolicy.runtime.view import current_status, render_status
 from kvpolicy.runtime.session import (
     EngineIdentity,
     EngineSession,
@@ -256,6 +257,15 @@ def test_tp2_and_tp4_engines_admitted_together_each_rank_on_its_own_gpu(ledger_d
     assert reserved(ledger_dir, "cuda:1") == {"big/1": 30 * MiB, "small/1": 40 * MiB}
     assert reserved(ledger_dir, "cuda:2") == {"big/2": 30 * MiB, "small/0": 40 * MiB}
     assert reserved(ledger_dir, "cuda:3") == {"big/3": 30 * MiB}
+    with LedgerDir(ledger_dir) as ld:  # `kvpolicy status` and `top`: the ranks under their engine
+        status = current_status(ld)
+    for text in (render_status(status), render_status(status, width=80)):
+        lines = text.splitlines()
+        big = lines.index("engine big: 4 ranks on cuda:0, cuda:1, cuda:2, cuda:3, runtime pools 120 MiB")
+        assert [line.split()[0] for line in lines[big + 1:big + 5]] == [f"big/{r}" for r in range(4)]
+        assert all(line.startswith("  big/") for line in lines[big + 1:big + 5])
+        small = lines.index("engine small: 2 ranks on cuda:2, cuda:1, runtime pools 80 MiB")
+        assert [line.split()[0] for line in lines[small + 1:small + 3]] == ["small/0", "small/1"]
     run.finish()
     assert all(reserved(ledger_dir, g) == {} for g in gpus(4))
 
