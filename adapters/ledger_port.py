@@ -62,7 +62,7 @@ def measure_gpu() -> Measured | None:
         from cuda.bindings import driver
 
         err, free, total = driver.cuMemGetInfo()
-    except Exception:  # no cuda-python, or no driver library on this machine (DynamicLibNotFoundError)
+    except Exception:  # noqa: BLE001 - no cuda-python, or no driver library on this machine (DynamicLibNotFoundError)
         return None
     if err != driver.CUresult.CUDA_SUCCESS:
         return None  # no current context: the controller's figures are needed

@@ -31,11 +31,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
-from lsprotocol import types  # noqa: E402
+from lsprotocol import types  # noqa: E402 - after the repository and benchmarks/ are put on sys.path
 
-from bench_lint import generate  # noqa: E402
-from kvpolicy.lint.engine import lint_text  # noqa: E402
-from tests.lsp.client import LspClient  # noqa: E402
+from bench_lint import generate  # noqa: E402 - after the repository and benchmarks/ are put on sys.path
+from kvpolicy.lint.engine import lint_text  # noqa: E402 - after the repository and benchmarks/ are put on sys.path
+from tests.lsp.client import LspClient  # noqa: E402 - after the repository and benchmarks/ are put on sys.path
 
 
 def _cpu_seconds(pid: int) -> float | None:

@@ -67,7 +67,7 @@ def save(path: Path, text: str, how: str):
         with open(path, "w") as f:
             f.write(text)
     elif how == "held-open":
-        f = open(path, "w")
+        f = open(path, "w")  # noqa: SIM115 - held open on purpose: the caller closes it after the edit
         f.write(text)
         f.flush()
         return f

@@ -62,7 +62,7 @@ def _step(pool: Any, elastic: Any | None) -> None:
     got = []
     get = pool.get_new_blocks
     for _ in range(DECODES_PER_STEP):
-        if elastic is not None and 1 > pool.free_block_queue.num_free_blocks:  # the allocation check's hook
+        if elastic is not None and pool.free_block_queue.num_free_blocks < 1:  # the allocation check's hook
             elastic.make_room(1)
         got += get(1)
     pool.free_blocks(reversed(got))
@@ -112,7 +112,7 @@ def manager_steady_state(driver: Driver, rounds: int, steps: int) -> dict[str, A
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, KVCacheTensor
         from vllm.v1.request import Request
-    except Exception as exc:  # the minimal vLLM package (GPU machine): not carried
+    except Exception as exc:  # noqa: BLE001 - the minimal vLLM package (GPU machine): not carried
         return {"skipped": f"needs vLLM's full package ({type(exc).__name__}: {exc})"}
     from kvpolicy.adapters.vllm_adapter.elastic.buffer import ElasticKVBuffer, pinned_chunks
     from kvpolicy.adapters.vllm_adapter.elastic.pool import bind_scheduler

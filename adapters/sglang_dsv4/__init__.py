@@ -79,7 +79,7 @@ def activate(env: AdapterEnv, reserve_source=None, connect=None, version: str | 
         require_policy_file(env)  # fail now, in the launcher, rather than after loading weights
         reserve_source = lambda model: policy_reserve(env)(model)  # noqa: E731 (re-read at start-up)
     if connect is None:
-        connect = lambda identity: default_connector(env)(identity)  # noqa: E731
+        connect = lambda identity: default_connector(env)(identity)  # noqa: E731 - the connector is made when an engine connects
     state = hooks.AdapterState(reserve_source=reserve_source, connect=connect, model_name=env.model)
     targets = hooks.install(state)
     logger.warning(

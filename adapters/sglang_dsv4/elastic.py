@@ -375,7 +375,7 @@ def swa_backed_by(make: Callable[[int, int, int], ElasticSWA]) -> Iterator[list[
         cls._make_kv_pool = original
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backed_type(base: type) -> type:
     class ElasticSWAKVPool(base):  # type: ignore[misc, valid-type]
         """SGLang's SWA pool whose per-layer tensors are views over an ``ElasticSWA``."""

@@ -436,6 +436,23 @@ def elastic_swa_pool(geometry: ModelGeometry, settings: PlanSettings, sizes: Siz
     )
 
 
+class BeyondBudget(BaseModel):
+    """Why ``total_bytes`` is not the budget: SGLang sizes only the V4 pools from it, and only approximately.
+
+    ``total = req_to_token + pools``. ``req_to_token``: the request-to-token table, which SGLang
+    allocates outside the budget (from the memory ``--mem-fraction-static`` leaves over).
+    ``pools``: the V4 pools' tensor bytes minus the budget, SGLang's own rounding: its configurator
+    prices a full token at a per-token average (``calculate_pool_sizes``), which leaves out the padding
+    page every layer's pool reserves and the state rows rounded up to whole rings, and rounds the
+    tokens down to pages; it is positive when the first outweighs the second."""
+
+    model_config = ConfigDict(frozen=True)
+
+    total: int
+    req_to_token: NonNegativeInt
+    pools: int
+
+
 class Plan(BaseModel):
     """The pools SGLang builds for some sizes (documented field by field in docs/sglang.md); fields are only
     ever added. ``pools`` has the five V4 pools and ``req_to_token``; the totals cover all six."""
@@ -456,6 +473,8 @@ class Plan(BaseModel):
     elastic: dict[str, ElasticPool] = Field(default_factory=dict)
     """Pools on the allocator (``swa`` when the policy marks it ``owner elastic``): their ``footprint`` in
     ``pools`` is the pinned part only, the rest is mapped on demand under the elastic budget."""
+    beyond_budget: BeyondBudget | None = None
+    """With a budget: how ``total_bytes`` differs from it, and why (None with --full-tokens)."""
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -491,10 +510,16 @@ def make_plan(
         pools = figures([t for t in tensors if t.pool != "swa"])
         pools["swa"] = PoolFigures(bytes=swa.tensor_bytes, footprint=swa.pinned, tensors=swa.layers)
         elastic["swa"] = swa
+    total = sum(p.bytes for p in pools.values())
+    beyond = None
+    if sizes.budget is not None:
+        table = pools[REQ_TO_TOKEN].bytes
+        beyond = BeyondBudget(total=total - sizes.budget, req_to_token=table, pools=total - table - sizes.budget)
     return Plan(
         tokens=sizes.tokens,
         pools=pools,
-        total_bytes=sum(p.bytes for p in pools.values()),
+        beyond_budget=beyond,
+        total_bytes=total,
         total_footprint=sum(p.footprint for p in pools.values()),
         budget=sizes.budget,
         mode=sizes.mode,

@@ -54,7 +54,8 @@ TRAITS: dict[str, VllmTraits] = {
 }
 """Both releases share every hook target (``allocate_kv_cache``, ``initialize_kv_cache``, the
 workers' ``determine_available_memory`` and ``initialize_from_config``, the engine core's
-steps): only what this table names differs for the adapter."""
+steps): only what this table names differs for the adapter. Their KV planning arithmetic is the same
+for every group structure, DeepSeek-V4's included (both have the model), so ``plan`` mirrors one."""
 
 VALIDATED_VLLM: tuple[str, ...] = tuple(TRAITS)
 """vLLM versions kvpolicy is validated against, oldest first."""

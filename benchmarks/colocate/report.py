@@ -270,7 +270,7 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:
         ax.plot(grid, used_total + runtime, color="black", lw=0.8, label="in live blocks (all tenants) + V4 pools")
         budget = mode["params"]["budget"]["elastic"] / GiB + runtime
         ax.axhline(budget, color="red", ls="--", lw=1, label="elastic budget + V4 pools")
-        for i, tname in enumerate(mode["tenants"]):
+        for i in range(len(mode["tenants"])):
             for lo, hi in busy_windows(trace, i):
                 ax.axvspan(lo, hi, ymin=0.975 - 0.025 * i, ymax=1.0 - 0.025 * i, color=colors[i], alpha=0.9, lw=0)
         if name == "kvpolicy" and "reload" in mode:

@@ -197,7 +197,7 @@ def main() -> int:
     name = params.tenants[args.index]
 
     import numpy  # noqa: F401  (fail here, before anything is built, if it is missing)
-    import torch  # noqa: F401
+    import torch  # noqa: F401 - the same, for torch
     from engine import Engine
     from kvwork import KVWork, describe_device
 

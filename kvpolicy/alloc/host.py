@@ -105,7 +105,7 @@ class HostDriver(Driver):
             self._fd = os.memfd_create("kvpolicy-host-device-memory", os.MFD_CLOEXEC)
             keep_file: object = None
         else:  # no memfd (macOS): an unlinked temporary file serves as the physical memory
-            keep_file = tempfile.TemporaryFile()
+            keep_file = tempfile.TemporaryFile()  # noqa: SIM115 - the driver's memory: open until close()
             self._fd = keep_file.fileno()  # type: ignore[attr-defined]
         self._punch_holes = hasattr(self._libc, "fallocate")
         self._file_size = 0

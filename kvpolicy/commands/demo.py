@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     ledger.parent.mkdir(parents=True, exist_ok=True)
     policy = ledger.parent / "demo.kvp"
     policy.write_text(POLICY, encoding="utf-8")
-    metrics = "off" if args.metrics_address is None else "%s:%d" % args.metrics_address
+    metrics = "off" if args.metrics_address is None else "{}:{:d}".format(*args.metrics_address)
     python = sys.executable
     controller = subprocess.Popen([python, "-m", "kvpolicy.cli", "run", str(policy), "--ledger-dir", str(ledger),
                                    "--gpu-capacity", f"{DEMO_CAPACITY}B", "--metrics-address", metrics, "--tick", "0.5",

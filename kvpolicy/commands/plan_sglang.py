@@ -196,4 +196,17 @@ def render_text(plan: LaunchPlan) -> str:
         )
     lines.append("footprint: what the GPU loses once PyTorch's caching allocator rounds each tensor up")
     lines.append("req_to_token: SGLang's request-to-token table, allocated beside the pools and outside the budget")
+    b = plan.beyond_budget
+    if b is not None:
+        over = "over" if b.pools >= 0 else "under"
+        lines.append(
+            f"total vs budget: {_signed(b.total)} = req_to_token {format_bytes(b.req_to_token)} (outside the budget) "
+            f"{'+' if b.pools >= 0 else '-'} {format_bytes(abs(b.pools))} of V4 pools {over} it (SGLang's configurator "
+            "sizes them by a per-token average that leaves out each layer's padding page and the state rows "
+            "rounded up to whole rings, and rounds tokens down to pages)"
+        )
     return "\n".join(lines)
+
+
+def _signed(n: int) -> str:
+    return ("+" if n >= 0 else "-") + format_bytes(abs(n))

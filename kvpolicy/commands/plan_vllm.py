@@ -6,7 +6,8 @@ too (``--model-config``, ``--budget``, ``--max-model-len``, ``--format``) are ad
 only if the parser lacks them. Imports neither torch nor vllm. Every default a flag
 left to vLLM is stated in the plan (``assumed``): the vLLM version (the installed one,
 else the newest validated), max_model_len (the config's ``max_position_embeddings``, as
-vLLM derives it), block size, KV dtype, layout and the scheduler's batch figures.
+vLLM derives it), the platform (``--platform``, default cuda) and what it decides — block
+size and the scheduler's batch figures (``planning/platform.py``) — KV dtype and layout.
 """
 
 from __future__ import annotations
@@ -49,22 +50,37 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
          help="the vLLM release to plan for: 0.32 or 0.33 (default: the installed vLLM, else 0.33)")
     _add(parser, "--format", choices=("text", "json"), default="text", help="output format (default: text)")
     group = parser.add_argument_group("vLLM options (names as vLLM's flags)")
-    _add(group, "--block-size", type=int, help="default: vLLM's CUDA choice (16; MLA 64; DeepSeek-V4 256)")
+    _add(group, "--platform", choices=("cuda", "cpu"), default="cuda",
+         help="the platform whose defaults to plan with (default: cuda, a GPU of 70 GB or more)")
+    _add(group, "--cpu-amx", action="store_true",
+         help="--platform cpu: the CPU has AMX (vLLM then keeps chunked prefill on for MLA models)")
+    _add(group, "--block-size", type=int,
+         help="default: the platform's (CUDA: 16, MLA 64, DeepSeek-V4 256; CPU: 128, MLA 16, DeepSeek-V4 256)")
     _add(group, "--sliding-window-block-size", type=int, help="default: --block-size")
     _add(group, "--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, fp8 (default: auto)")
     _add(group, "--indexer-kv-dtype", choices=("fp8", "mxfp4"), default="fp8", help="DeepSeek-V4 indexer cache")
     _add(group, "--kv-cache-layout", help="VLLM_KV_CACHE_LAYOUT (default: BLHNC for DeepSeek-V4, else LBNHC)")
     _add(group, "--tensor-parallel-size", type=int, default=1, help="per-rank figures (default: 1)")
-    _add(group, "--max-num-batched-tokens", type=int, default=8192, help="default: 8192")
-    _add(group, "--max-concurrent-batches", type=int, default=2, help="2 with async scheduling (default)")
+    _add(group, "--max-num-batched-tokens", type=int, help="default: the platform's (CUDA 8192, CPU 2048 x TP)")
+    _add(group, "--max-concurrent-batches", type=int,
+         help="batches in flight (default: CUDA 2, async scheduling; CPU 1)")
 
 
 def run_vllm(args: argparse.Namespace) -> int:
     """Print the plan; 0 ok, 1 the input cannot be planned (message on stderr), 2 usage error."""
     from pydantic import ValidationError
 
-    from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config
-    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
+    from kvpolicy.adapters.vllm_adapter.planning import platform as pf
+    from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
+        ModelSpecError,
+        load_config,
+        model_family,
+    )
+    from kvpolicy.adapters.vllm_adapter.planning.plan import (
+        PlanError,
+        PlanSettings,
+        make_plan,
+    )
 
     if not args.model_config:
         print("kvpolicy plan --engine vllm: --model-config is required", file=sys.stderr)
@@ -89,16 +105,29 @@ def run_vllm(args: argparse.Namespace) -> int:
               "max_position_embeddings to derive it from", file=sys.stderr)
         return 2
     try:
+        family = model_family(config)
+    except ModelSpecError as exc:
+        print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
+        return 1
+    platform = getattr(args, "platform", "cuda")
+    amx = bool(getattr(args, "cpu_amx", False))
+    resolved = {
+        "block_size": pf.block_size(platform, family, args.block_size, amx),
+        "max_num_batched_tokens": pf.batched_tokens(
+            platform, family, args.max_num_batched_tokens, amx, max_model_len, args.tensor_parallel_size or 1),
+        "max_concurrent_batches": pf.concurrent_batches(platform, args.max_concurrent_batches),
+    }
+    try:
         settings = PlanSettings(
             max_model_len=max_model_len,
-            block_size=args.block_size,
+            block_size=resolved["block_size"].value,
             sliding_window_block_size=args.sliding_window_block_size,
             kv_cache_dtype=args.kv_cache_dtype,
             indexer_kv_dtype=args.indexer_kv_dtype,
             kv_cache_layout=args.kv_cache_layout,
             tensor_parallel_size=args.tensor_parallel_size,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_concurrent_batches=args.max_concurrent_batches,
+            max_num_batched_tokens=resolved["max_num_batched_tokens"].value,
+            max_concurrent_batches=resolved["max_concurrent_batches"].value,
         )
     except ValidationError as exc:
         problems = "; ".join(f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors())
@@ -109,7 +138,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     except (ModelSpecError, PlanError) as exc:
         print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
         return 1
-    plan = plan.model_copy(update={"assumed": assumed_defaults(args, plan, version_why, max_model_len)})
+    assumed = assumed_defaults(args, plan, version_why, max_model_len, platform, amx, resolved)
+    plan = plan.model_copy(update={"assumed": assumed})
     if args.format == "json":
         print(plan.to_json())
     else:
@@ -152,28 +182,33 @@ def default_max_model_len(config: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | None, max_model_len: int) -> dict[str, str]:
-    """Each figure a flag left to its default, with where the default comes from."""
+def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | None, max_model_len: int,
+                     platform: str, amx: bool, resolved: dict[str, Any]) -> dict[str, str]:
+    """Each figure a flag left to its default (or the platform overrode), with where it comes from."""
     assumed: dict[str, str] = {}
     if version_why is not None:
         assumed["vllm_version"] = f"{plan.engine_version} ({version_why})"
+    if platform == "cuda":
+        assumed["platform"] = "cuda (a GPU of 70 GB or more, not an A100; --platform cpu plans vLLM's CPU build)"
+    else:
+        assumed["platform"] = "cpu with AMX (--cpu-amx)" if amx else "cpu without AMX (pass --cpu-amx if it has AMX)"
     if not args.max_model_len:
         assumed["max_model_len"] = f"{max_model_len} (the config's max_position_embeddings, as vLLM derives it)"
-    if args.block_size is None:
+    block = resolved["block_size"]
+    if args.block_size is None or block.forced:
         sizes = sorted({g.block_size for g in plan.groups})
-        assumed["block_size"] = (
-            f"{', '.join(map(str, sizes))} (what vLLM's CUDA attention backends pick for this model; "
-            "pass --block-size for another platform's)"
-        )
+        over = f", over --block-size {args.block_size}" if args.block_size is not None and block.forced else ""
+        assumed["block_size"] = f"{', '.join(map(str, sizes))} ({block.why}{over})"
     if args.kv_cache_dtype == "auto":
         assumed["kv_cache_dtype"] = "auto (the model's dtype)"
     if args.kv_cache_layout is None:
         assumed["kv_cache_layout"] = f"{plan.kv_cache_layout} (vLLM's default for this model's attention backends)"
     assumed["tensor_parallel_size"] = f"{args.tensor_parallel_size} (figures are per rank)"
-    if args.max_num_batched_tokens == 8192:
-        assumed["max_num_batched_tokens"] = "8192 (vLLM's server default on GPUs of 80 GB or more)"
-    if args.max_concurrent_batches == 2:
-        assumed["max_concurrent_batches"] = "2 (vLLM's async scheduling)"
+    for key, flag in (("max_num_batched_tokens", args.max_num_batched_tokens),
+                      ("max_concurrent_batches", args.max_concurrent_batches)):
+        r = resolved[key]
+        if flag is None or r.forced:
+            assumed[key] = f"{r.value} ({r.why})"
     return assumed
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 
@@ -55,7 +55,7 @@ class Bounds(_Strict):
 
 
 Expected = Annotated[
-    Union[Annotated[Size, Tag("exact")], Annotated[Bounds, Tag("bounds")]],
+    Annotated[Size, Tag("exact")] | Annotated[Bounds, Tag("bounds")],
     Discriminator(_expected_kind),
 ]
 """Exactly this size (bytes, or a string with a unit), or bounds {"min": ..., "max": ...}."""
@@ -102,7 +102,7 @@ def _patch(model: type[BaseModel], name: str, doc: str) -> type[BaseModel]:
     """``model`` with every field optional, except ``id``: the fields a step may set."""
     fields: dict[str, Any] = {
         field_name: (
-            Optional[Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation],
+            (Annotated[(field.annotation, *field.metadata)] if field.metadata else field.annotation) | None,
             Field(None, description=field.description),
         )
         for field_name, field in model.model_fields.items()
@@ -143,7 +143,7 @@ class Case(_Strict):
     name: str
     """What the case shows; printed with its result."""
     facts: Annotated[
-        Union[Annotated[str, Tag("file")], Annotated[Facts, Tag("inline")]],
+        Annotated[str, Tag("file")] | Annotated[Facts, Tag("inline")],
         Discriminator(lambda value: "file" if isinstance(value, str) else "inline"),
     ]
     """A facts file relative to the test file, or the facts inline (sizes may have units)."""

@@ -133,10 +133,10 @@ class PolicyServer(LanguageServer):
                     types.ConfigurationItem(section=f"{SETTINGS_SECTION}.{SETTING_GPU_CAPACITY}"),
                 ])
             )
-        except Exception as exc:  # a client that cannot answer keeps the settings it gave at start
+        except Exception as exc:  # noqa: BLE001 - a client that cannot answer keeps the settings it gave at start
             log.warning("workspace/configuration failed: %s", exc)
             return
-        values = list(values or []) + [None, None]
+        values = [*(values or []), None, None]
         self.use_settings(Settings.from_values(values[0], values[1]))
 
     def use_settings(self, settings: Settings) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 from functools import cache
-from typing import Literal, Union, get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
@@ -86,7 +86,7 @@ class PercentLit(Node):
         return f"{self.percent}%"
 
 
-Amount = Union[SizeLit, PercentLit]
+Amount = SizeLit | PercentLit
 
 
 class DurationLit(Node):
@@ -168,7 +168,7 @@ class Attr(Node):
     kind: AttrKind
 
 
-Operand = Union[Attr, SizeLit, PercentLit, DurationLit, IntLit, Str, Name]
+Operand = Attr | SizeLit | PercentLit | DurationLit | IntLit | Str | Name
 
 
 class Compare(Node):
@@ -189,7 +189,7 @@ class Or(Node):
     operands: tuple[Expr, ...]
 
 
-Expr = Union[Compare, Not, And, Or]
+Expr = Compare | Not | And | Or
 
 
 class OrderKey(Node):
@@ -215,7 +215,7 @@ class Rule(Node):
     cooldown: DurationLit | None = None
 
 
-Statement = Union[Defaults, GpuBlock, ModelBlock, Rule]
+Statement = Defaults | GpuBlock | ModelBlock | Rule
 
 
 class Policy(Node):

@@ -91,7 +91,7 @@ def nvml_sampler() -> NvmlSampler | None:
     """NVML if this machine has it and a GPU, else None."""
     try:
         sampler = NvmlSampler()
-    except Exception:  # no driver, no GPU, no nvidia-ml-py: the caller falls back
+    except Exception:  # noqa: BLE001 - no driver, no GPU, no nvidia-ml-py: the caller falls back
         return None
     return sampler if sampler._count else None
 

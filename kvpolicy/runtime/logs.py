@@ -49,7 +49,7 @@ class StderrHandler(logging.StreamHandler):
     """A stream handler on the current ``sys.stderr``, looked up at every record."""
 
     @property  # type: ignore[override]
-    def stream(self):  # noqa: D401 - logging's attribute
+    def stream(self):  # logging's attribute (a property here)
         return sys.stderr
 
     @stream.setter

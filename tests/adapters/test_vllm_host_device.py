@@ -64,7 +64,7 @@ def test_the_policys_capacity_admits_a_cpu_rank_at_once(tmp_path: Path, monkeypa
         assert (figures.source, figures.capacity) == ("provisional", 256 * MiB)
         # The same capacity refuses what does not fit.
         other = InstanceKey(engine_id="second", model="chat", rank=0)
-        with pytest.raises(AdmissionRefused, match="cannot admit 192 MiB .* on cpu:0"):
+        with pytest.raises(AdmissionRefused, match=r"cannot admit 192 MiB .* on cpu:0"):
             ranks.admit(other, HOST_DEVICE, 192 * MiB)
     finally:
         ranks.release(KEY)

@@ -36,7 +36,7 @@ def make_driver(kind: str, host_capacity: int = 4 * GiB) -> Driver:
     if kind == "host":
         return HostDriver(capacity=host_capacity)
     if kind == "simcuda":
-        from simulated_cuda import simulated_cuda_driver
+        from tests.alloc.simulated_cuda import simulated_cuda_driver
 
         d = simulated_cuda_driver(host_capacity)
         if d is None:

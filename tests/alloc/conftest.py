@@ -3,7 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from alloc_support import DRIVER_KINDS, close_driver, make_driver, resources
+from tests.alloc.alloc_support import DRIVER_KINDS, close_driver, make_driver, resources
 
 from kvpolicy.alloc import Driver
 

@@ -56,7 +56,8 @@ def run_pytest(out: Path) -> int:
 
     collector = _Collector()
     t0 = time.time()
-    args = ["-m", "gpu", "-q", "-p", "no:cacheprovider", f"--confcutdir={HERE}", str(HERE)]
+    # The import mode and markers come from pyproject.toml; conftests from tests/ down (ledger_dir is the root one's).
+    args = ["-m", "gpu", "-q", "-p", "no:cacheprovider", f"--confcutdir={HERE.parent}", str(HERE)]
     rc = int(pytest.main(args, plugins=[collector]))
     counts: dict[str, int] = {}
     for t in collector.tests:

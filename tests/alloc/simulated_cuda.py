@@ -101,7 +101,7 @@ class SimulatedBindings:
         return self._call("cuMemAddressFree", (ptr, size), lambda: self._host._free_address(int(ptr), size), 0)
 
     def cuMemCreate(self, size: int, prop: Any, flags: int) -> tuple[Any, ...]:
-        make = lambda: self._real.CUmemGenericAllocationHandle(self._host._create(size))  # noqa: E731
+        make = lambda: self._real.CUmemGenericAllocationHandle(self._host._create(size))  # noqa: E731 - run by _call, after its argument checks
         return self._call("cuMemCreate", (size, prop, flags), make, 1)
 
     def cuMemRelease(self, handle: Any) -> tuple[Any, ...]:
@@ -109,7 +109,7 @@ class SimulatedBindings:
 
     def cuMemMap(self, ptr: Any, size: int, offset: int, handle: Any, flags: int) -> tuple[Any, ...]:
         assert offset == 0 and flags == 0
-        do = lambda: self._host._map(int(ptr), size, int(handle))  # noqa: E731
+        do = lambda: self._host._map(int(ptr), size, int(handle))  # noqa: E731 - run by _call, after its argument checks
         return self._call("cuMemMap", (ptr, size, offset, handle, flags), do, 0)
 
     def cuMemUnmap(self, ptr: Any, size: int) -> tuple[Any, ...]:

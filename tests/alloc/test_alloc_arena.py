@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from alloc_support import resources
+from tests.alloc.alloc_support import resources
 
 from kvpolicy.alloc import AllocError, Arena, DeviceOutOfMemory, DriverError
 from kvpolicy.units import MiB

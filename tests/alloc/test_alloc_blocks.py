@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from alloc_support import RecordingLimit, check_pool, resources
+from tests.alloc.alloc_support import RecordingLimit, check_pool, resources
 
 from kvpolicy.alloc import BlockError, BlockPool, BlockSpec, DriverError, HostDriver, KVCacheLayout, OutOfBlocks
 from kvpolicy.units import GiB, MiB
@@ -500,7 +500,7 @@ def test_top_up_does_not_refill_while_another_instance_is_short_of_memory(driver
 
 
 def test_a_give_back_above_the_target_keeps_the_reserve(driver):
-    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), reserve_blocks=8)
+    pool, _limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), reserve_blocks=8)
     with pool:
         ids = pool.alloc(40)
         pool.free(ids[16:])  # 4 chunks live, 6 free, all above the target
@@ -508,7 +508,7 @@ def test_a_give_back_above_the_target_keeps_the_reserve(driver):
 
 
 def test_regrowths_count_growths_that_follow_a_give_back(driver):
-    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=0))
+    pool, _limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=0))
     with pool:
         ids = pool.alloc(8)
         assert pool.stats().regrowths == 0 and pool.stats().groups_mapped == 2

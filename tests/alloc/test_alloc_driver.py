@@ -210,7 +210,7 @@ def test_driver_error_pickles():
 
 def test_cuda_driver_calls_fit_the_installed_bindings():
     """The CudaDriver code, over bindings that check every argument with the real cuda-python."""
-    from alloc_support import close_driver, make_driver
+    from tests.alloc.alloc_support import close_driver, make_driver
 
     from kvpolicy.alloc import Arena
 

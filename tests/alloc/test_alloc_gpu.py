@@ -7,7 +7,7 @@ Run with ``pytest -m gpu tests/alloc`` on a machine with a CUDA GPU; skipped els
 from __future__ import annotations
 
 import pytest
-from alloc_support import check_pool, cuda_driver, make_driver, resources
+from tests.alloc.alloc_support import check_pool, cuda_driver, make_driver, resources
 
 from kvpolicy.alloc import BlockPool, BlockSpec, DriverError, HostDriver, OutOfBlocks, StaticLimit
 from kvpolicy.units import GiB, MiB, format_bytes

@@ -83,7 +83,7 @@ def test_plan_growth_takes_the_fewest_lowest_chunks(grid: ChunkGrid, data: st.Da
 
 def test_a_dsv4_block_straddles_2_mib_chunks() -> None:
     grid = ChunkGrid(block_stride=1_002_240, chunk=2 << 20, num_blocks=100)
-    assert grid.blocks_per_chunk == 0 and grid.chunks_of(2) == range(0, 2) and grid.homes[2] == 0
+    assert grid.blocks_per_chunk == 0 and grid.chunks_of(2) == range(2) and grid.homes[2] == 0
     assert grid.blocks_homed_in(1) == range(3, 5) and grid.blocks_touching(1) == range(2, 5)
 
 

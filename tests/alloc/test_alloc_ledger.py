@@ -9,10 +9,8 @@ where they are absent (the GPU machine).
 from __future__ import annotations
 
 import multiprocessing as mp
-import shutil
 import time
 import traceback
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,25 +19,14 @@ import pytest
 
 pytest.importorskip("pydantic")
 
-from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks  # noqa: E402
-from kvpolicy.runtime.client import attach  # noqa: E402
-from kvpolicy.runtime.directory import LedgerDir  # noqa: E402
-from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits  # noqa: E402
-from kvpolicy.units import GiB, MiB  # noqa: E402
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks
+from kvpolicy.runtime.client import attach
+from kvpolicy.runtime.directory import LedgerDir
+from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits
+from kvpolicy.units import GiB, MiB
 
 CHUNK = 2 * MiB
 QUARTER = BlockSpec(CHUNK // 4)
-
-
-@pytest.fixture
-def ledger_dir() -> Iterator[Path]:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    parent = base / f"kvpolicy-alloc-test-{uuid.uuid4().hex[:12]}"
-    parent.mkdir(mode=0o700)
-    try:
-        yield parent / "ledger"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def publish(ledger_dir: Path, revision: int, budget: int, **limits: InstanceLimits) -> None:

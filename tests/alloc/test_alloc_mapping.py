@@ -5,7 +5,7 @@ grows, claims, releases, limit changes, pressure and syncs and checks the invari
 from __future__ import annotations
 
 import pytest
-from alloc_support import RecordingLimit, resources
+from tests.alloc.alloc_support import RecordingLimit, resources
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test

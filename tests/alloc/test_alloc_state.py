@@ -10,7 +10,7 @@ and at the end that closing the pool released every handle and reservation it cr
 from __future__ import annotations
 
 import pytest
-from alloc_support import RecordingLimit, check_pool, close_driver, make_driver, peek, poke, resources
+from tests.alloc.alloc_support import RecordingLimit, check_pool, close_driver, make_driver, peek, poke, resources
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test

@@ -54,7 +54,7 @@ FILES: dict[str, str | bytes] = {
 
 
 @pytest.fixture(scope="module")
-def work() -> Iterator[Path]:
+def inputs() -> Iterator[Path]:
     """A directory every user may read (pytest's own temporary directories are 0700)."""
     path = Path(tempfile.mkdtemp(prefix="kvpolicy-bad-inputs-"))
     path.chmod(0o755)
@@ -108,13 +108,13 @@ FACTS_CASES = [("lint", *case) for case in BAD_FACTS] + [
 
 
 @pytest.mark.parametrize(("command", "name", "words"), FACTS_CASES, ids=[f"{c}-{n}" for c, n, _ in FACTS_CASES])
-def test_invalid_facts_are_an_error_in_the_input(work: Path, command: str, name: str, words: str) -> None:
-    check(kvpolicy(work, *COMMANDS[command], name), 1, name, words)
+def test_invalid_facts_are_an_error_in_the_input(inputs: Path, command: str, name: str, words: str) -> None:
+    check(kvpolicy(inputs, *COMMANDS[command], name), 1, name, words)
 
 
 @pytest.mark.parametrize(("name", "words"), [("utf8.kvtest.json", "not valid JSON"), ("deep.kvtest.json", "not valid JSON")])
-def test_invalid_test_files_are_an_error_in_the_input(work: Path, name: str, words: str) -> None:
-    done = kvpolicy(work, "test", name)
+def test_invalid_test_files_are_an_error_in_the_input(inputs: Path, name: str, words: str) -> None:
+    done = kvpolicy(inputs, "test", name)
     check(done, 1)
     assert words in done.stdout, done.stdout
 
@@ -137,18 +137,18 @@ USAGE = [
 
 
 @pytest.mark.parametrize(("args", "words"), USAGE, ids=[" ".join(a)[:40] for a, _ in USAGE])
-def test_bad_option_values_are_usage_errors(work: Path, args: list[str], words: str) -> None:
-    check(kvpolicy(work, *args), 2, words)
+def test_bad_option_values_are_usage_errors(inputs: Path, args: list[str], words: str) -> None:
+    check(kvpolicy(inputs, *args), 2, words)
 
 
 @pytest.fixture(scope="module")
-def reader(work: Path) -> tuple[str, dict]:
+def reader(inputs: Path) -> tuple[str, dict]:
     """A Python and the user to run it as, for whom a file of mode 0600 that we own cannot be
     read: ourselves with chmod 000, or as root (whom no mode stops) uid 65534."""
     if os.geteuid() != 0:
         return sys.executable, {}
     run_as = as_user(NOBODY, NOBODY)
-    python = python_for(run_as, environment(work), work)
+    python = python_for(run_as, environment(inputs), inputs)
     if python is None:
         pytest.skip(f"no Python here that uid {NOBODY} may run with this checkout's kvpolicy")
     return python, run_as
@@ -169,13 +169,13 @@ UNREADABLE = [
 
 
 @pytest.mark.parametrize("args", UNREADABLE, ids=[" ".join(a) for a in UNREADABLE])
-def test_an_unreadable_file_is_a_usage_error(work: Path, reader: tuple[str, dict], args: list[str]) -> None:
+def test_an_unreadable_file_is_a_usage_error(inputs: Path, reader: tuple[str, dict], args: list[str]) -> None:
     python, run_as = reader
     for name, content in {"secret.kvp": POLICY, "secret.json": facts(), "secret.kvtest.json": json.dumps(TEST_FILE)}.items():
-        (work / name).write_text(content)
-        (work / name).chmod(0o600 if run_as else 0o000)
+        (inputs / name).write_text(content)
+        (inputs / name).chmod(0o600 if run_as else 0o000)
     secret = next(a for a in args if a.startswith("secret"))
-    done = kvpolicy(work, *args, python=python, run_as=run_as)
+    done = kvpolicy(inputs, *args, python=python, run_as=run_as)
     check(done, 2)
     said = done.stdout + done.stderr if args[0] == "test" else done.stderr  # test reports on stdout
     for word in (secret, "cannot read", "Permission denied"):

@@ -50,7 +50,7 @@ model "v4-without-reserve" { engine sglang }  # kvpolicy: ignore[KV028] plan's o
 
 
 @pytest.fixture
-def policy(tmp_path: Path) -> Path:
+def policy_path(tmp_path: Path) -> Path:
     path = tmp_path / "p.kvp"
     path.write_text(POLICY)
     return path
@@ -62,8 +62,8 @@ def plan(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_sglang_plans_the_budget_whose_pools_and_table_fit_the_reserve(capsys, policy):
-    code, out, _ = plan(capsys, "--policy", str(policy), "--model", "deepseek-v4-flash",
+def test_sglang_plans_the_budget_whose_pools_and_table_fit_the_reserve(capsys, policy_path):
+    code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "deepseek-v4-flash",
                         "--model-config", str(FLASH), "--format", "json")
     assert code == 0
     doc = json.loads(out)
@@ -71,7 +71,7 @@ def test_sglang_plans_the_budget_whose_pools_and_table_fit_the_reserve(capsys, p
     expected = budget_for_reserve(geometry, resolve_launch(geometry).settings, 40 * GiB)
     assert doc["budget"] == expected.budget and doc["tokens"] == expected.tokens.model_dump()
     assert doc["total_footprint"] == expected.total_footprint <= 40 * GiB
-    assert doc["policy"] == {"policy": str(policy), "model": "deepseek-v4-flash", "block": "deepseek-v4-flash",
+    assert doc["policy"] == {"policy": str(policy_path), "model": "deepseek-v4-flash", "block": "deepseek-v4-flash",
                              "line": 5, "gpu": "cuda:0", "reserve": 40 * GiB}
     # The same budget through --budget gives the same pools: --policy only chooses the amount.
     code, out, _ = plan(capsys, "--engine", "sglang", "--model-config", str(FLASH), "--budget", f"{doc['budget']} B",
@@ -79,8 +79,8 @@ def test_sglang_plans_the_budget_whose_pools_and_table_fit_the_reserve(capsys, p
     assert code == 0 and json.loads(out)["pools"] == doc["pools"]
 
 
-def test_sglang_policy_plans_take_the_launch_flags(capsys, policy):
-    code, out, _ = plan(capsys, "--policy", str(policy), "--model", "deepseek-v4-flash", "--model-config",
+def test_sglang_policy_plans_take_the_launch_flags(capsys, policy_path):
+    code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "deepseek-v4-flash", "--model-config",
                         str(FLASH), "--max-running-requests", "64", "--context-length", "131072", "--format", "json")
     geometry = load_geometry(FLASH)
     flags = LaunchFlags(max_running_requests=64, context_length=131072)
@@ -88,14 +88,14 @@ def test_sglang_policy_plans_take_the_launch_flags(capsys, policy):
     assert code == 0 and json.loads(out)["budget"] == expected.budget
 
 
-def test_the_text_names_the_policy_line_and_the_budget(capsys, policy):
-    code, out, _ = plan(capsys, "--policy", str(policy), "--model", "deepseek-v4-flash", "--model-config", str(FLASH))
+def test_the_text_names_the_policy_line_and_the_budget(capsys, policy_path):
+    code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "deepseek-v4-flash", "--model-config", str(FLASH))
     assert code == 0
-    assert f"for the reserve of 40 GiB of 'deepseek-v4-flash' ({policy}:5) on cuda:0: budget " in out.splitlines()[0]
+    assert f"for the reserve of 40 GiB of 'deepseek-v4-flash' ({policy_path}:5) on cuda:0: budget " in out.splitlines()[0]
 
 
-def test_vllm_static_plans_the_reserve_in_whole_granules(capsys, policy):
-    code, out, err = plan(capsys, "--policy", str(policy), "--model", "qwen3-8b", "--model-config", str(QWEN),
+def test_vllm_static_plans_the_reserve_in_whole_granules(capsys, policy_path):
+    code, out, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--model-config", str(QWEN),
                           "--max-model-len", "32768", "--format", "json")
     assert code == 0, err
     # The adapter sets kv_cache_memory_bytes to the admitted reserve rounded down to 2 MiB.
@@ -106,35 +106,35 @@ def test_vllm_static_plans_the_reserve_in_whole_granules(capsys, policy):
     assert code == 0 and json.loads(same) == json.loads(out)
 
 
-def test_vllm_elastic_plans_its_max_with_the_block_outermost_layout(capsys, policy):
-    code, out, err = plan(capsys, "--policy", str(policy), "--model", "qwen3-elastic", "--gpu", "cuda:1",
+def test_vllm_elastic_plans_its_max_with_the_block_outermost_layout(capsys, policy_path):
+    code, out, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-elastic", "--gpu", "cuda:1",
                           "--model-config", str(QWEN), "--max-model-len", "32768", "--format", "json")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["budget"] == 20 * GiB  # 25% of the policy's 80 GiB for cuda:1
     assert doc["kv_cache_layout"] == "BLHNC" and "elastic" in err
     # A percentage without a capacity cannot be resolved, as the adapter says at start-up.
-    code, _, err = plan(capsys, "--policy", str(policy), "--model", "qwen3-elastic", "--model-config", str(QWEN),
+    code, _, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-elastic", "--model-config", str(QWEN),
                         "--max-model-len", "32768")
     assert code == 1 and "percentages" in err and "capacity" in err
-    code, out, _ = plan(capsys, "--policy", str(policy), "--model", "qwen3-elastic", "--gpu-capacity", "40GiB",
+    code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-elastic", "--gpu-capacity", "40GiB",
                         "--model-config", str(QWEN), "--max-model-len", "32768", "--format", "json")
     assert code == 0 and json.loads(out)["budget"] == 10 * GiB
 
 
-def test_errors(capsys, policy):
+def test_errors(capsys, policy_path):
     args = ["--model-config", str(FLASH)]
-    code, _, err = plan(capsys, "--policy", str(policy), *args)
+    code, _, err = plan(capsys, "--policy", str(policy_path), *args)
     assert code == 2 and "--model" in err
-    code, _, err = plan(capsys, "--policy", str(policy), "--model", "loose", *args)
+    code, _, err = plan(capsys, "--policy", str(policy_path), "--model", "loose", *args)
     assert code == 2 and "names no engine: give --engine" in err
-    code, _, err = plan(capsys, "--policy", str(policy), "--model", "qwen3-8b", "--engine", "sglang", *args)
+    code, _, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--engine", "sglang", *args)
     assert code == 2 and "binds 'qwen3-8b' to engine vllm" in err
-    code, _, err = plan(capsys, "--policy", str(policy), "--model", "v4-without-reserve", *args)
+    code, _, err = plan(capsys, "--policy", str(policy_path), "--model", "v4-without-reserve", *args)
     assert code == 1 and "has no `reserve`" in err
-    code, _, err = plan(capsys, "--policy", str(policy.with_name("nope.kvp")), "--model", "x", *args)
+    code, _, err = plan(capsys, "--policy", str(policy_path.with_name("nope.kvp")), "--model", "x", *args)
     assert code == 2 and "no such file" in err
-    bad = policy.with_name("bad.kvp")
+    bad = policy_path.with_name("bad.kvp")
     bad.write_text('version 1\nmodel "m" { reserve 4 GiBB }\n')
     code, _, err = plan(capsys, "--policy", str(bad), "--model", "m", "--engine", "sglang", *args)
     assert code == 1 and f"{bad}:2:" in err and "KV001" in err
@@ -142,7 +142,7 @@ def test_errors(capsys, policy):
     assert code == 2 and "--engine is required" in err
 
 
-def test_a_loose_block_plans_with_the_engine_given(capsys, policy):
-    code, out, _ = plan(capsys, "--policy", str(policy), "--model", "loose", "--engine", "sglang",
+def test_a_loose_block_plans_with_the_engine_given(capsys, policy_path):
+    code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "loose", "--engine", "sglang",
                         "--model-config", str(FLASH), "--format", "json")
     assert code == 0 and json.loads(out)["total_footprint"] <= 8 * GiB

@@ -19,10 +19,10 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "colocate"
 if str(BENCH) not in sys.path:
     sys.path.append(str(BENCH))
 
-from kvwork import KVWork  # noqa: E402
+from kvwork import KVWork  # noqa: E402 - after the benchmark's folder is on sys.path
 
-from kvpolicy.alloc import BlockPool, StaticLimit, open_driver  # noqa: E402
-from kvpolicy.alloc.layout import KVCacheLayout  # noqa: E402
+from kvpolicy.alloc import BlockPool, StaticLimit, open_driver  # noqa: E402 - after the benchmark's folder is on sys.path
+from kvpolicy.alloc.layout import KVCacheLayout  # noqa: E402 - after the benchmark's folder is on sys.path
 
 LAYOUT = KVCacheLayout(num_layers=3, block_size=16, num_heads=8, head_dim=128, dtype="bfloat16", order="block_major")
 BLOCKS = 96

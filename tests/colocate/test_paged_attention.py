@@ -47,9 +47,7 @@ def _cuda() -> bool:
 def test_compiled_kernel_on_a_cuda_pool_matches_gather_and_sdpa() -> None:
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")  # the primary context, before the driver uses it
-    if str(HERE) not in sys.path:
-        sys.path.append(str(HERE))
-    import paged_check
+    from tests.colocate import paged_check
 
     _check_results(paged_check.run("cuda"))
     assert paged_check.far_blocks_only("cuda") < 1e-3

@@ -7,7 +7,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,8 +16,10 @@ from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.gpus import GpuSampler, StaticSampler
 from kvpolicy.runtime.health import ControllerHealth
 from kvpolicy.runtime.metrics import ControllerMetrics
+from tests.support.waiting import wait_for  # the controller tests import it from here
 
 GiB = 1 << 30
+EIGHTY_GIB = StaticSampler(80 * GiB)  # the controller's default source of GPU figures
 POLICY = """version 1
 defaults { headroom 2 GiB }
 model "chat" { priority 100; min 10 GiB; max 60%; weight 300 }
@@ -51,16 +52,6 @@ def http_get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.005)
-    return predicate()
-
-
 class Site:
     """A policy file, a ledger directory, and the controllers and engine processes a test
     starts there; everything started is stopped when the test ends."""
@@ -75,7 +66,7 @@ class Site:
         self._processes: list[subprocess.Popen] = []
         self._root = root
 
-    def controller(self, sampler: GpuSampler | None = StaticSampler(80 * GiB), **config) -> Controller:
+    def controller(self, sampler: GpuSampler | None = EIGHTY_GIB, **config) -> Controller:
         """A controller running on a thread; GPU figures from ``sampler`` (None: no source of figures)."""
         ledger = LedgerDir(self.ledger_dir, create=True)
         config = {"tick": 0.2, **config}

@@ -15,7 +15,6 @@ content the controller ever loaded was invalid or a prefix of a slow save.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 import subprocess
@@ -31,7 +30,7 @@ from kvpolicy.lint.engine import lint_bytes
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.status import read_status
 from tests.fuzz.scale import HANG_SECONDS, RELOAD_EDITS, scaled, seed
-from tests.support.policy_saves import Directory
+from tests.support.policy_saves import Directory, sha
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.fuzz
@@ -65,10 +64,6 @@ INVALID = [
     b'version 1\nrule "r" { when gpu.fre < 1 GiB; shrink to min; grace 1s }\n',
     b"version 1\n\xff\xfe not utf-8\n",
 ]
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def valid_policy(n: int, other_gib: int) -> bytes:
@@ -204,12 +199,12 @@ def test_reload_edits_against_the_real_controller(tmp_path):
                 directory.configmap_swap(data)
             else:
                 directory.symlink_elsewhere(data, rng)
-            outcome = log.wait(since, lambda e: e[1] == sha(data))
+            outcome = log.wait(since, lambda e: e[1] == sha(data))  # noqa: B023 - waited for in this iteration
             assert outcome is not None, f"edit {n} ({kind}/{how}) was never looked at"
             assert outcome[0] == ("loaded" if is_valid else "rejected"), f"edit {n} ({kind}/{how}): {outcome}"
             if is_valid:  # published before the status names it: the controller publishes, then writes status
                 assert wait_for(lambda: (st := read_status(ledger_dir)) is not None and st.policy is not None
-                                and st.policy.sha256 == sha(data), HANG_SECONDS), f"edit {n} ({kind}/{how}) never reached status"
+                                and st.policy.sha256 == sha(data), HANG_SECONDS), f"edit {n} ({kind}/{how}) never reached status"  # noqa: B023 - waited for here
                 if kind == "valid":
                     expected = engine_limit(value)
                     assert limit() == expected, f"edit {n} ({kind}/{how}) was not published"

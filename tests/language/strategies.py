@@ -9,7 +9,7 @@ space, `when` split over lines inside parentheses) so the formatter has work to 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 
 from hypothesis import strategies as st
 
@@ -44,7 +44,7 @@ LINE_END = _line_end()
 # more than the drawing (Hypothesis validates each new strategy).
 
 
-@lru_cache(maxsize=None)
+@cache
 def size(low_gib: float = 0, high_gib: float = 64) -> st.SearchStrategy[str]:
     @st.composite
     def draw_size(draw) -> str:
@@ -60,7 +60,7 @@ def size(low_gib: float = 0, high_gib: float = 64) -> st.SearchStrategy[str]:
     return draw_size()
 
 
-@lru_cache(maxsize=None)
+@cache
 def percent(low: int = 0, high: int = 100) -> st.SearchStrategy[str]:
     return st.tuples(st.integers(low, high), st.sampled_from(["", "", " "])).map(lambda t: f"{t[0]}{t[1]}%")
 
@@ -143,7 +143,7 @@ def block(draw, indent: str, header: list[str], items: list[list[str]]) -> str:
 DEFAULT_POOLS = ("swa", "c4", "c128", "indexer", "compressor_state")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _pools(engine: str | None) -> st.SearchStrategy[list[str]]:
     vocabulary = sorted(ENGINES[engine].pools) if engine in ENGINES else list(DEFAULT_POOLS)
     return st.lists(st.sampled_from(vocabulary), unique=True, max_size=3)

@@ -51,11 +51,11 @@ rule "reclaim" {
 
 
 @pytest.fixture(scope="module")
-def policy() -> m.Policy:
+def parsed_policy() -> m.Policy:
     return policy_from_text(POLICY, "p.kvp")
 
 
-def test_every_node_has_a_span_inside_the_file_and_its_parent(policy) -> None:
+def test_every_node_has_a_span_inside_the_file_and_its_parent(parsed_policy) -> None:
     lines = POLICY.split("\n")
 
     def check(node: m.Node, parent: m.Node | None) -> None:
@@ -68,11 +68,11 @@ def test_every_node_has_a_span_inside_the_file_and_its_parent(policy) -> None:
         for child in node.children():
             check(child, node)
 
-    check(policy, None)
-    assert len(list(policy.walk())) >= 50
+    check(parsed_policy, None)
+    assert len(list(parsed_policy.walk())) >= 50
 
 
-def test_spans_point_at_the_text(policy) -> None:
+def test_spans_point_at_the_text(parsed_policy) -> None:
     lines = POLICY.split("\n")
 
     def text(node: m.Node) -> str:
@@ -80,30 +80,30 @@ def test_spans_point_at_the_text(policy) -> None:
         assert s.line == s.end_line
         return lines[s.line - 1][s.col - 1 : s.end_col - 1]
 
-    rule = policy.rules[0]
+    rule = parsed_policy.rules[0]
     assert text(rule.name) == '"reclaim"'
     assert text(rule.grace) == "2m"
     assert text(rule.when.operands[1]) == "not (model.idle <= 250ms or model.engine == vllm)"
-    assert text(policy.models[2].reserve) == "1.5 GiB"
+    assert text(parsed_policy.models[2].reserve) == "1.5 GiB"
 
 
-def test_immutable(policy) -> None:
+def test_immutable(parsed_policy) -> None:
     with pytest.raises(ValidationError):
-        policy.models[0].priority = None  # type: ignore[misc]
+        parsed_policy.models[0].priority = None  # type: ignore[misc]
     with pytest.raises(ValidationError):
-        policy.version = None  # type: ignore[misc]
-    assert isinstance(policy.statements, tuple)
+        parsed_policy.version = None  # type: ignore[misc]
+    assert isinstance(parsed_policy.statements, tuple)
 
 
-def test_units_are_exact(policy) -> None:
-    exact = policy.models[2]
+def test_units_are_exact(parsed_policy) -> None:
+    exact = parsed_policy.models[2]
     assert exact.reserve.bytes == 3 * GiB // 2
     assert exact.min.bytes == 5 * MiB // 2
-    cap = policy.models[0].max
+    cap = parsed_policy.models[0].max
     assert isinstance(cap, m.PercentLit) and cap.percent == Decimal(40)
     assert cap.resolve(80 * GiB) == 32 * GiB
     assert cap.resolve(150109880320) == 150109880320 * 40 // 100
-    rule = policy.rules[0]
+    rule = parsed_policy.rules[0]
     assert rule.grace.seconds == 120.0 and rule.cooldown.seconds == 5400.0
     assert rule.when.operands[1].operand.operands[0].right.seconds == 0.25
     assert rule.shrink_to.kind == "amount" and rule.shrink_to.amount.percent == Decimal(10)
@@ -127,23 +127,23 @@ def test_decimal_units_and_fractional_bytes() -> None:
         ("mistral", None),
     ],
 )
-def test_binding_is_exact_then_longest_then_first(policy, name, pattern) -> None:
-    settings_ = policy.model_settings(name)
+def test_binding_is_exact_then_longest_then_first(parsed_policy, name, pattern) -> None:
+    settings_ = parsed_policy.model_settings(name)
     assert settings_.pattern == pattern
 
 
-def test_defaults_apply_where_nothing_is_said(policy) -> None:
-    unbound = policy.model_settings("mistral")
+def test_defaults_apply_where_nothing_is_said(parsed_policy) -> None:
+    unbound = parsed_policy.model_settings("mistral")
     assert (unbound.priority, unbound.reserve, unbound.weight, unbound.engine) == (0, None, 100, None)
     assert unbound.min_bytes(80 * GiB) == 0 and unbound.max_bytes(80 * GiB) == 80 * GiB
-    bound = policy.model_settings("qwen3-32b")
+    bound = parsed_policy.model_settings("qwen3-32b")
     assert bound.priority == 10 and bound.max_bytes(100 * GiB) == 40 * GiB and bound.min_bytes(100 * GiB) == 0
 
 
-def test_gpu_settings_take_the_most_specific_block(policy) -> None:
-    g0 = policy.gpu_settings("cuda:0")
+def test_gpu_settings_take_the_most_specific_block(parsed_policy) -> None:
+    g0 = parsed_policy.gpu_settings("cuda:0")
     assert g0.headroom_bytes(100 * GiB) == 5 * GiB and g0.capacity is None and g0.chunk == 2 * MiB
-    g1 = policy.gpu_settings("cuda:1")
+    g1 = parsed_policy.gpu_settings("cuda:1")
     assert g1.capacity == 80 * GiB and g1.chunk == 4 * MiB and g1.headroom_bytes(80 * GiB) == 4 * GiB
     no_gpu_blocks = policy_from_text("version 1\ndefaults { headroom 2 GiB }\n")
     assert no_gpu_blocks.gpu_settings("cuda:7").headroom_bytes(80 * GiB) == 2 * GiB

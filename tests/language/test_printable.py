@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -36,7 +37,7 @@ def test_the_caret_stays_under_the_span_when_the_line_has_escapes(tmp_path, caps
     path.write_text('version 1\nmodel "\x1b[1m" { reserve 40 GiBB }\n')
     main(["lint", str(path)])
     lines = capsys.readouterr().out.splitlines()
-    source, caret = next((a, b) for a, b in zip(lines, lines[1:]) if b.strip().startswith("|") and "^" in b)
+    source, caret = next((a, b) for a, b in itertools.pairwise(lines) if b.strip().startswith("|") and "^" in b)
     start = caret.index("^")
     assert "\\x1b[1m" in source and source[start : len(caret)] == "GiBB"
 

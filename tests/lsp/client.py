@@ -42,7 +42,7 @@ class LspClient:
         self.settings = settings or {}
         """Answers to workspace/configuration, by dotted section (``kvpolicy.facts``)."""
         self.configuration_requests: list[list[str]] = []
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the server's stderr, until close()
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
             command or [sys.executable, "-m", "kvpolicy.cli", "lsp"],

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("pygls", reason="the lsp extra is not installed")
 
-from tests.lsp.client import LspClient  # noqa: E402
+from tests.lsp.client import LspClient
 
 
 @pytest.fixture

@@ -262,7 +262,7 @@ rule "r" {
   grace 30
 }
 # kvpolicy: ignore[
-"""
+"""  # noqa: W291 - the trailing spaces are where the completions are asked for
 
 
 def test_completion(client: LspClient, tmp_path: Path) -> None:

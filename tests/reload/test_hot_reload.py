@@ -8,7 +8,6 @@ written and lints clean, and after each valid save it converges to that save.
 
 from __future__ import annotations
 
-import hashlib
 import random
 import threading
 import time
@@ -17,7 +16,8 @@ import pytest
 
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher
-from tests.support.policy_saves import Directory
+from tests.support.policy_saves import Directory, sha
+from tests.support.waiting import wait_for
 
 EDITS = 1000
 CONVERGE_TIMEOUT = 5.0
@@ -43,25 +43,12 @@ INVALID = (
 )
 
 
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def lints_clean(data: bytes) -> bool:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return False
     return lint_text(text, "t").policy is not None
-
-
-def wait_for(predicate, timeout: float = CONVERGE_TIMEOUT) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.002)
-    return predicate()
 
 
 @pytest.mark.slow
@@ -120,10 +107,12 @@ def test_active_policy_is_always_the_last_valid_content(tmp_path):
             else:
                 directory.configmap_swap(data)
             if is_valid:
-                assert wait_for(lambda: watcher.current.sha256 == sha(data)), f"edit {n} ({kind}/{how}) did not converge"
+                assert wait_for(lambda: watcher.current.sha256 == sha(data), CONVERGE_TIMEOUT), (  # noqa: B023 - waited for here
+                    f"edit {n} ({kind}/{how}) did not converge")
                 last_valid = sha(data)
             else:
-                assert wait_for(lambda: watcher.last_reload is not None and watcher.last_reload.sha256 in (sha(data), None)), (
+                assert wait_for(lambda: watcher.last_reload is not None and watcher.last_reload.sha256 in (sha(data), None),  # noqa: B023 - waited for here
+                                CONVERGE_TIMEOUT), (
                     f"edit {n} ({kind}/{how}) was never looked at"
                 )
                 assert watcher.current.sha256 == last_valid, f"edit {n} ({kind}/{how}) replaced the running policy"
@@ -143,12 +132,12 @@ def test_rejected_file_keeps_the_policy_and_reports_position(tmp_path):
     try:
         good = watcher.current
         path.write_text("version 1\nmodel \"x\" { reserve 4 GiBB }\n")
-        assert wait_for(lambda: watcher.last_reload is not None and not watcher.last_reload.ok)
+        assert wait_for(lambda: watcher.last_reload is not None and not watcher.last_reload.ok, CONVERGE_TIMEOUT)
         error = watcher.last_reload.error
         assert (error.line, error.col, error.code) == (2, 25 - 2, "KV001")
         assert watcher.current is good
         path.write_text(valid_policy(2))
-        assert wait_for(lambda: watcher.current.revision == 2)
+        assert wait_for(lambda: watcher.current.revision == 2, CONVERGE_TIMEOUT)
         assert watcher.last_reload.ok
     finally:
         watcher.stop()

@@ -7,7 +7,6 @@ what the watcher published (its ``on_change`` history) and on what noticed a cha
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,14 +17,11 @@ from pathlib import Path
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.runtime.links import MAX_LINKS, resolve_chain
 from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher
+from tests.support.policy_saves import sha
 from tests.support.waiting import wait_for
 
 HANG = 30.0  # only to catch a hang: convergence never depends on the machine's speed
 NEVER = 3600.0  # a poll interval that never comes during a test: only events can notice
-
-
-def sha(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 

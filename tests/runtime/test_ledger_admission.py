@@ -77,9 +77,9 @@ def test_duplicate_id_on_another_gpu_is_refused(make) -> None:
 
 
 def test_strings_too_long_for_the_layout_are_refused_with_the_limit(make) -> None:
-    with pytest.raises(LedgerError, match="model 'xxxx.*' is 65 bytes of UTF-8; at most 64 fit"):
+    with pytest.raises(LedgerError, match=r"model 'xxxx.*' is 65 bytes of UTF-8; at most 64 fit"):
         make(id="a", model="x" * 65)
-    with pytest.raises(LedgerError, match="engine .* at most 16"):
+    with pytest.raises(LedgerError, match=r"engine .* at most 16"):
         make(engine="e" * 17)
 
 

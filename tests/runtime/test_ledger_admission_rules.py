@@ -325,7 +325,7 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(i=st.integers(0, 3), how=st.sampled_from(["commit", "rollback", "release"]))
     def settle_more_than_held(self, i: int, how: str) -> None:
         m = self.model(i)
-        with pytest.raises(LedgerError, match="bytes committed or rolled back|bytes released"):
+        with pytest.raises(LedgerError, match=r"bytes committed or rolled back|bytes released"):
             getattr(m.inst, how)((m.mapped if how == "release" else m.pending) + 1)
 
     @rule(

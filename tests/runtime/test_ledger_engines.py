@@ -42,7 +42,7 @@ def test_the_adapters_reach_the_ledger_through_the_runtime_port(ledger_dir: Path
 
     assert runtime.EngineSession is EngineSession and runtime.EngineIdentity is EngineIdentity
     with pytest.raises(AttributeError):  # no engine glue re-exported from the ledger's module any more
-        ledger.attach_static  # noqa: B018
+        ledger.attach_static  # noqa: B018 - the lookup is what must raise
     publish_gpu(ledger_dir, 10 * GiB)
     session = default_connector(env_for(ledger_dir))(SglangIdentity("deepseek-v4-flash", "cuda:0", 0))
     try:
@@ -68,7 +68,7 @@ def test_sglang_session_admits_and_reports(ledger_dir: Path) -> None:
         led = GpuLedger.open(ledger_dir, "cuda:0", create=False)
         assert led.totals().runtime_reserved == 30 * GiB
         other = connect(SglangIdentity("deepseek-v4-flash", "cuda:0", 1))
-        with pytest.raises(AdmissionRefused, match="cannot admit 80 GiB .* unreserved = C − H − U − R − G") as err:
+        with pytest.raises(AdmissionRefused, match=r"cannot admit 80 GiB .* unreserved = C − H − U − R − G") as err:
             other.admit_static(80 * GiB)
         assert err.value.figures["asked"] == 80 * GiB and err.value.figures["unreserved"] == 70 * GiB
         other.close()
@@ -145,9 +145,9 @@ def test_published_figures_win_and_the_engine_is_not_measured(ledger_dir: Path) 
 
 
 def test_without_figures_static_admission_says_what_to_do(ledger_dir: Path) -> None:
-    with EngineSession.open(identity("a"), measure=lambda gpu: None, ledger_dir=ledger_dir) as session:
-        with pytest.raises(LedgerError, match="no controller has published figures for cuda:0"):
-            session.admit_static(GiB)
+    with (EngineSession.open(identity("a"), measure=lambda gpu: None, ledger_dir=ledger_dir) as session,
+          pytest.raises(LedgerError, match="no controller has published figures for cuda:0")):
+        session.admit_static(GiB)
 
 
 def test_an_elastic_session_reads_its_guarantee_and_gives_its_limit_source(ledger_dir: Path) -> None:

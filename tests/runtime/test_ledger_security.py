@@ -91,7 +91,7 @@ def test_segment_created_by_another_uid_is_refused(ledger_dir: Path) -> None:
 def test_directory_of_another_uid_is_refused(ledger_dir: Path) -> None:
     ledger_dir.mkdir(mode=0o755)
     os.chown(ledger_dir, NOBODY, NOBODY)
-    with pytest.raises(ForeignSegment, match="the ledger directory .* is owned by uid 65534"):
+    with pytest.raises(ForeignSegment, match=r"the ledger directory .* is owned by uid 65534"):
         GpuLedger.open(ledger_dir, "cuda:0")
 
 
@@ -129,7 +129,7 @@ def _write(path: Path, data: bytes, file_mode: int = 0o600) -> None:
 
 def test_wrong_magic_is_refused(ledger_dir: Path) -> None:
     _write(segment_path(ledger_dir, "cuda:0"), b"NOTALEDG" + bytes(L.segment_size(4) - 8))
-    with pytest.raises(CorruptSegment, match="not a kvpolicy ledger segment .*b'NOTALEDG'"):
+    with pytest.raises(CorruptSegment, match=r"not a kvpolicy ledger segment .*b'NOTALEDG'"):
         GpuLedger.open(ledger_dir, "cuda:0")
 
 
@@ -150,7 +150,7 @@ def test_other_layout_version_is_refused_naming_both(ledger_dir: Path) -> None:
     GpuLedger.open(ledger_dir, "cuda:0", slot_count=4).close()
     path = segment_path(ledger_dir, "cuda:0")
     _patch_header(path, 8, "<I", 7)
-    with pytest.raises(LayoutVersionMismatch, match="layout version 7, newer than this kvpolicy .* \\(layout version 2\\): upgrade this process"):
+    with pytest.raises(LayoutVersionMismatch, match=r"layout version 7, newer than this kvpolicy .* \(layout version 2\): upgrade this process"):
         GpuLedger.open(ledger_dir, "cuda:0")
 
 

@@ -1,7 +1,7 @@
 """Fixtures for the SGLang DeepSeek-V4 tests: the real sglang 0.5.23 classes, on CPU.
 
 Tests marked ``sglang`` need the wheel (requirements/sglang-cpu.txt); without it
-they are skipped with the reason. Import-only stand-ins (``sglang_standins.py``) cover
+they are skipped with the reason (tests/conftest.py). Import-only stand-ins (``sglang_standins.py``) cover
 the packages SGLang imports but never runs while building pools.
 """
 
@@ -11,18 +11,8 @@ from contextlib import ExitStack
 
 import pytest
 
-import sglang_standins
-
-from sglang_support import SGLANG_MISSING, SKIP_REASON, published_server_args, single_process_parallel
-
-
-def pytest_collection_modifyitems(config, items):
-    if not SGLANG_MISSING:
-        return
-    skip = pytest.mark.skip(reason=SKIP_REASON)
-    for item in items:
-        if item.get_closest_marker("sglang") is not None:
-            item.add_marker(skip)
+from tests.sglang import sglang_standins
+from tests.sglang.sglang_support import published_server_args, single_process_parallel
 
 
 @pytest.fixture(scope="session")

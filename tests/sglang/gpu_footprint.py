@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-# The repository root, for tests.support: appended, so that where kvpolicy is installed (the GPU machine
-# installs it from a wheel, adapters inside) the source tree's kvpolicy/ (no adapters/) does not shadow it.
-sys.path.append(str(HERE.parents[1]))
+# Run as a script: the repository root, for the tests package; appended, so that where kvpolicy is installed
+# (the GPU machine installs it from a wheel, adapters inside) the source tree's kvpolicy/ (no adapters/) does not shadow it.
+if str(HERE.parents[1]) not in sys.path:
+    sys.path.append(str(HERE.parents[1]))
 
-import sglang_standins  # noqa: E402
+from tests.sglang import sglang_standins  # noqa: E402 - after the repository root is on sys.path
 
 SEGMENT = 2 << 20
 
@@ -55,7 +55,7 @@ def run_cases() -> list[dict]:
     from tests.support.ledgers import InProcessLedger
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context, get_parallel
-    from sglang_support import MODELS, TINY_RATIOS, build_pool_through_sglang, kv_cache_configurator
+    from tests.sglang.sglang_support import MODELS, TINY_RATIOS, build_pool_through_sglang, kv_cache_configurator
 
     torch.zeros(1, device="cuda")  # the CUDA context and allocator exist before any baseline
     torch.cuda.synchronize()

@@ -120,7 +120,7 @@ def _importable(name: str) -> bool:
         return False
     try:
         importlib.import_module(name)
-    except Exception:  # a broken install (e.g. a CUDA torchvision on a CPU box) counts as missing
+    except Exception:  # noqa: BLE001 - a broken install (e.g. a CUDA torchvision on a CPU box) counts as missing
         sys.modules.pop(name, None)
         return False
     return True

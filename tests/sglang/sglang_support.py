@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -13,8 +12,6 @@ HERE = Path(__file__).parent
 REPO = HERE.parent.parent
 MODELS = REPO / "policies" / "models"
 
-SGLANG_MISSING = importlib.util.find_spec("sglang") is None or importlib.util.find_spec("torch") is None
-SKIP_REASON = "sglang 0.5.23 and torch not installed (pip install -r requirements/sglang-cpu.txt)"
 
 TINY_RATIOS = (0, 0, 4, 128, 4, 128, 4, 0)  # 7 target layers + 1 MTP layer, V4-shaped
 

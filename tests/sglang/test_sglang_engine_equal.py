@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from kvpolicy.adapters.sglang_dsv4 import hooks
 from kvpolicy.adapters.sglang_dsv4 import plan as closed
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
-from sglang_support import (
+from tests.sglang.sglang_support import (
     kv_cache_configurator,
     published_server_args,
     real_sizes,
@@ -173,9 +173,46 @@ def test_plan_equals_the_engine_over_random_configs(sglang_env):
         for name, nbytes in tensors:
             per_pool[name] += nbytes
         assert {k: p.bytes for k, p in ours.pools.items()} == {k: per_pool[k] for k in closed.POOL_NAMES}
+        # What plan says of the budget is SGLang's: the table outside it, the pools' own rounding.
+        v4 = sum(per_pool[k] for k in closed.V4_POOL_NAMES)
+        assert ours.beyond_budget == closed.BeyondBudget(
+            total=v4 + per_pool[closed.REQ_TO_TOKEN] - case.budget, req_to_token=per_pool[closed.REQ_TO_TOKEN],
+            pools=v4 - case.budget)
 
     with single_process_parallel():
         check()
     # The strategy must really reach the cases the issue names, not only in principle.
     assert seen["refused"] and seen["built"], seen
     assert seen["no ratio-4 layers"] and seen["no ratio-128 layers"], seen
+
+
+def test_flash_40_gib_total_is_over_the_budget_as_sglang_builds_it(sglang_env, capsys):
+    """``plan --budget "40 GiB"`` prints a total above 40 GiB: SGLang's configurator, given 40 GiB, builds V4
+    pools a little over it (its per-token average leaves out each layer's padding page and the rounded-up
+    state rows) and allocates the request-to-token table outside it. The plan says so, with SGLang's figures."""
+    import json
+
+    from kvpolicy.adapters.sglang_dsv4.geometry import load_geometry
+    from kvpolicy.cli import main
+    from sglang_support import MODELS
+
+    budget = 40 << 30
+    flash = MODELS / "deepseek-v4-flash.json"
+    assert main(["plan", "--engine", "sglang", "--model-config", str(flash), "--budget", "40 GiB",
+                 "--format", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    flags = dict(max_running_requests=256, swa_full_tokens_ratio=0.1, _swa_full_tokens_ratio_explicitly_set=True,
+                 chunked_prefill_size=8192)  # what a default V4-Flash launch resolves (tested in test_sglang_launch)
+    assert plan["settings"]["max_running_requests"] == 256 and plan["settings"]["swa_ratio"] == 0.1
+    with single_process_parallel(), published_server_args(**flags) as args:
+        kvc = kv_cache_configurator(load_geometry(flash), args)
+        kvc.device = "meta"
+        tensors = real_tensors(kvc, real_sizes(kvc, budget))
+    table = sum(n for name, n in tensors if name == closed.REQ_TO_TOKEN)
+    v4 = sum(n for name, n in tensors if name != closed.REQ_TO_TOKEN)
+    assert plan["total_bytes"] == table + v4 > budget
+    assert v4 > budget  # SGLang's own pools exceed the budget it was given, not only the table
+    assert plan["beyond_budget"] == {"total": table + v4 - budget, "req_to_token": table, "pools": v4 - budget}
+    main(["plan", "--engine", "sglang", "--model-config", str(flash), "--budget", "40 GiB"])
+    text = capsys.readouterr().out
+    assert "total vs budget: +1.01 GiB = req_to_token 1.00 GiB (outside the budget) + 10.89 MiB of V4 pools over" in text

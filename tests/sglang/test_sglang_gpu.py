@@ -19,7 +19,7 @@ def _cuda() -> bool:
 
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU")
 def test_reported_footprint_matches_the_gpu(sglang_env):
-    import gpu_footprint
+    from tests.sglang import gpu_footprint
 
     results = gpu_footprint.run_cases()
     assert [r["case"] for r in results] == ["tiny", "flash-8GiB", "flash-32GiB"]
@@ -39,7 +39,7 @@ def test_a_launch_on_this_gpu_resolves_what_plan_assumes(sglang_env, tmp_path, m
     from kvpolicy.units import MiB
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils.common import get_device_memory_capacity
-    from sglang_support import MODELS, engine_reading, published_resolution, single_process_parallel
+    from tests.sglang.sglang_support import MODELS, engine_reading, published_resolution, single_process_parallel
 
     (tmp_path / model).mkdir()
     shutil.copy(MODELS / f"{model}.json", tmp_path / model / "config.json")

@@ -28,7 +28,7 @@ from kvpolicy.adapters.sglang_dsv4.launch import (
 )
 from kvpolicy.adapters.sglang_dsv4.plan import PlanError, pool_tensors, size_from_budget
 from kvpolicy.units import GiB, MiB
-from sglang_support import (
+from tests.sglang.sglang_support import (
     MODELS,
     engine_reading,
     published_resolution,

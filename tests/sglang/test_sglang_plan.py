@@ -24,7 +24,7 @@ from kvpolicy.adapters.sglang_dsv4.plan import (
 )
 from kvpolicy.cli import main
 from kvpolicy.units import GiB, MiB
-from sglang_support import MODELS, REPO
+from tests.sglang.sglang_support import MODELS, REPO
 
 FLASH = MODELS / "deepseek-v4-flash.json"
 PRO = MODELS / "deepseek-v4-pro.json"
@@ -218,7 +218,7 @@ def test_launch_refusals_exit_with_sglangs_reason(capsys, monkeypatch):
 
 def test_the_derived_context_length_follows_sglangs_rules():
     flash = json.loads(FLASH.read_text())
-    derived = lambda **extra: ModelGeometry.model_validate({**flash, **extra}).derived_context_length  # noqa: E731
+    derived = lambda **extra: ModelGeometry.model_validate({**flash, **extra}).derived_context_length  # noqa: E731 - a one-line helper of this test
     assert derived() == 1_048_576
     assert derived(seq_length=5000, model_max_length=7000) == 5000  # the first key SGLang looks at wins
     assert derived(max_position_embeddings=65536, rope_scaling={"type": "linear", "factor": 4}) == 262_144

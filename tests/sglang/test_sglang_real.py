@@ -18,7 +18,7 @@ from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
 from kvpolicy.adapters.sglang_dsv4.ports import Reserve
 from kvpolicy.units import GiB, MiB
 from tests.support.ledgers import InProcessLedger
-from sglang_support import (
+from tests.sglang.sglang_support import (
     HERE,
     MODELS,
     TINY_RATIOS,
@@ -208,8 +208,8 @@ def run_sglang_plugins(tmp_path, env_extra, before=""):
     """A real Python process that runs SGLang's own ``load_plugins()``, as every SGLang process does."""
     code = textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, {str(HERE)!r})
-        import sglang_standins; sglang_standins.install()
+        sys.path.append({str(HERE.parents[1])!r})
+        from tests.sglang import sglang_standins; sglang_standins.install()
         {before}
         from sglang.srt.plugins import load_plugins
         load_plugins()
@@ -224,14 +224,14 @@ def run_sglang_plugins(tmp_path, env_extra, before=""):
 
 
 @pytest.fixture(scope="module")
-def policy_file(tmp_path_factory):
+def v4_policy_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("policy") / "p.kvp"
     path.write_text('version 1\nmodel "deepseek-v4-flash" { engine sglang; reserve 40 GiB }\n')
     return path
 
 
-def test_plugin_installs_the_hooks_in_a_real_process_when_enabled(tmp_path, policy_file):
-    done = run_sglang_plugins(tmp_path, {"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file)})
+def test_plugin_installs_the_hooks_in_a_real_process_when_enabled(tmp_path, v4_policy_file):
+    done = run_sglang_plugins(tmp_path, {"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(v4_policy_file)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "HOOKED True ADAPTER_IMPORTED True" in done.stdout
     assert "DeepSeek-V4 adapter active" in done.stderr
@@ -243,9 +243,9 @@ def test_plugin_does_nothing_when_not_enabled(tmp_path):
     assert "HOOKED False ADAPTER_IMPORTED False" in done.stdout
 
 
-def test_plugin_with_a_wrong_sglang_version_stops_the_process(tmp_path, policy_file):
+def test_plugin_with_a_wrong_sglang_version_stops_the_process(tmp_path, v4_policy_file):
     done = run_sglang_plugins(
-        tmp_path, {"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file)},
+        tmp_path, {"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(v4_policy_file)},
         before="import sglang.version; sglang.version.__version__ = '0.5.22'",
     )
     assert done.returncode == 1
@@ -253,9 +253,9 @@ def test_plugin_with_a_wrong_sglang_version_stops_the_process(tmp_path, policy_f
     assert "SGLang 0.5.22 is not a validated version" in done.stderr and "validated: 0.5.23" in done.stderr
 
 
-def test_plugin_with_a_missing_hook_target_stops_the_process(tmp_path, policy_file):
+def test_plugin_with_a_missing_hook_target_stops_the_process(tmp_path, v4_policy_file):
     done = run_sglang_plugins(
-        tmp_path, {"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file)},
+        tmp_path, {"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(v4_policy_file)},
         before=("import sglang.srt.mem_cache.kv_cache_configurator as m; "
                 "delattr(m.KVCacheConfigurator, '_profile_available_bytes')"),
     )
@@ -276,7 +276,7 @@ def test_plan_with_a_policy_plans_what_the_budget_hook_builds(sglang_env, tmp_pa
     from kvpolicy.adapters.sglang_dsv4.launch import Hardware
     from kvpolicy.adapters.sglang_dsv4.ports import policy_reserve
     from kvpolicy.cli import main
-    from sglang_support import engine_reading, published_resolution, resolve_for_real, single_process_parallel
+    from tests.sglang.sglang_support import engine_reading, published_resolution, resolve_for_real, single_process_parallel
 
     model_dir = tmp_path / "tiny-v4"
     model_dir.mkdir()

@@ -28,7 +28,7 @@ from kvpolicy.adapters.sglang_dsv4 import elastic as E
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
 from kvpolicy.alloc import HostDriver, StaticLimit
 from kvpolicy.units import GiB, MiB
-from sglang_support import (
+from tests.sglang.sglang_support import (
     TINY_RATIOS,
     build_pools_through_sglang,
     kv_cache_configurator,
@@ -75,7 +75,7 @@ def build(sglang_env, limit_bytes: int, *, budget: int = 96 * MiB, elastic: bool
                 return Built(built.pool, built.sizes, None, None, None)  # type: ignore[arg-type]
             driver = driver if driver is not None else HostDriver(capacity=1 * GiB)
             limit = StaticLimit(limit_bytes)
-            make = lambda layers, pages, page_bytes: E.ElasticSWA(  # noqa: E731
+            make = lambda layers, pages, page_bytes: E.ElasticSWA(  # noqa: E731 - the factory swa_backed_by calls
                 driver, layers=layers, pages=pages, page_bytes=page_bytes, chunk=CHUNK, limit=limit)
             with E.swa_backed_by(make) as made:
                 built = build_pools_through_sglang(kvc)
@@ -119,7 +119,7 @@ def test_the_swa_tensors_are_views_and_the_other_pools_are_sglangs_own(sglang_en
     for a, s in zip(b.pool.index_pools[4].index_k_with_scale_buffer,
                     stock.pool.index_pools[4].index_k_with_scale_buffer, strict=True):
         assert a.shape == s.shape and torch.equal(a, s)
-    states = lambda pool: [p.kv_score_buffer.kv_score for p in [*pool.compress_state_pools,  # noqa: E731
+    states = lambda pool: [p.kv_score_buffer.kv_score for p in [*pool.compress_state_pools,  # noqa: E731 - a one-line helper of this test
                                                                  *pool.indexer_compress_state_pools] if p is not None]
     # The compressor state is torch.empty in SGLang (rows are written before they are read): the same
     # tensors, whose contents are whatever the memory held.

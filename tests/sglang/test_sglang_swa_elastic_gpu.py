@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from test_sglang_swa_elastic import GROUP, OPS, STEPS, allocator_over, build, run_scheduler
+from tests.sglang.test_sglang_swa_elastic import GROUP, OPS, STEPS, allocator_over, build, run_scheduler
 
 pytestmark = [pytest.mark.gpu, pytest.mark.sglang]
 

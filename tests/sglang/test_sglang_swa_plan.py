@@ -19,7 +19,7 @@ from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
 from kvpolicy.adapters.sglang_dsv4.plan import REQ_TO_TOKEN, PlanError, SWAElasticPolicy
 from kvpolicy.cli import main
 from kvpolicy.units import GiB, MiB
-from sglang_support import MODELS, TINY_RATIOS, kv_cache_configurator, real_sizes, real_tensors
+from tests.sglang.sglang_support import MODELS, TINY_RATIOS, kv_cache_configurator, real_sizes, real_tensors
 
 FLASH = MODELS / "deepseek-v4-flash.json"
 TINY = ModelGeometry(num_hidden_layers=7, compress_ratios=TINY_RATIOS, max_position_embeddings=65536)

@@ -7,11 +7,17 @@ the current content back as one, by rename, which a watcher reads as no change.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import shutil
 import time
 from pathlib import Path
+
+
+def sha(data: bytes) -> str:
+    """The content hash the watcher reports for a policy of these bytes (``LoadedPolicy.sha256``)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 class Directory:

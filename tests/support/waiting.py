@@ -9,7 +9,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout: float) -> T:
+def wait_for(predicate: Callable[[], T], timeout: float = 10.0) -> T:
     """``predicate()`` once it is truthy, polling every 5 ms; its last value after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

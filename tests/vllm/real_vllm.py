@@ -19,7 +19,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 
 @dataclass(frozen=True)
@@ -177,3 +177,67 @@ def scheduler_block_sizes(kv_cache_config: Any) -> tuple[int, int]:
     sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
     lcm = math.lcm(*sizes)
     return lcm, lcm
+
+
+# DeepSeek-V4 layer specs by compression ratio, from one real model build.
+V4_TEMPLATE_RATIOS = (0, 4, 128, 4, 0, 128)
+"""The pattern the template model is built with: every ratio, twice, in two orders."""
+
+
+def v4_template_config(base: dict[str, Any]) -> dict[str, Any]:
+    """``base`` (a DeepSeek-V4 config.json) shrunk where the KV cache does not look (hidden size,
+    experts, vocabulary) so the meta-device build is quick, with the template's layers and a 1M context."""
+    return {
+        **base,
+        "num_hidden_layers": len(V4_TEMPLATE_RATIOS),
+        "compress_ratios": [*V4_TEMPLATE_RATIOS, 0],  # the last entry is the MTP layer's
+        "max_position_embeddings": 1 << 20,
+        "vocab_size": 512, "hidden_size": 256, "moe_intermediate_size": 64, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "q_lora_rank": 64, "o_lora_rank": 64,
+        # Read by vLLM 0.32's CPU model class, absent from the trimmed configs (no effect on the KV cache).
+        "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "hidden_act": "silu", "norm_topk_prob": True, "swiglu_limit": 10.0,
+        **{k: base[k] for k in ("hc_eps", "hc_sinkhorn_iters", "hidden_act", "norm_topk_prob", "swiglu_limit")
+           if k in base},
+    }
+
+
+def v4_layer_templates(case: Case) -> dict[int, list[tuple[str, Any]]]:
+    """Per compression ratio, the (name suffix, real spec) of one layer's KV caches, in the order
+    vLLM's modules register them, read off a real model built from ``case`` (a V4 template config).
+
+    Checks on the way that reassembling the template's own pattern gives back the real model's
+    specs exactly (names, order, specs), so ``v4_specs`` builds what vLLM would for any pattern."""
+    real = layer_specs(case)
+    by_layer: dict[int, list[tuple[str, Any]]] = {}
+    for name, spec in real.items():
+        parts = name.split(".")  # model.layers.N.attn...
+        by_layer.setdefault(int(parts[2]), []).append((".".join(parts[3:]), spec))
+    templates: dict[int, list[tuple[str, Any]]] = {}
+    for i, ratio in enumerate(V4_TEMPLATE_RATIOS):
+        templates.setdefault(ratio, by_layer[i])
+    rebuilt = v4_specs(templates, list(V4_TEMPLATE_RATIOS))
+    assert list(rebuilt.items()) == list(real.items()), "layer specs depend on more than the layer's ratio"
+    return templates
+
+
+def v4_specs(templates: dict[int, list[tuple[str, Any]]], ratios: list[int]) -> dict[str, Any]:
+    """The real specs of a V4 model with these per-layer ratios, in vLLM's registration order."""
+    return {f"model.layers.{i}.{suffix}": spec for i, r in enumerate(ratios) for suffix, spec in templates[r]}
+
+
+def real_plan_for_specs(cfg: Any, specs: dict[str, Any], budget: int, layout: str) -> RealPlan:
+    """``real_plan`` for given specs (vLLM's planning only; no model is built)."""
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+
+    cfg.cache_config.kv_cache_layout = layout
+    groups = get_global_kv_cache_groups(cfg, [specs])
+    (config,) = get_kv_cache_configs(cfg, [specs], [budget], groups)
+    return RealPlan(cfg, groups, config)
+
+
+def max_request_bytes(cfg: Any, groups: list[Any]) -> int:
+    """vLLM's worst case for one request at max_model_len (``_max_memory_usage_bytes_from_groups``)."""
+    from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+    from vllm.v1.core.kv_cache_planning import _max_memory_usage_bytes_from_groups
+
+    return _max_memory_usage_bytes_from_groups(get_kv_cache_config_builder(cfg), cfg, groups)

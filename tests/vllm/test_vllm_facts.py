@@ -10,8 +10,6 @@ from types import SimpleNamespace
 
 import pytest
 
-pytestmark = pytest.mark.vllm
-
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.pools import (
@@ -27,6 +25,8 @@ from kvpolicy.adapters.vllm_adapter.pools import (
 from kvpolicy.units import MiB
 from tests.support.ledgers import InProcessVllmLedger
 
+pytestmark = pytest.mark.vllm
+
 # Small caches: max_model_len 1024, so a CPU allocation of a few hundred MiB suffices.
 FACT_CASES = [
     ("deepseek-v4-flash", 256, "BLHNC", "fp8", 512 * MiB),
@@ -39,7 +39,7 @@ FACT_CASES = [
 
 
 def _case(name: str, block: int, layout: str, dtype: str):
-    from real_vllm import Case
+    from tests.vllm.real_vllm import Case
 
     return Case(name, block, max_model_len=1024, kv_cache_dtype=dtype, layout=layout, max_num_batched_tokens=1024)
 
@@ -48,7 +48,7 @@ def _case(name: str, block: int, layout: str, dtype: str):
 def allocated(request):
     """(case, real plan, PoolLayout, real backing buffer bytes) for one model."""
     import torch
-    from real_vllm import real_plan
+    from tests.vllm.real_vllm import real_plan
     from vllm.v1.kv_cache_layout import KVCacheLayout
     from vllm.v1.worker.utils import allocate_kv_cache
 
@@ -96,7 +96,7 @@ def test_layout_matches_the_plan(allocated) -> None:
 @pytest.mark.parametrize("case_spec", [c for c in FACT_CASES if c[0].startswith("deepseek-v4")], ids=lambda c: c[0])
 def test_v4_layers_classify_like_the_plan(case_spec) -> None:
     """Each real V4 cache layer lands in the pool (and part) the plan gives it."""
-    from real_vllm import real_plan
+    from tests.vllm.real_vllm import real_plan
 
     name, block, layout, dtype, budget = case_spec
     case = _case(name, block, layout, dtype)
@@ -112,7 +112,7 @@ def test_v4_layers_classify_like_the_plan(case_spec) -> None:
 
 
 def _manager(plan):
-    from real_vllm import scheduler_block_sizes
+    from tests.vllm.real_vllm import scheduler_block_sizes
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
 
@@ -133,7 +133,7 @@ def test_live_split_follows_the_real_block_pool(allocated) -> None:
     manager = _manager(plan)
     coordinator = manager.coordinator
     tokens = {"a": 700, "b": 130}
-    for i, group_manager in enumerate(coordinator.single_type_managers):
+    for group_manager in coordinator.single_type_managers:
         for request, n in tokens.items():
             group_manager.allocate_new_blocks(request, n, n)
     held, free = held_blocks_per_group(coordinator)

@@ -20,7 +20,7 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     model_specs,
 )
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
-from vllm_paths import CONFIGS, POLICY_MODELS
+from tests.vllm.vllm_paths import CONFIGS, POLICY_MODELS
 
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, parse_size, run_vllm
 from kvpolicy.units import GiB, MiB
@@ -60,6 +60,9 @@ def test_a_pools_bytes_per_block_sums_its_layers_over_every_group() -> None:
     for name, pool in gemma.pools.items():
         assert pool.bytes_per_block == sum(gemma.groups[i].pool_bytes_per_block[name] for i in pool.groups)
     assert len(gemma.pools["sliding_window"].groups) > 1
+    state = plan.pools["compressor_state"]  # its parts split it, summed over groups the same way
+    assert state.parts == {"indexer": 21 * 8640, "c4": 21 * 32_832, "c128": 20 * 32_832}
+    assert sum(state.parts.values()) == state.bytes_per_block == 870_912 + 656_640
 
 
 def test_v4_page_sizes_per_pool() -> None:
@@ -131,8 +134,13 @@ def test_num_blocks_instead_of_budget() -> None:
 
 
 def test_budget_too_small_is_refused_with_figures() -> None:
-    with pytest.raises(PlanError, match=r"cannot hold one request of max_model_len 65536: it needs \d+ blocks"):
+    # vLLM's message and figures (tests/vllm/test_vllm_plan_v4_random.py compares them with vLLM's own).
+    with pytest.raises(PlanError, match=r"to serve one request at max_model_len 65536, 6\.48 GiB of KV cache is needed "
+                       r"\(6938 blocks of 1002240 B\), more than the 1\.0 GiB available .*estimated maximum model "
+                       r"length is \d+; raise the budget"):
         make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=65536), budget=GiB)
+    with pytest.raises(PlanError, match="no available memory for the cache blocks"):
+        make_plan(load_config(V4_FLASH), PlanSettings(max_model_len=65536), budget=1_002_240)
 
 
 def test_contract_json_shape() -> None:
@@ -176,7 +184,7 @@ def test_text_output_names_the_figures() -> None:
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096"], 2, "exactly one of --budget or --num-blocks"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--num-blocks", "9"], 2, "exactly one"),
         (["--model-config", "/nonexistent/config.json", "--max-model-len", "4096", "--budget", "1GiB"], 1, "no such model config"),
-        (["--model-config", str(V4_FLASH), "--max-model-len", "65536", "--budget", "1GiB"], 1, "cannot hold one request"),
+        (["--model-config", str(V4_FLASH), "--max-model-len", "65536", "--budget", "1GiB"], 1, "to serve one request at max_model_len"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--kv-cache-dtype", "bfloat16"], 1, "fp8_ds_mla"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--block-size", "0"], 2, "--block-size"),
     ],
@@ -304,3 +312,53 @@ def test_a_config_without_max_position_embeddings_needs_max_model_len(tmp_path: 
     path.write_text(json.dumps(config))
     assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB")) == 2
     assert "--max-model-len is required" in capsys.readouterr().err
+
+
+def _v4_twelve_layers(tmp_path: Path) -> Path:
+    """A 12-layer V4-shaped config with the ratios [0,4,4,128,4,4,128,4,4,0,4,128] (and an MTP entry)."""
+    config = {**load_config(V4_FLASH), "num_hidden_layers": 12,
+              "compress_ratios": [0, 4, 4, 128, 4, 4, 128, 4, 4, 0, 4, 128, 0]}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_a_twelve_layer_v4_pattern_plans_as_vllm_with_its_scheduler(tmp_path: Path) -> None:
+    # vLLM 0.33 (get_kv_cache_configs on the real specs) with 8192 batched tokens and one batch in flight:
+    # 4,488 blocks of 327,744 B, 3,610 per request (1,183,155,840 B), concurrency 1.24. The per-request
+    # worst case follows the scheduler: two batches in flight (async scheduling, CUDA's default) keep
+    # twice the tokens in every sliding window and compressor-state ring.
+    path = str(_v4_twelve_layers(tmp_path))
+    one = json.loads(_run(plan_args("--model-config", path, "--budget", "1471026298B", "--max-model-len", "65536",
+                                    "--max-concurrent-batches", "1", "--format", "json")))
+    assert (one["num_blocks"], one["bytes_per_block"]) == (4488, 327_744)
+    assert one["per_request"] == {"blocks": 3610, "bytes": 1_183_155_840}
+    assert round(one["max_concurrency"], 2) == 1.24
+    two = make_plan(load_config(path), PlanSettings(max_model_len=65536), budget=8 * GiB)
+    assert two.per_request.blocks == 2 * 259 + 256 + 4099 + 2065  # swa ×2, mla, c4 state, c128 state
+
+
+def test_the_cpu_platform_plans_vllms_cpu_defaults_and_says_so(tmp_path: Path) -> None:
+    path = str(_v4_twelve_layers(tmp_path))
+    doc = json.loads(_run(plan_args("--model-config", path, "--budget", "16GiB", "--max-model-len", "65536",
+                                    "--platform", "cpu", "--max-num-batched-tokens", "4096", "--format", "json")))
+    # No AMX: chunked prefill off, so a batch holds the whole max_model_len, over the flag; async scheduling off.
+    assert doc["assumed"]["max_num_batched_tokens"].startswith("65536 (vLLM's CPU platform turns chunked prefill off")
+    assert doc["assumed"]["max_concurrent_batches"].startswith("1 (")
+    assert doc["assumed"]["platform"] == "cpu without AMX (pass --cpu-amx if it has AMX)"
+    assert doc["per_request"]["blocks"] == 2 * 1025 + 256 + 16385 + 8193  # what vLLM 0.33 computes on this CPU
+    amx = json.loads(_run(plan_args("--model-config", path, "--budget", "16GiB", "--max-model-len", "65536",
+                                    "--platform", "cpu", "--cpu-amx", "--format", "json")))
+    assert amx["assumed"]["max_num_batched_tokens"].startswith("2048 (vLLM's server default on CPU")
+    qwen = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--platform", "cpu",
+                                     "--format", "json")))
+    assert {g["block_size"] for g in qwen["groups"]} == {128}
+    assert qwen["assumed"]["block_size"] == "128 (vLLM's CPU platform default)"
+    mla = json.loads(_run(plan_args("--model-config", str(CONFIGS / "deepseek-v2-lite" / "config.json"),
+                                    "--budget", "8GiB", "--platform", "cpu", "--block-size", "64",
+                                    "--format", "json")))
+    assert {g["block_size"] for g in mla["groups"]} == {16}  # forced for the reference CPU MLA kernel
+    assert mla["assumed"]["block_size"].endswith("forces it for MLA without AMX, over --block-size 64)")
+    cuda = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--format", "json")))
+    assert cuda["assumed"]["platform"].startswith("cuda (a GPU of 70 GB or more")
+    assert cuda["assumed"]["max_concurrent_batches"].startswith("2 (")

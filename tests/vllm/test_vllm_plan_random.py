@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
@@ -51,7 +50,7 @@ def configs(draw: st.DrawFn) -> dict:
 @given(config=configs(), budget=st.integers(1 << 20, 64 << 30), block_size=st.sampled_from([16, 32, 64]))
 def test_random_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int,
                                           block_size: int) -> None:
-    from real_vllm import Case, real_plan, vllm_config
+    from tests.vllm.real_vllm import Case, real_plan, vllm_config
 
     folder = tmp_path_factory.mktemp("random-qwen3")
     (folder / "config.json").write_text(json.dumps(config))

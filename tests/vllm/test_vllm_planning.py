@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.vllm
-
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     SpecSettings,
     load_config,
@@ -20,6 +18,8 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
 from kvpolicy.units import GiB, MiB
+
+pytestmark = pytest.mark.vllm
 
 CASES_SPEC = [
     # (name, block_size, layout, kv_cache_dtype, indexer, sliding-window block on vLLM's CPU backend)
@@ -38,7 +38,7 @@ CASES_SPEC = [
 
 
 def _case(spec: tuple) -> object:
-    from real_vllm import Case
+    from tests.vllm.real_vllm import Case
 
     name, block, layout, dtype, indexer, sw_block = spec
     max_len = 65536 if name.startswith("deepseek-v4") else 32768
@@ -66,7 +66,7 @@ def settings_for(case, real_config) -> PlanSettings:
 
 @pytest.mark.parametrize("spec", CASES_SPEC, ids=_ids)
 def test_layer_specs_equal_vllms(spec: tuple) -> None:
-    from real_vllm import layer_specs
+    from tests.vllm.real_vllm import layer_specs
 
     case = _case(spec)
     real_specs = layer_specs(case)
@@ -105,7 +105,7 @@ def _kind(spec) -> str:
 @pytest.mark.parametrize("spec", CASES_SPEC, ids=_ids)
 @pytest.mark.parametrize("budget", [60 * GiB, 60 * GiB - 40_000, 7 * GiB + 3 * MiB])
 def test_plan_equals_get_kv_cache_configs(spec: tuple, budget: int) -> None:
-    from real_vllm import real_plan, vllm_config
+    from tests.vllm.real_vllm import real_plan, vllm_config
 
     case = _case(spec)
     settings = settings_for(case, vllm_config(case))
@@ -136,7 +136,7 @@ def test_plan_equals_get_kv_cache_configs(spec: tuple, budget: int) -> None:
 def test_v4_groups_hold_the_same_layers() -> None:
     """Not only the sizes: the same layers land in the same groups."""
     from kvpolicy.adapters.vllm_adapter.planning.kv_cache_planning import KVCacheLayout, kv_cache_groups
-    from real_vllm import real_plan
+    from tests.vllm.real_vllm import real_plan
 
     case = _case(CASES_SPEC[0])
     real = real_plan(case, 60 * GiB)
@@ -145,7 +145,7 @@ def test_v4_groups_hold_the_same_layers() -> None:
 
 
 def test_num_blocks_override_equals_num_gpu_blocks_override() -> None:
-    from real_vllm import real_plan, vllm_config
+    from tests.vllm.real_vllm import real_plan, vllm_config
 
     case = _case(CASES_SPEC[0])
     cfg = vllm_config(case)

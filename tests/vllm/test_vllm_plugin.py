@@ -8,7 +8,6 @@ are stand-ins (no GPU here); ``Worker.determine_available_memory`` itself is vLL
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -17,19 +16,20 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.vllm
-
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.vllm_adapter.identity import InstanceKey
 from kvpolicy.adapters.vllm_adapter.static import sizing
 from kvpolicy.adapters.vllm_adapter.ledger import set_static_ledger
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB
 from tests.support.ledgers import InProcessVllmLedger
+from tests.support.processes import last_json
+
+pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,12 +92,6 @@ def run_script(script: str, *args: str, env: dict[str, str] | None = None, pytho
         [sys.executable, "-c", textwrap.dedent(script), *args],
         capture_output=True, text=True, timeout=300, env=full_env, check=False,
     )
-
-
-def last_json(result: subprocess.CompletedProcess) -> dict:
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no JSON from the subprocess:\nstdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-4000:]}"
-    return json.loads(lines[-1])
 
 
 @pytest.fixture
@@ -185,8 +179,8 @@ END_TO_END_SCRIPT = """
 import json, sys
 from types import SimpleNamespace
 import torch
-sys.path.insert(0, sys.argv[1])
-from real_vllm import Case, layer_specs, vllm_config
+sys.path.append(sys.argv[1])
+from tests.vllm.real_vllm import Case, layer_specs, vllm_config
 from vllm.plugins import load_general_plugins
 from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
 from vllm.v1.kv_cache_layout import KVCacheLayout
@@ -242,7 +236,7 @@ def test_end_to_end_on_the_real_ledger(tmp_path: Path) -> None:
     policy = tmp_path / "policy.kvp"
     policy.write_text(POLICY.replace("reserve 3 GiB", "reserve 256 MiB"))
     result = run_script(
-        END_TO_END_SCRIPT, str(Path(__file__).parent),
+        END_TO_END_SCRIPT, str(REPO),
         env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy), "KVPOLICY_MODEL": "qwen3-8b",
              "KVPOLICY_ENGINE_ID": "qwen-e2e", "KVPOLICY_LEDGER_DIR": str(tmp_path / "ledger")},
     )

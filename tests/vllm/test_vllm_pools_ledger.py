@@ -30,7 +30,7 @@ from kvpolicy.adapters.vllm_adapter.pools import (
     PoolLayout,
     pool_facts,
 )
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB, MiB
@@ -175,7 +175,7 @@ def test_missing_hook_target_names_it() -> None:
 def test_reporter_is_throttled_and_sends_only_changes() -> None:
     from kvpolicy.adapters.vllm_adapter.reports import EngineReporter
 
-    
+
     clock = iter([0.0, 0.4, 1.5])
     reporter = EngineReporter(interval=1.0, clock=lambda: next(clock))
     sent = []

@@ -20,7 +20,7 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     model_specs,
 )
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
-from vllm_paths import CONFIGS
+from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB
 

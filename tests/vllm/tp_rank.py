@@ -16,7 +16,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 def main(rank: int, world: int, port: int, config_dir: str, block_size: int, budget: int) -> None:
     import torch
-    from real_vllm import _CpuEvent
+    from tests.vllm.real_vllm import _CpuEvent
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
@@ -58,6 +58,6 @@ def main(rank: int, world: int, port: int, config_dir: str, block_size: int, bud
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # for tests.vllm
     r, w, p, d, b, budget = sys.argv[1:7]
     main(int(r), int(w), int(p), d, int(b), int(budget))

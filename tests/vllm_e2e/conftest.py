@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from source_stamp import REPO, STAMP_NAME, source_digest
+from tests.vllm_e2e.source_stamp import REPO, STAMP_NAME, source_digest
 
 HERE = Path(__file__).resolve().parent
 
@@ -51,6 +51,16 @@ def e2e_venv() -> E2EVenv:
 
 
 @pytest.fixture(scope="session")
+def e2e_python() -> Path:
+    """The e2e venv's python, for scripts that run vLLM 0.32 and import no kvpolicy (so the stamp check
+    of ``e2e_venv``, which guards the kvpolicy copy installed there, does not concern them)."""
+    venv = E2EVenv(Path(os.environ.get(ENV_VENV) or DEFAULT_VENV))
+    if not venv.python.exists():
+        pytest.skip(f"no vLLM {VLLM_VERSION} e2e venv at {venv.root}: make it with `scripts/vllm-e2e-env`")
+    return venv.python
+
+
+@pytest.fixture(scope="session")
 def tiny_model(e2e_venv: E2EVenv, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny random-weight Llama (tiny_model.py), written once per session by the e2e venv's python."""
     folder = tmp_path_factory.mktemp("tiny-llama")
@@ -59,7 +69,7 @@ def tiny_model(e2e_venv: E2EVenv, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    from engines import FIGURES
+    from tests.vllm_e2e.engines import FIGURES
 
     if FIGURES:
         terminalreporter.section("vLLM engines started (measured, not asserted)")

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import KV_CACHE_BYTES, callers_by_role, kvpolicy_entry_point, plugin_calls, run_offline
-from tiny_model import SPECIAL_TOKENS, TinyLlama
+from tests.vllm_e2e.engines import KV_CACHE_BYTES, callers_by_role, kvpolicy_entry_point, plugin_calls, run_offline
+from tests.vllm_e2e.tiny_model import SPECIAL_TOKENS, TinyLlama
 
 pytestmark = pytest.mark.vllm_engine
 

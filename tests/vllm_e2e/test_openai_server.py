@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import (
+from tests.vllm_e2e.engines import (
     KV_CACHE_BYTES,
     MAX_MODEL_LEN,
     SERVED_MODEL,
@@ -18,7 +18,7 @@ from engines import (
     kvpolicy_entry_point,
     plugin_calls,
 )
-from tiny_model import TinyLlama
+from tests.vllm_e2e.tiny_model import TinyLlama
 
 pytestmark = pytest.mark.vllm_engine
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engines import SERVED_MODEL, Server, callers_by_role, plugin_calls, run_offline
+from tests.vllm_e2e.engines import SERVED_MODEL, Server, callers_by_role, plugin_calls, run_offline
 
 from kvpolicy.runtime.client import resolve_access
 from kvpolicy.runtime.ledger import GpuLedger
@@ -64,7 +64,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(e2e_venv: Any, tiny_model: Path, work: Path) -> Iterator[Server]:
+def policy_server(e2e_venv: Any, tiny_model: Path, work: Path) -> Iterator[Server]:
     running = Server.start(e2e_venv.python, tiny_model, work / "server", kv_cache_bytes=None, env=kvpolicy_env(work))
     yield running
     running.stop()
@@ -97,23 +97,23 @@ def kvpolicy_plan(work: Path, tiny_model: Path, block_size: int) -> dict[str, An
     return json.loads(out.stdout)
 
 
-def test_the_policys_reserve_sizes_vllms_kv_cache(server: Server, work: Path, tiny_model: Path) -> None:
-    info = cache_info(server)
+def test_the_policys_reserve_sizes_vllms_kv_cache(policy_server: Server, work: Path, tiny_model: Path) -> None:
+    info = cache_info(policy_server)
     plan = kvpolicy_plan(work, tiny_model, int(info["block_size"]))
     assert plan["budget"] == RESERVE  # 96 MiB is whole 2 MiB granules
     assert int(info["num_gpu_blocks"]) == plan["num_blocks"]
     # vLLM's own log line of the KV cache it built, and of how it was sized.
-    log = server.log_text()
+    log = policy_server.log_text()
     assert f"CPU KV cache size: {plan['num_blocks'] * int(info['block_size']):,} tokens" in log
     assert "Explicitly set (0.09/" in log  # 96 MiB: the policy's reserve, as kv_cache_memory_bytes
 
 
-def test_the_ledger_holds_the_worker_with_its_pools(server: Server, work: Path, tiny_model: Path) -> None:
+def test_the_ledger_holds_the_worker_with_its_pools(policy_server: Server, work: Path, tiny_model: Path) -> None:
     (rank,) = instances(work)
     assert (rank.engine, rank.model, rank.gpu) == ("vllm", SERVED_MODEL, DEVICE)
-    roles = callers_by_role(plugin_calls(server.work), server.process.pid)
+    roles = callers_by_role(plugin_calls(policy_server.work), policy_server.process.pid)
     assert [rank.pid] == roles["worker"]  # the worker process sized and allocated the cache
-    plan = kvpolicy_plan(work, tiny_model, int(cache_info(server)["block_size"]))
+    plan = kvpolicy_plan(work, tiny_model, int(cache_info(policy_server)["block_size"]))
     # The pools split the one KV buffer vLLM allocated: a Llama's full-attention pool (idle: the
     # null block is padding), and its free blocks.
     assert sum(p.bytes for p in rank.pools.values()) == plan["total_bytes"] <= RESERVE
@@ -121,15 +121,15 @@ def test_the_ledger_holds_the_worker_with_its_pools(server: Server, work: Path, 
     assert rank.pools["free_blocks"].bytes == (plan["num_blocks"] - 1) * plan["bytes_per_block"]
 
 
-def test_the_engine_serves_completions(server: Server) -> None:
-    answer = server.post(
+def test_the_engine_serves_completions(policy_server: Server) -> None:
+    answer = policy_server.post(
         "/v1/completions",
         {"model": SERVED_MODEL, "prompt": PROMPTS, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True},
     )
     assert answer["usage"]["completion_tokens"] == MAX_TOKENS * len(PROMPTS)
 
 
-def test_kvpolicy_status_shows_the_engine(server: Server, work: Path) -> None:
+def test_kvpolicy_status_shows_the_engine(policy_server: Server, work: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "kvpolicy.cli", "status", "--ledger-dir", str(work / "ledger"), "--format", "json"],
         capture_output=True, text=True, timeout=120, check=False,
@@ -137,7 +137,7 @@ def test_kvpolicy_status_shows_the_engine(server: Server, work: Path) -> None:
     assert SERVED_MODEL in out.stdout and DEVICE in out.stdout, out.stdout + out.stderr
 
 
-def test_a_second_engine_is_refused_with_a_clear_message(e2e_venv: Any, tiny_model: Path, server: Server,
+def test_a_second_engine_is_refused_with_a_clear_message(e2e_venv: Any, tiny_model: Path, policy_server: Server,
                                                          work: Path) -> None:
     # The LLM class serves the model under its path: KVPOLICY_MODEL names it as the policy does.
     second = run_offline(e2e_venv.python, tiny_model, work / "second", PROMPTS, kv_cache_bytes=None,
@@ -149,10 +149,10 @@ def test_a_second_engine_is_refused_with_a_clear_message(e2e_venv: Any, tiny_mod
     assert [v.model for v in instances(work)] == [SERVED_MODEL]  # the refused engine left nothing behind
 
 
-def test_a_killed_engine_is_reclaimed_and_its_reserve_admitted_again(server: Server, work: Path) -> None:
+def test_a_killed_engine_is_reclaimed_and_its_reserve_admitted_again(policy_server: Server, work: Path) -> None:
     (rank,) = instances(work)
-    os.killpg(server.process.pid, signal.SIGKILL)  # no clean exit: the worker's slot is left behind
-    server.process.wait(60)
+    os.killpg(policy_server.process.pid, signal.SIGKILL)  # no clean exit: the worker's slot is left behind
+    policy_server.process.wait(60)
     gpu = ledger(work)
     reclaimed = gpu.reclaim_dead()
     assert [v.id for v in reclaimed] == [rank.id]

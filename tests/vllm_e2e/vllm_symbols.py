@@ -138,7 +138,7 @@ def cpu_attention_layouts() -> list[str] | str:
     """The KV cache layouts vLLM's CPU attention backend accepts (or why they cannot be read)."""
     try:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    except Exception as exc:  # an engine build without the CPU backend's kernels
+    except Exception as exc:  # noqa: BLE001 - an engine build without the CPU backend's kernels
         return f"{type(exc).__name__}: {exc}"
     return [layout.name for layout in CPUAttentionBackend.supported_kv_cache_layouts()]
 

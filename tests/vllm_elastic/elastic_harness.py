@@ -15,29 +15,26 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
 
-import torch  # noqa: E402
+import torch
 
-from kvpolicy.adapters.vllm_adapter.elastic.buffer import (  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.buffer import (
     ElasticKVBuffer,
     allocation_context,
     check_views,
     pinned_chunks,
 )
-from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, bind_scheduler  # noqa: E402
-from kvpolicy.alloc import Driver, LimitSource  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool, bind_scheduler
+from kvpolicy.alloc import Driver, LimitSource
 
 
 def kv_cache_config(name: str, block_size: int, budget: int, max_model_len: int = 2048) -> Any:
     """vLLM's own plan (BLHNC) for one rank of ``name`` with ``budget`` bytes."""
-    from real_vllm import Case, real_plan
+    from tests.vllm.real_vllm import Case, real_plan
 
     case = Case(name, block_size, max_model_len=max_model_len, layout="BLHNC", max_num_batched_tokens=max_model_len)
     return real_plan(case, budget).kv_cache_config

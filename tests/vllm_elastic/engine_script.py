@@ -9,45 +9,44 @@ controller's ``LedgerDir.publish``. Stand-ins: the model runner object around th
 (no GPU model), the worker's CUDA memory snapshot, and the model's outputs (one sampled
 token per finished prefill), as in vLLM's own scheduler tests.
 
-argv: tests/vllm directory, steps. Prints one JSON line.
+argv: the repository root (for the tests package), steps. Prints one JSON line.
 """
 
 import json
 import sys
 from types import SimpleNamespace
 
-sys.path.insert(0, sys.argv[1])
-sys.path.insert(0, sys.argv[2])
-STEPS = int(sys.argv[3])
+sys.path.append(sys.argv[1])
+STEPS = int(sys.argv[2])
 
-import torch  # noqa: E402
-from elastic_harness import KVSigner  # noqa: E402
+import torch
+from tests.vllm_elastic.elastic_harness import KVSigner
 
-from real_vllm import Case, layer_specs, vllm_config  # noqa: E402
-from vllm.plugins import load_general_plugins  # noqa: E402
+from tests.vllm.real_vllm import Case, layer_specs, vllm_config
+from vllm.plugins import load_general_plugins
 
 load_general_plugins()
 sys.modules["cuda.bindings"] = None  # no CUDA driver here: measure_gpu must not try it
 
-import random  # noqa: E402
+import random
 
-from vllm.sampling_params import SamplingParams  # noqa: E402
-from vllm.utils.hashing import sha256  # noqa: E402
-from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs  # noqa: E402
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
-from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.outputs import ModelRunnerOutput
 
-from kvpolicy.adapters.vllm_adapter.elastic.pool import elastic_of  # noqa: E402
-from vllm.v1.request import Request  # noqa: E402
-from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
-from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
-from vllm.v1.worker.gpu_worker import Worker  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic.pool import elastic_of
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker
 
-from kvpolicy.adapters.vllm_adapter.elastic import lifecycle  # noqa: E402
-from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir  # noqa: E402
-from kvpolicy.runtime.directory import LedgerDir  # noqa: E402
-from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.elastic import lifecycle
+from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
+from kvpolicy.runtime.directory import LedgerDir
+from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits
 
 GPU = "cuda:3"
 MiB, GiB = 2**20, 2**30
@@ -63,7 +62,7 @@ specs = layer_specs(case)  # builds the real model on meta: its attention layers
 
 # The engine core's pre-hook: the policy marks the model elastic, so vLLM is asked for BLHNC.
 lifecycle.prepare_engine(cfg, "qwen3-8b")
-import os  # noqa: E402
+import os
 
 layout_env = os.environ.get("VLLM_KV_CACHE_LAYOUT")
 
@@ -130,7 +129,7 @@ def publish(revision, limit, target):
         assert not skipped, skipped
 
 
-from kvpolicy.adapters.vllm_adapter.reports import EngineReporter  # noqa: E402
+from kvpolicy.adapters.vllm_adapter.reports import EngineReporter
 
 # The engine core's live report, as the plugin's step hook sends it (the executor runs it on the worker).
 reporter = EngineReporter(interval=0)

@@ -263,7 +263,6 @@ def check(pool: Any, buffer: Any) -> None:
     elastic = elastic_of(pool)
     elastic.flush()
     elastic.check_consistent()
-    kv = buffer.mapping
     for block in pool.blocks[1:]:
         assert (block.ref_cnt > 0) == buffer.live.is_live(block.block_id), f"block {block.block_id}: the mirror differs"
 

@@ -6,7 +6,7 @@ synchronisation); the "model" writes and re-reads every token's signature on the
 At the end cuMemGetInfo is back at its baseline. Runs where vLLM's package cannot be
 installed: ``vllm`` may be the minimal package from vllm_min.py (PYTHONPATH).
 
-    PYTHONPATH=/tmp/site:.device/vllm_min python -m pytest -m gpu --import-mode=append tests/vllm_elastic/test_elastic_gpu.py
+    PYTHONPATH=/tmp/site:.device/vllm_min python -P -m pytest -m gpu tests/vllm_elastic/test_elastic_gpu.py
 """
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def _settled_free(driver) -> int:
 
 
 def test_the_loop_on_the_gpu_and_memory_back_to_baseline(cuda_driver) -> None:
-    from pool_loop import soak
+    from tests.vllm_elastic.pool_loop import soak
 
     import vllm
 
     manifest = Path(vllm.__file__).resolve().parents[1] / "MANIFEST.json"
     if manifest.is_file():  # the minimal package: check its real files are vLLM 0.33.0's, byte for byte
-        from vllm_min import verify
+        from tests.vllm_elastic.vllm_min import verify
 
         verify(manifest.parent)
     soak(cuda_driver, "cuda", steps=60, seed=0)  # warm up: kernels load lazily and take device memory once

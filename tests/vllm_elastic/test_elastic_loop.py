@@ -12,8 +12,6 @@ request's KV (and every prefix hit's) reads back as written.
 
 from __future__ import annotations
 
-import shutil
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +19,15 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-import pool_loop  # noqa: E402
-from elastic_harness import build  # noqa: E402
+from tests.vllm_elastic import pool_loop
+from tests.vllm_elastic.elastic_harness import build
 
-from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit  # noqa: E402
-from kvpolicy.units import GiB, MiB  # noqa: E402
+from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks, StaticLimit
+from kvpolicy.units import GiB, MiB
+
+pytestmark = pytest.mark.vllm
 
 CHUNK = 2 * MiB
 GPU = "cuda:0"
@@ -38,17 +37,6 @@ CAPACITY = 8 * GiB
 def check(loop, buffer) -> None:
     pool_loop.check(loop.pool.vllm, buffer)
     assert buffer.live.is_live(0), "the null block must stay live (pinned)"
-
-
-@pytest.fixture
-def ledger_dir() -> Iterator[Path]:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path("/tmp")
-    parent = base / f"kvpolicy-elastic-test-{uuid.uuid4().hex[:12]}"
-    parent.mkdir(mode=0o700)
-    try:
-        yield parent / "ledger"
-    finally:
-        shutil.rmtree(parent, ignore_errors=True)
 
 
 def attach_elastic(ledger_dir: Path, name: str, guarantee: int):

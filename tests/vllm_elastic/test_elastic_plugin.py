@@ -7,7 +7,6 @@ check what it reports and what the ledger shows.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import last_json
+
 pytestmark = pytest.mark.vllm
 
 HERE = Path(__file__).parent
-VLLM_TESTS = HERE.parent / "vllm"
+REPO = HERE.parents[1]  # the scripts import tests.vllm.real_vllm from it
 MiB = 2**20
 GiB = 2**30
 
@@ -40,12 +41,6 @@ def run(script: Path | str, *args: str, env: dict[str, str], timeout: int = 600)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full, check=False)
 
 
-def last_json(result: subprocess.CompletedProcess) -> dict:
-    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
-    assert lines, f"no JSON from the subprocess:\nstdout:\n{result.stdout[-2000:]}\nstderr:\n{result.stderr[-6000:]}"
-    return json.loads(lines[-1])
-
-
 def engine_env(tmp_path: Path, policy: str = POLICY) -> dict[str, str]:
     path = tmp_path / "policy.kvp"
     path.write_text(policy)
@@ -57,7 +52,7 @@ def engine_env(tmp_path: Path, policy: str = POLICY) -> dict[str, str]:
 
 
 def test_an_elastic_engine_end_to_end(tmp_path: Path) -> None:
-    out = last_json(run(HERE / "engine_script.py", str(VLLM_TESTS), str(HERE), "300", env=engine_env(tmp_path)))
+    out = last_json(run(HERE / "engine_script.py", str(REPO), "300", env=engine_env(tmp_path)))
     # vLLM planned the policy's max, as address space, in the block-outermost layout.
     assert out["layout_env"] == "BLHNC"
     assert out["available"] == out["virtual"] == 1 * GiB and out["guarantee"] == 16 * MiB
@@ -84,8 +79,8 @@ def test_an_elastic_engine_end_to_end(tmp_path: Path) -> None:
 WORKER_SCRIPT = """
 import json, sys
 from types import SimpleNamespace
-sys.path.insert(0, sys.argv[1])
-from real_vllm import Case, vllm_config
+sys.path.append(sys.argv[1])
+from tests.vllm.real_vllm import Case, vllm_config
 from vllm.plugins import load_general_plugins
 from vllm.v1.worker.gpu_worker import Worker
 load_general_plugins()
@@ -108,29 +103,29 @@ except Exception as exc:
 
 def test_multi_process_executor_is_refused_at_start(tmp_path: Path) -> None:
     """vLLM's CPU platform runs even one worker in its own process ('mp'): the adapter refuses, loudly."""
-    out = last_json(run(WORKER_SCRIPT, str(VLLM_TESTS), "qwen3-8b", "default", env=engine_env(tmp_path)))
+    out = last_json(run(WORKER_SCRIPT, str(REPO), "qwen3-8b", "default", env=engine_env(tmp_path)))
     assert "needs the engine core and its one worker in one process" in out["error"]
     assert "executor 'mp'" in out["error"]
 
 
 def test_percent_max_resolves_against_the_gpu_capacity(tmp_path: Path) -> None:
     policy = POLICY.replace("max 1 GiB", "max 25%")
-    out = last_json(run(WORKER_SCRIPT, str(VLLM_TESTS), "qwen3-8b", "uni", env=engine_env(tmp_path, policy)))
+    out = last_json(run(WORKER_SCRIPT, str(REPO), "qwen3-8b", "uni", env=engine_env(tmp_path, policy)))
     assert out == {"available": 2 * GiB}  # 25% of the 8 GiB the ledger's figures say
 
 
 def test_deepseek_v4_pools_stay_runtime_owned(tmp_path: Path) -> None:
     policy = 'version 1\nmodel "qwen3-8b" {\n  engine vllm\n  pool c4 { owner elastic }\n}\n'
-    out = last_json(run(WORKER_SCRIPT, str(VLLM_TESTS), "qwen3-8b", "uni", env=engine_env(tmp_path, policy)))
+    out = last_json(run(WORKER_SCRIPT, str(REPO), "qwen3-8b", "uni", env=engine_env(tmp_path, policy)))
     assert "cannot run pool 'c4' elastically" in out["error"]
 
 
 V2_SCRIPT = """
 import json, sys
-sys.path.insert(0, sys.argv[1]); sys.path.insert(0, sys.argv[2])
+sys.path.append(sys.argv[1])
 import torch
-from real_vllm import Case, layer_specs, vllm_config, real_plan
-from elastic_harness import make_buffer
+from tests.vllm.real_vllm import Case, layer_specs, vllm_config, real_plan
+from tests.vllm_elastic.elastic_harness import make_buffer
 from vllm.v1.worker.gpu.attn_utils import init_kv_cache
 from kvpolicy.adapters.vllm_adapter.elastic.buffer import allocation_context, check_views
 from kvpolicy.alloc import HostDriver, StaticLimit
@@ -155,5 +150,5 @@ print(json.dumps({"served": ctx.served, "layers": len(bound), "in_buffer": all(
 def test_model_runner_v2_allocates_through_the_same_context(tmp_path: Path) -> None:
     """vLLM's default runner on GPUs (Model Runner V2, vllm/v1/worker/gpu) allocates with its own
     init_kv_cache: under the elastic allocation context its buffer is the arena too."""
-    out = last_json(run(V2_SCRIPT, str(VLLM_TESTS), str(HERE), env={}))
+    out = last_json(run(V2_SCRIPT, str(REPO), env={}))
     assert out == {"served": 1, "layers": 36, "in_buffer": True}

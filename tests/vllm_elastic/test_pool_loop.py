@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
-pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm")
 
-from pool_loop import soak  # noqa: E402
+from tests.vllm_elastic.pool_loop import soak
 
-from kvpolicy.alloc import HostDriver  # noqa: E402
+from kvpolicy.alloc import HostDriver
+
+pytestmark = pytest.mark.vllm
 
 MiB = 1 << 20
 
@@ -31,9 +34,6 @@ def test_the_gpu_loop_on_the_host_driver() -> None:
     assert out["zero_calls"] > 0
 
 
-from hypothesis import HealthCheck, example, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
@@ -48,7 +48,7 @@ from hypothesis import strategies as st  # noqa: E402
 def test_any_limit_schedule_keeps_every_handed_out_block_mapped(seed, chunk_mib, changes, give_back) -> None:
     """Random limits and targets at random steps, any chunk size: after every step the invariants hold,
     the books balance, nothing is held over an applied limit, and all KV reads back as written."""
-    from pool_loop import PoolLoop, check, make_pools
+    from tests.vllm_elastic.pool_loop import PoolLoop, check, make_pools
 
     from kvpolicy.alloc import StaticLimit
 
@@ -83,7 +83,7 @@ def test_any_limit_schedule_keeps_every_handed_out_block_mapped(seed, chunk_mib,
 def test_prefix_cache_reset_usage_and_the_unbound_guard() -> None:
     from types import SimpleNamespace
 
-    from pool_loop import PoolLoop, check, make_pools
+    from tests.vllm_elastic.pool_loop import PoolLoop, check, make_pools
 
     from kvpolicy.adapters.errors import AdapterError
     from kvpolicy.adapters.vllm_adapter.elastic import buffer as elastic_buffer
@@ -128,7 +128,7 @@ def test_prefix_cache_reset_usage_and_the_unbound_guard() -> None:
 def test_adoption_leaves_vllms_pool_a_plain_block_pool() -> None:
     """vLLM's hot path runs at stock speed only on a plain BlockPool with a small instance layout
     (a swapped class or more than 30 attributes made it 15–30% slower: docs/vllm.md)."""
-    from pool_loop import make_pools
+    from tests.vllm_elastic.pool_loop import make_pools
     from vllm.v1.core.block_pool import BlockPool
 
     from kvpolicy.adapters.errors import AdapterError

@@ -94,13 +94,13 @@ def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | 
         )
     from kvpolicy.policy.model import PercentLit
 
-    if capacity is None and gpu_settings.capacity is None:
-        if isinstance(settings.min, PercentLit) or isinstance(settings.max, PercentLit):
-            raise AdapterError(
-                f"kvpolicy: {model!r} has an elastic KV cache whose min/max are percentages, but the capacity of "
-                f"{gpu} is unknown (no GPU to measure, no published figures). Set `capacity` for it in the policy, "
-                "or start `kvpolicy run` first."
-            )
+    percent = isinstance(settings.min, PercentLit) or isinstance(settings.max, PercentLit)
+    if capacity is None and gpu_settings.capacity is None and percent:
+        raise AdapterError(
+            f"kvpolicy: {model!r} has an elastic KV cache whose min/max are percentages, but the capacity of "
+            f"{gpu} is unknown (no GPU to measure, no published figures). Set `capacity` for it in the policy, "
+            "or start `kvpolicy run` first."
+        )
     cap = gpu_settings.capacity if gpu_settings.capacity is not None else capacity
     chunk = gpu_settings.chunk
     maximum = settings.max_bytes(cap or 0)

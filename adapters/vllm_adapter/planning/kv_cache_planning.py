@@ -11,8 +11,8 @@ tests/vllm compares each figure with vLLM's own planning code run on a CPU.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -236,7 +236,7 @@ def _uniform_page_size_groups(layers: dict[str, LayerSpec]) -> list[Group]:
     if max(sizes) < group_size * 1.5:
         group_size = max(sizes)
     groups: list[Group] = []
-    for spec, names in buckets.items():
+    for names in buckets.values():
         n = cdiv(len(names), group_size)
         for i in range(n):
             members = names[i::n]
@@ -267,7 +267,12 @@ def bytes_per_block(groups: list[Group], layout: KVCacheLayout) -> int:
 
 
 def blocks_per_request(groups: list[Group], max_model_len: int, max_in_flight_tokens: int) -> int:
-    """Blocks a request at ``max_model_len`` takes from the shared pool (sum over groups)."""
+    """Blocks a request at ``max_model_len`` takes from the shared pool: the sum over groups of each
+    group's worst case (``_max_memory_usage_bytes_from_groups`` ÷ bytes per block).
+
+    vLLM takes, per group, ``cdiv(max_memory_usage_bytes, page_size_bytes)`` of its spec, and for a
+    ``UniformTypeKVCacheSpecs`` group the largest of its layers' (``max_memory_usage_pages``):
+    ``Group.blocks_per_request`` is that, whatever the group structure."""
     return sum(g.blocks_per_request(max_model_len, max_in_flight_tokens) for g in groups)
 
 
@@ -276,12 +281,53 @@ def num_blocks_for_budget(budget: int, block_bytes: int) -> int:
     return budget // block_bytes
 
 
-def check_fits(num_blocks: int, block_bytes: int, request_blocks: int, max_model_len: int) -> None:
-    """vLLM refuses to start unless one request at ``max_model_len`` fits beside the null block."""
-    if num_blocks < 1 or (num_blocks - 1) < request_blocks:
-        need = (request_blocks + 1) * block_bytes
+def format_gib(nbytes: int) -> str:
+    """vLLM's ``format_gib``: GiB rounded to two places, as its messages print them."""
+    return f"{round(nbytes / 2**30, 2)}"
+
+
+def estimate_max_model_len(request_blocks: Callable[[int], int], block_bytes: int, available: int,
+                           max_model_len: int) -> int:
+    """``_estimate_max_model_len_from_groups``: vLLM's binary search for the longest max_model_len whose
+    one request fits ``available`` bytes (0 if one token does not)."""
+
+    def fits(model_len: int) -> bool:
+        return block_bytes * request_blocks(model_len) <= available
+
+    left, right = 1, max_model_len
+    if not fits(left):
+        return 0
+    result = 1
+    while left <= right:
+        mid = (left + right) // 2
+        if fits(mid):
+            result, left = mid, mid + 1
+        else:
+            right = mid - 1
+    return result
+
+
+def check_fits(memory: int, block_bytes: int, request_blocks: Callable[[int], int], max_model_len: int) -> None:
+    """``_check_enough_kv_cache_memory``: vLLM refuses to start unless one request at ``max_model_len``
+    fits in ``memory`` (the budget, or ``num_gpu_blocks_override`` blocks) less the null block.
+
+    ``request_blocks(L)`` is the request's blocks at max_model_len L; the message gives vLLM's figures."""
+    available = memory - block_bytes
+    if available <= 0:
         raise PlanError(
-            f"{num_blocks} blocks of {block_bytes} B cannot hold one request of max_model_len "
-            f"{max_model_len}: it needs {request_blocks} blocks plus the null block, i.e. {need} bytes "
-            f"({math.ceil(need / 2**30 * 100) / 100} GiB); raise the budget or lower --max-model-len"
+            f"no available memory for the cache blocks: {memory} bytes do not hold one block of {block_bytes} B "
+            "beside the null block (vLLM: 'No available memory for the cache blocks'); raise the budget"
+        )
+    blocks = request_blocks(max_model_len)
+    needed = blocks * block_bytes
+    if needed > available:
+        estimated = estimate_max_model_len(request_blocks, block_bytes, available, max_model_len)
+        hint = (
+            f"; based on the available memory, the estimated maximum model length is {estimated}"
+            if estimated > 0 else ""
+        )
+        raise PlanError(
+            f"to serve one request at max_model_len {max_model_len}, {format_gib(needed)} GiB of KV cache is "
+            f"needed ({blocks} blocks of {block_bytes} B), more than the {format_gib(available)} GiB available "
+            f"(the budget less vLLM's null block){hint}; raise the budget or lower --max-model-len"
         )

@@ -1,7 +1,8 @@
 """``kvpolicy plan --engine vllm``: what vLLM would allocate for a model and a budget.
 
-The arithmetic is vLLM 0.33's; for standard attention 0.32.0 plans the same (checked against
-a real vLLM 0.32.0 CPU engine in tests/vllm_e2e).
+The arithmetic is vLLM 0.33's; 0.32.0 plans the same (it has DeepSeek-V4 too): checked against a
+real vLLM 0.32.0 CPU engine in tests/vllm_e2e, and its planning functions over random DeepSeek-V4
+layer patterns in tests/vllm_e2e/test_vllm_plan_v4_032.py.
 
 Pure code on top of ``hf_config`` and ``kv_cache_planning``; ``VllmPlan`` is the JSON
 that ``kvpolicy plan --engine vllm --format json`` prints.
@@ -14,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
-from ..versions import NEWEST_VALIDATED_VLLM
 from ..pools import PADDING_POOL
+from ..versions import NEWEST_VALIDATED_VLLM
 from .hf_config import Family, ModelSpecs, SpecSettings, model_specs
 from .kv_cache_planning import (
     Group,
@@ -74,7 +75,8 @@ class PoolPlan(BaseModel):
     per_request_bytes: NonNegativeInt
     """The pool's bytes held by one request at max_model_len."""
     parts: dict[str, NonNegativeInt] = Field(default_factory=dict)
-    """Per part, bytes in one block (DeepSeek-V4 compressor state: c4, c128, indexer)."""
+    """Per part, its share of ``bytes_per_block``, summed the same way (DeepSeek-V4 compressor state: c4,
+    c128, indexer); the parts add up to ``bytes_per_block``."""
 
 
 class RequestPlan(BaseModel):
@@ -138,7 +140,12 @@ def make_plan(
     assert blocks is not None
     in_flight = settings.max_in_flight_tokens
     request_blocks = blocks_per_request(groups, settings.max_model_len, in_flight)
-    check_fits(blocks, block_bytes, request_blocks, settings.max_model_len)
+    check_fits(
+        budget if budget is not None else blocks * block_bytes,
+        block_bytes,
+        lambda model_len: blocks_per_request(groups, model_len, in_flight),
+        settings.max_model_len,
+    )
     concurrency = blocks / request_blocks
     return VllmPlan(
         engine_version=engine_version,
@@ -183,7 +190,7 @@ def _pool_plans(groups: list[Group], s: PlanSettings) -> dict[str, PoolPlan]:
             entry["groups"].append(i)
             entry["per_request_bytes"] += request_blocks * nbytes
             for part, pbytes in parts.get(pool, {}).items():
-                entry["parts"][part] = max(entry["parts"].get(part, 0), pbytes)
+                entry["parts"][part] = entry["parts"].get(part, 0) + pbytes  # summed as the pool's bytes
     return {name: PoolPlan(**entry) for name, entry in acc.items()}
 
 

@@ -1,0 +1,103 @@
+"""``kvpolicy plan --engine vllm --vllm-version 0.32`` equals vLLM 0.32.0's planning for random DeepSeek-V4 patterns.
+
+vLLM 0.32.0 has DeepSeek-V4 (``vllm/models/deepseek_v4``) and plans it in ``v1/core/kv_cache_utils.py``.
+Hypothesis draws the cases here (the same kinds as tests/vllm/test_vllm_plan_v4_random.py, which runs
+0.33.0 in-process); ``v4_plan_probe.py`` plans them all under the e2e venv's vLLM 0.32.0 in one process
+(one template model built on the meta device), and every figure must equal the plan's, refusals included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
+
+pytestmark = [pytest.mark.vllm_engine]
+
+HERE = Path(__file__).resolve().parent
+FLASH = HERE.parent / "vllm" / "configs" / "deepseek-v4-flash" / "config.json"
+EXAMPLES = int(os.environ.get("KVPOLICY_PLAN_V4_EXAMPLES", "40"))
+RATIO_CHOICES = {
+    "all ratios": (0, 4, 128),
+    "no ratio-4 layers": (0, 128),
+    "no ratio-128 layers": (0, 4),
+    "compressed only": (4, 128),
+    "sliding only": (0,),
+}
+GIB = re.compile(r"\(?(\d+(?:\.\d+)?) GiB")
+ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
+
+
+@st.composite
+def spread(draw: st.DrawFn, low_bits: int, high_bits: int) -> int:
+    bits = draw(st.integers(low_bits, high_bits - 1))
+    return draw(st.integers(1 << bits, (2 << bits) - 1))
+
+
+def drawn_cases() -> list[dict]:
+    cases: list[dict] = []
+
+    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)
+    @given(kind=st.sampled_from(sorted(RATIO_CHOICES)), data=st.data(),
+           max_len=st.one_of(spread(7, 20), st.just(1 << 20)), budget=st.one_of(spread(20, 38), spread(28, 36)),
+           batched=st.one_of(st.none(), spread(8, 17)), async_scheduling=st.booleans())
+    def collect(kind: str, data: st.DataObject, max_len: int, budget: int, batched: int | None,
+                async_scheduling: bool) -> None:
+        layers = data.draw(st.integers(2, 64))
+        ratios = data.draw(st.lists(st.sampled_from(RATIO_CHOICES[kind]), min_size=layers, max_size=layers))
+        for ratio, label in ((4, "no ratio-4 layers"), (128, "no ratio-128 layers")):
+            if ratio not in ratios:
+                event(label)
+        cases.append({"ratios": ratios, "max_len": max_len, "budget": budget, "batched": batched,
+                      "async_scheduling": async_scheduling})
+
+    collect()
+    return cases
+
+
+def test_random_v4_patterns_plan_as_vllm_032_does(e2e_python: Path) -> None:
+    cases = drawn_cases()
+    out = subprocess.run([str(e2e_python), str(HERE / "v4_plan_probe.py"), str(FLASH)], input=json.dumps(cases),
+                         capture_output=True, text=True, timeout=1200, check=False,
+                         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(cases)
+    base = json.loads(FLASH.read_text())
+    seen: Counter[str] = Counter()
+    for case, real in zip(cases, results):
+        ratios = case["ratios"]
+        seen["no ratio-4 layers"] += 4 not in ratios
+        seen["no ratio-128 layers"] += 128 not in ratios
+        config = {**base, "num_hidden_layers": len(ratios), "compress_ratios": ratios}
+        ours_settings = PlanSettings(
+            max_model_len=case["max_len"], block_size=256, kv_cache_dtype="fp8", kv_cache_layout="BLHNC",
+            max_num_batched_tokens=real["max_num_batched_tokens"], max_concurrent_batches=real["max_concurrent_batches"],
+        )
+        if "refused" in real:
+            seen["refused"] += 1
+            with pytest.raises(PlanError) as ours:
+                make_plan(config, ours_settings, budget=case["budget"], engine_version="0.32.0")
+            if "No available memory" in real["refused"]:
+                assert "no available memory" in str(ours.value)
+                continue
+            assert GIB.findall(str(ours.value))[:2] == GIB.findall(real["refused"])[:2], (str(ours.value), real)
+            assert ESTIMATE.findall(str(ours.value)) == ESTIMATE.findall(real["refused"]), (str(ours.value), real)
+            continue
+        seen["planned"] += 1
+        plan = make_plan(config, ours_settings, budget=case["budget"], engine_version="0.32.0")
+        assert (plan.num_blocks, plan.bytes_per_block, [plan.total_bytes], plan.per_request.bytes) == (
+            real["num_blocks"], real["bytes_per_block"], real["tensor_sizes"], real["per_request_bytes"]), case
+        assert plan.max_concurrency == pytest.approx(real["max_concurrency"], rel=1e-12)
+        assert [[g.layers, g.block_size, g.bytes_per_block] for g in plan.groups] == real["groups"], case
+    assert seen["refused"] and seen["planned"], seen
+    assert seen["no ratio-4 layers"] and seen["no ratio-128 layers"], seen
