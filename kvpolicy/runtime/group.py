@@ -137,7 +137,7 @@ class GroupAdmission:
             self.session.admit_static(nbytes)
         except AdmissionRefused as e:
             return _Turn(False, str(e), dict(e.figures), refused=True), False
-        except Exception as e:  # the others must hear of it too, or they would wait for this rank
+        except Exception as e:  # noqa: BLE001 - the others must hear of any failure, or they would wait for this rank
             return _Turn(False, f"{type(e).__name__}: {e}"), False
         return _Turn(True), True
 

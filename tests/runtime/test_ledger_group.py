@@ -2,8 +2,8 @@
 
 The ranks of one engine agree through a real cross-process collective (one pipe per rank
 to a coordinator thread here, which tells the others at once when a rank's pipe closes,
-as gloo does when a peer's socket does); the GPUs are the host driver's: one ledger per
-GPU id, with the capacity each rank measures.
+as gloo does when a peer's socket does). A GPU is its ledger (static admission maps no
+memory), with the capacity each rank measures.
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ def _rank_main(
         if hold is not None:
             hold.wait(HANG)  # still attached while the test reads the ledgers
         session.close()
-    except BaseException:
+    except BaseException:  # noqa: BLE001 - a rank reports any failure to the test
         out.put((spec.engine, spec.rank, traceback.format_exc()))
 
 
