@@ -34,8 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpolicy.runtime.gpus import gpu_id
+from kvpolicy.runtime.session import RankGroup
 from kvpolicy.units import format_bytes
 
+from ..collective import process_group_ranks
 from ..common import require_attr
 from ..errors import AdapterError
 from ..ledger_port import as_startup_failure
@@ -183,7 +185,8 @@ def _budget_hook(
             session = state.connect(identity)
         else:  # an elastic instance, owed the SWA pool's guarantee; the reserve covers the rest
             session = state.connect(identity, guarantee=elastic.guarantee, elastic=True)
-        admitted = session.admit_static(reserve.bytes)
+        ranks = _engine_ranks()  # None at TP 1 (an elastic SWA pool is refused above TP 1)
+        admitted = session.admit_static(reserve.bytes) if ranks is None else session.admit_static_group(reserve.bytes, ranks)
     state.admitted[kvc.gpu_id] = Admitted(identity, session, chosen, admitted, reserve.where, elastic)
     logger.info(
         "kvpolicy: admitted %s on %s for %s (%s); DeepSeek-V4 budget %d B -> %d full tokens, "
@@ -393,6 +396,22 @@ def _served_model_name() -> str:
     if not name:
         raise AdapterError("kvpolicy: cannot tell the model's name; set KVPOLICY_MODEL to its policy name")
     return str(name)
+
+
+def _engine_ranks() -> RankGroup | None:
+    """The engine's ranks, admitted all or none (tensor parallel > 1): SGLang's world group; None for one."""
+    if _tp_size() == 1:
+        return None
+    try:
+        from sglang.srt.distributed.parallel_state import get_world_group
+
+        ranks = process_group_ranks(get_world_group())
+    except (AssertionError, AttributeError, ImportError) as exc:
+        raise AdapterError(
+            f"kvpolicy: tensor parallel {_tp_size()} but SGLang's world group is not there ({exc!r}); the ranks' "
+            "reserves must be admitted together. This SGLang code path is not supported."
+        ) from None
+    return ranks
 
 
 def _tp_size() -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kvpolicy.facts import PoolFacts
-from kvpolicy.runtime.session import EngineIdentity
+from kvpolicy.runtime.session import EngineIdentity, RankGroup
 
 from ..common import read_policy
 from ..errors import AdapterError
@@ -96,6 +96,11 @@ class LedgerSession(Protocol):
     def admit_static(self, nbytes: int) -> int:
         """Atomically admit a static reservation of ``nbytes`` on this GPU; returns the admitted
         bytes, or raises the runtime's ``AdmissionRefused`` naming the GPU's figures."""
+        ...
+
+    def admit_static_group(self, nbytes: int, group: RankGroup | None) -> int:
+        """``admit_static`` for one rank of a tensor-parallel engine: admitted only if every rank of
+        ``group`` is, on its own GPU (all or none; ``kvpolicy.runtime.group``)."""
         ...
 
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:

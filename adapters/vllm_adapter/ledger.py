@@ -3,7 +3,8 @@
 - ``ledger_identity(key, gpu)``: the one mapping of a vLLM rank (``InstanceKey``) on a
   GPU to the ledger's ``EngineIdentity``.
 - ``VllmLedger``: what the runtime-owned path needs — ``admit`` the reserve of a rank
-  on its GPU (atomically across processes, before vLLM sizes the cache from it),
+  on its GPU (atomically across processes, and all or none across the engine's ranks,
+  before vLLM sizes the cache from it),
   ``report_pools``, ``release``. ``RankSessions`` implements it with one
   ``EngineSession`` per rank of this process, opened on its first admission (a rank that
   cannot measure its device waits up to ``KVPOLICY_FIGURES_WAIT`` for a controller's figures);
@@ -25,7 +26,7 @@ from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.ledger_port import open_session
 from kvpolicy.adapters.settings import ENV_FIGURES_WAIT, ENV_LEDGER_DIR, AdapterEnv, VllmEnv
 from kvpolicy.facts import PoolFacts
-from kvpolicy.runtime.session import EngineIdentity, EngineSession
+from kvpolicy.runtime.session import EngineIdentity, EngineSession, RankGroup
 
 from .identity import InstanceKey
 
@@ -40,11 +41,12 @@ def ledger_identity(key: InstanceKey, gpu: str) -> EngineIdentity:
 
 
 class VllmLedger(Protocol):
-    def admit(self, instance: InstanceKey, gpu: str, nbytes: int) -> int:
+    def admit(self, instance: InstanceKey, gpu: str, nbytes: int, group: RankGroup | None = None) -> int:
         """Reserve ``nbytes`` of runtime-owned KV memory for ``instance`` on ``gpu``.
 
-        Atomic across processes. Returns the bytes admitted (never more than asked),
-        or raises ``AdmissionRefused`` saying what was asked, what is free and why.
+        Atomic across processes and, with ``group`` (the engine's ranks), all or none across
+        the ranks. Returns the bytes admitted (never more than asked), or raises
+        ``AdmissionRefused`` saying what was asked, what is free and why.
         """
         ...
 
@@ -64,7 +66,7 @@ class RankSessions:
         self._env = env
         self._sessions: dict[InstanceKey, EngineSession] = {}
 
-    def admit(self, instance: InstanceKey, gpu: str, nbytes: int) -> int:
+    def admit(self, instance: InstanceKey, gpu: str, nbytes: int, group: RankGroup | None = None) -> int:
         session = self._sessions.get(instance)
         if session is None:
             session = open_session(ledger_identity(instance, gpu), self._env)
@@ -72,7 +74,7 @@ class RankSessions:
             self._wait_for_figures(session, instance)
         elif session.gpu != gpu:
             raise AdapterError(f"kvpolicy: {instance.id} is attached on {session.gpu}, not {gpu}")
-        return session.admit_static(nbytes)
+        return session.admit_static_group(nbytes, group)
 
     def _wait_for_figures(self, session: EngineSession, instance: InstanceKey) -> None:
         """A rank that cannot measure its device (a CPU engine) waits for a controller's figures; the

@@ -4,7 +4,8 @@ Imports are lazy so that ``import kvpolicy.runtime`` stays cheap in engine proce
 nothing here needs torch, cuda-python or lark.
 
 - ``EngineSession.open(EngineIdentity(...))``: the engine adapters' one port to the ledger
-  (``session``): admit the static reserve, report pools, an elastic pool's limit source.
+  (``session``): admit the static reserve, report pools, an elastic pool's limit source;
+  a tensor-parallel engine's ranks admit all or none (``RankGroup``, ``group``).
 - ``attach(...)`` → ``Instance``: the engine's side underneath (``client``).
 - ``LedgerDir``: the controller's side (``directory``): facts, publish, reclaim, heartbeat.
 - ``write_status`` / ``read_status`` / ``live_status``: ``<ledger-dir>/status.json`` (``status``).
@@ -19,6 +20,10 @@ _EXPORTS = {
     "EngineIdentity": "kvpolicy.runtime.session",
     "MeasuredGpu": "kvpolicy.runtime.session",
     "ledger_capacity": "kvpolicy.runtime.session",
+    "RankGroup": "kvpolicy.runtime.group",
+    "GroupAdmission": "kvpolicy.runtime.group",
+    "GroupRefused": "kvpolicy.runtime.group",
+    "GroupAdmissionFailed": "kvpolicy.runtime.group",
     "attach": "kvpolicy.runtime.client",
     "Instance": "kvpolicy.runtime.client",
     "detach_all": "kvpolicy.runtime.client",
@@ -59,6 +64,9 @@ __all__ = [
     "GpuLedger",
     "GpuLimits",
     "GpuSample",
+    "GroupAdmission",
+    "GroupAdmissionFailed",
+    "GroupRefused",
     "Instance",
     "InstanceLimits",
     "LayoutVersionMismatch",
@@ -66,6 +74,7 @@ __all__ = [
     "LedgerError",
     "LedgerView",
     "MeasuredGpu",
+    "RankGroup",
     "SlotView",
     "SlotsFull",
     "Status",

@@ -181,6 +181,10 @@ class Instance:
             self._claim, nbytes, reserve=reserve, capacity=capacity, headroom=headroom, other_used=other_used
         )
 
+    def withdraw_static(self) -> None:
+        """Give back the static admission (reported pools stay counted). Never refused."""
+        self._ledger.withdraw_static(self._claim)
+
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
         """The real pools: their runtime-owned bytes replace the admitted figure in the GPU's R."""
         self._ledger.report_pools(self._claim, pools)

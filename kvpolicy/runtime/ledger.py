@@ -330,6 +330,17 @@ class GpuLedger:
             self.writer.reserve(slot, codec.reservation(claim.epoch, nbytes, reserve, {}))
             return nbytes
 
+    def withdraw_static(self, claim: Claim) -> None:
+        """Give back the instance's static admission (its reported pools stay); never refused: it only lowers R."""
+        slot = self._slots[claim.index]
+        with self.change():
+            self._own(claim)
+            _, res = slot.reservation.read(self.seg.mm, self.seg.words)
+            if res.static_admitted == 0:
+                return
+            pools = codec.decode_pools(res, self.where)
+            self.writer.reserve(slot, codec.reservation(claim.epoch, 0, codec.decode_reserve(res), pools))
+
     def report_pools(self, claim: Claim, pools: Mapping[str, PoolFacts]) -> None:
         """The instance's real pools replace its admission (and any earlier report) in R."""
         slot = self._slots[claim.index]

@@ -7,6 +7,11 @@ Both engine adapters talk to the ledger through this module alone::
     with EngineSession.open(identity, measure=measure) as session:
         session.admit_static(40 * GiB)                 # the runtime-owned reserve, at engine start
         session.report_pools({"kv": PoolFacts(...)})   # once the real pools exist
+
+A tensor-parallel engine's ranks admit together, all or none (``group``: the rank's place
+and the engine's all-gather, see ``kvpolicy.runtime.group``)::
+
+    session.admit_static_group(40 * GiB, RankGroup(rank, size, gather))
         pool = BlockPool(..., limit=session.limit_source())   # an elastic pool
 
 What only the engine knows comes from its adapter: who the process is
@@ -34,6 +39,7 @@ from kvpolicy.alloc.limits import LimitReading, LimitSource
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.client import Instance, attach, resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.errors import LedgerError
+from kvpolicy.runtime.group import Gather, GroupAdmission, GroupAdmissionFailed, GroupRefused, RankGroup
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.values import SlotView
 
@@ -149,6 +155,20 @@ class EngineSession:
                 }
         return inst.admit_static(nbytes, reserve=nbytes, **offered)
 
+    def withdraw_static(self) -> None:
+        """Give back the static admission (reported pools stay counted); never refused."""
+        self._instance.withdraw_static()
+
+    def admit_static_group(self, nbytes: int, group: RankGroup | None) -> int:
+        """Admit ``nbytes`` on this rank's GPU only if every rank of the engine is admitted on its own
+        (``GroupAdmission``: all or none, crash-safe). ``group`` is this rank's place among the engine's
+        ranks and their collective; None, or a group of one, is ``admit_static``."""
+        if group is None or group.size == 1:
+            return self.admit_static(nbytes)
+        admission = GroupAdmission(self, rank=group.rank, size=group.size, gather=group.gather,
+                                   engine=self.identity.engine_id)
+        return admission.admit(nbytes)
+
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
         """The real pools exist: their runtime-owned bytes replace the admission in the GPU's reservations."""
         self._instance.report_pools(pools)
@@ -198,4 +218,15 @@ def ledger_capacity(gpu: str, ledger_dir: str | os.PathLike[str] | None = None) 
     return figures.capacity if figures.known else None
 
 
-__all__ = ["EngineIdentity", "EngineSession", "GpuMeasure", "MeasuredGpu", "ledger_capacity"]
+__all__ = [
+    "EngineIdentity",
+    "EngineSession",
+    "Gather",
+    "GpuMeasure",
+    "GroupAdmission",
+    "GroupAdmissionFailed",
+    "GroupRefused",
+    "MeasuredGpu",
+    "RankGroup",
+    "ledger_capacity",
+]

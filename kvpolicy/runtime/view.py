@@ -7,7 +7,7 @@ import time
 
 from kvpolicy.evaluate.explain import rule_state_text
 from kvpolicy.runtime.directory import LedgerDir
-from kvpolicy.runtime.status import STALE_AFTER, Status, live_status, read_status
+from kvpolicy.runtime.status import STALE_AFTER, InstanceStatus, Status, live_status, read_status
 from kvpolicy import gpu_bar
 from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
@@ -99,26 +99,57 @@ def render_status(status: Status, width: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _runtime_pools(i: InstanceStatus) -> int:
+    return sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
+
+
+def engine_groups(instances: list[InstanceStatus]) -> list[tuple[str, list[InstanceStatus]]]:
+    """Instances by engine (ranks sharing an engine id, in rank order), engines in the order first seen."""
+    groups: dict[str, list[InstanceStatus]] = {}
+    for i in instances:
+        groups.setdefault(i.engine_id or i.id, []).append(i)
+    return [(key, sorted(ranks, key=lambda i: i.rank)) for key, ranks in groups.items()]
+
+
+def _rows(status: Status) -> list[tuple[str | None, str, InstanceStatus | None]]:
+    """(engine header or None, the id as shown, the instance): an engine of several ranks gets a
+    header line and its ranks indented under it; a one-rank engine is one line, as it always was."""
+    rows: list[tuple[str | None, str, InstanceStatus | None]] = []
+    for key, ranks in engine_groups(status.instances):
+        if len(ranks) == 1:
+            rows.append((None, ranks[0].id, ranks[0]))
+            continue
+        gpus = ", ".join(dict.fromkeys(i.gpu for i in ranks))
+        total = sum(_runtime_pools(i) for i in ranks)
+        rows.append((f"engine {key}: {len(ranks)} ranks on {gpus}, runtime pools {_b(total)}", "", None))
+        rows += [(None, f"  {i.id}", i) for i in ranks]
+    return rows
+
+
 def _compact_instances(status: Status) -> list[str]:
     lines = [f"{'INSTANCE':<20}{'GPU':<8}{'POOLS':>10}{'USED':>11}{'LIMIT':>11}{'TARGET':>11}  STATE"]
-    for i in status.instances:
-        pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
+    for header, shown, i in _rows(status):
+        if i is None:
+            lines.append(header or "")
+            continue
         used = _b(i.elastic.used) if i.elastic else "-"
         state = (i.ack or "-") + (" STUCK" if i.stuck else "")
-        lines.append(f"{i.id:<20}{i.gpu:<8}{_b(pools):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
+        lines.append(f"{shown:<20}{i.gpu:<8}{_b(_runtime_pools(i)):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
     return lines
 
 
 def _instances(status: Status) -> list[str]:
     lines = [f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
              f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE"]
-    for i in status.instances:
-        pools = sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
+    for header, shown, i in _rows(status):
+        if i is None:
+            lines.append(header or "")
+            continue
         used = _b(i.elastic.used) if i.elastic else "-"
         mapped = _b(i.elastic.mapped) if i.elastic else "-"
         state = (i.ack or "-") + (" STUCK" if i.stuck else "")
         lines.append(
-            f"{i.id:<22}{i.engine:<8}{i.gpu:<8}{_b(pools):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
+            f"{shown:<22}{i.engine:<8}{i.gpu:<8}{_b(_runtime_pools(i)):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
             f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
         )
     return lines

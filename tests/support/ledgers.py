@@ -80,6 +80,12 @@ class InProcessSession:
             ledger.admitted[gpu][key] = nbytes
             return nbytes
 
+    def admit_static_group(self, nbytes: int, group: object) -> int:
+        """A group of one is ``admit_static``; ranks in other processes need the real ledger."""
+        if group is None or getattr(group, "size", 1) == 1:
+            return self.admit_static(nbytes)
+        raise LedgerError("kvpolicy: the in-process ledger holds one process; a tensor-parallel group needs the real one")
+
     def report_pools(self, pools: Mapping[str, PoolFacts]) -> None:
         ledger, gpu, key = self.ledger, self.gpu, self.instance_id
         with ledger.lock:
@@ -105,7 +111,8 @@ class InProcessVllmLedger:
         self.admitted: dict[InstanceKey, tuple[str, int]] = {}
         self.reports: dict[InstanceKey, dict[str, PoolFacts]] = {}
 
-    def admit(self, instance: InstanceKey, gpu: str, nbytes: int) -> int:
+    def admit(self, instance: InstanceKey, gpu: str, nbytes: int, group: object = None) -> int:
+        """One process's ranks: ``group`` (the engine's ranks) is accepted and not used here."""
         if nbytes <= 0:
             raise AdmissionRefused(f"kvpolicy: {instance.id}: cannot admit {nbytes} bytes (must be > 0)", {"asked": nbytes})
         with self.lock:

@@ -263,7 +263,8 @@ def worker():
 
     vllm_config = type("Cfg", (), {})()
     vllm_config.model_config = type("M", (), {"served_model_name": "qwen3-8b", "model": "/m"})()
-    vllm_config.parallel_config = type("P", (), {"data_parallel_rank": 0, "assigned_physical_gpu_ids": None})()
+    vllm_config.parallel_config = type("P", (), {"data_parallel_rank": 0, "assigned_physical_gpu_ids": None,
+                                                 "world_size": 1, "data_parallel_size": 1})()
     cache = CacheConfig()
     return type(
         "W", (), {"cache_config": cache, "vllm_config": vllm_config, "parallel_config": vllm_config.parallel_config,

@@ -2,7 +2,8 @@
 
 Runs in each worker (one per GPU) inside ``Worker.determine_available_memory``,
 before vLLM's memory profiling would size the cache: the reserve is admitted in
-the ledger for the worker's GPU, and ``cache_config.kv_cache_memory_bytes`` — vLLM's
+the ledger for the worker's GPU — with several ranks, all or none across them over
+vLLM's world group (``kvpolicy.runtime.group``) — and ``cache_config.kv_cache_memory_bytes`` — vLLM's
 own switch that bypasses profiling — is set to the admitted bytes. vLLM then plans
 ``reserve // bytes_per_block`` blocks.
 """
@@ -12,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvpolicy.adapters.collective import process_group_ranks
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import AdapterEnv
+from kvpolicy.runtime.session import RankGroup
 
 from ..identity import InstanceKey, instance_key, worker_gpu
 from ..ledger import static_ledger
@@ -51,12 +54,23 @@ def size_kv_cache(worker: Any, reserve_of: ReserveOf | None = None) -> int:
             f"kvpolicy: --kv-cache-memory-bytes={cache.kv_cache_memory_bytes} disagrees with the policy's "
             f"reserve of {reserve} bytes for {key.model!r}; remove the flag (the policy sizes the cache)."
         )
-    admitted = static_ledger().admit(key, worker_gpu(worker), reserve)
+    admitted = static_ledger().admit(key, worker_gpu(worker), reserve, engine_ranks(worker))
     # Whole allocator granules: the buffer PyTorch rounds up then still fits the admission.
     budget = admitted - admitted % ALLOCATOR_GRANULE
     _admitted[key] = budget
     cache.kv_cache_memory_bytes = budget
     return budget
+
+
+def engine_ranks(worker: Any) -> RankGroup | None:
+    """The engine's ranks, admitted all or none: vLLM's world group (tensor × pipeline parallel and,
+    with data parallelism, every replica's ranks, which start together); None for a world of one."""
+    pc = worker.parallel_config
+    if pc.world_size * (getattr(pc, "data_parallel_size", 1) or 1) <= 1:
+        return None
+    from vllm.distributed.parallel_state import get_world_group
+
+    return process_group_ranks(get_world_group())
 
 
 def forget_admissions() -> None:
