@@ -65,6 +65,8 @@ class Reserved(_Model):
 
 class GpuStatus(_Model):
     id: str
+    name: str | None = None
+    """The display name (cuda:N in the controller's NVML numbering); ``id`` is the ledger's key, the UUID."""
     elastic_budget: int
     free: int
     reserved: Reserved
