@@ -252,3 +252,30 @@ def test_engines_without_nvml_fall_back_to_index_ids(engines: Engines, ledger_di
     assert engines.start("b", "sglang", None, visible="1") == "cuda:1"
     assert ledger_ids(ledger_dir) == {"cuda:1": ["a", "b"]}
     assert json.loads(json.dumps(sorted(os.listdir(ledger_dir)))) == ["cuda:1.ledger"]
+
+
+# --- what a policy's gpu blocks match ------------------------------------------------------------------------
+
+
+def test_gpu_blocks_match_the_uuid_before_the_display_name(tmp_path: Path) -> None:
+    from kvpolicy.lint.load import load_policy
+
+    file = tmp_path / "p.kvp"
+    file.write_text(f'version 1\ndefaults {{ headroom 1 GiB }}\ngpu "cuda:2" {{ headroom 3 GiB; chunk 4 MiB }}\n'
+                    f'gpu "{U[2]}" {{ headroom 5 GiB }}\n')
+    policy = load_policy(file)
+    by_both = policy.gpu_settings(U[2], "cuda:2")
+    assert (by_both.headroom_bytes(0), by_both.chunk) == (5 * GiB, 4 << 20)  # each setting from the most specific
+    assert policy.gpu_settings(U[1], "cuda:2").headroom_bytes(0) == 3 * GiB  # by display name alone
+    assert policy.gpu_settings(U[1], "cuda:1").headroom_bytes(0) == 1 * GiB  # neither: the defaults
+    assert policy.gpu_settings("cuda:2").headroom_bytes(0) == 3 * GiB  # a fallback id is its own name
+
+
+def test_an_engines_own_figures_match_blocks_by_its_nvml_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvpolicy.adapters.ledger_port import policy_gpu_figures
+
+    file = tmp_path / "p.kvp"
+    file.write_text('version 1\ngpu "cuda:2" { headroom 10% }\n')
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.module(machine()))
+    assert policy_gpu_figures(file, U[2], 100 * GiB) == (100 * GiB, 10 * GiB)
+    assert policy_gpu_figures(file, U[1], 100 * GiB) == (100 * GiB, 0)
