@@ -151,17 +151,29 @@ def visible_entry(local_index: int, environ: Mapping[str, str] | None = None) ->
 
 
 def local_gpu(local_index: int, environ: Mapping[str, str] | None = None, nvml: Any | None = None) -> GpuIdentity:
-    """The ledger identity of this process's CUDA device ``local_index`` (through ``CUDA_VISIBLE_DEVICES``)."""
-    return entry_gpu(visible_entry(local_index, environ), nvml)
+    """The ledger identity of this process's CUDA device ``local_index`` (through ``CUDA_VISIBLE_DEVICES``).
+
+    Raises ValueError (``kvpolicy: cannot tell which GPU ...``, and why) when nothing names it."""
+    try:
+        entry = visible_entry(local_index, environ)
+    except ValueError as exc:
+        raise ValueError(f"{_CANNOT_TELL}: {exc}") from None
+    return entry_gpu(entry, nvml)
 
 
 def entry_gpu(entry: str, nvml: Any | None = None) -> GpuIdentity:
     """The ledger identity of the device a ``CUDA_VISIBLE_DEVICES`` entry names. Raises ValueError."""
     nv = load_nvml() if nvml is None else nvml
-    if nv is None:
-        return _without_nvml(entry)
-    device = _find(entry, nvml_gpus(nv), nv)
+    try:
+        if nv is None:
+            return _without_nvml(entry)
+        device = _find(entry, nvml_gpus(nv), nv)
+    except ValueError as exc:
+        raise ValueError(f"{_CANNOT_TELL}: {exc}") from None
     return GpuIdentity(id=device.uuid, name=device.name, index_id=f"cuda:{device.index}")
+
+
+_CANNOT_TELL = "kvpolicy: cannot tell which GPU this process's CUDA device is (the ledger's key for it)"
 
 
 _warned = False

@@ -216,6 +216,7 @@ def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, 
     """``base`` (the controller's file, if any) with GPUs and instances refreshed from ``view`` (a LedgerView)."""
     gpus: list[GpuStatus] = []
     instances: list[InstanceStatus] = []
+    names = {g.id: g.name for g in base.gpus} if base is not None else {}  # only the controller's NVML knows them
     for gpu, state in sorted(view.gpus.items()):
         budget = elastic_budget(state.figures, state.totals)
         used = sum(v.used for v in state.instances if v.elastic)
@@ -223,6 +224,7 @@ def live_status(view, base: Status | None = None, *, stuck_after: float = 60.0, 
         gpus.append(
             GpuStatus(
                 id=gpu,
+                name=names.get(gpu),
                 elastic_budget=budget,
                 free=budget - used,
                 reserved=Reserved(total=sum(by_pool.values()), by_pool=by_pool),

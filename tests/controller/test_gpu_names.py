@@ -13,7 +13,9 @@ import textwrap
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.gpus import NvmlSampler
+from kvpolicy.runtime.view import current_status, render_status
 from kvpolicy.runtime.status import read_status
 from tests.controller.site import POLICY, GiB, http_get, wait_for
 from tests.support import fake_nvml
@@ -58,6 +60,14 @@ def test_policy_blocks_match_the_display_name_or_the_uuid_and_status_and_metrics
         assert samples[("kvpolicy_gpu_info", (("gpu", U1), ("name", "cuda:1")))] == 1
         assert samples[("kvpolicy_gpu_info", (("gpu", U0), ("name", "cuda:0")))] == 1
         assert samples[("kvpolicy_gpu_headroom_bytes", (("gpu", U1),))] == 10 * GiB
+        with LedgerDir(site.ledger_dir) as ld:  # `kvpolicy status` and `top`: the live ledger, the controller's names
+            live = current_status(ld)
+        assert {g.id: g.name for g in live.gpus} == {U0: "cuda:0", U1: "cuda:1"}
+        full = render_status(live).splitlines()
+        assert any(line.split()[:1] == ["cuda:1"] and line.split()[-2:] == ["published", U1] for line in full), full
+        top = render_status(live, width=80).splitlines()
+        (chat,) = [line for line in top if line.startswith("chat/0")]
+        assert "cuda:1" in chat and len(chat) <= 80 and not any(U1 in line for line in top)
     finally:
         for p in engines:
             p.stdin.close()  # type: ignore[union-attr]
