@@ -31,6 +31,7 @@ from kvpolicy.adapters.common import read_policy
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import AdapterEnv
 from kvpolicy.runtime.errors import LedgerError
+from kvpolicy.runtime.gpu_identity import display_name
 from kvpolicy.runtime.session import EngineIdentity, EngineSession, GpuMeasure, MeasuredGpu, ledger_capacity
 
 
@@ -70,10 +71,13 @@ def measure_gpu() -> Measured | None:
 
 
 def policy_gpu_figures(policy: Path | None, gpu: str, capacity: int) -> tuple[int, int]:
-    """(capacity, headroom) for ``gpu`` from the policy file (capacity override applied); headroom 0 without one."""
+    """(capacity, headroom) for ``gpu`` from the policy file (capacity override applied); headroom 0 without one.
+
+    The policy's ``gpu "X"`` blocks match the UUID or the display name this process's NVML gives it
+    (in a container, the container's numbering: the controller's figures, once published, use the machine's)."""
     if policy is None:
         return capacity, 0
-    settings = read_policy(policy).gpu_settings(gpu)
+    settings = read_policy(policy).gpu_settings(gpu, display_name(gpu))
     cap = settings.capacity if settings.capacity is not None else capacity
     return cap, settings.headroom_bytes(cap)
 

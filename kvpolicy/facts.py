@@ -84,7 +84,9 @@ class GpuFacts(_Frozen):
     """One GPU."""
 
     id: str
-    """The GPU's id, as instances and a policy's gpu blocks name it (e.g. cuda:0)."""
+    """The GPU's id, as instances name it: its UUID (GPU-... or MIG-...), or cuda:N where NVML is missing."""
+    name: str | None = None
+    """Its display name, e.g. cuda:0 (NVML's numbering on the controller's machine); a policy's gpu blocks match the id or this."""
     capacity: Size
     """Bytes of memory the GPU has (cuMemGetInfo's total, or the policy's capacity)."""
     other_used: Size = 0

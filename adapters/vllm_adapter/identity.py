@@ -10,6 +10,7 @@ from typing import Any
 
 from kvpolicy.adapters.ledger_port import HOST_DEVICE
 from kvpolicy.adapters.settings import AdapterEnv
+from kvpolicy.runtime.gpu_identity import entry_gpu, local_gpu
 
 
 @dataclass(frozen=True)
@@ -61,26 +62,28 @@ def instance_key(vllm_config: Any, rank: int) -> InstanceKey:
 
 def worker_gpu(worker: Any) -> str:
     """The ledger's id of the device an initialized vLLM worker keeps its KV cache on: ``HOST_DEVICE``
-    for vLLM's CPU worker (its ``init_device`` sets ``device`` to the CPU), else the GPU (see ``gpu_of``)."""
-    if getattr(getattr(worker, "device", None), "type", None) == "cpu":
+    for vLLM's CPU worker (its ``init_device`` sets ``device`` to the CPU), else the GPU's UUID.
+
+    The CUDA ordinal of ``worker.device`` goes through this process's ``CUDA_VISIBLE_DEVICES``;
+    without it, vLLM's assigned physical id (an index), else ``local_rank`` (see ``gpu_of``).
+    """
+    device = getattr(worker, "device", None)
+    if getattr(device, "type", None) == "cpu":
         return HOST_DEVICE
+    index = getattr(device, "index", None)
+    if getattr(device, "type", None) == "cuda" and isinstance(index, int):
+        return local_gpu(index).id
     assigned = getattr(worker.parallel_config, "assigned_physical_gpu_ids", None)
     if assigned is not None and worker.local_rank < len(assigned):
-        return f"cuda:{assigned[worker.local_rank]}"
+        return entry_gpu(str(assigned[worker.local_rank])).id
     return gpu_of(worker.local_rank)
 
 
 def gpu_of(local_rank: int, environ: Mapping[str, str] | None = None) -> str:
-    """The ledger's id of logical GPU ``local_rank``: ``cuda:N`` with N the physical index
-    (through CUDA_VISIBLE_DEVICES), or the UUID that CUDA_VISIBLE_DEVICES names.
+    """The ledger's id of logical GPU ``local_rank``: the UUID of the device ``CUDA_VISIBLE_DEVICES`` maps it to
+    (``kvpolicy.runtime.gpu_identity``; ``cuda:N`` without NVML).
 
     (vLLM's ``Worker.init_device`` turns ``local_rank`` into the DP-adjusted logical
-    index before the KV cache is sized.) Physical indices match NVML's only with
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+    index before the KV cache is sized.)
     """
-    env = os.environ if environ is None else environ
-    visible = [d.strip() for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-    if local_rank < len(visible):
-        device = visible[local_rank]
-        return f"cuda:{device}" if device.isdigit() else device
-    return f"cuda:{local_rank}"
+    return local_gpu(local_rank, environ).id

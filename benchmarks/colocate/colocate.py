@@ -112,7 +112,7 @@ def _policy_figures(params: Params, policy_path: Path) -> tuple[Any, int, int]:
     from kvpolicy.lint.load import load_policy
 
     policy = load_policy(policy_path)
-    settings = policy.gpu_settings(params.device.gpu)
+    settings = policy.gpu_settings(params.device.ledger_id, params.device.gpu)
     if settings.headroom is not None and not hasattr(settings.headroom, "bytes"):
         raise SystemExit("colocate: give the policy's headroom as a size: the budget arithmetic needs it before the capacity")
     headroom = settings.headroom_bytes(0)
@@ -120,8 +120,9 @@ def _policy_figures(params: Params, policy_path: Path) -> tuple[Any, int, int]:
     return policy, headroom, reserve
 
 
-def _write_facts(path: Path, gpu: str, capacity: int) -> None:
-    path.write_text(json.dumps({"schema": 1, "now": 0.0, "gpus": [{"id": gpu, "capacity": capacity, "other_used": 0}], "instances": []}))
+def _write_facts(path: Path, gpu: str, name: str, capacity: int) -> None:
+    gpus = [{"id": gpu, "name": name, "capacity": capacity, "other_used": 0}]
+    path.write_text(json.dumps({"schema": 1, "now": 0.0, "gpus": gpus, "instances": []}))
 
 
 def _wait_published(ledger_dir: Path, gpu: str, timeout: float) -> Any:
@@ -253,13 +254,13 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
         if mode == "kvpolicy":
             capacity = params.budget.elastic + headroom + runtime
             facts = run_dir / "gpu-figures.json"
-            _write_facts(facts, params.device.gpu, capacity)
+            _write_facts(facts, params.device.ledger_id, params.device.gpu, capacity)
             controller = Child("controller", [py, "-c", "import sys; from kvpolicy.cli import main; sys.exit(main(sys.argv[1:]))",
                                               "run", str(policy_path), "--ledger-dir", str(ledger_dir), "--facts", str(facts),
                                               "--tick", "0.1", "--metrics-address", "off", "--log-level", "INFO"],
                                run_dir)
             children.append(controller)
-            figures = _wait_published(ledger_dir, params.device.gpu, 60)
+            figures = _wait_published(ledger_dir, params.device.ledger_id, 60)
             timeline["controller_published"] = time.time()
             budget.update(capacity=capacity, other_used=0, elastic_budget=figures.elastic_budget,
                           exact=figures.elastic_budget == params.budget.elastic)
@@ -276,7 +277,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
         # Hang catchers only: with the `steps` clock a loaded machine takes longer, never fewer steps.
         patience = 600 + 4 * params.trace.duration_s
         if controller is not None:
-            sampler = LedgerSampler(ledger_dir, params.device.gpu, t0)
+            sampler = LedgerSampler(ledger_dir, params.device.ledger_id, t0)
             sampler.start()
             for t in tenants:  # every tenant's clock has passed the edit's time (wall clock: within a step of it)
                 t.wait_for("reload-time", patience)

@@ -158,7 +158,7 @@ def build_plan(params: Params, policy: Path, ledger_dir: str, capacity: int, hea
     reserve, _line = policy_reserve(params, policy)
     plan = planned(params, reserve)
     inst = kvpolicy.attach(
-        model=params.dsv4.model, gpu=params.device.gpu, engine="sglang", id=f"{params.dsv4.model}/0",
+        model=params.dsv4.model, gpu=params.device.ledger_id, engine="sglang", id=f"{params.dsv4.model}/0",
         ledger_dir=ledger_dir, capacity=capacity, headroom=headroom, other_used=0,
     )
     admitted = inst.admit_static(plan.total_footprint, reserve=reserve)

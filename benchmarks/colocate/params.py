@@ -150,6 +150,16 @@ class Device(Strict):
     gpu: str = "cuda:0"
     host_capacity: Size | None = Field(default=None, description="host driver: simulated device memory per tenant")
 
+    @property
+    def ledger_id(self) -> str:
+        """The ledger's key for ``gpu``: on the cuda driver the UUID of device N of ``cuda:N``, as the
+        engines' adapters key it (``gpu`` stays the display name the policy's gpu block names)."""
+        if self.driver != "cuda" or not self.gpu.startswith("cuda:"):
+            return self.gpu
+        from kvpolicy.runtime.gpus import gpu_id
+
+        return gpu_id(int(self.gpu.partition(":")[2]))
+
 
 class DeepSeekV4(Strict):
     """The tenant whose runtime-owned pools count in every budget."""

@@ -67,7 +67,7 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
         import kvpolicy
 
         inst = kvpolicy.attach(
-            model=name, gpu=params.device.gpu, engine="any", id=f"{name}/0", guarantee=guarantee,
+            model=name, gpu=params.device.ledger_id, engine="any", id=f"{name}/0", guarantee=guarantee,
             elastic=True, ledger_dir=ledger_dir,
         )
         source = inst.limit_source()

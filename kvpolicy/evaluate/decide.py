@@ -66,10 +66,10 @@ class PreparedPolicy:
     policy: Policy
     rules: tuple[PreparedRule, ...]
     _models: dict[str, ModelSettings] = field(default_factory=dict)
-    _gpus: dict[str, GpuSettings] = field(default_factory=dict)
+    _gpus: dict[tuple[str, str | None], GpuSettings] = field(default_factory=dict)
     _bounds: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
     _pool_limits: dict[tuple[str, int], tuple[tuple[str, int, int], ...]] = field(default_factory=dict)
-    _headroom: dict[tuple[str, int], int] = field(default_factory=dict)
+    _headroom: dict[tuple[str, str | None, int], int] = field(default_factory=dict)
     _conditions: dict[tuple[int, int], Condition] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelSettings:
@@ -78,10 +78,10 @@ class PreparedPolicy:
             settings = self._models[name] = model_settings(self.policy, name)
         return settings
 
-    def gpu(self, gpu_id: str) -> GpuSettings:
-        settings = self._gpus.get(gpu_id)
+    def gpu(self, gpu_id: str, name: str | None = None) -> GpuSettings:
+        settings = self._gpus.get((gpu_id, name))
         if settings is None:
-            settings = self._gpus[gpu_id] = gpu_settings(self.policy, gpu_id)
+            settings = self._gpus[(gpu_id, name)] = gpu_settings(self.policy, gpu_id, name)
         return settings
 
     def bounds(self, model: ModelSettings, capacity: int) -> tuple[int, int]:
@@ -107,11 +107,11 @@ class PreparedPolicy:
             )
         return limits
 
-    def headroom(self, gpu_id: str, capacity: int) -> int:
-        key = (gpu_id, capacity)
+    def headroom(self, gpu_id: str, capacity: int, name: str | None = None) -> int:
+        key = (gpu_id, name, capacity)
         headroom = self._headroom.get(key)
         if headroom is None:
-            headroom = self._headroom[key] = self.gpu(gpu_id).headroom_bytes(capacity)
+            headroom = self._headroom[key] = self.gpu(gpu_id, name).headroom_bytes(capacity)
         return headroom
 
     def condition(self, index: int, capacity: int) -> Condition:
@@ -215,7 +215,7 @@ def _gpus(prepared: PreparedPolicy, facts: Facts) -> list[_Gpu]:
         by_gpu.setdefault(inst.gpu, []).append(inst)
     gpus: list[_Gpu] = []
     for gpu_facts in sorted(facts.gpus, key=lambda g: g.id):
-        settings = prepared.gpu(gpu_facts.id)
+        settings = prepared.gpu(gpu_facts.id, gpu_facts.name)
         capacity = settings.capacity if settings.capacity is not None else gpu_facts.capacity
         chunk = settings.chunk
         reserved_by_pool: dict[str, int] = {}
@@ -243,7 +243,7 @@ def _gpus(prepared: PreparedPolicy, facts: Facts) -> list[_Gpu]:
                 )
             )
         reserved = sum(reserved_by_pool.values())
-        headroom = prepared.headroom(gpu_facts.id, capacity)
+        headroom = prepared.headroom(gpu_facts.id, capacity, gpu_facts.name)
         budget = max(0, capacity - headroom - gpu_facts.other_used - reserved)
         gpus.append(
             _Gpu(
@@ -551,7 +551,7 @@ def _decision(prepared: PreparedPolicy, facts: Facts, gpus: list[_Gpu], rules: l
         chunk = gpu.chunk
         used = sum(i.used for i in gpu.elastic)
         gpu_out.append({
-            "id": gpu.facts.id, "capacity": gpu.capacity, "headroom": gpu.headroom, "other_used": gpu.facts.other_used,
+            "id": gpu.facts.id, "name": gpu.facts.name, "capacity": gpu.capacity, "headroom": gpu.headroom, "other_used": gpu.facts.other_used,
             "reserved": {"total": gpu.reserved, "by_pool": gpu.reserved_by_pool},
             "elastic_budget": _out(gpu.budget, chunk), "free": _out(gpu.budget - used, chunk), "used": used,
             "chunk": chunk, "guaranteed": sum(_out(i.guarantee, chunk) for i in gpu.elastic),

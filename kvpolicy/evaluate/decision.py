@@ -32,6 +32,8 @@ class Reserved(_Out):
 
 class GpuDecision(_Out):
     id: str
+    name: str | None = None
+    """The GPU's display name (cuda:N) when the facts give one; ``id`` is then its UUID."""
     capacity: int
     headroom: int
     other_used: int

@@ -81,7 +81,7 @@ def _seconds(value: float) -> str:
 
 
 def _gpu_section(policy: Policy, gpu: GpuDecision, style: Style) -> list[str]:
-    settings = policy.gpu_settings(gpu.id)
+    settings = policy.gpu_settings(gpu.id, gpu.name)
     capacity_from = f"policy line {settings.capacity_line}" if settings.capacity is not None else "facts"
     headroom_from = f"policy line {settings.headroom_line}" if settings.headroom_line else "default (none)"
     parts = gpu_bar.segments(

@@ -251,11 +251,11 @@ class Policy(Node):
 
         return model_settings(self, name)
 
-    def gpu_settings(self, gpu_id: str) -> GpuSettings:
-        """The headroom, capacity override and chunk for GPU ``gpu_id``."""
+    def gpu_settings(self, gpu_id: str, name: str | None = None) -> GpuSettings:
+        """The headroom, capacity override and chunk for GPU ``gpu_id`` (display name ``name``)."""
         from kvpolicy.policy.resolve import gpu_settings
 
-        return gpu_settings(self, gpu_id)
+        return gpu_settings(self, gpu_id, name)
 
 
 for _model in (Not, And, Or, Compare, Rule):

@@ -81,8 +81,12 @@ class ModelSettings:
         return None if block is None or block.max is None else block.max.resolve(capacity)
 
 
-def gpu_settings(policy: Policy, gpu_id: str) -> GpuSettings:
-    specific = [g for g in policy.gpus if any(s.value == gpu_id for s in g.ids)]
+def gpu_settings(policy: Policy, gpu_id: str, name: str | None = None) -> GpuSettings:
+    """A ``gpu "X"`` block applies when X is the GPU's id (its UUID) or its display name (``cuda:N``);
+    a block naming the id comes before one naming the display name, then ``gpu *``, then defaults."""
+    by_id = [g for g in policy.gpus if any(s.value == gpu_id for s in g.ids)]
+    by_name = [g for g in policy.gpus if name and name != gpu_id and g not in by_id and any(s.value == name for s in g.ids)]
+    specific = [*by_id, *by_name]
     wildcard = [g for g in policy.gpus if g.is_wildcard]
     layers = [*specific, *wildcard, *policy.defaults]  # most specific first
 

@@ -35,10 +35,11 @@ from kvpolicy.alloc.limits import AckStatus, LimitReading
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.admission import Refusal
 from kvpolicy.runtime.errors import Detached, LedgerError
+from kvpolicy.runtime.gpu_identity import index_id_of, is_uuid
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
 from kvpolicy.runtime.ledger import Claim, GpuLedger
 from kvpolicy.runtime.records import Words
-from kvpolicy.runtime.segment import Access, add_unlock_hook, holds_any_lock, list_gpus
+from kvpolicy.runtime.segment import Access, add_unlock_hook, holds_any_lock, list_gpus, refuse_older_in_use
 from kvpolicy.runtime.values import GpuFigures, SlotView
 
 ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
@@ -268,6 +269,8 @@ def attach(
     access = resolve_access(group, allow_foreign_owner)
     inst_id = id if id is not None else f"{model}/{rank}"
     others = _ids_on_other_gpus(directory, gpu, access)
+    if is_uuid(gpu) and (index_id := index_id_of(gpu)) is not None:
+        refuse_older_in_use(directory, index_id)  # an engine of layout 2 keys this GPU by its index
     ledger = GpuLedger.open(directory, gpu, access, slot_count=slots, repair=True)
     try:
         claim = ledger.claim(

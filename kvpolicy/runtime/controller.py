@@ -30,7 +30,7 @@ from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.runtime.directory import LedgerDir, LedgerView
 from kvpolicy.runtime.errors import LedgerError
-from kvpolicy.runtime.gpus import GpuSampler
+from kvpolicy.runtime.gpus import GpuSampler, mixed_ids_note
 from kvpolicy.runtime.metrics import ControllerMetrics
 from kvpolicy.runtime.rulestate import read_rule_state, write_rule_state
 from kvpolicy.runtime.status import (
@@ -201,6 +201,9 @@ class Controller:
             return None
         samples = self.sampler.sample(view.gpus) if self.sampler is not None else {}
         facts, notes = view.facts(samples)
+        mixed = mixed_ids_note(view.gpus)
+        if mixed:
+            notes.append(mixed)
         started = time.perf_counter()
         if self.prepared is None or self.prepared.policy is not loaded.policy:
             self.prepared = prepare(loaded.policy)
@@ -308,7 +311,7 @@ class Controller:
         gpus = []
         for gpu in self.decision.gpus if self.decision else ():
             gpus.append(GpuStatus(
-                id=gpu.id, elastic_budget=gpu.elastic_budget, free=gpu.free,
+                id=gpu.id, name=gpu.name, elastic_budget=gpu.elastic_budget, free=gpu.free,
                 reserved=Reserved(total=gpu.reserved.total, by_pool=gpu.reserved.by_pool),
                 capacity=gpu.capacity, headroom=gpu.headroom, other_used=gpu.other_used,
                 figures="published" if self.publishing else "none",

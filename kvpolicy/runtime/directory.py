@@ -58,6 +58,8 @@ class GpuSample:
     """Bytes in use on the whole GPU; other_used = used − what the ledger accounts for."""
     other_used: int | None = None
     """Memory no instance accounts for, when it is known directly (a facts file)."""
+    name: str | None = None
+    """The GPU's display name (``cuda:N`` in NVML's numbering on the controller's machine), if known."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,8 @@ class LedgerView:
                         "(no sample, and no controller or engine has given figures)"
                     )
                 continue
-            gpus.append(GpuFacts(id=gpu, capacity=capacity, other_used=other))
+            name = sample.name if sample is not None else None
+            gpus.append(GpuFacts(id=gpu, name=name, capacity=capacity, other_used=other))
             for v in state.instances:
                 if v.id in seen:
                     notes.append(f"instance id {v.id!r} is attached on {seen[v.id]} and {gpu}; the one on {gpu} is left out")

@@ -2,18 +2,19 @@
 
 Sources, best first: NVML (through nvidia-ml-py: the whole GPU, every process),
 a fixed ``--gpu-capacity`` for machines without a GPU, or the GPUs of a facts
-file. GPU ids are ``cuda:N`` with N the GPU's NVML index (PCI bus order), the
-same on every engine whatever its ``CUDA_VISIBLE_DEVICES``: see ``gpu_id``.
+file. GPU ids are UUIDs, the same on every engine whatever its container or
+``CUDA_VISIBLE_DEVICES``, and ``cuda:N`` without NVML (``gpu_identity``); NVML
+also gives each GPU its display name, ``cuda:N`` in the controller's numbering.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
 from kvpolicy.facts import Facts
 from kvpolicy.runtime.directory import GpuSample
+from kvpolicy.runtime.gpu_identity import index_of, is_uuid, ledger_devices, load_nvml, local_gpu, nvml_gpus
 from kvpolicy.runtime.values import check_bytes
 
 
@@ -27,28 +28,38 @@ class GpuSampler(Protocol):
 
 
 class NvmlSampler:
-    """Capacity and use of every local GPU, read through NVML."""
+    """Capacity and use of every local GPU and MIG instance, read through NVML, with their display names.
 
-    def __init__(self) -> None:
-        import pynvml
+    GPUs are found by UUID (the ledger's key); a fallback ``cuda:N`` id (an engine without
+    NVML) by NVML index. The GPUs are listed again at every sample, so a MIG instance made
+    or removed while the controller runs is seen.
+    """
 
-        pynvml.nvmlInit()
-        self._nvml = pynvml
-        self._count = pynvml.nvmlDeviceGetCount()
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(self._count)]
+    def __init__(self, nvml: Any | None = None) -> None:
+        loaded = load_nvml() if nvml is None else nvml
+        if loaded is None:
+            raise RuntimeError("NVML is not available")
+        self._nvml: Any = loaded
+        self._count = len(nvml_gpus(self._nvml))
 
     @property
     def description(self) -> str:
         return f"NVML ({self._count} GPU(s))"
 
     def sample(self, gpu_ids: Iterable[str]) -> dict[str, GpuSample]:
+        gpus = nvml_gpus(self._nvml)
+        self._count = len(gpus)
+        by_uuid = {d.uuid: d for d in ledger_devices(gpus)}
         samples: dict[str, GpuSample] = {}
         for gpu in gpu_ids:
-            index = _index(gpu)
-            if index is None or index >= self._count:
+            device = by_uuid.get(gpu)
+            index = index_of(gpu)
+            if device is None and index is not None and index < len(gpus) and gpus[index].migs is None:
+                device = gpus[index].device
+            if device is None:
                 continue
-            info = self._nvml.nvmlDeviceGetMemoryInfo(self._handles[index])
-            samples[gpu] = GpuSample(capacity=int(info.total), used=int(info.used))
+            info = self._nvml.nvmlDeviceGetMemoryInfo(device.handle)
+            samples[gpu] = GpuSample(capacity=int(info.total), used=int(info.used), name=device.name)
         return samples
 
 
@@ -81,7 +92,7 @@ class FactsSampler:
 
     def sample(self, gpu_ids: Iterable[str]) -> dict[str, GpuSample]:
         return {
-            gpu: GpuSample(capacity=self.gpus[gpu].capacity, other_used=self.gpus[gpu].other_used)
+            gpu: GpuSample(capacity=self.gpus[gpu].capacity, other_used=self.gpus[gpu].other_used, name=self.gpus[gpu].name)
             for gpu in gpu_ids
             if gpu in self.gpus
         }
@@ -96,39 +107,20 @@ def nvml_sampler() -> NvmlSampler | None:
     return sampler if sampler._count else None
 
 
-def _index(gpu: str) -> int | None:
-    prefix, _, number = gpu.partition(":")
-    return int(number) if prefix == "cuda" and number.isdigit() else None
-
-
 def gpu_id(local_index: int) -> str:
-    """The ledger id of the process's CUDA device ``local_index``: ``cuda:N``, N its NVML index.
-
-    With ``CUDA_VISIBLE_DEVICES=2,3`` the process's ``cuda:0`` is the machine's
-    GPU 2, so two engines that see the same GPU under different local numbers
-    still share one ledger segment. Entries may be indices or ``GPU-<uuid>``
-    (resolved through NVML). Assumes ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or GPUs of
-    one model, for which CUDA's default order is the PCI order too.
-    """
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if not visible:
-        return f"cuda:{local_index}"
-    entries = [e.strip() for e in visible.split(",") if e.strip()]
-    if local_index >= len(entries):
-        raise ValueError(f"CUDA device {local_index} is not among CUDA_VISIBLE_DEVICES={visible!r}")
-    entry = entries[local_index]
-    if entry.isdigit():
-        return f"cuda:{int(entry)}"
-    return f"cuda:{_nvml_index_of_uuid(entry)}"
+    """The ledger id of this process's CUDA device ``local_index``: its UUID (``kvpolicy.runtime.gpu_identity``)."""
+    return local_gpu(local_index).id
 
 
-def _nvml_index_of_uuid(uuid: str) -> int:
-    import pynvml
-
-    pynvml.nvmlInit()
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        found = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
-        found = found.decode() if isinstance(found, bytes) else found
-        if found == uuid or found.startswith(uuid):
-            return i
-    raise ValueError(f"no GPU with UUID {uuid!r} (from CUDA_VISIBLE_DEVICES)")
+def mixed_ids_note(gpu_ids: Iterable[str]) -> str | None:
+    """A warning when the ledger holds GPUs keyed by UUID beside fallback ``cuda:N`` ids (engines without NVML):
+    one GPU may then have two segments whose engines do not see each other's memory."""
+    ids = list(gpu_ids)
+    fallback = sorted(g for g in ids if index_of(g) is not None)
+    if fallback and any(is_uuid(g) for g in ids):
+        return (
+            f"GPUs keyed by UUID beside index-based ids ({', '.join(fallback)}): engines without NVML fell back "
+            "to cuda:N and may share a GPU with engines that keyed it by UUID without seeing their memory; "
+            "make NVML available to every engine (docs/ledger.md, \"GPU ids\")"
+        )
+    return None

@@ -1,4 +1,4 @@
-"""The binary layout of a ledger segment (layout version 2): offsets, records, field widths.
+"""The binary layout of a ledger segment (layout version 3): offsets, records, field widths.
 
 A segment is one file per GPU: a header of ``HEADER_SIZE`` bytes, then ``slot_count``
 slots of ``SLOT_SIZE`` bytes. All integers are little-endian and every field that is
@@ -21,14 +21,16 @@ import struct
 from dataclasses import dataclass
 
 MAGIC = b"KVPLEDGR"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 HEADER_SIZE = 4096
 SLOT_SIZE = 4096
 DEFAULT_SLOTS = 64
 MAX_SLOTS = 1024
 
 # Fixed widths of strings (UTF-8 bytes, NUL padded, no NUL inside).
-GPU_ID_WIDTH = 32
+GPU_ID_WIDTH = 64
+"""A GPU id: a UUID (``GPU-`` or ``MIG-`` and 36 characters, 40 bytes) or a fallback ``cuda:N``.
+Layout 3 widened it from layout 2's 32 bytes, which moved the header fields after it."""
 ID_WIDTH = 64
 MODEL_WIDTH = 64
 ENGINE_WIDTH = 16
@@ -223,8 +225,11 @@ RESERVATION_RECORD = RecordSpec(
 
 HEADER_STATIC_FORMAT = f"<8sIIIIQ{GPU_ID_WIDTH}sQI"
 """magic, layout_version, header_size, slot_count, slot_size, total_size, gpu_id, created_at_ns, creator_uid."""
-HEADER_STATIC_SIZE = struct.calcsize(HEADER_STATIC_FORMAT)  # 76
-HEADER_CRC_OFFSET = HEADER_STATIC_SIZE  # u32 CRC-32 of bytes [0, 76)
+HEADER_STATIC_SIZE = struct.calcsize(HEADER_STATIC_FORMAT)  # 108
+HEADER_CRC_OFFSET = HEADER_STATIC_SIZE  # u32 CRC-32 of bytes [0, 108)
+OFF_GPU_ID = 32
+OFF_CREATED_AT = OFF_GPU_ID + GPU_ID_WIDTH
+OFF_CREATOR_UID = OFF_CREATED_AT + 8
 OFF_GENERATION = 128
 OFF_HEARTBEAT = 136
 OFF_DIRTY = 144
@@ -243,6 +248,8 @@ SLOT_OFF_ACTIVITY = SLOT_OFF_USAGE + USAGE_RECORD.size
 SLOT_OFF_RESERVATION = SLOT_OFF_ACTIVITY + 8
 SLOT_END = SLOT_OFF_RESERVATION + RESERVATION_RECORD.size
 
+assert (struct.calcsize("<8sIIIIQ"), struct.calcsize(f"<8sIIIIQ{GPU_ID_WIDTH}s")) == (OFF_GPU_ID, OFF_CREATED_AT)
+assert HEADER_CRC_OFFSET + 4 <= OFF_GENERATION, "the static header runs into the generation word"
 assert OFF_TOTALS_RECORD + TOTALS_RECORD.size <= HEADER_SIZE, "header records overflow the header"
 assert SLOT_END <= SLOT_SIZE, f"slot records take {SLOT_END} bytes, more than SLOT_SIZE={SLOT_SIZE}"
 assert all(off % 8 == 0 for off in (SLOT_OFF_PUBLISHED, SLOT_OFF_USAGE, SLOT_OFF_ACTIVITY, SLOT_OFF_RESERVATION))
@@ -265,10 +272,11 @@ def layout_table() -> str:
         ("header", 16, 4, "slot_count", f"u32, default {DEFAULT_SLOTS}"),
         ("header", 20, 4, "slot_size", f"u32, {SLOT_SIZE}"),
         ("header", 24, 8, "total_size", "u64, header_size + slot_count × slot_size"),
-        ("header", 32, GPU_ID_WIDTH, "gpu_id", "UTF-8, NUL padded; equals the file name without `.ledger`"),
-        ("header", 64, 8, "created_at_ns", "u64, wall clock"),
-        ("header", 72, 4, "creator_uid", "u32"),
-        ("header", HEADER_CRC_OFFSET, 4, "header_crc", "u32, CRC-32 of bytes 0–75"),
+        ("header", OFF_GPU_ID, GPU_ID_WIDTH, "gpu_id",
+         "UTF-8, NUL padded: the GPU's UUID (or a fallback `cuda:N`); equals the file name without `.ledger`"),
+        ("header", OFF_CREATED_AT, 8, "created_at_ns", "u64, wall clock"),
+        ("header", OFF_CREATOR_UID, 4, "creator_uid", "u32"),
+        ("header", HEADER_CRC_OFFSET, 4, "header_crc", f"u32, CRC-32 of bytes 0–{HEADER_STATIC_SIZE - 1}"),
         ("header", OFF_GENERATION, 8, "generation", "u64, +1 at every change an engine makes"),
         ("header", OFF_HEARTBEAT, 8, "heartbeat_ns", "u64, the controller's last heartbeat (0: never)"),
         ("header", OFF_DIRTY, 8, "dirty", "u64, pid of the writer inside a change (0: none); found set, the next writer repairs"),

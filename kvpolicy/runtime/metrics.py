@@ -73,6 +73,12 @@ def _gpu_families(decision: Decision) -> Iterator[Metric]:
         for gpu in decision.gpus:
             family.add_metric([gpu.id], value(gpu))
         yield family
+    # The display name as an info metric (join on gpu), so the value series keep one label per GPU.
+    info = GaugeMetricFamily("kvpolicy_gpu_info", "The GPU's display name (cuda:N on the controller's machine); gpu is its UUID.",
+                             labels=["gpu", "name"])
+    for gpu in decision.gpus:
+        info.add_metric([gpu.id, gpu.name or gpu.id], 1)
+    yield info
     reserved = GaugeMetricFamily("kvpolicy_gpu_reserved_bytes", "Runtime-owned reservations by pool.", labels=["gpu", "pool"])
     for gpu in decision.gpus:
         for pool, size in gpu.reserved.by_pool.items():

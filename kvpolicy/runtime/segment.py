@@ -170,14 +170,15 @@ def segment_path(directory: Path, gpu: str) -> Path:
 
 
 def check_gpu_id(gpu: str) -> bytes:
-    """The GPU id as stored: 1–32 UTF-8 bytes of letters, digits and ``:._-``, not starting with a dot."""
+    """The GPU id as stored: 1–64 (``GPU_ID_WIDTH``) bytes of letters, digits and ``:._-``, not starting with
+    a dot: a UUID (``GPU-…``, ``MIG-…``) or a fallback ``cuda:N``."""
     raw = gpu.encode()
     if not raw or len(raw) > L.GPU_ID_WIDTH:
         raise LedgerError(f"kvpolicy ledger: GPU id {gpu!r} must be 1 to {L.GPU_ID_WIDTH} bytes")
     if gpu.startswith(".") or not all(c.isascii() and (c.isalnum() or c in ":._-") for c in gpu):
         raise LedgerError(
             f"kvpolicy ledger: GPU id {gpu!r} may hold only letters, digits and ':._-' and must not "
-            "start with '.' (it names the segment file), e.g. 'cuda:0'"
+            "start with '.' (it names the segment file), e.g. 'GPU-5a0e4f2c-…' or 'cuda:0'"
         )
     return raw
 
@@ -550,6 +551,32 @@ def pack_header(gpu: str, slot_count: int) -> bytes:
         os.geteuid(),
     )
     return static + struct.pack("<I", zlib.crc32(static))
+
+
+def refuse_older_in_use(directory: Path, gpu: str) -> None:
+    """Raise ``LayoutVersionMismatch`` if ``gpu``'s segment is of an older layout and an engine holds a slot in it.
+
+    For the ids a GPU had before: layout 2 keyed GPUs by ``cuda:N``, layout 3 by UUID, so an
+    engine of the old layout on this GPU is in another file and only this check sees it.
+    Nothing is read beyond the version, and nothing is changed.
+    """
+    path = segment_path(directory, gpu)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # none (or not a file we would open): nothing of the old layout runs under this name
+    try:
+        head = os.pread(fd, 12, 0)
+        if len(head) < 12:
+            return
+        magic, version = struct.unpack_from("<8sI", head)
+        if magic != L.MAGIC or version >= L.LAYOUT_VERSION:
+            return
+        probe = _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, L.LOCK_SLOT_BASE, L.MAX_SLOTS, 0)
+        if _FLOCK.unpack(fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe))[0] != fcntl.F_UNLCK:
+            raise LayoutVersionMismatch.between(path, version)
+    finally:
+        os.close(fd)
 
 
 def list_gpus(directory: Path) -> list[str]:

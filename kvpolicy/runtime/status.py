@@ -66,6 +66,8 @@ class Reserved(_Model):
 
 class GpuStatus(_Model):
     id: str
+    name: str | None = None
+    """The display name (cuda:N in the controller's NVML numbering); ``id`` is the ledger's key, the UUID."""
     elastic_budget: int
     free: int
     reserved: Reserved
@@ -167,6 +169,7 @@ def live_status(view: LedgerView, base: Status | None = None, *, stuck_after: fl
     """``base`` (the controller's file, if any) with GPUs and instances refreshed from ``view`` (a LedgerView)."""
     gpus: list[GpuStatus] = []
     instances: list[InstanceStatus] = []
+    names = {g.id: g.name for g in base.gpus} if base is not None else {}  # only the controller's NVML knows them
     for gpu, state in sorted(view.gpus.items()):
         budget = elastic_budget(state.figures, state.totals)
         used = sum(v.used for v in state.instances if v.elastic)
@@ -174,6 +177,7 @@ def live_status(view: LedgerView, base: Status | None = None, *, stuck_after: fl
         gpus.append(
             GpuStatus(
                 id=gpu,
+                name=names.get(gpu),
                 elastic_budget=budget,
                 free=budget - used,
                 reserved=Reserved(total=sum(by_pool.values()), by_pool=by_pool),

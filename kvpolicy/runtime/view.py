@@ -81,16 +81,19 @@ def render_status(status: Status, width: int | None = None) -> str:
             state = "STALE" if c.stale else "ok"
             lines.append(f"controller: pid {c.pid}, heartbeat {_ago(c.heartbeat_at)} ({state}){mode}")
     lines.append("")
+    labels = gpu_labels(status)
     lines.append(f"{'GPU':<10}{'capacity':>12}{'reserved':>12}{'budget':>12}{'free':>12}  figures")
     for g in status.gpus:
+        uuid = g.id if width is None and labels[g.id] != g.id else ""  # status names the UUID; top has no room
         lines.append(
-            f"{g.id:<10}{_b(g.capacity):>12}{_b(g.reserved.total):>12}{_b(g.elastic_budget):>12}{_b(g.free):>12}  {g.figures}"
+            f"{labels[g.id]:<10}{_b(g.capacity):>12}{_b(g.reserved.total):>12}{_b(g.elastic_budget):>12}{_b(g.free):>12}"
+            f"  {g.figures:<13}{uuid}".rstrip()
         )
     lines.append("")
     if width is not None and width < FULL_TABLE_WIDTH:
-        lines += _compact_instances(status)
+        lines += _compact_instances(status, labels)
     else:
-        lines += _instances(status)
+        lines += _instances(status, labels)
     if status.rules:
         lines.append("")
         lines += _rules(status)
@@ -126,7 +129,15 @@ def _rows(status: Status) -> list[tuple[str | None, str, InstanceStatus | None]]
     return rows
 
 
-def _compact_instances(status: Status) -> list[str]:
+def gpu_labels(status: Status) -> dict[str, str]:
+    """How the tables name each GPU: its display name (``cuda:N``) where the controller gave one, else its id."""
+    labels = {g.id: g.name or g.id for g in status.gpus}
+    for i in status.instances:
+        labels.setdefault(i.gpu, i.gpu)
+    return labels
+
+
+def _compact_instances(status: Status, labels: dict[str, str]) -> list[str]:
     lines = [f"{'INSTANCE':<20}{'GPU':<8}{'POOLS':>10}{'USED':>11}{'LIMIT':>11}{'TARGET':>11}  STATE"]
     for header, shown, i in _rows(status):
         if i is None:
@@ -134,11 +145,11 @@ def _compact_instances(status: Status) -> list[str]:
             continue
         used = _b(i.elastic.used) if i.elastic else "-"
         state = (i.ack or "-") + (" STUCK" if i.stuck else "")
-        lines.append(f"{shown:<20}{i.gpu:<8}{_b(_runtime_pools(i)):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
+        lines.append(f"{shown:<20}{labels[i.gpu]:<8}{_b(_runtime_pools(i)):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
     return lines
 
 
-def _instances(status: Status) -> list[str]:
+def _instances(status: Status, labels: dict[str, str]) -> list[str]:
     lines = [f"{'INSTANCE':<22}{'ENGINE':<8}{'GPU':<8}{'RUNTIME POOLS':>15}{'USED':>11}{'MAPPED':>11}"
              f"{'LIMIT':>11}{'TARGET':>11}{'REV':>5}{'ACK':>5}  STATE"]
     for header, shown, i in _rows(status):
@@ -149,7 +160,7 @@ def _instances(status: Status) -> list[str]:
         mapped = _b(i.elastic.mapped) if i.elastic else "-"
         state = (i.ack or "-") + (" STUCK" if i.stuck else "")
         lines.append(
-            f"{shown:<22}{i.engine:<8}{i.gpu:<8}{_b(_runtime_pools(i)):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
+            f"{shown:<22}{i.engine:<8}{labels[i.gpu]:<8}{_b(_runtime_pools(i)):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
             f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
         )
     return lines
@@ -174,17 +185,18 @@ def render_bars(status: Status, style: Style = PLAIN, width: int = SCREEN_WIDTH)
     one width, which depends on the screen, never on the figures."""
     lines = []
     known = [g for g in status.gpus if g.capacity]
-    labels = max((len(_b(g.capacity)) for g in known), default=0)
-    bar_width = max(10, min(BAR_WIDTH, width - len(f"{'':<8} [] ") - labels))
+    capacity_width = max((len(_b(g.capacity)) for g in known), default=0)
+    bar_width = max(10, min(BAR_WIDTH, width - len(f"{'':<8} [] ") - capacity_width))
+    labels = gpu_labels(status)
     for g in status.gpus:
         if not g.capacity:
-            lines.append(f"{g.id}: capacity unknown")
+            lines.append(f"{labels[g.id]}: capacity unknown")
             continue
         used = sum(i.elastic.used for i in status.instances if i.gpu == g.id and i.elastic)
         parts = gpu_bar.segments(
             headroom=g.headroom or 0, other_used=g.other_used or 0, pools=g.reserved.by_pool, used=used, free=g.free
         )
-        lines.append(f"{g.id:<8} [{gpu_bar.render_bar(parts, g.capacity, bar_width, style)}] {_b(g.capacity)}")
+        lines.append(f"{labels[g.id]:<8} [{gpu_bar.render_bar(parts, g.capacity, bar_width, style)}] {_b(g.capacity)}")
         lines += gpu_bar.wrap(gpu_bar.legend(parts, sizes=True, style=style), width, indent=" " * 9)
     return "\n".join(lines) + "\n"
 

@@ -5,6 +5,8 @@ Against the real shared-memory ledger and, for the wait, a real controller on a 
 
 from __future__ import annotations
 
+import sys
+
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,6 +37,7 @@ def worker(device_type: str | None) -> SimpleNamespace:
 
 def test_a_cpu_worker_keeps_its_kv_cache_in_the_hosts_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: a GPU worker's id falls back to cuda:N
     assert HOST_DEVICE == "cpu:0"
     assert worker_gpu(worker("cpu")) == HOST_DEVICE
     assert worker_gpu(worker("cuda")) == "cuda:3"

@@ -487,6 +487,23 @@ def _write_segment_of_version(ledger_dir: Path, gpu: str, version: int) -> Path:
     return path
 
 
+LAYOUT2_HEADER = "<8sIIIIQ32sQI"
+"""Layout 2's static header: a 32-byte GPU id, the CRC at 76. Its records had today's offsets."""
+
+
+def _write_layout2_segment(ledger_dir: Path, gpu: str) -> Path:
+    """A segment as kvpolicy of layout 2 wrote it: its header (this layout's records, at the offsets layout 2 had)."""
+    GpuLedger.open(ledger_dir, gpu, slot_count=4).close()
+    path = segment_path(ledger_dir, gpu)
+    data = bytearray(path.read_bytes())
+    data[: L.HEADER_CRC_OFFSET + 4] = bytes(L.HEADER_CRC_OFFSET + 4)
+    struct.pack_into(LAYOUT2_HEADER, data, 0, L.MAGIC, 2, L.HEADER_SIZE, 4, L.SLOT_SIZE, L.segment_size(4),
+                     gpu.encode(), 1, os.geteuid())
+    struct.pack_into("<I", data, 76, zlib.crc32(bytes(data[:76])))
+    path.write_bytes(bytes(data))
+    return path
+
+
 def _old_engine_holding(path_dir: Path, gpu: str, ready, done) -> None:  # type: ignore[no-untyped-def]
     """An engine of the previous layout: it holds slot 0's owner lock (the same lock bytes in every version)."""
     import fcntl
@@ -500,7 +517,8 @@ def _old_engine_holding(path_dir: Path, gpu: str, ready, done) -> None:  # type:
 
 def test_an_old_engine_beside_a_new_controller_says_upgrade_the_engines(ledger_dir: Path) -> None:
     old = L.LAYOUT_VERSION - 1
-    path = _write_segment_of_version(ledger_dir, "cuda:0", old)
+    assert old == 2  # the segment below is written as layout 2 wrote it
+    path = _write_layout2_segment(ledger_dir, "cuda:0")
     GpuLedger.open(ledger_dir, "cuda:1", slot_count=4).close()
     r1, w1 = os.pipe()
     r2, w2 = os.pipe()
@@ -537,6 +555,36 @@ def test_a_new_engine_beside_an_old_controller_says_upgrade_this_one(ledger_dir:
         assert "newer than this kvpolicy" in problem and "upgrade this process" in problem
         assert ld.reclaim_dead() == []
     assert path.exists() and [q for q in ledger_dir.iterdir() if ".ledger." in q.name] == []
+
+
+def test_an_engine_keyed_by_uuid_is_refused_while_a_layout_2_engine_holds_its_cuda_n_segment(
+        ledger_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layout 2 keyed a GPU by ``cuda:N`` and layout 3 by UUID: another file, so the version check alone
+    would let engines of both layouts share the GPU unaccounted. The index twin is checked too."""
+    from tests.support import fake_nvml
+
+    uuids = ["GPU-5a0e4f2c-1b3d-4e5f-8a9b-0c1d2e3f4a5b", "GPU-9c7d1e2f-3a4b-4c5d-9e6f-7a8b9c0d1e2f"]
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.module([fake_nvml.FakeGpu(u) for u in uuids]))
+    path = _write_layout2_segment(ledger_dir, "cuda:1")  # the old engines' name for uuids[1]
+    r1, w1 = os.pipe()
+    r2, w2 = os.pipe()
+    p = FORK.Process(target=_old_engine_holding, args=(ledger_dir, "cuda:1", w1, r2), daemon=True)
+    p.start()
+    assert os.read(r1, 1) == b"x"
+    with pytest.raises(LayoutVersionMismatch, match=r"cuda:1.ledger has layout version 2, older than this kvpolicy .*"
+                                                     "upgrade the engines still attached to this GPU"):
+        attach(model="m", id="new", gpu=uuids[1], ledger_dir=ledger_dir, slots=4, handle_signals=False)
+    other = attach(model="m", id="other", gpu=uuids[0], ledger_dir=ledger_dir, slots=4, handle_signals=False)
+    assert not segment_path(ledger_dir, uuids[1]).exists() and path.exists()
+    os.write(w2, b"x")
+    p.join(timeout=60)
+    inst = attach(model="m", id="new", gpu=uuids[1], ledger_dir=ledger_dir, slots=4, handle_signals=False)
+    with LedgerDir(ledger_dir) as ld:  # the controller moves the drained old segment aside
+        view = ld.read()
+        assert {g: [v.id for v in s.instances] for g, s in view.gpus.items()} == {uuids[0]: ["other"], uuids[1]: ["new"]}
+    assert [q.name.split("-")[0] for q in ledger_dir.iterdir() if ".ledger." in q.name] == ["cuda:1.ledger.layout2"]
+    inst.detach()
+    other.detach()
 
 
 @pytest.mark.parametrize("kind", ["symlink to /dev/zero", "too big", "o+r"])

@@ -240,3 +240,30 @@ def test_measure_gpu_on_a_real_device_matches_cuMemGetInfo(ledger_dir: Path) -> 
     finally:
         session.close()
         del block
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU and torch")
+def test_nvml_keys_cuda_0_by_the_uuid_cuda_gives_it(ledger_dir: Path) -> None:
+    """On a real GPU: the ledger's id of cuda:0 (NVML, through CUDA_VISIBLE_DEVICES) is the device's UUID as
+    CUDA reports it, and the controller's sampler finds the segment's GPU by it."""
+    import torch
+
+    from kvpolicy.runtime.gpu_identity import load_nvml, local_gpu
+    from kvpolicy.runtime.gpus import NvmlSampler, gpu_id
+
+    assert load_nvml() is not None, "a GPU machine without NVML (nvidia-ml-py and the driver's libnvidia-ml)"
+    ident = local_gpu(0)
+    cuda_uuid = str(torch.cuda.get_device_properties(0).uuid).removeprefix("GPU-").removeprefix("MIG-")
+    assert ident.id[:4] in ("GPU-", "MIG-") and ident.id[4:] == cuda_uuid, (ident, cuda_uuid)
+    assert gpu_id(0) == ident.id and ident.name.startswith("cuda:")
+    session = open_session(SglangIdentity("m", ident.id, 0).ledger_identity(), env_for(ledger_dir))
+    try:
+        assert session.admit_static(GiB) == GiB
+        assert (ledger_dir / f"{ident.id}.ledger").is_file()
+        sample = NvmlSampler().sample([ident.id])[ident.id]
+        _free, total = torch.cuda.mem_get_info()
+        # NVML counts the whole framebuffer, CUDA a little less (what the driver keeps)
+        assert sample.name == ident.name and total <= sample.capacity <= total * 1.05, (sample, total)
+    finally:
+        session.close()

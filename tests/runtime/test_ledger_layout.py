@@ -27,16 +27,30 @@ def test_every_record_fits_and_every_word_is_aligned() -> None:
     assert L.HEADER_STATIC_SIZE + 4 <= L.OFF_GENERATION
 
 
-def test_layout_v2_is_frozen() -> None:
-    """Changing any offset or size, or the order of a change's stores, is a new layout version: v2 is this.
+def test_layout_v3_is_frozen() -> None:
+    """Changing any offset or size, or the order of a change's stores, is a new layout version: v3 is this.
 
     v2 kept v1's offsets and changed the protocol: a free stores the identity first (a v1 writer
-    killed half-way left slots no v2 reader accepts), so the two never share a segment.
+    killed half-way left slots no v2 reader accepts), so the two never share a segment. v3 widened
+    the GPU id from 32 to 64 bytes for UUIDs (issue 18), which moved the header fields after it;
+    the records kept their offsets.
     """
-    assert (L.MAGIC, L.LAYOUT_VERSION, L.HEADER_SIZE, L.SLOT_SIZE) == (b"KVPLEDGR", 2, 4096, 4096)
+    assert (L.MAGIC, L.LAYOUT_VERSION, L.HEADER_SIZE, L.SLOT_SIZE) == (b"KVPLEDGR", 3, 4096, 4096)
+    assert (L.GPU_ID_WIDTH, L.OFF_GPU_ID, L.OFF_CREATED_AT, L.OFF_CREATOR_UID, L.HEADER_CRC_OFFSET) == (64, 32, 96, 104, 108)
     assert (L.OFF_GPU_RECORD, L.OFF_TOTALS_RECORD) == (192, 360)
     assert (L.SLOT_OFF_PUBLISHED, L.SLOT_OFF_USAGE, L.SLOT_OFF_ACTIVITY, L.SLOT_OFF_RESERVATION) == (552, 672, 824, 832)
     assert L.RESERVATION_RECORD.size == 2776
+
+
+def test_a_uuid_is_stored_whole_in_the_header(tmp_path: Path) -> None:
+    from kvpolicy.runtime.segment import check_header, pack_header
+
+    uuid = "MIG-7e0b5d1a-2c3f-5e4d-8b6a-1f0e9d8c7b6a"
+    head = pack_header(uuid, 4)
+    assert head[L.OFF_GPU_ID:L.OFF_GPU_ID + L.GPU_ID_WIDTH].rstrip(b"\0") == uuid.encode()
+    assert check_header(head, tmp_path / f"{uuid}.ledger", uuid, L.segment_size(4)) == 4
+    with pytest.raises(CorruptSegment, match=r"belongs to GPU 'MIG-7e0b.*', not 'cuda:0'"):
+        check_header(head, tmp_path / "cuda:0.ledger", "cuda:0", L.segment_size(4))
 
 
 def test_docs_carry_the_generated_layout_table() -> None:

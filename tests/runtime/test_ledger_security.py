@@ -150,7 +150,7 @@ def test_other_layout_version_is_refused_naming_both(ledger_dir: Path) -> None:
     GpuLedger.open(ledger_dir, "cuda:0", slot_count=4).close()
     path = segment_path(ledger_dir, "cuda:0")
     _patch_header(path, 8, "<I", 7)
-    with pytest.raises(LayoutVersionMismatch, match=r"layout version 7, newer than this kvpolicy .* \(layout version 2\): upgrade this process"):
+    with pytest.raises(LayoutVersionMismatch, match=f"layout version 7, newer than this kvpolicy .* \\(layout version {L.LAYOUT_VERSION}\\): upgrade this process"):
         GpuLedger.open(ledger_dir, "cuda:0")
 
 
@@ -221,7 +221,8 @@ def test_damaged_slot_is_reported_not_trusted(ledger_dir: Path) -> None:
 
 @pytest.mark.parametrize(
     "gpu, problem",
-    [("", "1 to 32 bytes"), ("../etc", "may hold only"), (".hidden", "must not start with '.'"), ("x" * 33, "1 to 32 bytes")],
+    [("", "1 to 64 bytes"), ("../etc", "may hold only"), (".hidden", "must not start with '.'"), ("x" * 65, "1 to 64 bytes"),
+     ("MIG-GPU-5a0e4f2c-1b3d-4e5f-8a9b-0c1d2e3f4a5b/1/0", "may hold only")],
 )
 def test_gpu_ids_that_cannot_name_a_file_are_refused(ledger_dir: Path, gpu: str, problem: str) -> None:
     from kvpolicy.runtime.errors import LedgerError

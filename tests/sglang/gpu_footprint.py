@@ -52,6 +52,7 @@ def run_cases() -> list[dict]:
     from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
     from kvpolicy.adapters.sglang_dsv4.ports import Reserve
     from kvpolicy.units import GiB, MiB
+    from kvpolicy.runtime.gpus import gpu_id
     from tests.support.ledgers import InProcessLedger
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context, get_parallel
@@ -80,7 +81,8 @@ def run_cases() -> list[dict]:
                 **flags,
             )
             server_args = args.install()
-            ledger = InProcessLedger({"cuda:0": 120 * GiB})
+            gpu = gpu_id(0)  # the ledger's key for cuda:0, as the hook names it: its UUID where NVML is
+            ledger = InProcessLedger({gpu: 120 * GiB})
             state = hooks.AdapterState(
                 reserve_source=lambda model, r=reserve: Reserve(bytes=r, model=model, file="gpu", line=1),
                 connect=ledger.session, model_name=name,
@@ -110,7 +112,7 @@ def run_cases() -> list[dict]:
                     "torch_reserved_delta": reserved1 - reserved0,
                     "build_seconds": round(seconds, 3),
                     "cross_check_ok": m.cross_check_ok,
-                    "ledger_held": ledger.held("cuda:0"),
+                    "ledger_held": ledger.held(gpu),
                 })
                 del pool, _config, _sizes
                 state.measurements.clear()

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import threading
 from types import SimpleNamespace
 
@@ -151,17 +153,44 @@ def test_instance_ids() -> None:
     assert InstanceKey("eng", "m", rank=0, dp_rank=2).id == "eng/dp2/0"
 
 
+U = ["GPU-5a0e4f2c-1b3d-4e5f-8a9b-0c1d2e3f4a5b", "GPU-9c7d1e2f-3a4b-4c5d-9e6f-7a8b9c0d1e2f",
+     "GPU-1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", "GPU-c0ffee00-1234-4abc-9def-0123456789ab"]
+
+
+@pytest.fixture
+def nvml(monkeypatch: pytest.MonkeyPatch):
+    """NVML of a machine with four GPUs (a stand-in: this one has none)."""
+    from tests.support import fake_nvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml.module([fake_nvml.FakeGpu(u) for u in U]))
+
+
 @pytest.mark.parametrize(
     ("visible", "local", "gpu"),
-    [("", 1, "cuda:1"), ("4,6", 1, "cuda:6"), ("GPU-abc,GPU-def", 0, "GPU-abc"), ("2", 3, "cuda:3")],
+    [("", 1, U[1]), ("3,1", 1, U[1]), (f"{U[2]},{U[0]}", 0, U[2]), ("GPU-c0ffee", 0, U[3])],
 )
-def test_gpu_ids_follow_cuda_visible_devices(visible: str, local: int, gpu: str) -> None:
+def test_gpu_ids_are_the_uuids_cuda_visible_devices_names(nvml, visible: str, local: int, gpu: str) -> None:
     assert gpu_of(local, {"CUDA_VISIBLE_DEVICES": visible}) == gpu
 
 
-def test_assigned_physical_gpus_win() -> None:
-    worker = SimpleNamespace(local_rank=1, parallel_config=SimpleNamespace(assigned_physical_gpu_ids=[6, 7]))
-    assert worker_gpu(worker) == "cuda:7"
+@pytest.mark.parametrize(("visible", "local", "gpu"), [("", 1, "cuda:1"), ("4,6", 1, "cuda:6"), (U[2], 0, U[2])])
+def test_without_nvml_gpu_ids_fall_back_to_indices(monkeypatch: pytest.MonkeyPatch, visible: str, local: int,
+                                                   gpu: str) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert gpu_of(local, {"CUDA_VISIBLE_DEVICES": visible}) == gpu
+
+
+def test_a_device_not_in_cuda_visible_devices_is_refused(nvml) -> None:
+    with pytest.raises(ValueError, match="CUDA device 3 is not among CUDA_VISIBLE_DEVICES='2'"):
+        gpu_of(3, {"CUDA_VISIBLE_DEVICES": "2"})
+
+
+def test_the_workers_device_then_assigned_physical_gpus(nvml, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    worker = SimpleNamespace(local_rank=1, parallel_config=SimpleNamespace(assigned_physical_gpu_ids=[1, 0]))
+    assert worker_gpu(worker) == U[0]  # vLLM's physical id 0 is NVML's GPU 0
+    worker.device = SimpleNamespace(type="cuda", index=0)  # an initialized worker: its CUDA ordinal wins
+    assert worker_gpu(worker) == U[3]
 
 
 def test_missing_hook_target_names_it() -> None:

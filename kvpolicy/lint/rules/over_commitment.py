@@ -65,7 +65,7 @@ def _gpus(ctx: LintContext) -> Iterator[tuple[str, int, int, list[_Demand]]]:
             demands = []
             for inst in (i for i in ctx.facts.instances if i.gpu == gpu.id):
                 settings = policy.model_settings(inst.model)
-                capacity = policy.gpu_settings(gpu.id).capacity or gpu.capacity
+                capacity = policy.gpu_settings(gpu.id, gpu.name).capacity or gpu.capacity
                 reserve = inst.runtime_bytes if inst.reports_runtime_pools else (settings.reserve or 0)
                 minimum = settings.min_bytes(capacity) if inst.elastic is not None else 0
                 demands.append(_Demand(settings.block, minimum, reserve))
