@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))  # the tests' SGLang pool set-up on CPU (import stand-ins): tests.sglang
+# The tests' SGLang pool set-up (import stand-ins): tests.sglang. Appended, so that an installed kvpolicy
+# (the GPU machine's, adapters inside) wins over the source tree's kvpolicy/.
+sys.path.append(str(HERE.parent))
 
 from kvpolicy.alloc import StaticLimit, open_driver  # noqa: E402 - after the path to the tests' SGLang helpers
 from kvpolicy.units import GiB, MiB  # noqa: E402 - after the path to the tests' SGLang helpers

@@ -74,6 +74,7 @@ def test_the_scheduler_loop_on_cuda_virtual_memory(sglang_env, ops, first_limit)
 
     warm_up(sglang_env)
     baseline = free_bytes()
+    allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     driver = open_driver("cuda", device=torch.cuda.current_device())
     b = build(sglang_env, (1 + first_limit) * GROUP, device="cuda", driver=driver)
     assert b.pool.swa_kv_pool.kv_buffer[0].is_cuda
@@ -83,7 +84,11 @@ def test_the_scheduler_loop_on_cuda_virtual_memory(sglang_env, ops, first_limit)
     torch.cuda.synchronize()
     b.swa.close()
     del outer, b
-    assert free_bytes() == baseline
+    after = free_bytes()
+    assert after == baseline, (
+        f"free {baseline} -> {after}; torch allocated {allocated} -> {torch.cuda.memory_allocated()}, "
+        f"reserved {reserved} -> {torch.cuda.memory_reserved()}"
+    )
 
 
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU and cuda-python")
@@ -98,8 +103,9 @@ def test_the_start_up_wiring_on_cuda_virtual_memory(sglang_env, engine, ledger_d
     (pool, swa), = state.elastic_pools
     assert swa.driver.kind == "cuda" and pool.swa_kv_pool.kv_buffer[0].is_cuda
     assert swa.held_bytes == GROUP  # idle: the pinned chunk group only
-    instance = state.admitted[0].identity.instance_id
-    publish(ledger_dir, 1, {instance: InstanceLimits(limit=6 * GROUP, target=GUARANTEE, guarantee=GUARANTEE)})
+    identity = state.admitted[0].identity  # on a GPU with NVML, its ledger is keyed by the GPU's UUID
+    publish(ledger_dir, 1, {identity.instance_id: InstanceLimits(limit=6 * GROUP, target=GUARANTEE,
+                                                                 guarantee=GUARANTEE)}, gpu=identity.gpu)
     swa.give_back_interval = swa.report_interval = 0.0
     ops = [("admit", 300), ("decode", 600), ("admit", 700), ("decode", 400), ("finish", 0, True),
            ("admit", 256), ("decode", 300), ("finish", 1, False)] * 3

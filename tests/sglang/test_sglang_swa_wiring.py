@@ -57,12 +57,12 @@ def offer_figures(ledger_dir: Path):
                   other_used=0, ledger_dir=ledger_dir, handle_signals=False)
 
 
-def publish(ledger_dir: Path, revision: int, limits: dict) -> None:
+def publish(ledger_dir: Path, revision: int, limits: dict, gpu: str = GPU) -> None:
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.ledger import GpuLimits
 
     with LedgerDir(ledger_dir) as ld:
-        skipped = ld.publish(ld.read(), revision, {GPU: GpuLimits(CAPACITY, 0, 0, CAPACITY)}, limits)
+        skipped = ld.publish(ld.read(), revision, {gpu: GpuLimits(CAPACITY, 0, 0, CAPACITY)}, limits)
     assert not skipped
 
 
