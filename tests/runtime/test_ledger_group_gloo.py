@@ -1,7 +1,8 @@
 """The adapters' collective for group admission: real torch.distributed gloo worlds of rank processes.
 
-Each rank is a forked process that joins a gloo world, as vLLM's and SGLang's workers do
-for their CPU group, and admits its reserve on its own GPU's real ledger through
+Each rank is a spawned process that joins a gloo world, as vLLM's and SGLang's workers do
+for their CPU group (spawned, as theirs are: a forked one would inherit whatever default process
+group an earlier test left in the pytest process, and gloo refuses to make a second), and admits its reserve on its own GPU's real ledger through
 ``process_group_ranks``: all ranks or none, and a rank killed mid-way makes gloo's
 collective fail on the others, which give their admissions back.
 """
@@ -33,7 +34,7 @@ from kvpolicy.units import MiB
 
 dist = pytest.importorskip("torch.distributed")
 
-FORK = mp.get_context("fork")
+SPAWN = mp.get_context("spawn")
 HANG = 120.0
 """Only to catch a hang (the process group's timeout too), never a speed goal."""
 
@@ -88,8 +89,8 @@ def _rank(rank: int, size: int, port: int, ledger_dir: Path, capacity: int, die:
 
 
 def run_world(ledger_dir: Path, size: int, capacity: dict[int, int], die: int = -1) -> dict[int, Any]:
-    port, out = _free_port(), FORK.Queue()
-    procs = [FORK.Process(target=_rank, args=(r, size, port, ledger_dir, capacity.get(r, 100 * MiB), r == die, out))
+    port, out = _free_port(), SPAWN.Queue()
+    procs = [SPAWN.Process(target=_rank, args=(r, size, port, ledger_dir, capacity.get(r, 100 * MiB), r == die, out))
              for r in range(size)]
     for p in procs:
         p.start()

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.vllm
 
-from real_vllm import (
+from tests.vllm.real_vllm import (
     Case,
     RealPlan,
     v4_layer_templates,
