@@ -253,6 +253,14 @@ class ElasticSWA:
         self._show(self.grid.completed_by(chosen, m.mapped))
         return len(self._free_list()) >= pages
 
+    def ensure_within(self, at_most: int, pages: Callable[[], int]) -> bool:
+        """``ensure(pages())``, without counting the pages when ``at_most`` (a bound on the count) are
+        free already: the count is SGLang's ``get_num_new_pages``, tensor work that costs as much as the
+        allocation, and a decode step needs at most one new page per request."""
+        if len(self._free_list()) >= at_most:
+            return True
+        return self.ensure(pages())
+
     def _refused(self, why: str) -> None:
         self.refusals += 1
         self._short, self._short_revision = True, self.mapping.reading.revision
@@ -363,12 +371,15 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
     def available_size() -> int:
         return original["available_size"]() + pool.mappable_pages() * P
 
-    def taking(name: str, pages: Callable[..., int]) -> Callable[..., Any]:
+    def taking(name: str, pages: Callable[..., int], at_most: Callable[..., int] | None = None) -> Callable[..., Any]:
         call = original[name]
 
         @functools.wraps(call)
         def method(*args: Any, **kwargs: Any) -> Any:
-            pool.ensure(pages(*args, **kwargs))
+            if at_most is None:
+                pool.ensure(pages(*args, **kwargs))
+            else:
+                pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
             before = pool._free_list()
             out = call(*args, **kwargs)
             pool.handed_out(_pages_taken(before, a.free_pages))
@@ -385,6 +396,9 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
     def decode_pages(seq_lens: Any, seq_lens_cpu: Any, last_loc: Any) -> int:
         return int(get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, decode=True))
 
+    def decode_pages_at_most(seq_lens: Any, seq_lens_cpu: Any, last_loc: Any) -> int:
+        return len(seq_lens_cpu)
+
     def release(*page_ids: Any) -> None:
         original["_release_page_ids"](*page_ids)
         pool.returned([p for ids in page_ids for p in ids.tolist()])  # a deferred limit unmaps what empties
@@ -393,7 +407,7 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
     a.available_size = available_size
     a.alloc = taking("alloc", lambda need_size: need_size // P)
     a.alloc_extend = taking("alloc_extend", extend_pages)
-    a.alloc_decode = taking("alloc_decode", decode_pages)
+    a.alloc_decode = taking("alloc_decode", decode_pages, at_most=decode_pages_at_most)
     a._release_page_ids = release
 
 
@@ -435,14 +449,16 @@ def wrap_swa_allocator(outer: Any, pool: ElasticSWA) -> None:
 
     outer.swa_capacity_and_available = swa_capacity_and_available
 
-    def guarded(name: str, pages: Callable[..., int]) -> None:
+    def guarded(name: str, pages: Callable[..., int], at_most: Callable[..., int] | None = None) -> None:
         call = getattr(outer, name)
 
         @functools.wraps(call)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if not pool.ensure(pages(*args, **kwargs)):
-                return None
-            return call(*args, **kwargs)
+            if at_most is None:
+                ready = pool.ensure(pages(*args, **kwargs))
+            else:
+                ready = pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
+            return call(*args, **kwargs) if ready else None
 
         setattr(outer, name, method)
 
@@ -451,7 +467,8 @@ def wrap_swa_allocator(outer: Any, pool: ElasticSWA) -> None:
     guarded("alloc_extend_swa_tail", lambda *args, swa_tail_len=None, **kw: -(-int(
         swa_tail_len if swa_tail_len is not None else args[6]) // P))
     guarded("alloc_decode", lambda seq_lens, seq_lens_cpu, last_loc: int(
-        get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, decode=True)))
+        get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, decode=True)),
+        at_most=lambda seq_lens, seq_lens_cpu, last_loc: len(seq_lens_cpu))  # one new page per request at most
 
 
 @contextlib.contextmanager

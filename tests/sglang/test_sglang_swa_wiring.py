@@ -157,19 +157,26 @@ def test_the_start_up_builds_the_swa_pool_on_the_allocator_under_the_ledger(engi
 
 
 def test_a_served_load_maps_under_the_ledger_and_an_idle_engine_gives_back_to_its_guarantee(engine, ledger_dir):
-    _targets, state, sizes, pools = engine()
+    serve_then_idle(engine, ledger_dir, device="cpu")
+
+
+def serve_then_idle(engine, ledger_dir: Path, device: str):
+    """Serve until the guarantee is full, grow into a published limit, finish, give back to the guarantee;
+    returns (the adapter's state, SGLang's pools). The GPU test runs the same on ``cuda``."""
+    _targets, state, sizes, pools = engine(device=device)
     (pool, swa), = state.elastic_pools
     outer = pools.token_to_kv_pool_allocator
-    instance = state.admitted[0].identity.instance_id
+    identity = state.admitted[0].identity  # on a GPU with NVML, its ledger is keyed by the GPU's UUID
+    instance = identity.instance_id
     swa.give_back_interval = swa.report_interval = 0.0  # every tick gives back and reports (no wall clock)
-    s = Scheduler(Built(pool, sizes, swa, None, None), outer)  # type: ignore[arg-type]
+    s = Scheduler(Built(pool, sizes, swa, None, None), outer, device)  # type: ignore[arg-type]
     # No controller yet: the limit is the guarantee (plus the pinned group); a reached limit refuses.
     while s.refused == 0:
         s.admit(256)
         s.check()
     assert swa.held_bytes == GROUP + GUARANTEE and swa.refusals >= 1
     # A controller publishes more room: the pool grows into it (and no further than the policy's max).
-    publish(ledger_dir, 1, {instance: _limits(limit=6 * GROUP, target=GUARANTEE)})
+    publish(ledger_dir, 1, {instance: _limits(limit=6 * GROUP, target=GUARANTEE)}, gpu=identity.gpu)
     before = len(s.running)
     for _ in range(40):
         s.admit(256)
@@ -187,6 +194,7 @@ def test_a_served_load_maps_under_the_ledger_and_an_idle_engine_gives_back_to_it
     s.check()
     assert swa.held_bytes <= GROUP + GUARANTEE
     assert ledger_slot(ledger_dir, instance).mapped == swa.elastic_bytes <= GUARANTEE
+    return state, pools
 
 
 def _limits(limit: int, target: int):
