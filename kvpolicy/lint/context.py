@@ -61,4 +61,5 @@ class LintContext:
         if len(types) == 1:
             return self._by_type.get(types[0], [])
         wanted = set(types)
-        return [n for n in self.nodes if type(n) in wanted]  # the walk's order: no sort
+        found: list[Any] = [n for n in self.nodes if type(n) in wanted]  # the walk's order: no sort
+        return found
