@@ -46,6 +46,10 @@ class Span(BaseModel):
         """The span from the start of ``self`` to the end of ``other``."""
         return Span(line=self.line, col=self.col, end_line=other.end_line, end_col=other.end_col)
 
+    def moved(self, lines: int) -> Span:
+        """The same span ``lines`` lines further down (up, for a negative number)."""
+        return Span(line=self.line + lines, col=self.col, end_line=self.end_line + lines, end_col=self.end_col)
+
 
 class Severity(str, Enum):
     ERROR = "error"

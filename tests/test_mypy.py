@@ -54,7 +54,9 @@ def no_such_attribute(env: AdapterEnv) -> object:
 
 def test_a_type_error_fails_the_check(tmp_path: Path) -> None:
     planted = tmp_path / "planted.py"
-    planted.write_text(PLANTED, encoding="utf-8")
+    # its own last line: mypy's cache keeps a module's errors by its text, with the path of the
+    # run that wrote them, so the same text at another temporary path would be reported there
+    planted.write_text(f"{PLANTED}# {tmp_path}\n", encoding="utf-8")
     run = _mypy(str(planted))
     output = run.stdout + run.stderr
     assert run.returncode == 1, output

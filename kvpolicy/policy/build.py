@@ -681,8 +681,12 @@ def _attribute_for(word: str) -> str | None:
     return _SHORT_ATTRIBUTES[short] if short is not None else None
 
 
+_ESCAPE = re.compile(r"\\(.)")
+
+
 def _unquote(text: str) -> str:
-    return re.sub(r"\\(.)", r"\1", text[1:-1])
+    body = text[1:-1]
+    return _ESCAPE.sub(r"\1", body) if "\\" in body else body  # most names have no escape
 
 
 def _literal_kind(node: m.Operand) -> str:

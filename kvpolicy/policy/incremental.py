@@ -4,9 +4,13 @@ An editor lints on every change, and a change touches one statement; parsing and
 building the other hundreds again is most of the time of a lint. ``StatementCache``
 cuts the text into chunks, each ending where a line ends with every brace and
 parenthesis closed and holding one top-level statement (with the blank and comment
-lines before it), and keeps what each chunk built under its text and first line.
-A later version builds only the chunks it does not find there, parsing runs of
-adjacent new chunks as one text.
+lines before it), and keeps what each chunk built under its text. A later version
+builds only the chunks it does not find there, parsing runs of adjacent new chunks as
+one text. A chunk found at another line (below a line added or removed) is moved
+there: its spans and comments shifted by the lines it moved, which is what building
+it there makes (it starts a line, so columns stay). Unless building it reported
+something: a message may name a line (``the first is on line 12``), so such a chunk
+is built again where it now stands.
 
 Why a chunk parses alone as it does inside the whole text: a top-level statement
 starts in the parser state after a separator (or at the start), and both states
@@ -79,20 +83,41 @@ def split(text: str) -> list[Chunk]:
 
 @dataclass(frozen=True)
 class ChunkBuilt:
-    """What one chunk built: its statements, and its comments as they stood when the chunk
-    began at ``offset`` (a chunk is reused at the same line, maybe at another offset)."""
+    """What one chunk built: its statements, and its comments, as they stood when the chunk
+    began at line ``first_line``, character ``offset`` of the text."""
 
     statements: tuple[Built, ...]
     comments: tuple[Token, ...]
+    first_line: int
     offset: int
 
-    def comments_at(self, offset: int) -> list[Token]:
-        """The comments, for the chunk beginning at ``offset`` of the text."""
-        if offset == self.offset:
-            return list(self.comments)
-        moved = offset - self.offset
-        return [Token(c.type, c.value, c.start_pos + moved, c.line, c.column, c.end_line, c.end_column, c.end_pos + moved)
-                for c in self.comments]
+    @property
+    def movable(self) -> bool:
+        """Whether it can be moved to another line: building it reported nothing (a message
+        may name a line, which moving would not change)."""
+        return not any(s.diagnostics for s in self.statements)
+
+    def at(self, chunk: Chunk) -> ChunkBuilt:
+        """What ``chunk`` (of the same text, maybe at another line and offset) builds."""
+        if (chunk.first_line, chunk.offset) == (self.first_line, self.offset):
+            return self
+        lines, chars = chunk.first_line - self.first_line, chunk.offset - self.offset
+        statements = self.statements if not lines else tuple(_moved(s, lines) for s in self.statements)
+        comments = tuple(
+            Token(c.type, c.value, c.start_pos + chars, c.line + lines, c.column, c.end_line + lines, c.end_column, c.end_pos + chars)
+            for c in self.comments
+        )
+        return ChunkBuilt(statements, comments, chunk.first_line, chunk.offset)
+
+
+def _moved(built: Built, lines: int) -> Built:
+    """A statement built ``lines`` lines further down (it reported nothing: see ``ChunkBuilt.movable``)."""
+    return Built(
+        None if built.node is None else built.node.moved(lines),
+        None if built.version is None else built.version.moved(lines),
+        None if built.version_span is None else built.version_span.moved(lines),
+        built.diagnostics,
+    )
 
 
 @dataclass(frozen=True)
@@ -108,13 +133,13 @@ class StatementCache:
     """What the last version of one document built, chunk by chunk (see the module's doc)."""
 
     def __init__(self) -> None:
-        self._built: dict[tuple[str, int, str], ChunkBuilt] = {}
+        self._built: dict[tuple[str, str], ChunkBuilt] = {}
 
     def build(self, text: str, file: str, sha256: str, end: Span) -> BuiltText | None:
         """``text`` parsed and built as ``PolicyBuilder`` would build the whole; None when a
         chunk does not parse (the caller parses the whole text). Keeps only this version's chunks."""
         chunks = split(text)
-        built: list[ChunkBuilt | None] = [self._built.get((file, c.first_line, c.text)) for c in chunks]
+        built = [self._reuse(file, c) for c in chunks]
         index = 0
         while index < len(chunks):
             if built[index] is not None:
@@ -129,10 +154,18 @@ class StatementCache:
             built[index:run_end] = fresh
             index = run_end
         done = [b for b in built if b is not None]
-        self._built = {(file, c.first_line, c.text): b for c, b in zip(chunks, done)}
+        self._built = {(file, c.text): b for c, b in zip(chunks, done)}
         policy, diagnostics = assemble(file, (s for b in done for s in b.statements), sha256, end)
-        comments = [comment for c, b in zip(chunks, done) for comment in b.comments_at(c.offset)]
+        comments = [comment for b in done for comment in b.comments]
         return BuiltText(policy, diagnostics, comments)
+
+    def _reuse(self, file: str, chunk: Chunk) -> ChunkBuilt | None:
+        """What the last version built of this chunk's text, where this chunk stands; None
+        when it must be built (a new text, or one that cannot move to its new line)."""
+        found = self._built.get((file, chunk.text))
+        if found is None or (found.first_line != chunk.first_line and not found.movable):
+            return None
+        return found.at(chunk)
 
 
 def _build_run(chunks: list[Chunk], file: str) -> list[ChunkBuilt] | None:
@@ -153,7 +186,7 @@ def _build_run(chunks: list[Chunk], file: str) -> list[ChunkBuilt] | None:
             statements[bisect_right(starts, first_token(child).line) - 1].append(builder.statement(child))
     for comment in trace.comments:
         comments[bisect_right(starts, comment.line) - 1].append(comment)
-    return [ChunkBuilt(tuple(s), tuple(c), chunk.offset) for s, c, chunk in zip(statements, comments, chunks)]
+    return [ChunkBuilt(tuple(s), tuple(c), chunk.first_line, chunk.offset) for s, c, chunk in zip(statements, comments, chunks)]
 
 
 def _move(tree: Tree, comments: list[Token], lines: int, offset: int) -> None:

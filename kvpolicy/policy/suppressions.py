@@ -19,7 +19,10 @@ def is_suppression(comment: str) -> bool:
 
 
 def covered_lines(lines: list[str], positions: list[tuple[int, int]]) -> list[int]:
-    """The line each suppression at ``(line, col)`` (1-based) covers; one pass over ``lines``."""
+    """The line each suppression at ``(line, col)`` (1-based) covers; one pass over ``lines``
+    (none without suppressions)."""
+    if not positions:
+        return []
     next_code = [0] * (len(lines) + 2)  # next_code[n]: the first line after n with code, or 0
     for number in range(len(lines), 0, -1):
         stripped = lines[number - 1].strip()

@@ -15,6 +15,7 @@ import pytest
 import kvpolicy
 from kvpolicy.cli import FORMAT_EXEMPT, build_parser
 from kvpolicy.commands import subcommands
+from tests.support.terminal import in_a_terminal
 
 BAD_POLICY = 'version 1\nmodel "a" { reserve 4 GiBB }\n'
 
@@ -22,27 +23,6 @@ BAD_POLICY = 'version 1\nmodel "a" { reserve 4 GiBB }\n'
 def kvpolicy_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kvpolicy.cli", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, **(env or {})}, cwd=cwd)
-
-
-def in_a_pty(*args: str, env: dict[str, str]) -> str:
-    """What ``kvpolicy ARGS`` writes to a terminal."""
-    leader, follower = pty.openpty()
-    environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    process = subprocess.Popen([sys.executable, "-m", "kvpolicy.cli", *args], stdout=follower, stderr=follower,
-                               env={**environ, "TERM": "xterm", **env})
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the other side is closed
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    process.wait(timeout=120)
-    os.close(leader)
-    return b"".join(chunks).decode()
 
 
 def test_version():
@@ -88,9 +68,9 @@ def test_every_command_but_the_exempt_has_format_text_and_json(name):
 def test_lint_colours_a_terminal_unless_no_color(tmp_path):
     policy = tmp_path / "bad.kvp"
     policy.write_text(BAD_POLICY)
-    assert "\x1b[1;31merror\x1b[0m" in in_a_pty("lint", str(policy), env={})
-    assert "\x1b[" not in in_a_pty("lint", str(policy), env={"NO_COLOR": "1"})
-    assert "\x1b[" not in in_a_pty("lint", str(policy), "--color", "never", env={})
+    assert "\x1b[1;31merror\x1b[0m" in in_a_terminal("lint", str(policy)).text
+    assert "\x1b[" not in in_a_terminal("lint", str(policy), env={"NO_COLOR": "1"}).text
+    assert "\x1b[" not in in_a_terminal("lint", str(policy), "--color", "never").text
     # Not a terminal: no colour, unless asked for.
     assert "\x1b[" not in kvpolicy_cli("lint", str(policy)).stdout
     assert "\x1b[1;31merror\x1b[0m" in kvpolicy_cli("--color", "always", "lint", str(policy), env={"NO_COLOR": "1"}).stdout

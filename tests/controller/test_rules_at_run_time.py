@@ -5,8 +5,6 @@ terminal), ``explain --live``, the metrics and the decision log."""
 from __future__ import annotations
 
 import json
-import os
-import pty
 import signal
 import stat
 import subprocess
@@ -18,6 +16,7 @@ from kvpolicy.terminal import strip_styles
 from kvpolicy.runtime.rulestate import STATE_FILE, read_rule_state
 from kvpolicy.runtime.status import read_status
 from tests.controller.site import POLICY, GiB
+from tests.support.terminal import in_a_terminal
 from tests.support.waiting import wait_for
 
 HANG = 120.0
@@ -98,27 +97,6 @@ def test_a_restart_keeps_the_rule_s_shrink_and_a_renamed_rule_starts_again(site)
     assert stop(third) == 0
 
 
-def in_a_terminal(*args: str, columns: int = 80) -> str:
-    """What ``kvpolicy ARGS`` writes to a terminal of ``columns`` columns."""
-    leader, follower = pty.openpty()
-    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR")}
-    process = subprocess.Popen([sys.executable, "-m", "kvpolicy.cli", *args], stdin=subprocess.DEVNULL,
-                               stdout=follower, stderr=follower, env={**env, "TERM": "xterm", "COLUMNS": str(columns)})
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:  # EIO: the other side is closed
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    assert process.wait(timeout=HANG) == 0
-    os.close(leader)
-    return b"".join(chunks).decode()
-
-
 def test_status_top_explain_and_metrics_name_the_rule_acting(site, capsys, caplog):
     site.policy.write_text(POLICY + RULE)
     controller = site.controller()
@@ -141,7 +119,9 @@ def test_status_top_explain_and_metrics_name_the_rule_acting(site, capsys, caplo
     assert rule["rule"] == "squeeze-batch" and rule["instances"][0]["shrink_to"] == SQUEEZED
 
     # top, on an 80-column terminal: the rule's line is there, and it fits.
-    screen = in_a_terminal("top", "--ledger-dir", str(site.ledger_dir), "--iterations", "1")
+    shown = in_a_terminal("top", "--ledger-dir", str(site.ledger_dir), "--iterations", "1", columns=80, timeout=HANG)
+    assert shown.returncode == 0
+    screen = shown.text
     rows = [row for row in strip_styles(screen.replace("\x1b[H\x1b[2J", "")).splitlines()
             if not row.startswith("policy ")]  # it names a temporary path
     assert any(row.startswith("squeeze-batch       batch/0             acting for") for row in rows), screen

@@ -145,3 +145,34 @@ def test_an_edit_reparses_only_its_statement(monkeypatch: pytest.MonkeyPatch) ->
     parsed.clear()
     assert lint_text(edited, FILE, statements=cache) == again  # the cache still holds the version before
     assert parsed == []
+
+
+def test_a_line_added_moves_the_statements_below_without_parsing_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[str] = []
+    parse = incremental.parse
+
+    def spy(text, trace):
+        parsed.append(text)
+        return parse(text, trace)
+
+    monkeypatch.setattr(incremental, "parse", spy)
+    cache = StatementCache()
+    lint_text(POLICY, FILE, statements=cache)
+    moved = POLICY.replace("# a family of models\n", "# a family of models\n\n")
+    parsed.clear()
+    result = lint_text(moved, FILE, statements=cache)
+    assert parsed == ['# a family of models\n\nmodel "a*" {\n  reserve 4 GB  # kvpolicy: ignore[KV019] the vendor\'s sizes\n}\n']
+    assert result == lint_text(moved, FILE)
+    assert result.policy is not None and result.policy.rules[0].span.line == 10  # one line further down
+
+    # a statement whose building reported something is built again where it now stands:
+    # its message names a line
+    twice = moved.replace("priority 5;", "priority 5; priority 6;")
+    lint_text(twice, FILE, statements=cache)
+    below = twice.replace('model "a*" {\n', 'model "a*" {\n\n')
+    parsed.clear()
+    result = lint_text(below, FILE, statements=cache)
+    # the statement edited, and the one below it (parsed with it, as adjacent); not the rule
+    assert parsed == [below[below.index("# a family"):below.index('\nrule "reclaim"')]]
+    assert [(d.code, d.line, d.hint) for d in result.diagnostics] == [("KV011", 9, "remove one (the first is on line 9)")]
+    assert result == lint_text(below, FILE)
