@@ -6,7 +6,9 @@ reassembles in vLLM's registration order (``v4_layer_templates`` checks that thi
 template's own specs). For each example vLLM's ``get_global_kv_cache_groups`` / ``get_kv_cache_configs``
 plan the pattern for a random budget, max_model_len and scheduler (batched tokens, async scheduling),
 and the plan must agree field by field, the per-request worst case and the concurrency included, or
-refuse where vLLM refuses, quoting vLLM's figures. Nothing is allocated.
+refuse where vLLM refuses, quoting vLLM's figures. vLLM's own ``allocate_kv_cache`` then builds the
+planned cache on the ``meta`` device (so budgets need no cap), and its views must be the plan's
+buffer, groups and per-pool bytes (tests/vllm/allocation_check.py).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import model_specs
 from kvpolicy.adapters.vllm_adapter.planning.plan import (
     PlanError,
     PlanSettings,
     make_plan,
 )
+from tests.vllm.allocation_check import check_allocation
 from tests.vllm.vllm_paths import CONFIGS
 
 pytestmark = pytest.mark.vllm
@@ -75,6 +79,7 @@ ESTIMATE = re.compile(r"estimated maximum model length is (\d+)")
 def test_random_v4_patterns_plan_as_vllm_does(template: tuple[Path, dict[str, Any], dict]) -> None:
     from tests.vllm.real_vllm import (
         Case,
+        allocated_views,
         max_request_bytes,
         real_plan_for_specs,
         v4_specs,
@@ -128,6 +133,7 @@ def test_random_v4_patterns_plan_as_vllm_does(template: tuple[Path, dict[str, An
             plan = make_plan(config, ours_settings, budget=budget)
             need = max_request_bytes(cfg, real.groups)
             concurrency = real.max_concurrency
+            allocated = allocated_views(real.kv_cache_config, "BLHNC")
         finally:
             sched.max_num_batched_tokens, sched.async_scheduling = saved
         event("planned")
@@ -147,6 +153,9 @@ def test_random_v4_patterns_plan_as_vllm_does(template: tuple[Path, dict[str, An
                 theirs.layer_names)
             assert (mine.layers, mine.block_size, mine.bytes_per_block) == (
                 len(theirs.layer_names), spec.block_size, pages)
+        # What vLLM allocates for it, pool by pool, as the plan's layers name their pools.
+        layer_pools = {name: (s.pool, s.part) for name, s in model_specs(config, ours_settings).layers.items()}
+        check_allocation(plan, layer_pools, allocated)
 
     check()
     # The strategy must reach the cases the issue names, not only in principle.
