@@ -3,8 +3,11 @@
 Each example writes a Qwen3-shaped config.json (random layer count, heads, KV heads,
 head size, dtype, max_model_len) and a random budget; vLLM's real model class gives
 the layer specs on the meta device and vLLM's ``get_global_kv_cache_groups`` /
-``get_kv_cache_configs`` plan them (nothing is allocated). The plan must agree on
-blocks, bytes per block, total bytes and concurrency, or refuse where vLLM refuses.
+``get_kv_cache_configs`` plan them. The plan must agree on blocks, bytes per block, total
+bytes and concurrency, or refuse where vLLM refuses, for vLLM's reason and with its figures.
+vLLM's ``allocate_kv_cache`` then builds the plan on the ``meta`` device (no memory, so
+budgets need no cap), and its views must be the plan's buffer and per-pool bytes
+(tests/vllm/allocation_check.py).
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import os
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from tests.vllm.allocation_check import check_allocation
+from tests.vllm.refusals import assert_same_refusal
 from tests.vllm.vllm_paths import CONFIGS
 
-from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
 pytestmark = pytest.mark.vllm
@@ -50,7 +55,7 @@ def configs(draw: st.DrawFn) -> dict:
 @given(config=configs(), budget=st.integers(1 << 20, 64 << 30), block_size=st.sampled_from([16, 32, 64]))
 def test_random_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int,
                                           block_size: int) -> None:
-    from tests.vllm.real_vllm import Case, real_plan, vllm_config
+    from tests.vllm.real_vllm import Case, allocated_views, real_plan, vllm_config
 
     folder = tmp_path_factory.mktemp("random-qwen3")
     (folder / "config.json").write_text(json.dumps(config))
@@ -67,11 +72,10 @@ def test_random_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFacto
     )
     try:
         real = real_plan(case, budget)
-    except ValueError as exc:  # vLLM refuses the budget: so must the plan
-        event("refused")
-        assert "KV cache" in str(exc) or "memory" in str(exc)
-        with pytest.raises(PlanError):
+    except ValueError as exc:  # vLLM refuses the budget: so must the plan, for vLLM's reason
+        with pytest.raises(PlanError) as refused:
             make_plan(load_config(folder / "config.json"), ours, budget=budget)
+        event(f"refused: {assert_same_refusal(str(refused.value), str(exc))}")
         return
     event("planned")
     plan = make_plan(load_config(folder / "config.json"), ours, budget=budget)
@@ -79,3 +83,8 @@ def test_random_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFacto
     assert plan.bytes_per_block == real.bytes_per_block
     assert plan.total_bytes == sum(t.size for t in real.kv_cache_config.kv_cache_tensors)
     assert plan.max_concurrency == pytest.approx(real.max_concurrency, rel=1e-12)
+    # What vLLM allocates for it: the plan names layers by index (model.layers.N), vLLM by module.
+    mine = model_specs(load_config(folder / "config.json"), ours).layers
+    allocated = allocated_views(real.kv_cache_config, case.layout)
+    pools = {name: (mine[".".join(name.split(".")[:3])].pool, "") for name in allocated["layers"]}
+    check_allocation(plan, pools, allocated)
