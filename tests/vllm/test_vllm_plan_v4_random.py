@@ -34,9 +34,9 @@ from tests.vllm.vllm_paths import CONFIGS
 
 pytestmark = pytest.mark.vllm
 
-EXAMPLES = int(os.environ.get("KVPOLICY_PLAN_V4_EXAMPLES", "60"))
-"""Examples per run: each resolves a VllmConfig (its max_model_len) and plans (under half a second);
-the model is built once, in the fixture."""
+EXAMPLES = int(os.environ.get("KVPOLICY_PLAN_V4_EXAMPLES", "150"))
+"""Examples per run: each resolves a VllmConfig (its max_model_len), plans and allocates on the meta device
+(tens of milliseconds); the model is built once, in the fixture."""
 
 RATIO_CHOICES = {  # what a pattern draws from: V4's mix, and patterns without 4 or without 128 layers
     "all ratios": (0, 4, 128),
