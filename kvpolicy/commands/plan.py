@@ -92,6 +92,7 @@ def _run_vllm(args: argparse.Namespace, target: PolicyTarget | None) -> int:
         args.budget = startup.budget
         if startup.kv_cache_layout is not None and args.kv_cache_layout is None:
             args.kv_cache_layout = startup.kv_cache_layout
+            args.kv_cache_layout_source = f"{startup.kv_cache_layout} (the layout the adapter plans an elastic model with)"
         print(
             f"kvpolicy plan: {target.model!r} on {target.gpu} ({target.where}): {startup.why}: "
             f"kv_cache_memory_bytes {args.budget}",

@@ -203,6 +203,8 @@ def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | Non
         assumed["kv_cache_dtype"] = "auto (the model's dtype)"
     if args.kv_cache_layout is None:
         assumed["kv_cache_layout"] = f"{plan.kv_cache_layout} (vLLM's default for this model's attention backends)"
+    elif getattr(args, "kv_cache_layout_source", None):  # chosen by the policy's adapter, not by a flag
+        assumed["kv_cache_layout"] = args.kv_cache_layout_source
     assumed["tensor_parallel_size"] = f"{args.tensor_parallel_size} (figures are per rank)"
     for key, flag in (("max_num_batched_tokens", args.max_num_batched_tokens),
                       ("max_concurrent_batches", args.max_concurrent_batches)):

@@ -146,3 +146,31 @@ def test_a_loose_block_plans_with_the_engine_given(capsys, policy_path):
     code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "loose", "--engine", "sglang",
                         "--model-config", str(FLASH), "--format", "json")
     assert code == 0 and json.loads(out)["total_footprint"] <= 8 * GiB
+
+
+def test_vllm_policy_plans_default_max_model_len_as_vllm_and_say_what_they_assume(capsys, policy_path):
+    """Without --max-model-len, vLLM serves the config's max_position_embeddings: so does the plan, and its
+    ``assumed`` names that and the layout it assumed (static: vLLM's default for the model's backends;
+    elastic: the adapter's block-outermost one)."""
+    code, out, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--model-config", str(QWEN),
+                          "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    positions = json.loads(QWEN.read_text())["max_position_embeddings"]
+    assert doc["max_model_len"] == positions == 40960
+    assert doc["assumed"]["max_model_len"].startswith(f"{positions} (the config's max_position_embeddings")
+    assert doc["kv_cache_layout"] == "LBNHC" and doc["assumed"]["kv_cache_layout"].startswith("LBNHC (")
+    code, same, _ = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--model-config", str(QWEN),
+                         "--max-model-len", str(positions), "--format", "json")
+    assert code == 0 and {**json.loads(same), "assumed": {}} == {**doc, "assumed": {}}
+    # The elastic model's layout is the block-outermost one the adapter plans it with, and says so.
+    code, out, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-elastic", "--gpu", "cuda:1",
+                          "--model-config", str(QWEN), "--format", "json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["max_model_len"] == positions and doc["kv_cache_layout"] == "BLHNC"
+    assert doc["assumed"]["kv_cache_layout"] == "BLHNC (the layout the adapter plans an elastic model with)"
+    assert "layout BLHNC" in err
+    code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-elastic", "--gpu", "cuda:1",
+                        "--model-config", str(QWEN), "--kv-cache-layout", "BHLNC", "--format", "json")
+    assert code == 0 and "kv_cache_layout" not in json.loads(out)["assumed"]  # a flag's value is no assumption

@@ -37,6 +37,7 @@ RATIO_CHOICES = {  # the ratios a pattern draws from: V4's mix, and patterns wit
     "no ratio-4 layers": (0, 128),
     "no ratio-128 layers": (0, 4),
     "compressed only": (4, 128),
+    "sliding only": (0,),
 }
 
 
@@ -46,6 +47,8 @@ class Case:
     budget: int
     flags: dict
     attn_dp_size: int
+    pattern: str = "all ratios"
+    """Which of RATIO_CHOICES the layers' ratios were drawn from."""
 
     @property
     def settings(self) -> closed.PlanSettings:
@@ -97,7 +100,7 @@ def cases(draw) -> Case:
     )
     # 64 KiB to 1 TiB, multiples of nothing; mostly the GiB range engines are given.
     budget = draw(st.one_of(spread(16, 40), spread(28, 38), spread(30, 37)))
-    return Case(geometry, budget, flags, attn_dp_size=draw(st.sampled_from((1, 1, 2, 8))))
+    return Case(geometry, budget, flags, attn_dp_size=draw(st.sampled_from((1, 1, 2, 8))), pattern=kind)
 
 
 # What SGLang raises, by the check that raises it (the closed forms' PlanError.kind) and the
@@ -142,6 +145,8 @@ def test_plan_equals_the_engine_over_random_configs(sglang_env):
             if not case.geometry.layers(ratio):
                 event(label)
                 seen[label] += 1
+        event(f"pattern: {case.pattern}")
+        seen[f"pattern: {case.pattern}"] += 1
         real = real_engine(case)
         try:
             ours = closed.plan_for_budget(case.geometry, case.settings, case.budget)
@@ -184,6 +189,7 @@ def test_plan_equals_the_engine_over_random_configs(sglang_env):
     # The strategy must really reach the cases the issue names, not only in principle.
     assert seen["refused"] and seen["built"], seen
     assert seen["no ratio-4 layers"] and seen["no ratio-128 layers"], seen
+    assert seen["pattern: sliding only"], seen  # no compressed layer at all: neither 4 nor 128
 
 
 def test_flash_40_gib_total_is_over_the_budget_as_sglang_builds_it(sglang_env, capsys):

@@ -163,13 +163,23 @@ def test_the_mirror_resolves_what_sglang_resolves(model_dirs):
 
 
 @pytest.mark.parametrize("model", ["flash", "pro", "v41"])
-def test_a_default_launch_on_an_h200(model_dirs, model):
+def test_a_default_launch_on_an_h200(model_dirs, model, capsys):
     """What SGLang resolves for ``sglang serve --model-path M`` on one H200, and plan's defaults."""
+    from kvpolicy.cli import main
+
     real = resolve_for_real(model_dirs[model], Hardware(), [])
     with single_process_parallel(), published_resolution(real):
         live, kv_cache_dtype, _kvc = engine_reading(model_dirs[model], real)
     ours = resolve_launch(load_geometry(model_dirs[model] / "config.json"))
     assert (live, kv_cache_dtype) == (ours.settings, ours.report.kv_cache_dtype)
+    # What ``kvpolicy plan`` itself prints without a launch flag: the same values, and the hardware assumed.
+    assert main(["plan", "--engine", "sglang", "--model-config", str(model_dirs[model] / "config.json"),
+                 "--budget", "40GiB", "--format", "json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["settings"] == live.model_dump()
+    assert printed["launch"]["kv_cache_dtype"] == kv_cache_dtype
+    assert printed["launch"]["hardware"] == {"gpu_memory": H200_MEMORY_MIB * MiB, "tp_size": 1}
+    assert printed["launch"]["model_type"] == ("deepseek_v41" if model == "v41" else "deepseek_v4")
     # The figures themselves, as SGLang 0.5.23 resolves them (docs/sglang.md states them):
     assert (live.page_size, kv_cache_dtype, live.max_running_requests, live.chunked_prefill_size) == (
         256, "fp8_e4m3", 256, 8192,

@@ -241,3 +241,28 @@ def max_request_bytes(cfg: Any, groups: list[Any]) -> int:
     from vllm.v1.core.kv_cache_planning import _max_memory_usage_bytes_from_groups
 
     return _max_memory_usage_bytes_from_groups(get_kv_cache_config_builder(cfg), cfg, groups)
+
+
+def allocated_views(kv_cache_config: Any, layout: str) -> dict[str, Any]:
+    """What vLLM's own ``allocate_kv_cache`` builds for ``kv_cache_config``, on the ``meta`` device (shapes,
+    strides and offsets, no memory): the backing buffer's bytes and, per layer, its group, its blocks,
+    its block stride, where its page starts in a block and the bytes its data spans there (all in bytes).
+    Plain JSON, so a probe under another vLLM can print it."""
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.worker.utils import allocate_kv_cache
+
+    views = allocate_kv_cache(kv_cache_config, torch.device("meta"), KVCacheLayout[layout])
+    group_of = {name: i for i, g in enumerate(kv_cache_config.kv_cache_groups) for name in g.layer_names}
+    buffers = {v.untyped_storage().nbytes() for v in views.values()}
+    assert len(buffers) == 1, "vLLM allocates one backing buffer per rank"
+    layers = {}
+    for name, view in views.items():
+        size = view.element_size()
+        layers[name] = {
+            "group": group_of[name],
+            "blocks": view.shape[0],
+            "block_stride": view.stride(0) * size,
+            "start": view.storage_offset() * size,
+            "extent": (1 + sum((n - 1) * s for n, s in zip(view.shape[1:], view.stride()[1:]))) * size,
+        }
+    return {"buffer_bytes": buffers.pop(), "layers": layers}

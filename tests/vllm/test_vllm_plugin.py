@@ -319,3 +319,25 @@ def test_admission_refusal_has_figures(worker, enabled) -> None:
     with pytest.raises(AdmissionRefused, match=r"cannot reserve 12 GiB .* only 10 GiB"):
         sizing.size_kv_cache(worker, reserve_of=lambda env, model: 12 * GiB)
     assert worker.cache_config.kv_cache_memory_bytes is None
+
+
+def test_plan_policy_gives_vllm_the_budget_the_adapter_sets(worker, enabled, tmp_path, monkeypatch, capsys) -> None:
+    """``kvpolicy plan --policy`` against the adapter's own start-up sizing (the real policy read, the real
+    admission, ``kv_cache_memory_bytes`` set on a real CacheConfig) for a reserve of no whole granules;
+    vLLM's own planning of that budget then gives the plan's blocks."""
+    import json
+
+    from kvpolicy.cli import main
+    from tests.vllm.real_vllm import Case, real_plan
+
+    policy = tmp_path / "p.kvp"
+    policy.write_text('version 1\n\nmodel "qwen3-8b" {\n  engine vllm\n  reserve 5001 MiB\n}\n')
+    monkeypatch.setenv("KVPOLICY_POLICY", str(policy))
+    set_by_adapter = sizing.size_kv_cache(worker)
+    assert set_by_adapter == worker.cache_config.kv_cache_memory_bytes == 5000 * 2**20
+    assert main(["plan", "--policy", str(policy), "--model", "qwen3-8b", "--gpu", "cuda:2", "--model-config",
+                 str(CONFIGS / "qwen3-8b" / "config.json"), "--max-model-len", "4096", "--format", "json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["budget"] == set_by_adapter
+    real = real_plan(Case("qwen3-8b", 16, max_model_len=4096), set_by_adapter)
+    assert (planned["num_blocks"], planned["bytes_per_block"]) == (real.kv_cache_config.num_blocks, real.bytes_per_block)

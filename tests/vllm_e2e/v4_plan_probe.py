@@ -3,8 +3,9 @@
 ``python v4_plan_probe.py CONFIG.json < cases.json``: builds the template V4 model of
 tests/vllm/real_vllm.py once on the meta device (one real spec per layer kind), then for each
 case (``ratios``, ``max_len``, ``budget``, ``batched``, ``async_scheduling``) plans the reassembled
-pattern with the installed vLLM's planning functions and prints one JSON line per case: the
-figures, or ``{"refused": message}``. Imports no kvpolicy (the figures are compared by the caller).
+pattern with the installed vLLM's planning functions, builds each plan with its ``allocate_kv_cache``
+on the ``meta`` device, and prints one JSON line per case: the figures and the allocation's views, or
+``{"refused": message}``. Imports no kvpolicy (the figures are compared by the caller).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository r
 from tests.vllm.real_vllm import (
     Case,
     RealPlan,
+    allocated_views,
     v4_layer_templates,
     v4_specs,
     v4_template_config,
@@ -78,6 +80,7 @@ def main() -> None:
                 "max_concurrency": real.max_concurrency,
                 "groups": [[len(g.layer_names), g.kv_cache_spec.block_size, group_bytes(g)]
                            for g in kc.kv_cache_groups],
+                "allocated": allocated_views(kc, "BLHNC"),
             }
         except ValueError as exc:
             out["refused"] = str(exc)
