@@ -116,15 +116,21 @@ def test_split_cuts_after_each_top_level_statement() -> None:
     assert "".join(c.text for c in chunks) == POLICY
 
 
-def test_an_edit_reparses_only_its_statement(monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed: list[str] = []
+@pytest.fixture
+def parsed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts the statement cache hands to the parser, in order."""
+    texts: list[str] = []
     parse = incremental.parse
 
     def spy(text, trace):
-        parsed.append(text)
+        texts.append(text)
         return parse(text, trace)
 
     monkeypatch.setattr(incremental, "parse", spy)
+    return texts
+
+
+def test_an_edit_reparses_only_its_statement(parsed: list[str]) -> None:
     cache = StatementCache()
     first = lint_text(POLICY, FILE, statements=cache)
     assert parsed == [POLICY]  # the first version: one parse of the whole
@@ -147,15 +153,7 @@ def test_an_edit_reparses_only_its_statement(monkeypatch: pytest.MonkeyPatch) ->
     assert parsed == []
 
 
-def test_a_line_added_moves_the_statements_below_without_parsing_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed: list[str] = []
-    parse = incremental.parse
-
-    def spy(text, trace):
-        parsed.append(text)
-        return parse(text, trace)
-
-    monkeypatch.setattr(incremental, "parse", spy)
+def test_a_line_added_moves_the_statements_below_without_parsing_them(parsed: list[str]) -> None:
     cache = StatementCache()
     lint_text(POLICY, FILE, statements=cache)
     moved = POLICY.replace("# a family of models\n", "# a family of models\n\n")
