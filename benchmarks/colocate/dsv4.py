@@ -25,8 +25,9 @@ allocator: it holds the runtime-owned plan whatever the policy says of the SWA p
 Protocol with the driver: ``ready {json}`` on stdout once the pools exist and are in the
 ledger (the instance id and the SWA pool's owner in it); ``go T`` starts the trace at
 wall-clock time ``T`` if it serves one (``served {json}`` when done, idle rounds included);
-it holds the pools until ``stop`` (or end of input; a ``stop`` during the trace ends it) and
-writes its result JSON.
+it holds the pools until ``stop`` (or end of input) and writes its result JSON. A ``stop``
+during the trace ends it on the wall clock; on the steps clock the trace is served to its
+end first, so that a slow machine serves the same trace.
 """
 
 from __future__ import annotations
@@ -189,6 +190,17 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
     }
 
 
+def offer_figures(params: Params, ledger_dir: str, capacity: int, headroom: int) -> Any:
+    """On a CPU there is no GPU for SGLang's pools to measure: an instance holding nothing offers the driver's
+    provisional figures (``--capacity``, ``--headroom``), as the stand-in's own attach does."""
+    import kvpolicy
+
+    return kvpolicy.attach(
+        model=f"{params.dsv4.model}-figures", gpu=params.device.ledger_id, id=f"{params.dsv4.model}-figures/0",
+        ledger_dir=ledger_dir, capacity=capacity, headroom=headroom, other_used=0, handle_signals=False,
+    )
+
+
 def build_plan(params: Params, policy: Path, ledger_dir: str, capacity: int, headroom: int, note: str | None) -> dict[str, Any]:
     """Hold the per-pool bytes the closed forms give for the reserve, admitted and reported like the real pool."""
     import torch
@@ -248,19 +260,23 @@ def _serve(params: Params, serve: tuple[Any, Any, int], t0: float, commands: que
     from dsv4_serve import V4Server
 
     outer, swa, window = serve
-    stopped = False
+    asked = False
+    wall = params.engine.clock == "wall"
 
     def stop() -> bool:
-        nonlocal stopped
-        while not stopped and not commands.empty():
-            stopped = commands.get() == "stop"
-        return stopped
+        """On the wall clock a ``stop`` ends the trace (the run's time is up); on the steps clock the trace is
+        served to its end first, however slowly this machine serves it (then the ``stop`` is obeyed)."""
+        nonlocal asked
+        while not asked and not commands.empty():
+            asked = commands.get() == "stop"
+        return asked and wall
 
     out = V4Server(params, outer, swa, window, device).serve(t0, stop)
+    stopped = stop()
     slot = slot_now()
     out["ledger"] = {"mapped": slot.mapped, "used": slot.used, "limit": slot.limit, "target": slot.target,
                      "guarantee": slot.guarantee, "pool_elastic": swa.elastic_bytes, "pool_used": swa.used_bytes}
-    out["stopped"] = stopped
+    out["stopped"], out["stop_asked"] = stopped, asked
     return out
 
 
@@ -279,7 +295,10 @@ def main() -> int:
     started = time.time()
     built: dict[str, Any]
     device = "cuda" if params.device.driver == "cuda" else "cpu"
-    if params.dsv4.build in ("sglang", "auto") and (device == "cuda" or args.sglang_on_cpu):
+    figures = None
+    if device == "cpu" and params.dsv4.sglang_on_cpu and params.dsv4.build != "plan":
+        figures = offer_figures(params, args.ledger_dir, args.capacity, args.headroom)
+    if params.dsv4.build in ("sglang", "auto") and (device == "cuda" or args.sglang_on_cpu or figures is not None):
         try:
             built = build_sglang(params, policy, args.ledger_dir, device)
         except Exception as exc:
@@ -311,12 +330,14 @@ def main() -> int:
             built["serve"] = _serve(params, serve, float(line.split()[1]), commands, device, slot_now)
             print("served " + json.dumps({k: built["serve"][k] for k in ("requests_done", "unfinished", "refusals")}),
                   flush=True)
-            if built["serve"]["stopped"]:
+            if built["serve"]["stop_asked"]:
                 break
     built["ledger_runtime_reserved_at_end"] = slot_now().runtime_reserved
     Path(args.out).write_text(json.dumps(built))
     del keep
     release()
+    if figures is not None:
+        figures.detach()
     print("done", flush=True)
     return 0
 

@@ -121,6 +121,37 @@ def test_the_v4_tenant_serves_a_trace_on_an_elastic_swa_pool(tmp_path: Path) -> 
     assert built["swa_elastic"]["swa"]["owner"] == "elastic"
 
 
+@pytest.mark.sglang
+def test_the_harness_runs_the_elastic_v4_tenant_beside_the_tenants_under_the_controller(tmp_path: Path) -> None:
+    """``colocate.py --mode kvpolicy`` with ``v4-harness.toml``: the controller publishes the V4 engine's limit
+    with the tenants'; its SWA bytes count in the one elastic budget, which is never exceeded."""
+    pytest.importorskip("torch", reason="the tenants and SGLang's pools are torch tensors")
+    pytest.importorskip("numpy", reason="the tenants' block tables are numpy arrays")
+    pytest.importorskip("sglang", reason="needs sglang 0.5.23 (requirements/sglang-cpu.txt)")
+    params = load_params(PARAMS.with_name("v4-harness.toml"))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, str(BENCH / "colocate.py"), "--params", str(params.source), "--mode",
+                           "kvpolicy", "--out", str(out)], check=False, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    m = json.loads((out / "kvpolicy.json").read_text())
+    d = m["dsv4"]
+    assert d["build"] == "sglang" and d["swa_owner"] == "elastic"
+    s = d["serve"]
+    assert s["requests_done"] == s["arrived"] > 4 and s["unfinished"] == 0 and not s["stopped"]
+    assert s["swa"]["over_limit_rounds"] == 0 and s["swa"]["peak_elastic"] <= MAXIMUM
+    assert s["ledger"]["mapped"] == s["ledger"]["pool_elastic"] == s["swa"]["idle_elastic"]
+    assert d["ledger_runtime_reserved_at_end"] == d["ledger_runtime_reserved"]
+    # The controller gave the V4 engine limits (the revision its slot acknowledged), and counted its mapped SWA
+    # bytes with the tenants' in the budget.
+    v4 = [row["tenants"][params.dsv4.model] for row in m["ledger_samples"] if params.dsv4.model in row["tenants"]]
+    assert v4 and max(r[4] for r in v4) > 0 and max(r[0] for r in v4) > 0
+    assert all(mapped <= limit for mapped, _used, limit, *_ in v4)
+    check = m["budget_check"]
+    assert check["samples"] > 0 and check["over_budget"] == 0 and m["budget"]["exact"]
+    for name, t in m["tenants"].items():
+        assert t["summary"]["oom"] == 0 and t["summary"]["corrupted"] == 0, name
+
+
 def test_the_h200_parameters_make_the_v4_swa_pool_elastic_and_its_plan_fits() -> None:
     """``benchmarks/colocate/v4elastic.toml`` (the GPU run): a clean policy marking the V4 SWA pool elastic, a
     trace for the V4 tenant, and an elastic plan for its reserve on an H200 whose guarantee and max it can map."""
