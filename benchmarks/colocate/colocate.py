@@ -273,6 +273,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
         t0 = time.time() + 2.0
         for t in tenants:
             t.send(f"go {t0!r}")
+        v4.send(f"go {t0!r}")  # serves its own trace if it has one (dsv4.py)
         sampler = None
         # Hang catchers only: with the `steps` clock a loaded machine takes longer, never fewer steps.
         patience = 600 + 4 * params.trace.duration_s

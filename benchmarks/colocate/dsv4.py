@@ -14,15 +14,29 @@ Two ways to build it (``[dsv4] build`` in the parameters):
 
 ``auto`` tries ``sglang`` and falls back to ``plan``, saying why in the result.
 
+With ``build = "sglang"`` and a policy that marks the V4 model's ``pool swa { owner elastic }``
+the pools are built through the adapter's hooks as SGLang's start-up builds them, allocator
+included: the SWA pool is an ``ElasticSWA`` under the engine's elastic ledger session, the
+other pools runtime-owned in the reserve. Given a ``[dsv4.trace]`` it then serves that trace
+through SGLang's own ``SWATokenToKVPoolAllocator`` (``dsv4_serve.py``) and reports what it
+served and what the SWA pool mapped (``"serve"`` in the result). The ``plan`` stand-in has no
+allocator: it holds the runtime-owned plan whatever the policy says of the SWA pool.
+
 Protocol with the driver: ``ready {json}`` on stdout once the pools exist and are in the
-ledger; it then holds them until ``stop`` (or end of input) and writes its result JSON.
+ledger (the instance id and the SWA pool's owner in it); ``go T`` starts the trace at
+wall-clock time ``T`` if it serves one (``served {json}`` when done, idle rounds included);
+it holds the pools until ``stop`` (or end of input) and writes its result JSON. A ``stop``
+during the trace ends it on the wall clock; on the steps clock the trace is served to its
+end first, so that a slow machine serves the same trace.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -93,9 +107,11 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
     from dataclasses import replace
 
     from kvpolicy.adapters.settings import AdapterEnv
-    from kvpolicy.adapters.sglang_dsv4.ports import default_connector
+    from kvpolicy.adapters.sglang_dsv4.ports import default_connector, policy_reserve as reserve_of
 
     reserve, line = policy_reserve(params, policy)
+    env = replace(AdapterEnv.from_environ(), ledger_dir=Path(ledger_dir), policy=policy)
+    elastic = reserve_of(env)(params.dsv4.model).swa_elastic  # `pool swa { owner elastic }`
     cuda = device == "cuda"
     if cuda:
         torch.zeros(1, device="cuda")
@@ -103,7 +119,7 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
     d = params.dsv4
     flags: dict[str, Any] = {"max_running_requests": d.max_running_requests}
     if d.swa_ratio is not None:
-        flags["swa_full_tokens_ratio"] = d.swa_ratio
+        flags.update(swa_full_tokens_ratio=d.swa_ratio, _swa_full_tokens_ratio_explicitly_set=True)  # as --swa-full-tokens-ratio
     parallel = get_parallel().override(world_group=NS(cpu_group=None))
     parallel.__enter__()
     args = get_context().override_server_args(
@@ -113,8 +129,9 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
     )
     server_args = args.install()
     state = hooks.AdapterState(
-        reserve_source=lambda model: Reserve(bytes=reserve, model=model, file=str(policy), line=line),
-        connect=default_connector(replace(AdapterEnv.from_environ(), ledger_dir=Path(ledger_dir))),
+        reserve_source=reserve_of(env) if elastic else
+        lambda model: Reserve(bytes=reserve, model=model, file=str(policy), line=line),
+        connect=default_connector(env),
         model_name=d.model,
     )
     hooks.install(state)
@@ -122,17 +139,42 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
         kvc = kv_cache_configurator(geometry(params), server_args)
         kvc.device = device
         started = time.perf_counter()
-        config, sizes, pool = build_pool_through_sglang(kvc, pre_model_load_memory_gb=140.0 if cuda else 80.0)
+        pre_gb = 140.0 if cuda else 80.0
+        if elastic:  # as KVCacheConfigurator.configure does, through _init_pools: the allocator hook binds the pool
+            config = kvc._resolve_memory_pool_config(pre_gb)
+            sizes = kvc._derive_pool_sizes(config=config)
+            pools = kvc._init_pools(sizes=sizes, req_to_token_pool=None, token_to_kv_pool_allocator=None)
+            pool = pools.token_to_kv_pool
+        else:
+            config, sizes, pool = build_pool_through_sglang(kvc, pre_model_load_memory_gb=pre_gb)
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - started
     except BaseException:
+        for _pool, swa in state.elastic_pools:
+            swa.close()
         for entry in state.admitted.values():  # a half-built engine leaves the ledger
             entry.session.close()
         raise
     m = state.measurements[-1]
     entry = state.admitted[kvc.gpu_id]
+    served: dict[str, Any] = {}
+    if elastic:
+        ((_pool, swa),) = state.elastic_pools
+        assert entry.elastic is not None
+        served = {"_serve": (pools.token_to_kv_pool_allocator, swa, kvc.sliding_window_size),
+                  "swa_elastic": {k: v.model_dump() for k, v in swa.facts().items()},
+                  "elastic_plan": entry.elastic.model_dump()}
+
+    def release() -> None:
+        for _pool, swa in state.elastic_pools:
+            swa.close()  # unmaps what it holds (its driver's memory)
+        entry.session.close()
+
     return {
+        **served,
+        "instance": entry.identity.instance_id,
+        "swa_owner": "elastic" if elastic else "runtime",
         "build": "sglang",
         "sglang": getattr(sglang, "__version__", "unknown"),
         "build_seconds": round(seconds, 3),
@@ -144,8 +186,19 @@ def build_sglang(params: Params, policy: Path, ledger_dir: str, device: str = "c
         "cross_check_ok": m.cross_check_ok,
         "_keep": (pool, config, sizes, state, parallel, args),
         "_slot": entry.session.snapshot,
-        "_release": entry.session.close,
+        "_release": release,
     }
+
+
+def offer_figures(params: Params, ledger_dir: str, capacity: int, headroom: int) -> Any:
+    """On a CPU there is no GPU for SGLang's pools to measure: an instance holding nothing offers the driver's
+    provisional figures (``--capacity``, ``--headroom``), as the stand-in's own attach does."""
+    import kvpolicy
+
+    return kvpolicy.attach(
+        model=f"{params.dsv4.model}-figures", gpu=params.device.ledger_id, id=f"{params.dsv4.model}-figures/0",
+        ledger_dir=ledger_dir, capacity=capacity, headroom=headroom, other_used=0, handle_signals=False,
+    )
 
 
 def build_plan(params: Params, policy: Path, ledger_dir: str, capacity: int, headroom: int, note: str | None) -> dict[str, Any]:
@@ -187,6 +240,46 @@ def build_plan(params: Params, policy: Path, ledger_dir: str, capacity: int, hea
     }
 
 
+def _stdin_lines() -> queue.Queue[str]:
+    """The driver's commands (``go T``, ``stop``), read in a thread so that a serving loop can watch for ``stop``;
+    the end of input is a ``stop``."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in sys.stdin:
+            lines.put(line.strip())
+        lines.put("stop")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _serve(params: Params, serve: tuple[Any, Any, int], t0: float, commands: queue.Queue[str], device: str,
+           slot_now: Any) -> dict[str, Any]:
+    """Serve ``[dsv4] trace`` on the elastic SWA pool from ``t0`` (``dsv4_serve``); the ledger's view at the end."""
+    from dsv4_serve import V4Server
+
+    outer, swa, window = serve
+    asked = False
+    wall = params.engine.clock == "wall"
+
+    def stop() -> bool:
+        """On the wall clock a ``stop`` ends the trace (the run's time is up); on the steps clock the trace is
+        served to its end first, however slowly this machine serves it (then the ``stop`` is obeyed)."""
+        nonlocal asked
+        while not asked and not commands.empty():
+            asked = commands.get() == "stop"
+        return asked and wall
+
+    out = V4Server(params, outer, swa, window, device).serve(t0, stop)
+    stopped = stop()
+    slot = slot_now()
+    out["ledger"] = {"mapped": slot.mapped, "used": slot.used, "limit": slot.limit, "target": slot.target,
+                     "guarantee": slot.guarantee, "pool_elastic": swa.elastic_bytes, "pool_used": swa.used_bytes}
+    out["stopped"], out["stop_asked"] = stopped, asked
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--params", required=True)
@@ -202,7 +295,10 @@ def main() -> int:
     started = time.time()
     built: dict[str, Any]
     device = "cuda" if params.device.driver == "cuda" else "cpu"
-    if params.dsv4.build in ("sglang", "auto") and (device == "cuda" or args.sglang_on_cpu):
+    figures = None
+    if device == "cpu" and params.dsv4.sglang_on_cpu and params.dsv4.build != "plan":
+        figures = offer_figures(params, args.ledger_dir, args.capacity, args.headroom)
+    if params.dsv4.build in ("sglang", "auto") and (device == "cuda" or args.sglang_on_cpu or figures is not None):
         try:
             built = build_sglang(params, policy, args.ledger_dir, device)
         except Exception as exc:
@@ -219,17 +315,29 @@ def main() -> int:
     keep = built.pop("_keep")
     plan = planned(params, built["reserve"])
     built["plan"] = {"footprint": plan.total_footprint, "tensor_bytes": plan.total_bytes, "tokens": plan.tokens.model_dump()}
+    serve = built.pop("_serve", None)
     slot = slot_now()
     built["ledger_runtime_reserved"] = slot.runtime_reserved
     built["setup_s"] = round(time.time() - started, 3)
-    print("ready " + json.dumps({"runtime_reserved": slot.runtime_reserved, "build": built["build"]}), flush=True)
-    for line in sys.stdin:
-        if line.strip() == "stop":
-            break
+    print("ready " + json.dumps({"runtime_reserved": slot.runtime_reserved, "build": built["build"],
+                                 "instance": built.get("instance"), "swa_owner": built.get("swa_owner", "runtime")}),
+          flush=True)
+    if params.dsv4.trace is not None and serve is None:
+        built["serve_note"] = "not served: only a real SGLang pool with `pool swa { owner elastic }` serves the trace"
+    commands = _stdin_lines()
+    while (line := commands.get()) != "stop":
+        if line.startswith("go ") and serve is not None and params.dsv4.trace is not None:
+            built["serve"] = _serve(params, serve, float(line.split()[1]), commands, device, slot_now)
+            print("served " + json.dumps({k: built["serve"][k] for k in ("requests_done", "unfinished", "refusals")}),
+                  flush=True)
+            if built["serve"]["stop_asked"]:
+                break
     built["ledger_runtime_reserved_at_end"] = slot_now().runtime_reserved
     Path(args.out).write_text(json.dumps(built))
     del keep
     release()
+    if figures is not None:
+        figures.detach()
     print("done", flush=True)
     return 0
 

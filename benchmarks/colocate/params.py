@@ -172,6 +172,19 @@ class DeepSeekV4(Strict):
     max_running_requests: int = 64
     swa_ratio: float | None = 0.1
     page_size: int = 256
+    trace: Trace | None = Field(
+        default=None,
+        description="requests the V4 tenant serves through SGLang's SWA allocator when the policy marks its "
+        "`pool swa { owner elastic }` (dsv4_serve.py); None: it holds its pools idle",
+    )
+    step_ms: float = Field(default=10.0, gt=0, description="one V4 scheduler round (its clock: `[engine] clock`)")
+    prefill_tokens_per_step: int = Field(default=4096, gt=0, description="prompt tokens the V4 tenant admits per round")
+    idle_steps: int = Field(default=20, ge=1, description="idle rounds after its trace before it reports (its give-back)")
+    sglang_on_cpu: bool = Field(
+        default=False,
+        description="host driver: build the real SGLang pools on SGLang's CPU path (as dsv4.py --sglang-on-cpu), "
+        "with the driver's provisional GPU figures offered in the ledger (there is no GPU to measure)",
+    )
 
 
 class Reload(Strict):
