@@ -120,6 +120,8 @@ class Engine(Strict):
     max_running: int = Field(default=1024, gt=0)
     patience_s: float | None = Field(default=None, gt=0, description="a client leaves a request that waited this long without starting; None: clients wait forever")
     sample_every_s: float = Field(default=0.1, gt=0)
+    slo_ttft_s: float = Field(default=2.0, gt=0, description="SLO: a request's first token within this (latency.py)")
+    slo_gap_ms: float = Field(default=50.0, gt=0, description="SLO: and no gap between two of its tokens over this")
     give_back_under_pressure: bool = Field(
         default=True,
         description="kvpolicy mode: pools give back free memory when another tenant is refused (docs/allocator.md)",

@@ -25,7 +25,7 @@ if str(HERE) not in sys.path:
 from engine import Engine
 from params import Params, load_params
 from policyedit import swap_settings
-from report import ratio_table, ratios
+from report import ratio_table, ratios, serving_table
 from traces import requests_for
 
 from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
@@ -111,7 +111,8 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
     driver = open_driver("host", host_capacity=params.budget.elastic * 2)
     shared = SharedBudget(params.budget.elastic)
     now = [0.0]  # the simulated clock, which the pools' give-back delay reads
-    engines, sources = [], []
+    step_s = params.engine.step_ms / 1000  # a step's tokens are out at its end
+    engines, sources, at_start = [], [], []
     for i, name in enumerate(params.tenants):
         if mode == "static":
             source = StaticLimit(params.budget.static_share)
@@ -128,8 +129,11 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
             pool.ensure_mapped(range(guarantee // pool.block_bytes))
         engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,
                         max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,
-                        max_running=params.engine.max_running, patience_s=params.engine.patience_s)
+                        max_running=params.engine.max_running, patience_s=params.engine.patience_s,
+                        slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
+                        token_clock=lambda: now[0] + step_s)
         engine.last_stats = pool.sync()
+        at_start.append(pool.mapping.groups_mapped)
         engines.append(engine)
         sources.append(source)
     state, revision, edited, step, t = None, 0, False, params.engine.step_ms / 1000, 0.0
@@ -156,10 +160,11 @@ def simulate(params: Params, mode: str, runtime_reserved: int) -> dict[str, dict
                     source.reading = LimitReading(d.limit, d.target, revision)
         t += step
     out = {}
-    for name, engine in zip(params.tenants, engines):
+    for name, engine, start in zip(params.tenants, engines, at_start):
         out[name] = engine.summary()
         m = engine.pool.mapping
-        out[name].update(groups_mapped=m.groups_mapped, groups_unmapped=m.groups_unmapped, regrowths=m.regrowths)
+        out[name].update(groups_mapped=m.groups_mapped, groups_unmapped=m.groups_unmapped, regrowths=m.regrowths,
+                         groups_mapped_at_start=start, arenas=len(m.arenas))
         engine.pool.close()
     return out
 
@@ -203,6 +208,7 @@ def main() -> int:
     for label in runs:
         if label != "static":
             print(ratio_table(ratios(results["static"], results[label]), label))
+    print(serving_table(results))
     return 0
 
 

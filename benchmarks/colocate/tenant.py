@@ -91,10 +91,11 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
     return driver, inst, pool
 
 
-def driver_work(mapping) -> dict[str, int]:
-    """Chunk groups mapped and unmapped, and give-back/regrow cycles, over the pool's life."""
+def driver_work(mapping, at_start: int) -> dict[str, int]:
+    """Chunk groups mapped and unmapped, and give-back/regrow cycles, over the pool's life; the groups
+    mapped at start-up (the static share, or the guarantee), and the chunks a group is (one per arena)."""
     return {"groups_mapped": mapping.groups_mapped, "groups_unmapped": mapping.groups_unmapped,
-            "regrowths": mapping.regrowths}
+            "regrowths": mapping.regrowths, "groups_mapped_at_start": at_start, "arenas": len(mapping.arenas)}
 
 
 def warm_up(work, pool) -> None:
@@ -213,11 +214,13 @@ def main() -> int:
     work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks,
                   max_tokens=kv.attn_max_tokens, seed=args.index, attention=kv.attention)
     warm_up(work, pool)
+    mapped_at_start = pool.mapping.groups_mapped
     engine = Engine(
         pool, work, requests,
         block_tokens=kv.block_tokens, max_request_blocks=params.max_request_blocks,
         prefill_tokens_per_step=params.engine.prefill_tokens_per_step, max_running=params.engine.max_running,
-        patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile,
+        patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile, token_clock=clock.now,
+        slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
     )
     engine.last_stats = pool.sync()
     recorder = Recorder(pool, params.engine.sample_every_s)
@@ -244,7 +247,7 @@ def main() -> int:
         "clock": {"kind": clock.kind, "steps": clock.steps, "trace_s": round(clock.now(), 6), "wall_s": round(served_wall_s, 3)},
         "peak_held": recorder.peak,
         "released_under_pressure": pool.released_under_pressure,
-        "driver_work": driver_work(pool.mapping),
+        "driver_work": driver_work(pool.mapping, mapped_at_start),
         "samples": {"columns": Recorder.COLUMNS, "rows": recorder.samples},
         "revisions": recorder.revisions,
         "pool": {
