@@ -88,6 +88,8 @@ class Counters:
     """Physical out-of-memory: DeviceOutOfMemory from the driver or a CUDA OOM from torch."""
     refusals: dict[str, int] = field(default_factory=dict)
     """Allocation refusals by reason (limit, admission, capacity, device)."""
+    topped_up: int = 0
+    """Chunk groups the pool mapped ahead of demand between steps (``top_up``), off the step's time."""
     ttft: list[float] = field(default_factory=list)
     """Seconds from arrival to the first token, per request that got one."""
     slo_met: int = 0
@@ -160,7 +162,7 @@ class Engine:
         self.step_seconds.append(time.perf_counter() - started)
         self._tokens_out(now if self.token_clock is None else self.token_clock())
         with self._phase("top_up"):  # between steps: the next step takes blocks from mapped memory
-            self.pool.top_up()
+            self.c.topped_up += len(self.pool.top_up())
 
     @contextmanager
     def _phase(self, name: str, gpu: bool = False) -> Iterator[None]:
@@ -386,6 +388,7 @@ class Engine:
             "step_ms_p50": _pct(steps, 0.50) * 1000,
             "step_ms_p99": _pct(steps, 0.99) * 1000,
             "step_ms_max": (steps[-1] if steps else 0.0) * 1000,
+            "groups_topped_up": c.topped_up,
             "ttft_ms_p50": _ms(percentile(c.ttft, 0.50)),
             "ttft_ms_p99": _ms(percentile(c.ttft, 0.99)),
             "ttft_s": [round(v, 4) for v in c.ttft],

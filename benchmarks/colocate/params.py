@@ -140,6 +140,15 @@ class Engine(Strict):
         default=0, ge=0,
         description="kvpolicy mode: free blocks each pool maps ahead of demand between steps (0: none, the old behaviour)",
     )
+    pressure_keeps_reserve: bool = Field(
+        default=False,
+        description="kvpolicy mode: under pressure a pool keeps its use plus the reserve mapped, not use plus one "
+        "growth step (False: the old behaviour)",
+    )
+
+
+OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False}
+"""``[engine]`` settings of the allocator before issue 17's levers (``Params.old_allocator``)."""
 
 
 class Budget(Strict):
@@ -221,6 +230,12 @@ class Params(Strict):
         trace = t.model_copy(update={k: getattr(t, k) * factor for k in ("duration_s", "busy_s", "period_s", "phase_offset_s")})
         reload = self.reload.model_copy(update={"at_s": self.reload.at_s * factor})
         return self.model_copy(update={"trace": trace, "reload": reload, "name": f"{self.name} (durations × {factor:g})"})
+
+    def old_allocator(self) -> Params:
+        """The same run with the allocator's issue-17 settings off: no reserve mapped ahead, no hold
+        time, pressure keeping use plus one growth step (the behaviour before them), so one run can
+        measure the old and the new give-back against the same static baseline."""
+        return self.model_copy(update={"engine": self.engine.model_copy(update=OLD_ALLOCATOR)})
 
     @property
     def static_blocks(self) -> int:

@@ -216,6 +216,27 @@ def _mode(mode: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def issue17_goals(r: dict[str, Any], static: dict[str, Any], kv: dict[str, Any]) -> dict[str, bool]:
+    """Issue 17's goals on one trace, from ``ratios`` and the modes' totals (the bursty-trace goals —
+    tokens, TTFT p99, SLO — are listed for every trace; they are goals on the bursty ones)."""
+    def at_most(v: float | None, bound: float) -> bool:
+        return v is not None and v <= bound
+
+    def at_least(v: float | None, bound: float) -> bool:
+        return v is not None and v >= bound
+
+    return {
+        "i17_step_p99_at_most_1.5x": at_most(r.get("step_p99_max"), 1.5),
+        "i17_step_p50_at_most_1.2x": at_most(r.get("step_p50_max"), 1.2),
+        "i17_tokens_at_least_1.0x": at_least(r.get("tokens"), 1.0),
+        "i17_preempted_at_most_1.25x": at_most(r.get("preempted_ratio"), 1.25),
+        "i17_bursty_tokens_at_least_1.5x": at_least(r.get("tokens"), 1.5),
+        "i17_bursty_ttft_p99_2x_lower": at_most(r.get("ttft_p99"), 0.5),
+        "i17_bursty_slo_at_least_1.5x": at_least(r.get("slo"), 1.5),
+        "i17_zero_oom_corrupted": static["oom"] == kv["oom"] == static["corrupted"] == kv["corrupted"] == 0,
+    }
+
+
 def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
     """Write ``results.json`` and ``memory.png`` into ``dest`` from ``src/{static,kvpolicy}.json``."""
     modes = {}
@@ -224,6 +245,9 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
         if not path.exists():
             raise SystemExit(f"colocate --combine: {path} is missing; run --mode {name} --out {src} first")
         modes[name] = json.loads(path.read_text())
+    old_path = src / "kvpolicy-old.json"  # optional: the same trace with the allocator's old give-back
+    if old_path.exists():
+        modes["kvpolicy-old"] = json.loads(old_path.read_text())
     static, kv = _mode(modes["static"]), _mode(modes["kvpolicy"])
     ratio = kv["tokens"] / static["tokens"] if static["tokens"] else None
     reload = kv.get("reload", {})
@@ -247,6 +271,10 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
         },
         "modes": {"static": static, "kvpolicy": kv},
     }
+    results["goals"].update(issue17_goals(results["ratios"], static, kv))
+    if "kvpolicy-old" in modes:
+        results["modes"]["kvpolicy-old"] = old_mode = _mode(modes["kvpolicy-old"])
+        results["ratios_old"] = ratios(static["tenants"], old_mode["tenants"])
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     try:
@@ -292,19 +320,20 @@ def markdown(results: dict[str, Any]) -> str:
         "kvpolicy against static in the same run:",
         "",
         ratio_table(results["ratios"]) if "ratios" in results else "(no ratios: results from before they were computed)",
+        *([ratio_table(results["ratios_old"], "kvpolicy-old")] if "ratios_old" in results else []),
         "Per tenant and mode (TTFT: arrival to first token, over the requests that got one; SLO: TTFT ≤ "
         f"{_slo_words(results)}; an abandoned request misses; chunks: after start-up):",
         "",
-        serving_table({m: results["modes"][m]["tenants"] for m in ("static", "kvpolicy")}),
+        serving_table({m: v["tenants"] for m, v in results["modes"].items()}),
         ("| tenant | mode | tokens | completed / arrived | abandoned | queued | preempted | step p50 / p99 ms "
          "| peak mapped GiB | OOM | corrupted | reclaim s (max, n) | reload acked / applied ms |"),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for mode in ("static", "kvpolicy"):
+    for mode in results["modes"]:
         for name, t in results["modes"][mode]["tenants"].items():
             reclaim = t["reclaim_seconds"]
             rec = "–" if reclaim is None else (f"{max(reclaim):.1f} ({len(reclaim)})" if reclaim else "none")
-            rl = "–" if mode == "static" else f"{t['reload_acked_ms']} / {t['reload_applied_ms']}"
+            rl = "–" if mode == "static" else f"{t.get('reload_acked_ms')} / {t.get('reload_applied_ms')}"
             lines.append(
                 f"| {name} | {mode} | {t['tokens']:,} | {t['completed']} / {t['arrived']} | {t['abandoned']} | {t['queued']} | "
                 f"{t['preempted']} | {t['step_ms_p50']:.2f} / {t['step_ms_p99']:.2f} | {_gib(t['peak_mapped'])} | {t['oom']} | "
@@ -333,6 +362,7 @@ def markdown(results: dict[str, Any]) -> str:
          f"tokens ≥ 1.5× {ok(g['tokens_ratio_at_least_1_5'])}; reclaim within grace + 1 s: "
          f"{g['reclaim_within_grace_plus_1s']}; reload within 100 ms {ok(g['reload_applied_within_100ms'])}; "
          f"never over budget {ok(g['never_over_budget'])}."),
+        ("- Issue 17's goals: " + "; ".join(f"{k} {ok(v)}" for k, v in g.items() if k.startswith("i17_")) + "."),
         "",
         "![memory per tenant over time, both modes](memory.png)",
     ]
@@ -384,4 +414,4 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["combine", "driver_work_per_1k", "markdown", "plot", "pooled", "ratio_table", "ratios", "serving_table"]
+__all__ = ["combine", "driver_work_per_1k", "issue17_goals", "markdown", "plot", "pooled", "ratio_table", "ratios", "serving_table"]

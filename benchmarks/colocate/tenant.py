@@ -81,7 +81,8 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
             driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
             give_back_under_pressure=params.engine.give_back_under_pressure,
             give_back_delay_s=params.engine.give_back_delay_s, give_back_hold_s=params.engine.give_back_hold_s,
-            reserve_blocks=params.engine.reserve_blocks, clock=clock.now,
+            reserve_blocks=params.engine.reserve_blocks,
+            pressure_keeps_reserve=params.engine.pressure_keeps_reserve, clock=clock.now,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
@@ -193,8 +194,11 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", action="store_true", help="time each phase's GPU work (engine.Engine's profile)")
+    ap.add_argument("--old-allocator", action="store_true", help="kvpolicy mode with the allocator's old give-back (Params.old_allocator)")
     args = ap.parse_args()
     params = load_params(args.params).scaled(args.scale)
+    if args.old_allocator:
+        params = params.old_allocator()
     name = params.tenants[args.index]
 
     import numpy  # noqa: F401  (fail here, before anything is built, if it is missing)
