@@ -141,6 +141,8 @@ class Engine:
         self.profile = profile
         """Wait for the GPU after each phase of GPU work, so its time is the phase's (slower: a diagnosis)."""
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.step_ops: list[int] = []
+        """Per step, the chunk groups its ``alloc``/``free``/``sync`` mapped or unmapped (driver work inside the step)."""
         self.token_clock = token_clock
         """Trace time when a step's tokens are out (after its GPU work); None: the step's ``now``."""
         self.slo_ttft_s, self.slo_gap_s = slo_ttft_s, slo_gap_s
@@ -151,6 +153,7 @@ class Engine:
     def step(self, now: float) -> None:
         """One engine iteration at ``now`` seconds into the run (see the module docstring)."""
         started = time.perf_counter()
+        ops = self._driver_ops()
         self._arrivals(now)
         preempted = self._decode()
         if not preempted:
@@ -160,6 +163,7 @@ class Engine:
         with self._phase("gpu_wait"):
             self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
+        self.step_ops.append(self._driver_ops() - ops)
         self._tokens_out(now if self.token_clock is None else self.token_clock())
         with self._phase("top_up"):  # between steps: the next step takes blocks from mapped memory
             self.c.topped_up += len(self.pool.top_up())
@@ -174,6 +178,10 @@ class Engine:
             if gpu and self.profile:
                 self.work.synchronize()
             self.phase_seconds[name] += time.perf_counter() - started
+
+    def _driver_ops(self) -> int:
+        m = self.pool.mapping
+        return m.groups_mapped + m.groups_unmapped
 
     def _arrivals(self, now: float) -> None:
         reqs = self.requests
@@ -369,6 +377,7 @@ class Engine:
     def summary(self) -> dict[str, Any]:
         c = self.c
         steps = sorted(self.step_seconds)
+        ops = sorted(self.step_ops)
         return {
             "arrived": c.arrived,
             "admitted": c.admitted,
@@ -389,6 +398,9 @@ class Engine:
             "step_ms_p99": _pct(steps, 0.99) * 1000,
             "step_ms_max": (steps[-1] if steps else 0.0) * 1000,
             "groups_topped_up": c.topped_up,
+            "step_driver_ops_p50": _pct(ops, 0.50),
+            "step_driver_ops_p99": _pct(ops, 0.99),
+            "step_driver_ops_max": ops[-1] if ops else 0,
             "ttft_ms_p50": _ms(percentile(c.ttft, 0.50)),
             "ttft_ms_p99": _ms(percentile(c.ttft, 0.99)),
             "ttft_s": [round(v, 4) for v in c.ttft],

@@ -75,6 +75,11 @@ class KV(Strict):
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     block_tokens: int = Field(gt=0)
     chunk: Size = 2 << 20
+    elastic_chunk: Size | None = Field(
+        default=None,
+        description="kvpolicy mode: the elastic pools' mapping chunk (None: ``chunk``). Static pools map their share "
+        "once at start-up and keep ``chunk``, so the baseline does not change with it",
+    )
     attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over")
     attention: Literal["paged", "gather"] = Field(
         default="gather",
@@ -105,6 +110,15 @@ class KV(Strict):
     def group_bytes(self) -> int:
         """What one growth step maps: a chunk in each of the layout's arenas."""
         return self.chunk * self.layout.num_arenas
+
+    @property
+    def elastic_chunk_bytes(self) -> int:
+        """The chunk an elastic (kvpolicy mode) pool maps by."""
+        return self.chunk if self.elastic_chunk is None else self.elastic_chunk
+
+    @property
+    def elastic_group_bytes(self) -> int:
+        return self.elastic_chunk_bytes * self.layout.num_arenas
 
 
 class Engine(Strict):
@@ -213,8 +227,8 @@ class Params(Strict):
                 raise ValueError(f"reload.swap names {name!r}, which is not a tenant ({', '.join(self.tenants)})")
         if not 0 <= self.reload.at_s < self.trace.duration_s:
             raise ValueError(f"reload.at_s {self.reload.at_s} must lie inside the trace (0 to {self.trace.duration_s} s)")
-        if self.kv.chunk % (2 << 20):
-            raise ValueError(f"kv.chunk must be a multiple of 2 MiB, got {self.kv.chunk}")
+        if self.kv.chunk % (2 << 20) or self.kv.elastic_chunk_bytes % (2 << 20):
+            raise ValueError(f"kv.chunk and kv.elastic_chunk must be multiples of 2 MiB, got {self.kv.chunk}, {self.kv.elastic_chunk}")
         if self.budget.static_share * len(self.tenants) > self.budget.elastic:
             raise ValueError(
                 f"static shares ({len(self.tenants)} × {self.budget.static_share} B) exceed the elastic budget "
@@ -233,9 +247,11 @@ class Params(Strict):
 
     def old_allocator(self) -> Params:
         """The same run with the allocator's issue-17 settings off: no reserve mapped ahead, no hold
-        time, pressure keeping use plus one growth step (the behaviour before them), so one run can
+        time, pressure keeping use plus one growth step, elastic pools mapping by ``kv.chunk``
+        (the behaviour before them), so one run can
         measure the old and the new give-back against the same static baseline."""
-        return self.model_copy(update={"engine": self.engine.model_copy(update=OLD_ALLOCATOR)})
+        return self.model_copy(update={"engine": self.engine.model_copy(update=OLD_ALLOCATOR),
+                                       "kv": self.kv.model_copy(update={"elastic_chunk": None})})
 
     @property
     def static_blocks(self) -> int:

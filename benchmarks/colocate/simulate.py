@@ -149,7 +149,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
         else:
             guarantee = policy.model_settings(name).min_bytes(capacity)
             source = shared.source(name, guarantee)
-            pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
+            pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.elastic_chunk_bytes, limit=source, name=name,
                              give_back_under_pressure=params.engine.give_back_under_pressure,
                              give_back_delay_s=params.engine.give_back_delay_s,
                              give_back_hold_s=params.engine.give_back_hold_s, reserve_blocks=params.engine.reserve_blocks,
@@ -209,7 +209,7 @@ def main() -> int:
                     help="override an [engine] setting for the kvpolicy run (TOML value), e.g. give_back_hold_s=4")
     ap.add_argument("--pressure-scope", default="gpu", choices=("gpu", "entitled", "furthest", "furthest-entitled"),
                     help="who sees a refusal for the budget (the ledger today: gpu)")
-    ap.add_argument("--chunk", metavar="SIZE", help="override kv.chunk for every run (e.g. '8 MiB')")
+    ap.add_argument("--chunk", metavar="SIZE", help="override kv.elastic_chunk for the kvpolicy run (e.g. '8 MiB')")
     ap.add_argument("--runs", default="static,kvpolicy-old,kvpolicy", help="which runs, comma-separated")
     ap.add_argument("--json", metavar="PATH", help="also write every run's per-tenant figures here")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
@@ -221,12 +221,12 @@ def main() -> int:
     if args.give_back_delay is not None:
         overrides["give_back_delay_s"] = args.give_back_delay
     params = params.model_copy(update={"engine": params.engine.model_copy(update=overrides)})
-    if args.chunk:
-        params = params.model_copy(update={"kv": type(params.kv).model_validate({**params.kv.model_dump(), "chunk": args.chunk})})
     import tomllib
 
     sets = {k: v for k, v in (tomllib.loads(item).popitem() for item in args.set)}
     tuned = params.model_copy(update={"engine": type(params.engine).model_validate({**params.engine.model_dump(), **sets})})
+    if args.chunk:
+        tuned = tuned.model_copy(update={"kv": type(params.kv).model_validate({**params.kv.model_dump(), "elastic_chunk": args.chunk})})
     reserved = args.runtime_reserved
     if reserved is None:
         from dsv4 import planned, policy_reserve

@@ -78,7 +78,7 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
                 raise SystemExit(f"tenant {name}: no limit published within 60 s; is the controller running?")
             time.sleep(0.01)
         pool = BlockPool(
-            driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
+            driver, kv.layout, params.elastic_blocks, chunk=kv.elastic_chunk_bytes, limit=source, name=name,
             give_back_under_pressure=params.engine.give_back_under_pressure,
             give_back_delay_s=params.engine.give_back_delay_s, give_back_hold_s=params.engine.give_back_hold_s,
             reserve_blocks=params.engine.reserve_blocks,

@@ -62,7 +62,7 @@ def test_parameter_files_and_their_policies_are_clean(path: Path) -> None:
         # The rule's threshold sits below the guarantee it shrinks to: a tenant kept at its
         # guarantee leaves the rule before it runs out of memory.
         assert rule.below < guarantee
-        assert guarantee % params.kv.group_bytes == 0
+        assert guarantee % params.kv.group_bytes == 0 and guarantee % params.kv.elastic_group_bytes == 0
     assert params.budget.static_share % params.kv.group_bytes == 0
     assert policy.model_settings(params.dsv4.model).reserve
 
