@@ -121,3 +121,30 @@ def test_the_engine_stamps_first_tokens_and_gaps(clock: list[float] | None, met:
     assert s["slo"]["attainment"] == met / 2
     del work
     pool.close()
+
+
+def test_issue_17s_goals_from_the_ratios() -> None:
+    from report import issue17_goals
+
+    clean = {"oom": 0, "corrupted": 0}
+    r = {"step_p99_max": 1.5, "step_p50_max": 1.21, "tokens": 1.6, "preempted_ratio": 1.3, "ttft_p99": 0.5, "slo": 1.49}
+    g = issue17_goals(r, clean, clean)
+    assert g["i17_step_p99_at_most_1.5x"] and not g["i17_step_p50_at_most_1.2x"]
+    assert g["i17_tokens_at_least_1.0x"] and g["i17_bursty_tokens_at_least_1.5x"]
+    assert not g["i17_preempted_at_most_1.25x"] and g["i17_bursty_ttft_p99_2x_lower"] and not g["i17_bursty_slo_at_least_1.5x"]
+    assert g["i17_zero_oom_corrupted"] and not issue17_goals(r, clean, {"oom": 1, "corrupted": 0})["i17_zero_oom_corrupted"]
+    assert not issue17_goals({**r, "ttft_p99": None}, clean, clean)["i17_bursty_ttft_p99_2x_lower"]  # no TTFT: not met
+
+
+def test_the_old_allocator_is_the_parameters_without_issue_17s_levers() -> None:
+    """``--mode kvpolicy-old`` and simulate.py's kvpolicy-old run: the same trace, budget and
+    give-back delay, with no hold, no reserve, the old pressure floor and the static chunk."""
+    from params import load_params
+
+    p = load_params(BENCH / "default.toml")
+    old = p.old_allocator()
+    assert (old.engine.give_back_hold_s, old.engine.reserve_blocks, old.engine.pressure_keeps_reserve) == (0.0, 0, False)
+    assert old.kv.elastic_chunk_bytes == old.kv.chunk == p.kv.chunk  # elastic pools map by the static pools' chunk
+    assert (old.trace, old.budget, old.policy, old.engine.give_back_delay_s) == (p.trace, p.budget, p.policy, p.engine.give_back_delay_s)
+    assert p.engine.reserve_blocks and p.engine.pressure_keeps_reserve and p.kv.elastic_chunk_bytes == 8 << 20  # the new set differs
+    assert p.old_allocator().old_allocator() == old
