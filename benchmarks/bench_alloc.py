@@ -7,6 +7,13 @@
    it. Goal: pooled ≥ 1.25× the raw first-growth rate (the bound is ~1.39×).
 3. ``alloc(k)`` + ``free(ids)`` on a block pool with no growth, µs per pair, for
    k = 1, 16, 256. Goal: alloc(16) + free ≤ 5 µs median.
+4. Driver work per token served: the co-location trace (``colocate/default.toml``, durations
+   × ``--trace-scale``) replayed on the simulated clock (``colocate/simulate.py``: the real
+   scheduler and pools, no GPU work) gives chunks mapped and unmapped per 1,000 output
+   tokens, with the allocator's old give-back and with the parameters' settings, per
+   chunk size; times this driver's µs per chunk mapped (arena batch growth) and unmapped
+   (arena shrink), it is the driver time per 1,000 tokens. Goal (issue 17): the
+   parameters' chunks per 1,000 tokens ≥ 3× fewer than the old give-back's at 2 MiB.
 
 Rounds alternate raw and arena so drift hits both; each figure is the median over
 rounds. Runs on the GPU (``--driver cuda``, the default when one is usable); on the host
@@ -24,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kvpolicy.alloc import Arena, BlockPool, Driver, KVCacheLayout, StaticLimit, open_driver
@@ -32,6 +40,8 @@ from kvpolicy.units import GiB, MiB
 GOAL_FIRST_GROWTH = 0.9
 GOAL_POOLED_GROWTH = 1.25
 GOAL_ALLOC16_US = 5.0
+GOAL_DRIVER_WORK_CUT = 3.0
+COLOCATE = Path(__file__).resolve().parent / "colocate"
 
 
 def raw_grow(driver: Driver, va: int, chunk: int, n: int) -> tuple[float, list[Any]]:
@@ -96,7 +106,7 @@ def arena_rounds(driver: Driver, chunk: int, n: int) -> dict[str, float]:
         out["arena_first"] = timed(lambda: [arena.map_chunks((i,)) for i in range(n)])
         arena.shrink(n, keep_handles=False)
         out["arena_batch"] = timed(lambda: arena.map_chunks(range(n)))
-        arena.shrink(n, keep_handles=False)
+        out["arena_unmap"] = timed(lambda: arena.shrink(n, keep_handles=False))
         out["regrow_without_pool"] = timed(lambda: [arena.map_chunks((i,)) for i in range(n)])
     with Arena(driver, n * chunk, chunk, keep_handles=n) as arena:
         arena.grow(n)
@@ -164,6 +174,45 @@ def alloc_free(driver: Driver, ks: list[int], iterations: int) -> list[dict[str,
     return rows
 
 
+def params_chunk() -> int:
+    """The chunk size the co-location parameters (``colocate/default.toml``) use."""
+    if str(COLOCATE) not in sys.path:
+        sys.path.append(str(COLOCATE))
+    from params import load_params  # type: ignore[import-not-found]
+
+    return int(load_params(COLOCATE / "default.toml").kv.elastic_chunk_bytes)
+
+
+def driver_work_per_token(grow_rows: list[dict[str, Any]], scale: float) -> list[dict[str, Any]]:
+    """Per chunk size of ``grow_rows`` and allocator setting (old give-back, the parameters'):
+    chunks mapped and unmapped per 1,000 tokens on the simulated co-location trace, and the
+    driver time they cost at the µs per chunk measured in ``grow_rows``."""
+    if str(COLOCATE) not in sys.path:
+        sys.path.append(str(COLOCATE))
+    from dsv4 import planned, policy_reserve  # type: ignore[import-not-found]
+    from params import load_params  # type: ignore[import-not-found]
+    from report import driver_work_per_1k, pooled  # type: ignore[import-not-found]
+    from simulate import simulate  # type: ignore[import-not-found]
+
+    params = load_params(COLOCATE / "default.toml").scaled(scale)
+    reserved = planned(params, policy_reserve(params, params.policy)[0]).total_footprint
+    rows = []
+    for g in grow_rows:
+        kv = params.kv.model_copy(update={"elastic_chunk": g["chunk"]})
+        for label, p in (("old", params.old_allocator()), ("params", params)):
+            tenants = simulate(p.model_copy(update={"kv": kv}), "kvpolicy", reserved)  # both settings at this chunk
+            works = [driver_work_per_1k(t) for t in tenants.values()]
+            tokens = sum(t["tokens"] for t in tenants.values())
+            mapped = sum(w[0] * t["tokens"] for w, t in zip(works, tenants.values()) if w) / tokens
+            unmapped = sum(w[1] * t["tokens"] for w, t in zip(works, tenants.values()) if w) / tokens
+            rows.append({
+                "chunk": g["chunk"], "allocator": label, "tokens": tokens, "preempted": pooled(tenants)["preempted"],
+                "mapped_per_1k_tokens": mapped, "unmapped_per_1k_tokens": unmapped,
+                "driver_ms_per_1k_tokens": (mapped * g["arena_batch_us_per_chunk"] + unmapped * g["arena_unmap_us_per_chunk"]) / 1000,
+            })
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--driver", choices=["auto", "cuda", "host"], default="auto")
@@ -171,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and bytes (a smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per growth figure (default 7, quick 3)")
     parser.add_argument("--total-mib", type=int, default=None, help="bytes per round (default 2048 MiB, quick 256)")
+    parser.add_argument("--trace-scale", type=float, default=None,
+                        help="durations of the co-location trace replayed for the per-token figure (default 0.125, quick 0.05; 0: skip it)")
     args = parser.parse_args(argv)
 
     rounds = args.rounds or (3 if args.quick else 7)
@@ -198,6 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     for r in af:
         print(f"{r['k']:>6}  {r['median_us']:>10.2f}  {r['p90_us']:>10.2f}  {r['per_block_us']:>10.3f}")
 
+    scale = 0.05 if args.quick and args.trace_scale is None else (0.125 if args.trace_scale is None else args.trace_scale)
+    work = driver_work_per_token(grow_rows, scale) if scale > 0 else []
+    if work:
+        print()
+        print(f"driver work per 1,000 tokens served (co-location trace × {scale:g} on the simulated clock; µs per chunk from above)")
+        print(f"{'chunk':>8}  {'allocator':>9}  {'tokens':>9}  {'preempted':>9}  {'mapped':>8}  {'unmapped':>8}  {'driver ms':>9}")
+        for w in work:
+            print(f"{w['chunk'] // MiB:>4} MiB  {w['allocator']:>9}  {w['tokens']:>9,}  {w['preempted']:>9}  "
+                  f"{w['mapped_per_1k_tokens']:>8.1f}  {w['unmapped_per_1k_tokens']:>8.1f}  {w['driver_ms_per_1k_tokens']:>9.2f}")
+
     goals = {
         # A block pool grows by mapping all the chunks it needs in one map_chunks call per
         # arena: the batch columns are its growth; the per-chunk columns are the worst case.
@@ -205,6 +266,13 @@ def main(argv: list[str] | None = None) -> int:
         "pooled_growth_ge_1.25x_raw": all(r["regrow_pool_batch_vs_raw"] >= GOAL_POOLED_GROWTH for r in grow_rows),
         "alloc16_free_le_5us_median": next(r for r in af if r["k"] == 16)["median_us"] <= GOAL_ALLOC16_US,
     }
+    if work:
+        def chunks(w: dict[str, Any]) -> float:
+            return w["mapped_per_1k_tokens"] + w["unmapped_per_1k_tokens"]
+
+        old = next(w for w in work if w["allocator"] == "old" and w["chunk"] == 2 * MiB)
+        new = next(w for w in work if w["allocator"] == "params" and w["chunk"] == params_chunk())
+        goals["driver_work_per_token_cut_ge_3x"] = chunks(new) * GOAL_DRIVER_WORK_CUT <= chunks(old)
     print()
     for name, ok in goals.items():
         print(f"goal {name}: {'met' if ok else 'NOT met'}")
@@ -219,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             "growth": grow_rows,
             "alloc_free": af,
             "alloc_free_shape": shape,
+            "driver_work_per_token": work,
             "goals": goals,
         }
         with open(args.json, "w") as f:

@@ -4,6 +4,7 @@ Runs one mode per call, so that each fits in one device command, and combines th
 
     python3 benchmarks/colocate/colocate.py --mode static   --out OUT        # ≈ 4.5 min on the H200
     python3 benchmarks/colocate/colocate.py --mode kvpolicy --out OUT
+    python3 benchmarks/colocate/colocate.py --mode kvpolicy-old --out OUT    # optional: the allocator's old give-back
     python3 benchmarks/colocate/colocate.py --combine OUT [--update-readme]  # results.json + memory.png
 
 A mode: the DeepSeek-V4 tenant builds its pools (admitted and reported in the ledger);
@@ -210,8 +211,17 @@ def _wait_for_publish(controller: Child, sha256: str, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, profile: bool = False) -> dict[str, Any]:
-    """Run one mode end to end; returns (and writes to ``out/<mode>.json``) everything it measured."""
+def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, profile: bool = False,
+             old: bool = False) -> dict[str, Any]:
+    """Run one mode end to end; returns (and writes to ``out/<label>.json``) everything it measured.
+
+    ``old``: kvpolicy mode with the allocator's old give-back (``Params.old_allocator``), labelled
+    ``kvpolicy-old``, so one run directory holds the old and the new behaviour beside static."""
+    label = "kvpolicy-old" if old else mode
+    if old:
+        if mode != "kvpolicy":
+            raise ValueError("the old allocator is a kvpolicy mode setting")
+        params = params.old_allocator()
     out.mkdir(parents=True, exist_ok=True)
     base = "/dev/shm" if os.path.isdir("/dev/shm") else None
     run_dir = Path(tempfile.mkdtemp(prefix=f"kvpolicy-colocate-{mode}-", dir=base))
@@ -226,7 +236,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
     source = str(params.source)
     children: list[Child] = []
     timeline: dict[str, float] = {"start": time.time()}
-    result: dict[str, Any] = {"mode": mode, "params": json.loads(params.model_dump_json()), "duration_scale": scale}
+    result: dict[str, Any] = {"mode": mode, "label": label, "params": json.loads(params.model_dump_json()), "duration_scale": scale}
     try:
         v4 = Child("dsv4", [py, str(HERE / "dsv4.py"), "--params", source, "--policy", str(policy_path),
                             "--ledger-dir", str(ledger_dir), "--capacity", str(provisional), "--headroom", str(headroom),
@@ -239,6 +249,8 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
                     "--guarantee", str(guarantees[name]), "--scale", str(scale), "--out", str(run_dir / f"{name}.json")]
             if mode == "kvpolicy":
                 argv += ["--ledger-dir", str(ledger_dir)]
+            if old:
+                argv.append("--old-allocator")
             if profile:
                 argv.append("--profile")
             tenants.append(Child(name, argv, run_dir))
@@ -329,7 +341,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
     finally:
         for child in children:
             child.stop()
-        with open(out / f"logs-{mode}.txt", "w") as logs:  # one file: the device returns few
+        with open(out / f"logs-{label}.txt", "w") as logs:  # one file: the device returns few
             for child in children:
                 logs.write(f"===== {child.name} (exit {child.proc.returncode}) =====\n")
                 logs.write(child.log.read_text(errors="replace"))
@@ -337,7 +349,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
             print(f"run directory kept: {run_dir}", file=sys.stderr)
         else:
             shutil.rmtree(run_dir, ignore_errors=True)
-    (out / f"{mode}.json").write_text(json.dumps(result))
+    (out / f"{label}.json").write_text(json.dumps(result))
     _print_mode(result)
     return result
 
@@ -375,7 +387,8 @@ def _print_mode(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--params", default=str(HERE / "default.toml"), help="parameter file (default: default.toml)")
-    ap.add_argument("--mode", choices=("static", "kvpolicy"))
+    ap.add_argument("--mode", choices=("static", "kvpolicy", "kvpolicy-old"),
+                    help="kvpolicy-old: kvpolicy with the allocator's old give-back (no reserve, no hold), for --combine to compare")
     ap.add_argument("--out", help="directory for <mode>.json and logs-<mode>.txt (every process's stderr)")
     ap.add_argument("--duration-scale", type=float, default=1.0, metavar="F", help="multiply every duration of the trace by F")
     ap.add_argument("--keep-run-dir", action="store_true", help="keep the ledger and policy copy of the run")
@@ -393,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give --mode and --out (or --combine DIR)")
     params = load_params(args.params).scaled(args.duration_scale)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: children are stopped in run_mode's finally
-    run_mode(params, args.mode, Path(args.out), args.duration_scale, args.keep_run_dir, args.profile)
+    old = args.mode == "kvpolicy-old"
+    run_mode(params, "kvpolicy" if old else args.mode, Path(args.out), args.duration_scale, args.keep_run_dir, args.profile, old)
     return 0
 
 

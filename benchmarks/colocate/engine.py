@@ -17,7 +17,10 @@ One ``step(now)`` is one engine iteration:
    preempted, nor beyond a limit lowered below the pool's use (a deferred shrink: the
    running requests finish and the memory goes back);
 4. ``pool.sync()``: a new limit or target is applied, memory above the target that no
-   live block holds goes back, usage is reported.
+   live block holds goes back, usage is reported;
+5. the step's tokens are out once the GPU work is done: each request's first token gives
+   its time to first token, each later one a gap since the one before (``latency.py``:
+   TTFT percentiles and SLO attainment).
 
 Accounting (checked by the CI test): every request that arrived is completed, abandoned,
 running or waiting at the end. Tokens served are output tokens generated; a preempted
@@ -37,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from kvwork import KVWork, block_key
+from latency import DEFAULT_GAP_S, DEFAULT_TTFT_S, attainment, meets_slo, percentile
 from traces import Request
 
 from kvpolicy.alloc.blocks import BlockPool
@@ -53,6 +57,11 @@ class Live:
     n_blocks: int = 0
     started: bool = False
     waited: bool = False
+    first_token: float | None = None
+    """Trace time of the first output token (None: none yet)."""
+    last_token: float = 0.0
+    max_gap: float = 0.0
+    """The longest wait between two consecutive output tokens (a preemption's recompute included)."""
 
     @property
     def context(self) -> int:
@@ -79,6 +88,13 @@ class Counters:
     """Physical out-of-memory: DeviceOutOfMemory from the driver or a CUDA OOM from torch."""
     refusals: dict[str, int] = field(default_factory=dict)
     """Allocation refusals by reason (limit, admission, capacity, device)."""
+    topped_up: int = 0
+    """Chunk groups the pool mapped ahead of demand between steps (``top_up``), off the step's time."""
+    ttft: list[float] = field(default_factory=list)
+    """Seconds from arrival to the first token, per request that got one."""
+    slo_met: int = 0
+    slo_missed: int = 0
+    """Completed requests that met / missed the SLO, plus every abandoned one (a miss)."""
 
 
 PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait", "top_up")
@@ -102,6 +118,9 @@ class Engine:
         patience_s: float | None,
         is_oom: Callable[[BaseException], bool] = lambda exc: False,
         profile: bool = False,
+        token_clock: Callable[[], float] | None = None,
+        slo_ttft_s: float = DEFAULT_TTFT_S,
+        slo_gap_s: float = DEFAULT_GAP_S,
     ) -> None:
         self.pool = pool
         self.work = work
@@ -122,11 +141,19 @@ class Engine:
         self.profile = profile
         """Wait for the GPU after each phase of GPU work, so its time is the phase's (slower: a diagnosis)."""
         self.phase_seconds: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.step_ops: list[int] = []
+        """Per step, the chunk groups its ``alloc``/``free``/``sync`` mapped or unmapped (driver work inside the step)."""
+        self.token_clock = token_clock
+        """Trace time when a step's tokens are out (after its GPU work); None: the step's ``now``."""
+        self.slo_ttft_s, self.slo_gap_s = slo_ttft_s, slo_gap_s
+        self._emitted: list[Live] = []
+        self._finished: list[Live] = []
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self, now: float) -> None:
         """One engine iteration at ``now`` seconds into the run (see the module docstring)."""
         started = time.perf_counter()
+        ops = self._driver_ops()
         self._arrivals(now)
         preempted = self._decode()
         if not preempted:
@@ -136,8 +163,10 @@ class Engine:
         with self._phase("gpu_wait"):
             self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
+        self.step_ops.append(self._driver_ops() - ops)
+        self._tokens_out(now if self.token_clock is None else self.token_clock())
         with self._phase("top_up"):  # between steps: the next step takes blocks from mapped memory
-            self.pool.top_up()
+            self.c.topped_up += len(self.pool.top_up())
 
     @contextmanager
     def _phase(self, name: str, gpu: bool = False) -> Iterator[None]:
@@ -150,6 +179,10 @@ class Engine:
                 self.work.synchronize()
             self.phase_seconds[name] += time.perf_counter() - started
 
+    def _driver_ops(self) -> int:
+        m = self.pool.mapping
+        return m.groups_mapped + m.groups_unmapped
+
     def _arrivals(self, now: float) -> None:
         reqs = self.requests
         while self.next_arrival < len(reqs) and reqs[self.next_arrival].arrival <= now:
@@ -161,7 +194,26 @@ class Engine:
             if any(not r.started and r.req.arrival < deadline for r in self.waiting):
                 kept = deque(r for r in self.waiting if r.started or r.req.arrival >= deadline)
                 self.c.abandoned += len(self.waiting) - len(kept)
+                self.c.slo_missed += len(self.waiting) - len(kept)
                 self.waiting = kept
+
+    def _tokens_out(self, t: float) -> None:
+        """The step's tokens are out at trace time ``t``: first tokens and gaps; finished requests against the SLO."""
+        for r in self._emitted:
+            if r.first_token is None:
+                r.first_token = t
+                self.c.ttft.append(t - r.req.arrival)
+            elif t - r.last_token > r.max_gap:
+                r.max_gap = t - r.last_token
+            r.last_token = t
+        self._emitted = []
+        for r in self._finished:
+            assert r.first_token is not None
+            if meets_slo(r.first_token - r.req.arrival, r.max_gap, ttft_s=self.slo_ttft_s, gap_s=self.slo_gap_s):
+                self.c.slo_met += 1
+            else:
+                self.c.slo_missed += 1
+        self._finished = []
 
     def _decode(self) -> bool:
         """Append blocks, generate a token per running request, attend, finish; True if it preempted."""
@@ -193,6 +245,7 @@ class Engine:
         for r in self.running:
             r.generated += 1
         self.c.tokens += len(self.running)
+        self._emitted = list(self.running)
         with self._phase("attend", gpu=True):
             self._guard(self.work.attend, [r.blocks[: r.n_blocks] for r in self.running], [r.context for r in self.running])
         done = [r for r in self.running if r.generated >= r.req.output]
@@ -206,6 +259,7 @@ class Engine:
                     r.blocks = None
             self.c.completed += len(done)
             self.c.completed_output += sum(r.req.output for r in done)
+            self._finished = done
         return preempted
 
     def _admit(self) -> None:
@@ -323,6 +377,7 @@ class Engine:
     def summary(self) -> dict[str, Any]:
         c = self.c
         steps = sorted(self.step_seconds)
+        ops = sorted(self.step_ops)
         return {
             "arrived": c.arrived,
             "admitted": c.admitted,
@@ -342,9 +397,22 @@ class Engine:
             "step_ms_p50": _pct(steps, 0.50) * 1000,
             "step_ms_p99": _pct(steps, 0.99) * 1000,
             "step_ms_max": (steps[-1] if steps else 0.0) * 1000,
+            "groups_topped_up": c.topped_up,
+            "step_driver_ops_p50": _pct(ops, 0.50),
+            "step_driver_ops_p99": _pct(ops, 0.99),
+            "step_driver_ops_max": ops[-1] if ops else 0,
+            "ttft_ms_p50": _ms(percentile(c.ttft, 0.50)),
+            "ttft_ms_p99": _ms(percentile(c.ttft, 0.99)),
+            "ttft_s": [round(v, 4) for v in c.ttft],
+            "slo": {"ttft_s": self.slo_ttft_s, "gap_s": self.slo_gap_s, "met": c.slo_met, "missed": c.slo_missed,
+                    "attainment": attainment(c.slo_met, c.slo_missed)},
             "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
             "profiled": self.profile,
         }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
 
 
 def _pct(ordered: list[float], q: float) -> float:

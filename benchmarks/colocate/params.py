@@ -75,6 +75,11 @@ class KV(Strict):
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
     block_tokens: int = Field(gt=0)
     chunk: Size = 2 << 20
+    elastic_chunk: Size | None = Field(
+        default=None,
+        description="kvpolicy mode: the elastic pools' mapping chunk (None: ``chunk``). Static pools map their share "
+        "once at start-up and keep ``chunk``, so the baseline does not change with it",
+    )
     attn_layers: int = Field(default=1, ge=0, description="layers a decode step attends over")
     attention: Literal["paged", "gather"] = Field(
         default="gather",
@@ -106,6 +111,15 @@ class KV(Strict):
         """What one growth step maps: a chunk in each of the layout's arenas."""
         return self.chunk * self.layout.num_arenas
 
+    @property
+    def elastic_chunk_bytes(self) -> int:
+        """The chunk an elastic (kvpolicy mode) pool maps by."""
+        return self.chunk if self.elastic_chunk is None else self.elastic_chunk
+
+    @property
+    def elastic_group_bytes(self) -> int:
+        return self.elastic_chunk_bytes * self.layout.num_arenas
+
 
 class Engine(Strict):
     """How each tenant schedules, as a serving engine does."""
@@ -120,6 +134,8 @@ class Engine(Strict):
     max_running: int = Field(default=1024, gt=0)
     patience_s: float | None = Field(default=None, gt=0, description="a client leaves a request that waited this long without starting; None: clients wait forever")
     sample_every_s: float = Field(default=0.1, gt=0)
+    slo_ttft_s: float = Field(default=2.0, gt=0, description="SLO: a request's first token within this (latency.py)")
+    slo_gap_ms: float = Field(default=50.0, gt=0, description="SLO: and no gap between two of its tokens over this")
     give_back_under_pressure: bool = Field(
         default=True,
         description="kvpolicy mode: pools give back free memory when another tenant is refused (docs/allocator.md)",
@@ -138,6 +154,15 @@ class Engine(Strict):
         default=0, ge=0,
         description="kvpolicy mode: free blocks each pool maps ahead of demand between steps (0: none, the old behaviour)",
     )
+    pressure_keeps_reserve: bool = Field(
+        default=False,
+        description="kvpolicy mode: under pressure a pool keeps its use plus the reserve mapped, not use plus one "
+        "growth step (False: the old behaviour)",
+    )
+
+
+OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False}
+"""``[engine]`` settings of the allocator before issue 17's levers (``Params.old_allocator``)."""
 
 
 class Budget(Strict):
@@ -215,8 +240,8 @@ class Params(Strict):
                 raise ValueError(f"reload.swap names {name!r}, which is not a tenant ({', '.join(self.tenants)})")
         if not 0 <= self.reload.at_s < self.trace.duration_s:
             raise ValueError(f"reload.at_s {self.reload.at_s} must lie inside the trace (0 to {self.trace.duration_s} s)")
-        if self.kv.chunk % (2 << 20):
-            raise ValueError(f"kv.chunk must be a multiple of 2 MiB, got {self.kv.chunk}")
+        if self.kv.chunk % (2 << 20) or self.kv.elastic_chunk_bytes % (2 << 20):
+            raise ValueError(f"kv.chunk and kv.elastic_chunk must be multiples of 2 MiB, got {self.kv.chunk}, {self.kv.elastic_chunk}")
         if self.budget.static_share * len(self.tenants) > self.budget.elastic:
             raise ValueError(
                 f"static shares ({len(self.tenants)} × {self.budget.static_share} B) exceed the elastic budget "
@@ -232,6 +257,14 @@ class Params(Strict):
         trace = t.model_copy(update={k: getattr(t, k) * factor for k in ("duration_s", "busy_s", "period_s", "phase_offset_s")})
         reload = self.reload.model_copy(update={"at_s": self.reload.at_s * factor})
         return self.model_copy(update={"trace": trace, "reload": reload, "name": f"{self.name} (durations × {factor:g})"})
+
+    def old_allocator(self) -> Params:
+        """The same run with the allocator's issue-17 settings off: no reserve mapped ahead, no hold
+        time, pressure keeping use plus one growth step, elastic pools mapping by ``kv.chunk``
+        (the behaviour before them), so one run can
+        measure the old and the new give-back against the same static baseline."""
+        return self.model_copy(update={"engine": self.engine.model_copy(update=OLD_ALLOCATOR),
+                                       "kv": self.kv.model_copy(update={"elastic_chunk": None})})
 
     @property
     def static_blocks(self) -> int:

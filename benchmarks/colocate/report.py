@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from latency import attainment, percentile
 from params import Trace
 from traces import busy_windows
 
@@ -20,66 +21,153 @@ TENANT_FIELDS = ("tokens", "arrived", "completed", "abandoned", "queued", "preem
                  "waiting_at_end", "step_ms_p50", "step_ms_p99", "oom", "corrupted", "checked", "refusals")
 
 
-DRIVER_WORK = ("groups_mapped", "groups_unmapped", "regrowths")
+DRIVER_WORK = ("groups_mapped", "groups_unmapped", "regrowths", "groups_mapped_at_start", "arenas")
+LATENCY_FIELDS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_s", "slo")
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None or not b else a / b
 
 
+def driver_work_per_1k(t: dict[str, Any]) -> tuple[float, float] | None:
+    """Chunks mapped and unmapped per 1,000 tokens served, after start-up (the static share or the
+    guarantee mapped before the trace is not per-token work). None: not counted, or no tokens."""
+    if t.get("groups_mapped") is None or t.get("groups_mapped_at_start") is None or not t["tokens"]:
+        return None
+    per = 1000 * (t.get("arenas") or 1) / t["tokens"]
+    return (t["groups_mapped"] - t["groups_mapped_at_start"]) * per, t["groups_unmapped"] * per
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000 * seconds
+
+
+def _churn(t: dict[str, Any]) -> float | None:
+    w = driver_work_per_1k(t)
+    return None if w is None else w[0] + w[1]
+
+
+def pooled(tenants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One mode's figures over all its tenants: tokens, preemptions, TTFT percentiles over every
+    tenant's requests, SLO attainment over every counted request, driver work per 1,000 tokens."""
+    ttft = [v for t in tenants.values() for v in t.get("ttft_s") or ()]
+    slo = [t.get("slo") for t in tenants.values()]
+    met = sum(x["met"] for x in slo if x)
+    missed = sum(x["missed"] for x in slo if x)
+    tokens = sum(t["tokens"] for t in tenants.values())
+    work = [driver_work_per_1k(t) for t in tenants.values()]
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        "preempted": sum(t["preempted"] for t in tenants.values()),
+        "ttft_ms_p50": _ms(percentile(ttft, 0.50)),
+        "ttft_ms_p99": _ms(percentile(ttft, 0.99)),
+        "slo_attainment": attainment(met, missed) if any(slo) else None,
+        "map_unmap_per_1k_tokens": None,
+    }
+    if tokens and all(w is not None for w in work):  # each tenant's per-1k figure weighted by its tokens
+        out["map_unmap_per_1k_tokens"] = sum((w[0] + w[1]) * t["tokens"] for w, t in zip(work, tenants.values()) if w) / tokens
+    return out
+
+
 def ratios(static: dict[str, dict[str, Any]], kv: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """kvpolicy against static, measured in the same run: per tenant and in all. Each tenant's
-    figures are its engine summary's (tokens, step_ms_p50/p99, preempted) plus its pool's driver
-    work (groups_mapped, groups_unmapped, regrowths: give-back/regrow cycles)."""
+    figures are its engine summary's (tokens, step_ms_p50/p99, preempted, TTFT, SLO) plus its pool's
+    driver work (chunks mapped and unmapped after start-up per 1,000 tokens; regrowths:
+    give-back/regrow cycles)."""
     rows = {}
     for name, k in kv.items():
         s = static[name]
-        work = None if k.get("groups_mapped") is None else k["groups_mapped"] + k["groups_unmapped"]
+        ks, ss = k.get("slo") or {}, s.get("slo") or {}
         rows[name] = {
             "tokens": _ratio(k["tokens"], s["tokens"]),
             "step_p50": _ratio(k["step_ms_p50"], s["step_ms_p50"]),
             "step_p99": _ratio(k["step_ms_p99"], s["step_ms_p99"]),
             "preempted": (s["preempted"], k["preempted"]),
             "preempted_ratio": _ratio(k["preempted"], s["preempted"]),
+            "ttft_p50": _ratio(k.get("ttft_ms_p50"), s.get("ttft_ms_p50")),
+            "ttft_p99": _ratio(k.get("ttft_ms_p99"), s.get("ttft_ms_p99")),
+            "slo": _ratio(ks.get("attainment"), ss.get("attainment")),
             "regrowths": k.get("regrowths"),
-            "map_unmap_per_1k_tokens": None if work is None else _ratio(1000 * work, k["tokens"]),
+            "map_unmap_per_1k_tokens": _churn(k),
         }
-    tokens = (sum(k["tokens"] for k in kv.values()), sum(s["tokens"] for s in static.values()))
-    preempted = (sum(s["preempted"] for s in static.values()), sum(k["preempted"] for k in kv.values()))
+    ps, pk = pooled(static), pooled(kv)
     return {
         "tenants": rows,
-        "tokens": _ratio(*tokens),
-        "preempted": preempted,
-        "preempted_ratio": _ratio(preempted[1], preempted[0]),
+        "tokens": _ratio(pk["tokens"], ps["tokens"]),
+        "preempted": (ps["preempted"], pk["preempted"]),
+        "preempted_ratio": _ratio(pk["preempted"], ps["preempted"]),
         "step_p50_max": max((r["step_p50"] or 0 for r in rows.values()), default=None),
         "step_p99_max": max((r["step_p99"] or 0 for r in rows.values()), default=None),
+        "ttft_p50": _ratio(pk["ttft_ms_p50"], ps["ttft_ms_p50"]),
+        "ttft_p99": _ratio(pk["ttft_ms_p99"], ps["ttft_ms_p99"]),
+        "slo": _ratio(pk["slo_attainment"], ps["slo_attainment"]),
+        "map_unmap_per_1k_tokens": pk["map_unmap_per_1k_tokens"],
     }
+
+
+def _x(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def _f(v: float | None, fmt: str = ".1f") -> str:
+    return "–" if v is None else format(v, fmt)
 
 
 def ratio_table(r: dict[str, Any], label: str = "kvpolicy") -> str:
     """``ratios`` as a markdown table."""
-    def x(v: float | None) -> str:
-        return "–" if v is None else f"{v:.2f}×"
-
     lines = [
         f"| tenant | tokens {label}/static | step p50 × | step p99 × | preempted static → {label} "
-        "| give-back/regrow cycles | chunk groups mapped+unmapped per 1k tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| TTFT p50 × | TTFT p99 × | SLO attainment × | give-back/regrow cycles | chunks mapped+unmapped per 1k tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, t in r["tenants"].items():
-        per = "–" if t["map_unmap_per_1k_tokens"] is None else f"{t['map_unmap_per_1k_tokens']:.1f}"
         cycles = "–" if t["regrowths"] is None else str(t["regrowths"])
-        lines.append(f"| {name} | {x(t['tokens'])} | {x(t['step_p50'])} | {x(t['step_p99'])} | "
-                     f"{t['preempted'][0]} → {t['preempted'][1]} | {cycles} | {per} |")
-    lines.append(f"| all | {x(r['tokens'])} | ≤ {x(r['step_p50_max'])} | ≤ {x(r['step_p99_max'])} | "
-                 f"{r['preempted'][0]} → {r['preempted'][1]} ({x(r['preempted_ratio'])}) | | |")
+        lines.append(f"| {name} | {_x(t['tokens'])} | {_x(t['step_p50'])} | {_x(t['step_p99'])} | "
+                     f"{t['preempted'][0]} → {t['preempted'][1]} | {_x(t.get('ttft_p50'))} | {_x(t.get('ttft_p99'))} | "
+                     f"{_x(t.get('slo'))} | {cycles} | {_f(t['map_unmap_per_1k_tokens'])} |")
+    lines.append(f"| all | {_x(r['tokens'])} | ≤ {_x(r['step_p50_max'])} | ≤ {_x(r['step_p99_max'])} | "
+                 f"{r['preempted'][0]} → {r['preempted'][1]} ({_x(r['preempted_ratio'])}) | {_x(r.get('ttft_p50'))} | "
+                 f"{_x(r.get('ttft_p99'))} | {_x(r.get('slo'))} | | {_f(r.get('map_unmap_per_1k_tokens'))} |")
     return "\n".join(lines) + "\n"
+
+
+def serving_table(modes: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """Per tenant and mode (and every mode's tenants together): what serving systems headline.
+
+    ``modes``: label → tenant → figures (an engine summary plus the pool's driver work)."""
+    lines = [
+        "| tenant | mode | tokens | preempted | step p50 / p99 ms | TTFT p50 / p99 s | SLO attainment "
+        "| chunks mapped / unmapped per 1k tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, tenants in modes.items():
+        for name, t in tenants.items():
+            slo = (t.get("slo") or {}).get("attainment")
+            w = driver_work_per_1k(t)
+            lines.append(
+                f"| {name} | {label} | {t['tokens']:,} | {t['preempted']} | {t['step_ms_p50']:.2f} / {t['step_ms_p99']:.2f} | "
+                f"{_s(t.get('ttft_ms_p50'))} / {_s(t.get('ttft_ms_p99'))} | {_pct(slo)} | "
+                f"{'–' if w is None else f'{w[0]:.1f} / {w[1]:.1f}'} |")
+    for label, tenants in modes.items():
+        p = pooled(tenants)
+        lines.append(f"| all | {label} | {p['tokens']:,} | {p['preempted']} | | {_s(p['ttft_ms_p50'])} / {_s(p['ttft_ms_p99'])} | "
+                     f"{_pct(p['slo_attainment'])} | {_f(p['map_unmap_per_1k_tokens'])} (both) |")
+    return "\n".join(lines) + "\n"
+
+
+def _s(ms: float | None) -> str:
+    return "–" if ms is None else f"{ms / 1000:.2f}"
+
+
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
 
 
 def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
     t = mode["tenants"][name]
     s = t["summary"]
     out = {k: s[k] for k in TENANT_FIELDS}
+    out.update({k: s.get(k) for k in LATENCY_FIELDS})  # None: a run from before they were measured
     out["peak_mapped"] = t["peak_held"]
     out.update(t.get("driver_work") or dict.fromkeys(DRIVER_WORK))  # None: a run from before it was counted
     out["released_under_pressure"] = t.get("released_under_pressure")  # None: a run from before it existed
@@ -128,6 +216,27 @@ def _mode(mode: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def issue17_goals(r: dict[str, Any], static: dict[str, Any], kv: dict[str, Any]) -> dict[str, bool]:
+    """Issue 17's goals on one trace, from ``ratios`` and the modes' totals (the bursty-trace goals —
+    tokens, TTFT p99, SLO — are listed for every trace; they are goals on the bursty ones)."""
+    def at_most(v: float | None, bound: float) -> bool:
+        return v is not None and v <= bound
+
+    def at_least(v: float | None, bound: float) -> bool:
+        return v is not None and v >= bound
+
+    return {
+        "i17_step_p99_at_most_1.5x": at_most(r.get("step_p99_max"), 1.5),
+        "i17_step_p50_at_most_1.2x": at_most(r.get("step_p50_max"), 1.2),
+        "i17_tokens_at_least_1.0x": at_least(r.get("tokens"), 1.0),
+        "i17_preempted_at_most_1.25x": at_most(r.get("preempted_ratio"), 1.25),
+        "i17_bursty_tokens_at_least_1.5x": at_least(r.get("tokens"), 1.5),
+        "i17_bursty_ttft_p99_2x_lower": at_most(r.get("ttft_p99"), 0.5),
+        "i17_bursty_slo_at_least_1.5x": at_least(r.get("slo"), 1.5),
+        "i17_zero_oom_corrupted": static["oom"] == kv["oom"] == static["corrupted"] == kv["corrupted"] == 0,
+    }
+
+
 def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
     """Write ``results.json`` and ``memory.png`` into ``dest`` from ``src/{static,kvpolicy}.json``."""
     modes = {}
@@ -136,6 +245,9 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
         if not path.exists():
             raise SystemExit(f"colocate --combine: {path} is missing; run --mode {name} --out {src} first")
         modes[name] = json.loads(path.read_text())
+    old_path = src / "kvpolicy-old.json"  # optional: the same trace with the allocator's old give-back
+    if old_path.exists():
+        modes["kvpolicy-old"] = json.loads(old_path.read_text())
     static, kv = _mode(modes["static"]), _mode(modes["kvpolicy"])
     ratio = kv["tokens"] / static["tokens"] if static["tokens"] else None
     reload = kv.get("reload", {})
@@ -159,6 +271,10 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
         },
         "modes": {"static": static, "kvpolicy": kv},
     }
+    results["goals"].update(issue17_goals(results["ratios"], static, kv))
+    if "kvpolicy-old" in modes:
+        results["modes"]["kvpolicy-old"] = old_mode = _mode(modes["kvpolicy-old"])
+        results["ratios_old"] = ratios(static["tenants"], old_mode["tenants"])
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     try:
@@ -182,6 +298,11 @@ def _gib(n: int | None) -> str:
     return "–" if n is None else f"{n / GiB:.2f}"
 
 
+def _slo_words(results: dict[str, Any]) -> str:
+    e = results.get("engine") or {}
+    return f"{e.get('slo_ttft_s', 2.0):g} s and every inter-token gap ≤ {e.get('slo_gap_ms', 50.0):g} ms"
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The results as the README shows them."""
     m = results["machine"] or {}
@@ -199,15 +320,20 @@ def markdown(results: dict[str, Any]) -> str:
         "kvpolicy against static in the same run:",
         "",
         ratio_table(results["ratios"]) if "ratios" in results else "(no ratios: results from before they were computed)",
+        *([ratio_table(results["ratios_old"], "kvpolicy-old")] if "ratios_old" in results else []),
+        "Per tenant and mode (TTFT: arrival to first token, over the requests that got one; SLO: TTFT ≤ "
+        f"{_slo_words(results)}; an abandoned request misses; chunks: after start-up):",
+        "",
+        serving_table({m: v["tenants"] for m, v in results["modes"].items()}),
         ("| tenant | mode | tokens | completed / arrived | abandoned | queued | preempted | step p50 / p99 ms "
          "| peak mapped GiB | OOM | corrupted | reclaim s (max, n) | reload acked / applied ms |"),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for mode in ("static", "kvpolicy"):
+    for mode in results["modes"]:
         for name, t in results["modes"][mode]["tenants"].items():
             reclaim = t["reclaim_seconds"]
             rec = "–" if reclaim is None else (f"{max(reclaim):.1f} ({len(reclaim)})" if reclaim else "none")
-            rl = "–" if mode == "static" else f"{t['reload_acked_ms']} / {t['reload_applied_ms']}"
+            rl = "–" if mode == "static" else f"{t.get('reload_acked_ms')} / {t.get('reload_applied_ms')}"
             lines.append(
                 f"| {name} | {mode} | {t['tokens']:,} | {t['completed']} / {t['arrived']} | {t['abandoned']} | {t['queued']} | "
                 f"{t['preempted']} | {t['step_ms_p50']:.2f} / {t['step_ms_p99']:.2f} | {_gib(t['peak_mapped'])} | {t['oom']} | "
@@ -236,6 +362,7 @@ def markdown(results: dict[str, Any]) -> str:
          f"tokens ≥ 1.5× {ok(g['tokens_ratio_at_least_1_5'])}; reclaim within grace + 1 s: "
          f"{g['reclaim_within_grace_plus_1s']}; reload within 100 ms {ok(g['reload_applied_within_100ms'])}; "
          f"never over budget {ok(g['never_over_budget'])}."),
+        ("- Issue 17's goals: " + "; ".join(f"{k} {ok(v)}" for k, v in g.items() if k.startswith("i17_")) + "."),
         "",
         "![memory per tenant over time, both modes](memory.png)",
     ]
@@ -287,4 +414,4 @@ def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["combine", "markdown", "plot", "ratio_table", "ratios"]
+__all__ = ["combine", "driver_work_per_1k", "issue17_goals", "markdown", "plot", "pooled", "ratio_table", "ratios", "serving_table"]

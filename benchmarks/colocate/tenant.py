@@ -78,10 +78,11 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
                 raise SystemExit(f"tenant {name}: no limit published within 60 s; is the controller running?")
             time.sleep(0.01)
         pool = BlockPool(
-            driver, kv.layout, params.elastic_blocks, chunk=kv.chunk, limit=source, name=name,
+            driver, kv.layout, params.elastic_blocks, chunk=kv.elastic_chunk_bytes, limit=source, name=name,
             give_back_under_pressure=params.engine.give_back_under_pressure,
             give_back_delay_s=params.engine.give_back_delay_s, give_back_hold_s=params.engine.give_back_hold_s,
-            reserve_blocks=params.engine.reserve_blocks, clock=clock.now,
+            reserve_blocks=params.engine.reserve_blocks,
+            pressure_keeps_reserve=params.engine.pressure_keeps_reserve, clock=clock.now,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
@@ -91,10 +92,11 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
     return driver, inst, pool
 
 
-def driver_work(mapping) -> dict[str, int]:
-    """Chunk groups mapped and unmapped, and give-back/regrow cycles, over the pool's life."""
+def driver_work(mapping, at_start: int) -> dict[str, int]:
+    """Chunk groups mapped and unmapped, and give-back/regrow cycles, over the pool's life; the groups
+    mapped at start-up (the static share, or the guarantee), and the chunks a group is (one per arena)."""
     return {"groups_mapped": mapping.groups_mapped, "groups_unmapped": mapping.groups_unmapped,
-            "regrowths": mapping.regrowths}
+            "regrowths": mapping.regrowths, "groups_mapped_at_start": at_start, "arenas": len(mapping.arenas)}
 
 
 def warm_up(work, pool) -> None:
@@ -192,8 +194,11 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--profile", action="store_true", help="time each phase's GPU work (engine.Engine's profile)")
+    ap.add_argument("--old-allocator", action="store_true", help="kvpolicy mode with the allocator's old give-back (Params.old_allocator)")
     args = ap.parse_args()
     params = load_params(args.params).scaled(args.scale)
+    if args.old_allocator:
+        params = params.old_allocator()
     name = params.tenants[args.index]
 
     import numpy  # noqa: F401  (fail here, before anything is built, if it is missing)
@@ -213,11 +218,13 @@ def main() -> int:
     work = KVWork(pool, attn_layers=kv.attn_layers, max_batch=params.engine.max_running, window=kv.attn_max_blocks,
                   max_tokens=kv.attn_max_tokens, seed=args.index, attention=kv.attention)
     warm_up(work, pool)
+    mapped_at_start = pool.mapping.groups_mapped
     engine = Engine(
         pool, work, requests,
         block_tokens=kv.block_tokens, max_request_blocks=params.max_request_blocks,
         prefill_tokens_per_step=params.engine.prefill_tokens_per_step, max_running=params.engine.max_running,
-        patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile,
+        patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile, token_clock=clock.now,
+        slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
     )
     engine.last_stats = pool.sync()
     recorder = Recorder(pool, params.engine.sample_every_s)
@@ -244,7 +251,7 @@ def main() -> int:
         "clock": {"kind": clock.kind, "steps": clock.steps, "trace_s": round(clock.now(), 6), "wall_s": round(served_wall_s, 3)},
         "peak_held": recorder.peak,
         "released_under_pressure": pool.released_under_pressure,
-        "driver_work": driver_work(pool.mapping),
+        "driver_work": driver_work(pool.mapping, mapped_at_start),
         "samples": {"columns": Recorder.COLUMNS, "rows": recorder.samples},
         "revisions": recorder.revisions,
         "pool": {

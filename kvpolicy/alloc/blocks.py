@@ -97,6 +97,7 @@ class BlockPool:
         give_back_delay_s: float = 0.0,
         give_back_hold_s: float = 0.0,
         reserve_blocks: int = 0,
+        pressure_keeps_reserve: bool = False,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
@@ -123,6 +124,7 @@ class BlockPool:
             under_pressure=give_back_under_pressure,
             clock=clock,
             pressure=limit.pressure(),
+            pressure_keeps_reserve=pressure_keeps_reserve,
         )
         self.geometry = geometry
         self.name = name

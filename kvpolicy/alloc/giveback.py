@@ -151,6 +151,7 @@ class GiveBack:
         refusals: int = 0,
         hold_s: float = 0.0,
         reserve_bytes: int = 0,
+        pressure_keeps_reserve: bool = False,
     ) -> None:
         if grow_chunks < 1:
             raise ValueError(f"grow_chunks must be >= 1, got {grow_chunks}")
@@ -162,6 +163,8 @@ class GiveBack:
             raise ValueError(f"the reserve must be >= 0 bytes, got {reserve_bytes}")
         self.hold_s = hold_s
         self.reserve_bytes = reserve_bytes
+        self.pressure_keeps_reserve = pressure_keeps_reserve
+        """Under pressure, keep use plus the reserve (not just one growth step) mapped."""
         self._idle = IdleWindow(clock())
         self._quiet_until = float("-inf")  # no top-up before this (a give-back under pressure, or a refused top-up)
         self.group_bytes = group_bytes
@@ -239,6 +242,8 @@ class GiveBack:
             grow_chunks=self.grow_chunks,
         )
         self._pressure_seen, self._refusals_seen = pressure, refusals
+        if keep is not None and self.pressure_keeps_reserve:
+            keep = max(keep, self._reserve_floor(used))
         if keep is None:
             return
         before = mapping.held_bytes

@@ -520,3 +520,22 @@ def test_regrowths_count_growths_that_follow_a_give_back(driver):
         pool.alloc(4)  # two growths, one cycle
         s = pool.stats()
         assert (s.groups_mapped, s.groups_unmapped, s.regrowths) == (4, 2, 1)
+
+
+@pytest.mark.parametrize("keeps", [False, True], ids=["old-floor", "keeps-reserve"])
+def test_pressure_keeps_the_reserve_when_asked_to(driver, keeps):
+    """Under pressure a pool keeps use + one growth step (the old floor), or with
+    ``pressure_keeps_reserve`` use + its reserve: a busy pool's next steps' blocks stay mapped."""
+    base = resources(driver)
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=0), reserve_blocks=8,
+                            pressure_keeps_reserve=keeps, give_back_delay_s=100.0)
+    with pool:
+        ids = pool.alloc(40)  # 10 chunks
+        pool.free(ids[4:])  # 1 chunk live, 9 free (the delay keeps them from going above the target)
+        assert pool.sync().held_bytes == 10 * CHUNK
+        limit.press()
+        held = pool.sync().held_bytes
+        assert held == (3 if keeps else 2) * CHUNK  # use + the reserve's 2 chunks, or use + one growth step
+        assert pool.released_under_pressure == (10 * CHUNK - held)
+        pool.free(ids[:4])
+        check_pool(pool, limit, driver, base)

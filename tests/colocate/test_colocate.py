@@ -62,7 +62,7 @@ def test_parameter_files_and_their_policies_are_clean(path: Path) -> None:
         # The rule's threshold sits below the guarantee it shrinks to: a tenant kept at its
         # guarantee leaves the rule before it runs out of memory.
         assert rule.below < guarantee
-        assert guarantee % params.kv.group_bytes == 0
+        assert guarantee % params.kv.group_bytes == 0 and guarantee % params.kv.elastic_group_bytes == 0
     assert params.budget.static_share % params.kv.group_bytes == 0
     assert policy.model_settings(params.dsv4.model).reserve
 
@@ -275,6 +275,20 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
     assert results["tokens_ratio"] == pytest.approx(tokens["kvpolicy"] / tokens["static"])
     for mode in ("static", "kvpolicy"):
         assert all(t["oom"] == 0 for t in results["modes"][mode]["tenants"].values())
+    assert "ratios_old" not in results and "kvpolicy-old" not in results["modes"]
+    table = (out / "results.md").read_text()
+    assert "TTFT p50 / p99 s" in table and "chunks mapped / unmapped per 1k tokens" in table
+    for mode in ("static", "kvpolicy"):
+        for name, t in results["modes"][mode]["tenants"].items():
+            slo = t["slo"]
+            assert slo["met"] + slo["missed"] == t["completed"] + t["abandoned"], (mode, name, slo)
+            assert len(t["ttft_s"]) >= t["completed"]  # every completed request had a first token
+    # A kvpolicy-old record beside them (here the same run copied: --combine only reads it) adds its ratios.
+    (out / "kvpolicy-old.json").write_text((out / "kvpolicy.json").read_text())
+    _run("--combine", str(out))
+    again = json.loads((out / "results.json").read_text())
+    assert again["ratios_old"]["tokens"] == pytest.approx(again["ratios"]["tokens"])
+    assert "| kvpolicy-old |" in (out / "results.md").read_text()
     try:
         import matplotlib  # noqa: F401 - only whether it imports
     except ImportError:
