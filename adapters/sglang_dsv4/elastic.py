@@ -344,6 +344,14 @@ class ElasticSWA:
         wrap_swa_allocator(outer, self)
 
 
+def _ensure(pool: ElasticSWA, pages: Callable[..., int], at_most: Callable[..., int] | None,
+            args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """``pool.ensure`` for an allocator call's pages; with ``at_most`` (a cheap bound), counted only if needed."""
+    if at_most is None:
+        return pool.ensure(pages(*args, **kwargs))
+    return pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
+
+
 def _pages_taken(before: Any, after: Any) -> list[int]:
     """The ids SGLang's paged allocator took off the front of its free list."""
     return before[: len(before) - len(after)].tolist()
@@ -376,10 +384,7 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
 
         @functools.wraps(call)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if at_most is None:
-                pool.ensure(pages(*args, **kwargs))
-            else:
-                pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
+            _ensure(pool, pages, at_most, args, kwargs)
             before = pool._free_list()
             out = call(*args, **kwargs)
             pool.handed_out(_pages_taken(before, a.free_pages))
@@ -454,11 +459,7 @@ def wrap_swa_allocator(outer: Any, pool: ElasticSWA) -> None:
 
         @functools.wraps(call)
         def method(*args: Any, **kwargs: Any) -> Any:
-            if at_most is None:
-                ready = pool.ensure(pages(*args, **kwargs))
-            else:
-                ready = pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
-            return call(*args, **kwargs) if ready else None
+            return call(*args, **kwargs) if _ensure(pool, pages, at_most, args, kwargs) else None
 
         setattr(outer, name, method)
 
