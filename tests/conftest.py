@@ -9,6 +9,7 @@ every run loads it, the GPU machine's included.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -45,3 +46,23 @@ def ledger_dir() -> Iterator[Path]:
         yield parent / "ledger"
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Put the root logger's handlers and level back after every test.
+
+    SGLang's ``prepare_server_args`` calls ``logging.basicConfig(force=True)``, which binds a
+    handler to the ``sys.stderr`` of that moment: pytest's capture, closed when the test ends.
+    Left on the root, it answers every later record of the same worker with "--- Logging
+    error ---" on the next test's stderr.
+    """
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if h not in handlers]:
+        root.removeHandler(handler)
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
