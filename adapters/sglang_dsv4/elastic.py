@@ -21,6 +21,12 @@ puts those tensors on the allocator:
   with page 0 — SGLang's padding page, written for padded tokens — live for good: the
   chunks it touches are *pinned* (mapped at start, admitted as runtime-owned memory,
   ``limits.PinnedFirst``-style accounting by the caller's limit source);
+- the ids of the pages handed out and freed stay on the device until something must
+  know which chunks are free (``settle``: before a give-back, a new limit revision, a
+  deferred limit's frees, or after ``UNREAD_AT_MOST`` calls): reading them on the host
+  is a copy that waits for the kernels queued before it, which SGLang's allocator is
+  written to avoid. Their number is known on the host at once, so the bytes in use are
+  always exact;
 - ``tick`` runs between scheduler steps, from the allocator entry points SGLang's
   scheduler calls every round (``available_size``, ``swa_available_size``, and
   ``swa_capacity_and_available``, which the idle loop's leak check calls): a new limit
@@ -61,6 +67,8 @@ PADDING_PAGE = 0
 OTHER_POOL = "other"
 PINNED_PART = "swa_pinned"
 """The pinned chunks of the elastic SWA pool, reported as runtime-owned memory under ``other``."""
+UNREAD_AT_MOST = 256
+"""Allocator calls whose page ids may wait on the device before the pool reads them (one copy for all)."""
 
 
 class ElasticSWA:
@@ -113,6 +121,8 @@ class ElasticSWA:
         """Called at a report when pages were handed out since the last one (the ledger's ``idle_seconds``)."""
         self.handouts = 0
         """Allocations that took pages (cumulative)."""
+        self._unread: list[tuple[bool, Any]] = []  # (taken, device tensor of page ids), in call order
+        self._unread_pages = 0  # pages taken minus pages freed among them
         self._clock = clock
         self._last_give_back = self._last_report = clock()
         self._handouts_reported = 0
@@ -133,7 +143,7 @@ class ElasticSWA:
     def used_bytes(self) -> int:
         """Bytes of the pages SGLang has handed out, over all layers (the padding page left out)."""
         live = getattr(self, "live", None)  # the mapping reports while it is built, before any page is live
-        return max(0, live.count - 1) * self.page_bytes * self.layers if live is not None else 0
+        return max(0, live.count + self._unread_pages - 1) * self.page_bytes * self.layers if live is not None else 0
 
     @property
     def held_bytes(self) -> int:
@@ -238,6 +248,7 @@ class ElasticSWA:
             return True
         m = self.mapping
         try:
+            self.settle()  # a new limit revision may unmap free chunks: the pool must know which are free
             m.refresh()  # a new limit revision first (it may shrink, hiding pages)
             free = len(self._free_list())
             if free >= pages:
@@ -267,20 +278,46 @@ class ElasticSWA:
         logger.debug("kvpolicy: SWA growth refused (%s); SGLang sees a full SWA pool", why)
 
     # -- what SGLang's allocator did -----------------------------------------------------------
-    def handed_out(self, pages: Sequence[int]) -> None:
-        """SGLang's allocator took ``pages`` from its free list: they are live (all mapped already)."""
-        if pages:
+    def handed_out(self, pages: Any) -> None:
+        """SGLang's allocator took ``pages`` (a tensor of page ids, all mapped) from its free list: they are live."""
+        if pages.numel():
             self.handouts += 1
-            self.live.claim(pages)
+            self._note(True, pages)
 
-    def returned(self, pages: Sequence[int]) -> None:
-        """SGLang freed ``pages`` back into its free list; a deferred limit may then unmap some."""
-        if pages:
+    def returned(self, pages: Any) -> None:
+        """SGLang freed ``pages`` (a tensor of page ids) back into its free list; a deferred limit may then unmap some."""
+        if pages.numel():
             self._short = False
-            self.live.release(pages)
+            self._note(False, pages)
+            if self.mapping.deferred:
+                self.settle()  # the frees complete the lowered limit as they come
+
+    def _note(self, taken: bool, pages: Any) -> None:
+        self._unread.append((taken, pages))
+        self._unread_pages += pages.numel() if taken else -pages.numel()
+        if len(self._unread) >= UNREAD_AT_MOST:
+            self.settle()
+
+    def settle(self) -> None:
+        """Read the page ids handed out and freed since the last read (one copy from the device) and make
+        the live pages those SGLang holds; claims go first, so no chunk looks free while a page in it is held."""
+        if not self._unread:
+            return
+        import torch
+
+        calls, self._unread, self._unread_pages = self._unread, [], 0
+        ids = torch.cat([pages.reshape(-1) for _, pages in calls]).tolist()
+        held: dict[int, bool] = {}  # each page's last call says whether SGLang holds it now
+        at = 0
+        for taken, pages in calls:
+            n = pages.numel()
+            held.update(dict.fromkeys(ids[at:at + n], taken))
+            at += n
+        self.live.reconcile([p for p, h in held.items() if h], [p for p, h in held.items() if not h])
 
     def sync(self) -> None:
         """Apply the limit in force, give back free chunks above the target or under pressure, report."""
+        self.settle()
         self.give_back.sync(self.mapping, self.used_bytes)
         if self.mapping.reading.revision != self._short_revision:
             self._short = False
@@ -352,9 +389,10 @@ def _ensure(pool: ElasticSWA, pages: Callable[..., int], at_most: Callable[..., 
     return pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
 
 
-def _pages_taken(before: Any, after: Any) -> list[int]:
-    """The ids SGLang's paged allocator took off the front of its free list."""
-    return before[: len(before) - len(after)].tolist()
+def _pages_taken(before: Any, after: Any) -> Any:
+    """The ids SGLang's paged allocator took off the front of its free list (a copy: the list's storage is
+    not kept alive while the ids wait to be read)."""
+    return before[: len(before) - len(after)].clone()
 
 
 def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
@@ -369,6 +407,7 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
 
     def clear() -> None:
         original["clear"]()
+        pool.settle()
         if pool.live.count > 1:  # SGLang forgets every allocation: so does the pool
             pool.live.release([p for p in range(1, pool.pages) if pool.live.is_live(p)])
         import torch
@@ -406,7 +445,8 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
 
     def release(*page_ids: Any) -> None:
         original["_release_page_ids"](*page_ids)
-        pool.returned([p for ids in page_ids for p in ids.tolist()])  # a deferred limit unmaps what empties
+        for ids in page_ids:
+            pool.returned(ids)
 
     a.clear = clear
     a.available_size = available_size
@@ -464,7 +504,10 @@ def wrap_swa_allocator(outer: Any, pool: ElasticSWA) -> None:
         setattr(outer, name, method)
 
     guarded("alloc_extend", lambda prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, *rest, **kw: int(
-        get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, prefix_lens=prefix_lens_cpu)))
+        get_num_new_pages(seq_lens=seq_lens_cpu, page_size=P, prefix_lens=prefix_lens_cpu)),
+        # SGLang's own bound, from host integers: a request's page count grows by at most its new tokens // P + 1
+        at_most=lambda prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens: (
+            int(extend_num_tokens) // P + len(prefix_lens_cpu) + 1))
     guarded("alloc_extend_swa_tail", lambda *args, swa_tail_len=None, **kw: -(-int(
         swa_tail_len if swa_tail_len is not None else args[6]) // P))
     guarded("alloc_decode", lambda seq_lens, seq_lens_cpu, last_loc: int(

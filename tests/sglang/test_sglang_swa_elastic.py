@@ -236,62 +236,83 @@ class Scheduler:
         else:
             self.free(r)
 
-    def set_limit(self, groups: int) -> None:
+    def set_limit(self, groups: int, at_once: bool = True) -> None:
+        """A new limit revision, synced at once or left to the pool's next allocation or tick."""
         self.b.limit.set(groups * GROUP)
-        self.b.swa.sync()
+        if at_once:
+            self.b.swa.sync()
 
     # -- invariants ---------------------------------------------------------------------------------
-    def check(self) -> None:
+    def check(self, read_ids: bool = True) -> None:
+        """Every invariant; with ``read_ids`` the pool then reads the page ids still on the device (``settle``)
+        and its live pages must be those SGLang holds. A check that leaves them unread lets the next steps run
+        with the pool's books behind SGLang's, as between two give-backs in an engine."""
         swa, outer = self.b.swa, self.outer
         inner = outer.swa_attn_allocator
         free = set(inner.get_all_free_pages().cpu().tolist())
         assert all(swa.visible[p] and swa.page_is_mapped(p) for p in free), "a free page SGLang can hand out is unmapped"
-        for r in [*self.running, *self.cached]:
-            pages = self.resident_swa_pages(r)
+        resident = [self.resident_swa_pages(r) for r in [*self.running, *self.cached]]
+        for r, pages in zip([*self.running, *self.cached], resident, strict=True):
             assert all(swa.page_is_mapped(p) for p in pages), "a page SGLang holds is unmapped"
-            assert all(swa.live.is_live(p) for p in pages) and not pages & free
+            assert not pages & free
             for p in pages:
                 for layer in self.b.pool.swa_kv_pool.kv_buffer:
                     assert int(layer[p, 0]) == r.tag, "data written through the views did not survive"
-        if not swa.mapping.deferred:
-            assert swa.held_bytes <= swa.mapping.limit.read().limit
-        assert swa.used_bytes == (swa.live.count - 1) * swa.page_bytes * swa.layers
+        reading = swa.mapping.limit.read()
+        if reading.revision == swa.mapping.revision and not swa.mapping.deferred:
+            assert swa.held_bytes <= reading.limit
+        assert len(swa._unread) < E.UNREAD_AT_MOST, "the ids waiting on the device are bounded"
+        used = swa.used_bytes  # exact before the ids still on the device are read
+        held = sum(len(pages) for pages in resident)
+        assert used == held * swa.page_bytes * swa.layers
+        if read_ids:
+            swa.settle()
+            assert all(swa.live.is_live(p) for pages in resident for p in pages)
+            assert used == swa.used_bytes == (swa.live.count - 1) * swa.page_bytes * swa.layers
 
 
 OPS = st.one_of(
     st.tuples(st.just("admit"), st.integers(1, 3 * P)),
     st.tuples(st.just("decode"), st.integers(1, 2 * P)),
     st.tuples(st.just("finish"), st.integers(0, 7), st.booleans()),
-    st.tuples(st.just("limit"), st.integers(0, 3)),
+    st.tuples(st.just("limit"), st.integers(0, 3), st.booleans()),
 )
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                        HealthCheck.too_slow])
-@given(ops=st.lists(OPS, min_size=1, max_size=STEPS), first_limit=st.integers(0, 3))
-def test_a_synthetic_scheduler_never_touches_an_unmapped_page(sglang_env, ops, first_limit):
+@given(ops=st.lists(OPS, min_size=1, max_size=STEPS), first_limit=st.integers(0, 3), read_every=st.integers(1, 12))
+def test_a_synthetic_scheduler_never_touches_an_unmapped_page(sglang_env, ops, first_limit, read_every):
     b = build(sglang_env, (1 + first_limit) * GROUP)
-    run_scheduler(b, allocator_over(b), ops)
+    run_scheduler(b, allocator_over(b), ops, read_every=read_every)
     b.swa.close()
     assert b.driver.in_use == 0
 
 
-def run_scheduler(b: Built, outer, ops, device: str = "cpu") -> Scheduler:
-    """Play ``ops`` on the real allocator, checking every invariant after each step; frees everything at the end."""
+def run_scheduler(b: Built, outer, ops, device: str = "cpu", read_every: int = 5) -> Scheduler:
+    """Play ``ops`` on the real allocator, checking every invariant after each step (and the pool's live pages
+    every ``read_every`` checks); frees everything at the end."""
     s = Scheduler(b, outer, device)
-    s.check()
+    checks = 0
+
+    def check() -> None:
+        nonlocal checks
+        checks += 1
+        s.check(read_ids=checks % read_every == 0)
+
+    check()
     for op in ops:
         if op[0] == "admit":
             s.admit(op[1])
         elif op[0] == "decode":
             for _ in range(op[1]):
                 s.decode()
-                s.check()
+                check()
         elif op[0] == "finish":
             s.finish(op[1], op[2])
         else:
-            s.set_limit(1 + op[1])
-        s.check()
+            s.set_limit(1 + op[1], at_once=len(op) < 3 or op[2])
+        check()
     for r in [*s.running, *s.cached]:
         s.free(r)
     s.running.clear()
@@ -315,7 +336,7 @@ def test_two_thousand_scheduler_steps_keep_every_page_mapped_and_every_byte_writ
     ops: list[tuple] = []
     for step in range(LONG_STEPS):
         if step % 250 == 249:
-            ops.append(("limit", rng.randrange(4)))
+            ops.append(("limit", rng.randrange(4), rng.random() < 0.5))
             continue
         kind = rng.choices(("admit", "decode", "finish"), weights=(2, 6, 2))[0]
         if kind == "admit":
@@ -367,5 +388,25 @@ def test_a_lower_limit_unmaps_only_fully_free_chunks_and_waits_for_the_rest(sgla
     assert b.swa.mapping.deferred and b.swa.held_bytes > 2 * GROUP  # live pages pin their chunks
     while s.running:
         s.finish(0, cache=False)
-        s.check()
+        s.check(read_ids=False)  # while a limit is deferred the pool reads each free as it comes
     assert not b.swa.mapping.deferred and b.swa.held_bytes <= 2 * GROUP
+
+
+def test_a_limit_that_arrives_between_the_capacity_check_and_the_allocation_unmaps_no_held_page(sglang_env):
+    """The page ids SGLang handed out are still on the device when a lower limit revision reaches the pool
+    inside an allocation (the controller publishes at any moment): the pool reads them before it applies
+    the revision, so it unmaps only chunks that are truly free."""
+    b = build(sglang_env, 9 * GROUP, budget=400 * MiB)
+    outer = allocator_over(b)
+    s = Scheduler(b, outer)
+    while b.swa.held_bytes < 4 * GROUP:
+        s.admit(P)
+    s.check(read_ids=False)
+    assert b.swa._unread, "the hand-outs wait on the device"
+    held = b.swa.held_bytes
+    b.limit.set(held - GROUP)  # no sync, no tick: the next allocation that must grow applies it
+    while s.refused == 0:
+        s.admit(P)
+        s.check(read_ids=False)
+    assert b.swa.mapping.revision == b.limit.read().revision and b.swa.mapping.deferred
+    s.check()

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.waiting import wait_for
 from tests.vllm_e2e.engines import SERVED_MODEL, Server, callers_by_role, plugin_calls, run_offline
 
 from kvpolicy.runtime.client import resolve_access
+from kvpolicy.runtime.liveness import is_alive
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.values import SlotView
 
@@ -153,6 +155,9 @@ def test_a_killed_engine_is_reclaimed_and_its_reserve_admitted_again(policy_serv
     (rank,) = instances(work)
     os.killpg(policy_server.process.pid, signal.SIGKILL)  # no clean exit: the worker's slot is left behind
     policy_server.process.wait(60)
+    # The worker holding the slot is another process of the group: SIGKILL is sent, but tearing down its
+    # memory takes a while on a loaded machine; until it has exited it is (rightly) alive.
+    assert wait_for(lambda: not is_alive(rank.pid, rank.start_time), timeout=120), f"pid {rank.pid} outlived SIGKILL"
     gpu = ledger(work)
     reclaimed = gpu.reclaim_dead()
     assert [v.id for v in reclaimed] == [rank.id]
