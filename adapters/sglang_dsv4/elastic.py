@@ -154,6 +154,11 @@ class ElasticSWA:
         """Bytes held beyond the pinned chunks: what the elastic budget counts."""
         return max(0, self.held_bytes - self.pinned)
 
+    @property
+    def unread_calls(self) -> int:
+        """Allocator calls whose page ids wait on the device (``settle`` reads them)."""
+        return len(self._unread)
+
     def page_is_mapped(self, page: int) -> bool:
         mapped = self.mapping.mapped
         return all(mapped[c] for c in self.grid.chunks_of(page))

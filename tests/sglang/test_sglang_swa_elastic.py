@@ -261,7 +261,7 @@ class Scheduler:
         reading = swa.mapping.limit.read()
         if reading.revision == swa.mapping.revision and not swa.mapping.deferred:
             assert swa.held_bytes <= reading.limit
-        assert len(swa._unread) < E.UNREAD_AT_MOST, "the ids waiting on the device are bounded"
+        assert swa.unread_calls < E.UNREAD_AT_MOST, "the ids waiting on the device are bounded"
         used = swa.used_bytes  # exact before the ids still on the device are read
         held = sum(len(pages) for pages in resident)
         assert used == held * swa.page_bytes * swa.layers
@@ -402,7 +402,7 @@ def test_a_limit_that_arrives_between_the_capacity_check_and_the_allocation_unma
     while b.swa.held_bytes < 4 * GROUP:
         s.admit(P)
     s.check(read_ids=False)
-    assert b.swa._unread, "the hand-outs wait on the device"
+    assert b.swa.unread_calls, "the hand-outs wait on the device"
     held = b.swa.held_bytes
     b.limit.set(held - GROUP)  # no sync, no tick: the next allocation that must grow applies it
     while s.refused == 0:
