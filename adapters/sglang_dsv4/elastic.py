@@ -101,6 +101,8 @@ class ElasticSWA:
         self.grid = ChunkGrid(page_bytes, chunk, pages)
         self.grow_chunks = grow_chunks
         self.driver = driver
+        self._unread: list[tuple[bool, Any]] = []  # (taken, device tensor of page ids), in call order
+        self._unread_pages = 0  # pages taken minus pages freed among them
         self.mapping = ChunkMapping(
             driver, self.grid, limit=limit, num_arenas=layers, name=name,
             before_unmap=self._before_unmap, zero_new_chunks=True, used_bytes=lambda: self.used_bytes,
@@ -121,8 +123,6 @@ class ElasticSWA:
         """Called at a report when pages were handed out since the last one (the ledger's ``idle_seconds``)."""
         self.handouts = 0
         """Allocations that took pages (cumulative)."""
-        self._unread: list[tuple[bool, Any]] = []  # (taken, device tensor of page ids), in call order
-        self._unread_pages = 0  # pages taken minus pages freed among them
         self._clock = clock
         self._last_give_back = self._last_report = clock()
         self._handouts_reported = 0
