@@ -11,7 +11,8 @@ Each step runs in its own process with a time limit (240 + 150 + 180 s at most, 
 whole stays under the device's 10-minute command limit; expected about 3 minutes); a
 step that fails or times out is recorded and the next one still runs. Exits 0 only
 when every step passed.
-Run from the repository root (the package is found through PYTHONPATH, nothing is installed).
+Run from the repository root: kvpolicy is the one PYTHONPATH names (scripts/gpu-check installs it), else the
+checkout's; the root comes after it, for the tests package.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -82,6 +84,15 @@ def find_sanitizer() -> str | None:
     return None
 
 
+def step_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The steps' environment: the repository root after whatever PYTHONPATH already names, so that an
+    installed kvpolicy (scripts/gpu-check's, with ``kvpolicy.grammar`` and ``kvpolicy.adapters`` in it)
+    wins over the checkout's ``kvpolicy/``, which has neither, and the root still serves ``tests``."""
+    env = dict(environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH", ""), str(ROOT)]))
+    return env
+
+
 def step(name: str, cmd: list[str], timeout: int, env: dict[str, str]) -> dict[str, object]:
     t0 = time.time()
     print(f"== {name}: {' '.join(cmd)}", flush=True)
@@ -112,8 +123,7 @@ def main() -> int:
     if args.pytest_only:
         return run_pytest(args.out)
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    env = step_environment(os.environ)
     py = sys.executable
     steps = [step("pytest -m gpu", [py, str(HERE / "gpu_suite.py"), "--pytest-only", "--out", str(args.out)], 240, env)]
     bench_json = args.out / "bench_alloc.json"
