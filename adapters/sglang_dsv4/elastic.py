@@ -394,10 +394,11 @@ def _ensure(pool: ElasticSWA, pages: Callable[..., int], at_most: Callable[..., 
     return pool.ensure_within(at_most(*args, **kwargs), lambda: pages(*args, **kwargs))
 
 
-def _pages_taken(before: Any, after: Any) -> Any:
-    """The ids SGLang's paged allocator took off the front of its free list (a copy: the list's storage is
-    not kept alive while the ids wait to be read)."""
-    return before[: len(before) - len(after)].clone()
+def _pages_taken(before: Any, after: Any) -> Any | None:
+    """The ids SGLang's paged allocator took off the front of its free list, None if it took none (most
+    decode steps: no tensor work then). A copy: the list's storage is not kept alive while the ids wait."""
+    taken = len(before) - len(after)
+    return before[:taken].clone() if taken else None
 
 
 def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
@@ -431,7 +432,9 @@ def _wrap_page_allocator(a: Any, pool: ElasticSWA) -> None:
             _ensure(pool, pages, at_most, args, kwargs)
             before = pool._free_list()
             out = call(*args, **kwargs)
-            pool.handed_out(_pages_taken(before, a.free_pages))
+            taken = _pages_taken(before, a.free_pages)
+            if taken is not None:
+                pool.handed_out(taken)
             return out
 
         return method
