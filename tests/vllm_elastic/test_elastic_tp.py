@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from tests.vllm_elastic.elastic_harness import kv_cache_config, make_request
-from tests.vllm_elastic.tp_ranks import CAPACITY, CHUNK, Ranks, core, start_ranks
+from tests.vllm_elastic.tp_ranks import CAPACITY, Ranks, core, start_ranks
 
 from kvpolicy.units import GiB, MiB
 
@@ -119,7 +119,7 @@ def test_a_refusal_on_one_rank_refuses_every_rank_and_leaves_nothing_mapped(cfg:
         ids = [f"tp/{r}" for r in range(4)]
         budgets = dict.fromkeys(gpus(4), 1 * GiB) | {"cuda:3": 16 * MiB}
         publish(ledger_dir, 1, budgets, dict.fromkeys(ids, (128 * MiB, 128 * MiB)))
-        manager, pool, books = core(ranks, cfg)
+        _, pool, books = core(ranks, cfg)
         assert pool.make_room(4)  # 10 MiB: every GPU's budget allows it
         check_agree(ranks, books, pool)
         before = mapped_in_books(books)
@@ -141,7 +141,7 @@ def test_kill_9_of_a_rank_releases_its_claim_and_the_engine_stops_growing(cfg: A
     ranks = start_ranks("tp", gpus(2), ledger_dir, cfg)
     try:
         publish(ledger_dir, 1, dict.fromkeys(gpus(2), 1 * GiB), {"tp/0": (64 * MiB, 64 * MiB), "tp/1": (64 * MiB, 64 * MiB)})
-        manager, pool, books = core(ranks, cfg)
+        _, pool, books = core(ranks, cfg)
         assert pool.make_room(8)
         check_agree(ranks, books, pool)
         held, before = books.limit.elastic_held, mapped_in_books(books)
@@ -183,7 +183,7 @@ def test_two_tp_engines_growing_concurrently_never_over_admit_nor_deadlock(cfg: 
     try:
         limits = {f"{e}/{r}": (32 * MiB, 0) for e in "ab" for r in range(2)}
         publish(ledger_dir, 1, dict.fromkeys(gpus(2), budget), limits)
-        errors: list[BaseException] = []
+        errors: list[Exception] = []
         rounds = {"a": 0, "b": 0}
         outcomes: dict[str, dict[str, int]] = {"a": {}, "b": {}}
         stop = time.monotonic() + ROUND_BUDGET_S
@@ -191,7 +191,7 @@ def test_two_tp_engines_growing_concurrently_never_over_admit_nor_deadlock(cfg: 
         def engine(name: str, ranks: Ranks, seed: int) -> None:
             rng = random.Random(seed)
             try:
-                manager, pool, books = core(ranks, cfg)
+                _, pool, books = core(ranks, cfg)
                 ledgers = [GpuLedger.open(ledger_dir, g, create=False) for g in gpus(2)]
                 while rounds[name] < 1000 and time.monotonic() < stop:
                     n = rng.randrange(1, 15)
@@ -209,7 +209,7 @@ def test_two_tp_engines_growing_concurrently_never_over_admit_nor_deadlock(cfg: 
                     rounds[name] += 1
                 for led in ledgers:
                     led.close()
-            except BaseException as exc:
+            except Exception as exc:  # noqa: BLE001 - any failure of an engine thread is re-raised in the test below
                 errors.append(exc)
 
         threads = [threading.Thread(target=engine, args=(n, r, s)) for n, r, s in (("a", a, 1), ("b", b, 2))]

@@ -63,6 +63,8 @@ class ElasticKVBuffer:
     goes back) and ``grid`` (which chunks a block's bytes touch).
     """
 
+    live: LiveBlocks
+
     def __init__(
         self,
         driver: Driver,
