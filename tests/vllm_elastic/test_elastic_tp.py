@@ -155,7 +155,8 @@ def test_kill_9_of_a_rank_releases_its_claim_and_the_engine_stops_growing(cfg: A
         pool.on_step(active=True)
         assert not pool.make_room(16)
         assert pool.refusals["ranks"] == 2 and group.calls == calls + 1  # refused at once, no call made
-        pool.on_step(active=False)  # a give-back through a broken group is an error the engine survives
+        pool.on_step(active=False)  # between steps as usual: no call to the ranks, no error
+        pool.check_consistent()
         survivor = ranks.audit(0)
         assert survivor["mapped"] == held  # the survivor's mapped bytes stay counted
         with LedgerDir(ledger_dir) as ld:  # the controller's tick (or the next attach on that GPU)

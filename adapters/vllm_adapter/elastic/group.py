@@ -22,8 +22,8 @@ blocking collective call (``Collective``):
   ``refresh_interval`` seconds a ``sync`` call asks for them (carrying the scheduler's
   used bytes, the acknowledgement of the limits and the activity to the ranks).
 - **A rank that dies** (the call raises): the group is broken; the engine stops
-  growing (``RanksLost``, then refusals with reason ``ranks``) and gives nothing more
-  back through the ranks. The dead rank's ledger slot, with what it had mapped, is
+  growing (``RanksLost``, then refusals with reason ``ranks``) and makes no more calls:
+  chunks the books give back from then on only leave the scheduler's circulation. The dead rank's ledger slot, with what it had mapped, is
   freed by the ledger's reclaim; the survivors' mapped bytes stay counted until each
   detaches or dies.
 
@@ -230,6 +230,8 @@ class GroupMapping(ChunkMapping):
             pass  # broken: the survivors' chunks stay counted until each detaches or dies
 
     def _unmap_on_ranks(self, chunks: list[int]) -> None:
+        if self.ranks.broken is not None:
+            return  # no more calls: the survivors keep these chunks, counted in their ledgers, until each goes
         answers = self.ranks.call("unmap", chunks)  # RanksLost: nothing is unmapped in the books
         bad = [a for a in answers if a.outcome != "ok" or set(chunks) & set(a.mapped)]
         if bad:

@@ -28,6 +28,10 @@ from .buffer import ElasticKVBuffer
 from .wire import Outcome, RankAnswer, RankGeometry, RankLimits, RankRequest
 
 
+_REFUSED: dict[str, Outcome] = {"limit": "limit", "admission": "admission", "device": "device", "capacity": "capacity"}
+"""The refusals a rank reports as such (``OutOfBlocks.reason``); anything else is an ``error``."""
+
+
 class RankMapper:
     """Carries out the core's requests on one rank's buffer."""
 
@@ -61,7 +65,7 @@ class RankMapper:
                 self.unmap(request.chunks)
                 changed = True
         except OutOfBlocks as exc:
-            outcome, detail = exc.reason if exc.reason in ("limit", "admission", "device", "capacity") else "error", str(exc)  # type: ignore[assignment]
+            outcome, detail = _REFUSED.get(exc.reason, "error"), str(exc)
         except DriverError as exc:
             outcome, detail = "error", str(exc)
         if changed:
