@@ -19,6 +19,13 @@ In the order they run in one engine process (engine core and its one worker):
    gets an ``ElasticPool`` beside it, over that buffer.
 5. ``after_step`` (``EngineCore.step`` / ``step_with_batch_queue``, after each): the
    elastic pool's ``on_step`` (mirror, limits, give back, activity).
+
+With the ``mp`` executor (tensor parallel ranks, each worker in its own process) steps 2
+and 3 run in every rank, which then keeps a ``rank.RankMapper`` instead of offering its
+buffer; after the KV caches are allocated the engine core offers its executor
+(``offer_ranks``), and step 4 binds the scheduler's pool to the books of the ranks'
+buffers (``group.group_buffer``), which reach the ranks through vLLM's ``collective_rpc``
+running ``rank_call`` on each.
 """
 
 from __future__ import annotations
