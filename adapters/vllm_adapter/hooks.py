@@ -130,8 +130,10 @@ def start_report_hook(original: Method) -> Method:
     def _initialize_kv_caches(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> Any:
         # Before vLLM resolves the layout: a layout the elastic pool can back, among the backends' own.
         supported = getattr(self.model_executor, "get_supported_kv_cache_layouts", None)  # None: vLLM's default
-        elastic.prepare_engine(vllm_config, policy_model(vllm_config), supported)
+        is_elastic = elastic.prepare_engine(vllm_config, policy_model(vllm_config), supported)
         result = original(self, vllm_config, *args, **kwargs)
+        if is_elastic and result.kv_cache_groups:  # with the mp executor the ranks' buffers are elsewhere
+            elastic.offer_ranks(self.model_executor, vllm_config)
         if result.kv_cache_groups:  # attention-free models have nothing to report
             setattr(self, REPORTER_ATTR, EngineReporter.from_environ())
         return result

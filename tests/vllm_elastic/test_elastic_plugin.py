@@ -101,11 +101,11 @@ except Exception as exc:
 """
 
 
-def test_multi_process_executor_is_refused_at_start(tmp_path: Path) -> None:
-    """vLLM's CPU platform runs even one worker in its own process ('mp'): the adapter refuses, loudly."""
+def test_multi_process_executor_sizes_the_rank_like_one_process(tmp_path: Path) -> None:
+    """vLLM's CPU platform runs even one worker in its own process ('mp'): the rank is sized from the
+    policy's max as with 'uni' (the engine core keeps the books of its buffer, ``elastic.group``)."""
     out = last_json(run(WORKER_SCRIPT, str(REPO), "qwen3-8b", "default", env=engine_env(tmp_path)))
-    assert "needs the engine core and its one worker in one process" in out["error"]
-    assert "executor 'mp'" in out["error"]
+    assert out == {"available": 1 * GiB}
 
 
 def test_percent_max_resolves_against_the_gpu_capacity(tmp_path: Path) -> None:

@@ -65,15 +65,21 @@ def test_min_above_max_on_this_gpu_is_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("world", "backend", "dp", "ok"),
-    [(1, "uni", 1, True), (1, "external_launcher", 1, True), (2, "mp", 1, False), (1, "mp", 1, False), (1, "uni", 2, False)],
+    ("world", "backend", "dp", "pp", "ok"),
+    [
+        (1, "uni", 1, 1, True), (1, "external_launcher", 1, 1, True), (2, "mp", 1, 1, True), (4, "mp", 1, 1, True),
+        (1, "mp", 1, 1, True), (1, "uni", 2, 1, False), (2, "uni", 1, 1, False), (4, "mp", 1, 2, False),
+        (2, "mp", 2, 1, False), (2, "ray", 1, 1, False),
+    ],
 )
-def test_only_single_process_engines_can_be_elastic(world: int, backend: str, dp: int, ok: bool) -> None:
+def test_one_engine_core_over_its_tensor_parallel_ranks_can_be_elastic(
+    world: int, backend: str, dp: int, pp: int, ok: bool
+) -> None:
     if ok:
-        check_parallel(world, backend, dp)
+        check_parallel(world, backend, dp, pp)
     else:
-        with pytest.raises(AdapterError, match="one process"):
-            check_parallel(world, backend, dp)
+        with pytest.raises(AdapterError, match="tensor parallel ranks of one engine core"):
+            check_parallel(world, backend, dp, pp)
 
 
 # ------------------------------------------------------------------ allocator additions

@@ -63,6 +63,8 @@ class ElasticKVBuffer:
     goes back) and ``grid`` (which chunks a block's bytes touch).
     """
 
+    live: LiveBlocks
+
     def __init__(
         self,
         driver: Driver,
@@ -76,7 +78,10 @@ class ElasticKVBuffer:
         name: str = "vllm-kv",
         regions: int = 1,
         block_stride: int | None = None,
+        mapping: Callable[..., ChunkMapping] = ChunkMapping,
     ) -> None:
+        """``mapping`` makes the chunk mapping (``ChunkMapping``'s arguments; the engine core of a
+        tensor-parallel engine passes its books of the ranks' mappings, ``group.GroupMapping``)."""
         stride = bytes_per_block if block_stride is None else block_stride
         if regions < 1 or stride * regions != bytes_per_block:
             raise ValueError(f"{regions} region(s) of {stride} bytes per block do not make {bytes_per_block}-byte blocks")
@@ -96,7 +101,7 @@ class ElasticKVBuffer:
         self.grid = ChunkGrid(stride, chunk, num_blocks)
         """Where a block falls in each region (chunk ``c`` is mapped in every region at once)."""
         self.give_back = GiveBack(group_bytes=chunk * regions, grow_chunks=grow_chunks, pressure=self.limit.pressure())
-        self.mapping = ChunkMapping(
+        self.mapping = mapping(
             driver,
             self.grid,
             limit=self.limit,

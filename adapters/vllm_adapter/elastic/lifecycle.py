@@ -19,6 +19,13 @@ In the order they run in one engine process (engine core and its one worker):
    gets an ``ElasticPool`` beside it, over that buffer.
 5. ``after_step`` (``EngineCore.step`` / ``step_with_batch_queue``, after each): the
    elastic pool's ``on_step`` (mirror, limits, give back, activity).
+
+With the ``mp`` executor (tensor parallel ranks, each worker in its own process) steps 2
+and 3 run in every rank, which then keeps a ``rank.RankMapper`` instead of offering its
+buffer; after the KV caches are allocated the engine core offers its executor
+(``offer_ranks``), and step 4 binds the scheduler's pool to the books of the ranks'
+buffers (``group.group_buffer``), which reach the ranks through vLLM's ``collective_rpc``
+running ``rank_call`` on each.
 """
 
 from __future__ import annotations
@@ -55,8 +62,11 @@ from .policy import (
     check_kv_cache_config,
     check_parallel,
     elastic_settings,
+    in_process,
     marked_pools,
 )
+from .rank import RankMapper
+from .wire import RankAnswer, RankRequest
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +84,8 @@ class ElasticPlan:
     session: EngineSession
     buffer: ElasticKVBuffer | None = None
     layout: PoolLayout | None = None
+    ranks: RankMapper | None = None
+    """With the ``mp`` executor: what the engine core's calls do on this rank's buffer (``rank``)."""
 
 
 def plan_of(worker: Any) -> ElasticPlan | None:
@@ -127,6 +139,36 @@ def prepare_engine(
     return True
 
 
+_offered: list[tuple[Any, int]] = []
+"""(executor, world size) of engine cores in this process whose elastic KV cache is in other processes."""
+
+
+def offer_ranks(executor: Any, vllm_config: Any) -> None:
+    """After the workers allocated their KV caches: with the ``mp`` executor the scheduler built next in
+    this process keeps the books of the ranks' buffers (``bind_manager``). Nothing for ``uni``."""
+    pc = vllm_config.parallel_config
+    if not in_process(pc.world_size, pc.distributed_executor_backend):
+        _offered.append((executor, pc.world_size))
+
+
+def rank_call(worker: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """On a rank (vLLM's ``collective_rpc`` runs it with the worker): carry out one request of the core."""
+    plan = plan_of(worker)
+    if plan is None or plan.ranks is None:
+        rank = getattr(worker, "rank", 0)
+        return RankAnswer(rank=rank, gpu="", outcome="absent", detail="no elastic KV buffer on this rank").model_dump()
+    return plan.ranks.handle(RankRequest.model_validate(request)).model_dump()
+
+
+def executor_collective(executor: Any) -> Callable[[RankRequest], list[RankAnswer]]:
+    """The core's one blocking call of every rank, through vLLM's ``collective_rpc``."""
+
+    def call(request: RankRequest) -> list[RankAnswer]:
+        return [RankAnswer.model_validate(a) for a in executor.collective_rpc(rank_call, args=(request.model_dump(),))]
+
+    return call
+
+
 def after_step(engine_core: Any) -> None:
     """After each engine step: the elastic pool's between-steps work (nothing for other engines)."""
     scheduler = getattr(engine_core, "scheduler", None)
@@ -161,7 +203,8 @@ def plan_worker(worker: Any, key: InstanceKey, gpu: str) -> ElasticPlan | None:
     settings = elastic_settings(env.policy, key.model, gpu, gpu_capacity(gpu, env))
     assert settings is not None, "the policy marks elastic pools but gave no settings"
     pc = worker.parallel_config
-    check_parallel(pc.world_size, pc.distributed_executor_backend, getattr(pc, "data_parallel_size", 1))
+    check_parallel(pc.world_size, pc.distributed_executor_backend, getattr(pc, "data_parallel_size", 1),
+                   getattr(pc, "pipeline_parallel_size", 1))
     cache = worker.cache_config
     if cache.num_gpu_blocks_override is not None:
         raise AdapterError(
@@ -283,7 +326,11 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
         buffer.close()
         raise
     plan.buffer, plan.layout = buffer, layout
-    publish(buffer)
+    pc = worker.parallel_config
+    if in_process(pc.world_size, pc.distributed_executor_backend):
+        publish(buffer)
+    else:  # the scheduler is in the engine core's process: it maps through this rank's RankMapper
+        plan.ranks = RankMapper(buffer, rank=plan.key.rank, gpu=plan.gpu, block_stride=geometry.block_stride)
     plan.session.report_pools(elastic_pool_facts(layout, [0] * len(layout.groups), pinned))
     logger.info("kvpolicy: %s: %r", plan.key.id, buffer)
     return result
@@ -304,6 +351,17 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
     if not tensors or not kv_cache_config.num_blocks:
         return None
     buffer = take_unbound(kv_cache_config.num_blocks, tensors[0].size // kv_cache_config.num_blocks)
+    if buffer is None and _offered:
+        from .group import group_buffer
+
+        executor, size = _offered.pop()
+        buffer = group_buffer(executor_collective(executor), size,
+                              refresh_interval=VllmEnv.from_environ().report_interval)
+        if buffer.num_blocks != kv_cache_config.num_blocks:
+            raise AdapterError(
+                f"kvpolicy: the ranks' elastic KV buffers have {buffer.num_blocks} blocks, the scheduler plans "
+                f"{kv_cache_config.num_blocks}: they come from different KV cache configs"
+            )
     if buffer is None:
         return None
     from .pool import bind_scheduler

@@ -122,21 +122,38 @@ def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | 
     )
 
 
-def check_parallel(world_size: int, backend: Any, data_parallel_size: int = 1) -> None:
+IN_PROCESS_EXECUTORS = ("uni", "external_launcher", None)
+"""Executors that run the one worker in the engine core's process."""
+
+
+def executor_name(backend: Any) -> str | None:
+    """vLLM's ``distributed_executor_backend`` as a name (it may be a class)."""
+    return backend if isinstance(backend, str) or backend is None else getattr(backend, "__name__", str(backend))
+
+
+def in_process(world_size: int, backend: Any) -> bool:
+    """Whether the scheduler and the KV tensors share one process (the single-process elastic pool)."""
+    return world_size == 1 and executor_name(backend) in IN_PROCESS_EXECUTORS
+
+
+def check_parallel(world_size: int, backend: Any, data_parallel_size: int = 1, pipeline_parallel_size: int = 1) -> None:
     """Refuse parallel setups the elastic pool does not support: see docs/vllm.md, "Elastic KV cache".
 
-    The scheduler's block pool lives in the engine core and the KV tensors in the
-    workers; this version maps chunks in the process that hands the blocks out, so
-    they must be one process: tensor/pipeline parallel 1 with the in-process executor.
+    Supported: the in-process executor with one worker (the pool maps in the process that
+    hands blocks out), and vLLM's multiprocess executor (``mp``) with tensor parallel ranks
+    — the engine core keeps the books and every rank maps the same chunks (``group``).
+    Pipeline and data parallel, and other executors (Ray), are refused.
     """
-    backend_name = backend if isinstance(backend, str) or backend is None else getattr(backend, "__name__", str(backend))
-    if world_size != 1 or backend_name not in ("uni", "external_launcher", None) or data_parallel_size != 1:
-        raise AdapterError(
-            "kvpolicy: an elastic vLLM KV cache needs the engine core and its one worker in one process "
-            f"(tensor and pipeline parallel 1, data parallel 1, executor 'uni'); this engine has world size "
-            f"{world_size}, data parallel {data_parallel_size}, executor {backend_name!r}. Run each GPU as its own "
-            "engine with --distributed-executor-backend uni, or mark the pools `owner runtime`."
-        )
+    backend_name = executor_name(backend)
+    if data_parallel_size == 1 and (in_process(world_size, backend) or (backend_name == "mp" and pipeline_parallel_size == 1)):
+        return
+    raise AdapterError(
+        "kvpolicy: an elastic vLLM KV cache needs tensor parallel ranks of one engine core: executor 'uni' "
+        "with one worker, or executor 'mp' with pipeline parallel 1, and data parallel 1; this engine has "
+        f"world size {world_size}, pipeline parallel {pipeline_parallel_size}, data parallel {data_parallel_size}, "
+        f"executor {backend_name!r}. Run each pipeline stage or data-parallel replica as its own engine, "
+        "or mark the pools `owner runtime`."
+    )
 
 
 def kv_pools_of(kv_cache_config: Any) -> tuple[str, ...]:

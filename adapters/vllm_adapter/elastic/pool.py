@@ -186,6 +186,11 @@ class ElasticPool:
             del self.vllm.free_blocks
 
     @property
+    def buffer(self) -> ElasticKVBuffer:
+        """The buffer this pool maps (with the ``mp`` executor: the engine core's books of the ranks')."""
+        return self._buffer
+
+    @property
     def handed_out_blocks(self) -> int:
         """Blocks vLLM holds now (the null block excluded), from its own free count."""
         return self._n_in - self.vllm.free_block_queue.num_free_blocks
