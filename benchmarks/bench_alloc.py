@@ -6,7 +6,8 @@
 2. Growth after a shrink: from the arena's handle pool (skips cuMemCreate) vs without
    it. Goal: pooled ≥ 1.25× the raw first-growth rate (the bound is ~1.39×).
 3. ``alloc(k)`` + ``free(ids)`` on a block pool with no growth, µs per pair, for
-   k = 1, 16, 256. Goal: alloc(16) + free ≤ 5 µs median.
+   k = 1, 16, 256, the median of ``--runs`` runs (each a fresh pool; a host CPU drifts
+   between runs). Goal: alloc(16) + free ≤ 5 µs median.
 4. Driver work per token served: the co-location trace (``colocate/default.toml``, durations
    × ``--trace-scale``) replayed on the simulated clock (``colocate/simulate.py``: the real
    scheduler and pools, no GPU work) gives chunks mapped and unmapped per 1,000 output
@@ -174,6 +175,27 @@ def alloc_free(driver: Driver, ks: list[int], iterations: int) -> list[dict[str,
     return rows
 
 
+def alloc_free_runs(driver: Driver, ks: list[int], iterations: int, runs: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``alloc_free`` ``runs`` times, each on a fresh pool: per k the median of the runs' medians and p90s (a
+    host CPU's speed drifts between runs more than within one; the goal is on the median run)."""
+    per_run = [alloc_free(driver, ks, iterations) for _ in range(runs)]
+    shape = per_run[0][-1]
+    rows = []
+    for i, k in enumerate(ks):
+        medians = [run[i]["median_us"] for run in per_run]
+        median = statistics.median(medians)
+        rows.append({
+            "k": k,
+            "iterations": per_run[0][i]["iterations"],
+            "runs": runs,
+            "median_us": median,
+            "p90_us": statistics.median(run[i]["p90_us"] for run in per_run),
+            "per_block_us": median / k,
+            "run_medians_us": medians,
+        })
+    return rows, shape
+
+
 def params_chunk() -> int:
     """The chunk size the co-location parameters (``colocate/default.toml``) use."""
     if str(COLOCATE) not in sys.path:
@@ -220,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rounds and bytes (a smoke test)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per growth figure (default 7, quick 3)")
     parser.add_argument("--total-mib", type=int, default=None, help="bytes per round (default 2048 MiB, quick 256)")
+    parser.add_argument("--runs", type=int, default=5, help="alloc/free runs, the figure is their median (default 5)")
     parser.add_argument("--trace-scale", type=float, default=None,
                         help="durations of the co-location trace replayed for the per-token figure (default 0.125, quick 0.05; 0: skip it)")
     args = parser.parse_args(argv)
@@ -241,13 +264,14 @@ def main(argv: list[str] | None = None) -> int:
         cells.append(f"{r['raw_us_per_chunk']:.1f}")
         print("  ".join(f"{c:>15}" for c in cells))
 
-    af = alloc_free(driver, [1, 16, 256], 2_000 if args.quick else 20_000)
-    shape = af.pop()
+    af, shape = alloc_free_runs(driver, [1, 16, 256], 2_000 if args.quick else 20_000, args.runs)
     print()
-    print(f"alloc(k) + free(ids), no growth ({shape['arenas']} arenas, {shape['blocks_per_chunk']} blocks per chunk)")
-    print(f"{'k':>6}  {'median µs':>10}  {'p90 µs':>10}  {'µs/block':>10}")
+    print(f"alloc(k) + free(ids), no growth ({shape['arenas']} arenas, {shape['blocks_per_chunk']} blocks per chunk; "
+          f"median of {args.runs} runs, each run's median in brackets)")
+    print(f"{'k':>6}  {'median µs':>10}  {'p90 µs':>10}  {'µs/block':>10}  runs")
     for r in af:
-        print(f"{r['k']:>6}  {r['median_us']:>10.2f}  {r['p90_us']:>10.2f}  {r['per_block_us']:>10.3f}")
+        runs = " ".join(f"{m:.2f}" for m in r["run_medians_us"])
+        print(f"{r['k']:>6}  {r['median_us']:>10.2f}  {r['p90_us']:>10.2f}  {r['per_block_us']:>10.3f}  [{runs}]")
 
     scale = 0.05 if args.quick and args.trace_scale is None else (0.125 if args.trace_scale is None else args.trace_scale)
     work = driver_work_per_token(grow_rows, scale) if scale > 0 else []
