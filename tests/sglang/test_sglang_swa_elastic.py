@@ -326,16 +326,15 @@ def run_scheduler(b: Built, outer, ops, device: str = "cpu", read_every: int = 5
 LONG_STEPS = 2000
 
 
-def test_two_thousand_scheduler_steps_keep_every_page_mapped_and_every_byte_written(sglang_env):
-    """A fixed, seeded run of ``LONG_STEPS`` scheduler steps (admissions with radix-cache reuse, decode past
-    the window, finishes, and the limit moved every 250 steps), every invariant checked after each step."""
+def seeded_ops(seed: int, steps: int, limit_every: int = 250) -> list[tuple]:
+    """A scheduler's steps from ``seed``: mostly one-token decodes, admissions (radix-cache reuse among them)
+    and finishes, and the limit moved every ``limit_every`` steps."""
     import random
 
-    rng = random.Random(20)
-    b = build(sglang_env, 3 * GROUP)
+    rng = random.Random(seed)
     ops: list[tuple] = []
-    for step in range(LONG_STEPS):
-        if step % 250 == 249:
+    for step in range(steps):
+        if step % limit_every == limit_every - 1:
             ops.append(("limit", rng.randrange(4), rng.random() < 0.5))
             continue
         kind = rng.choices(("admit", "decode", "finish"), weights=(2, 6, 2))[0]
@@ -345,7 +344,14 @@ def test_two_thousand_scheduler_steps_keep_every_page_mapped_and_every_byte_writ
             ops.append(("decode", 1))
         else:
             ops.append(("finish", rng.randrange(8), rng.random() < 0.5))
-    s = run_scheduler(b, allocator_over(b), ops)
+    return ops
+
+
+def test_two_thousand_scheduler_steps_keep_every_page_mapped_and_every_byte_written(sglang_env):
+    """A fixed, seeded run of ``LONG_STEPS`` scheduler steps (admissions with radix-cache reuse, decode past
+    the window, finishes, and the limit moved every 250 steps), every invariant checked after each step."""
+    b = build(sglang_env, 3 * GROUP)
+    s = run_scheduler(b, allocator_over(b), seeded_ops(20, LONG_STEPS))
     assert s.refused > 0 and b.swa.mapping.groups_unmapped > 0  # the limit was reached, and memory went back
     b.swa.close()
     assert b.driver.in_use == 0
