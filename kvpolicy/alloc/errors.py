@@ -87,21 +87,30 @@ class OutOfBlocks(AllocError):
         self.held = held
         self.limit = limit
         self.needed = needed
-        why = {
-            "capacity": "the pool's virtual capacity is used up",
-            "limit": (
-                f"growing by {format_bytes(needed)} would take the pool from "
-                f"{format_bytes(held)} to {format_bytes(held + needed)}, over its limit of {format_bytes(limit)}"
-            ),
-            "admission": (
-                f"the limit source refused {format_bytes(needed)} more (pool holds {format_bytes(held)}, "
-                f"limit {format_bytes(limit)}): the GPU's elastic budget is taken by other instances"
-            ),
-            "device": f"the GPU has no physical memory left for {format_bytes(needed)} more",
-            "revision": "a new limit revision waits to be applied",
-        }.get(reason, reason)
+        why = _why_out_of_blocks(reason, held=held, limit=limit, needed=needed)
         message = f"cannot allocate {requested} blocks ({free} free in mapped chunks): {why}"
         super().__init__(f"{message}; {hint}" if hint else message)
+
+
+def _why_out_of_blocks(reason: str, *, held: int, limit: int, needed: int) -> str:
+    """The words for ``reason``, formatting only its own figures: a refused growth raises one every step under contention."""
+    if reason == "capacity":
+        return "the pool's virtual capacity is used up"
+    if reason == "limit":
+        return (
+            f"growing by {format_bytes(needed)} would take the pool from "
+            f"{format_bytes(held)} to {format_bytes(held + needed)}, over its limit of {format_bytes(limit)}"
+        )
+    if reason == "admission":
+        return (
+            f"the limit source refused {format_bytes(needed)} more (pool holds {format_bytes(held)}, "
+            f"limit {format_bytes(limit)}): the GPU's elastic budget is taken by other instances"
+        )
+    if reason == "device":
+        return f"the GPU has no physical memory left for {format_bytes(needed)} more"
+    if reason == "revision":
+        return "a new limit revision waits to be applied"
+    return reason
 
 
 class BlockError(AllocError, ValueError):

@@ -63,6 +63,8 @@ def plan_growth(
     ``fits(count)`` says ``count`` chunks stay under the limit. Returns the chunks and
     the blocks they complete (fewer than ``missing`` when the capacity runs out).
     """
+    if grid.blocks_per_chunk:
+        return _plan_whole_blocks(grid, mapped, missing, start, at_least, fits)
     chosen: list[int] = []
     chosen_set: set[int] = set()
     counted: set[int] = set()
@@ -78,6 +80,28 @@ def plan_growth(
             if b not in counted and all(mapped[x] or x in chosen_set for x in grid.chunks_of(b)):
                 counted.add(b)
                 gained += 1
+    return chosen, gained
+
+
+def _plan_whole_blocks(
+    grid: ChunkGrid, mapped: bytearray, missing: int, start: int, at_least: int, fits: Callable[[int], bool]
+) -> tuple[list[int], int]:
+    """``plan_growth`` where no block straddles: an unmapped chunk completes exactly the blocks it holds.
+
+    The growth of every request that does not fit in free blocks plans here, refused or not,
+    so it finds the unmapped chunks with ``bytearray.find`` instead of testing every block's
+    chunks (a prefill of 512 blocks: one pass over 128 chunks, not 512 ``all()`` calls).
+    """
+    per_chunk, num_blocks = grid.blocks_per_chunk, grid.num_blocks
+    chosen: list[int] = []
+    gained = 0
+    ci = mapped.find(0, start)
+    while ci != -1:
+        if gained >= missing and (len(chosen) >= at_least or not fits(len(chosen) + 1)):
+            break
+        chosen.append(ci)
+        gained += min(per_chunk, num_blocks - ci * per_chunk)  # the last chunk may hold fewer
+        ci = mapped.find(0, ci + 1)
     return chosen, gained
 
 

@@ -55,15 +55,39 @@ def test_completed_by_is_the_blocks_mapping_made_whole(grid: ChunkGrid, data: st
     assert grid.completed_by(sorted(new), mapped) == sorted(whole_after - whole_before)
 
 
+# Grids where the stride divides the chunk (no block straddles): plan_growth's own path for them.
+whole_block_grids = st.builds(
+    lambda stride, per_chunk, num_blocks: ChunkGrid(stride, stride * per_chunk, num_blocks),
+    st.integers(1, 8),
+    st.integers(1, 6),
+    st.integers(1, 40),
+)
+
+
 @settings(max_examples=300, deadline=None)
 @given(grids, st.data())
 def test_plan_growth_takes_the_fewest_lowest_chunks(grid: ChunkGrid, data: st.DataObject) -> None:
+    check_plan_growth(grid, data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(whole_block_grids, st.data())
+def test_plan_growth_without_straddling_blocks(grid: ChunkGrid, data: st.DataObject) -> None:
+    check_plan_growth(grid, data)
+
+
+def check_plan_growth(grid: ChunkGrid, data: st.DataObject) -> None:
+    """plan_growth against a brute-force count of the blocks each prefix of the unmapped chunks makes whole."""
     mapped = bytearray(data.draw(st.lists(st.booleans(), min_size=grid.num_chunks, max_size=grid.num_chunks)))
     missing = data.draw(st.integers(1, grid.num_blocks))
     at_least = data.draw(st.integers(1, 3))
     room = data.draw(st.integers(0, 4))  # chunks that fit under the limit
-    chosen, gained = plan_growth(grid, mapped, missing, at_least=at_least, fits=lambda count: count <= room)
     unmapped = [c for c in range(grid.num_chunks) if not mapped[c]]
+    # The callers start at their lowest unmapped chunk (every chunk below it is mapped), or lower.
+    start = data.draw(st.integers(0, unmapped[0] if unmapped else grid.num_chunks))
+    chosen, gained = plan_growth(
+        grid, mapped, missing, start=start, at_least=at_least, fits=lambda count: count <= room
+    )
     assert chosen == unmapped[: len(chosen)]  # the lowest unmapped chunks, in order
 
     def whole(prefix: int) -> int:
