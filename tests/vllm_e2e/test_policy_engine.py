@@ -4,8 +4,11 @@ One server (API server, engine core, worker) on a CPU "device" (the ledger's ``c
 the host's memory) whose capacity in the policy fits one reserve and not two. Then:
 its KV cache is the plan's, byte for byte; the ledger holds its worker with pools adding
 up to the buffer; it serves completions; a second engine on the same device is refused
-with a clear start-up message; killed with SIGKILL, the server's rank is reclaimed and its
-reserve admitted again. Two engine starts in all (the server, the refused engine).
+with a clear start-up message. Then the server is killed with SIGKILL and two engines
+start at the same moment on its ledger: their own start reclaims the dead rank, exactly
+one is admitted and the other exits with the reason alone (no traceback); the one that
+ran generates the same greedy tokens as an engine given the same KV size by hand. Five
+engine starts in all (the server, the refused engine, the two together, the one by hand).
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ from typing import Any
 
 import pytest
 from tests.support.waiting import wait_for
-from tests.vllm_e2e.engines import SERVED_MODEL, Server, callers_by_role, plugin_calls, run_offline
+from tests.vllm_e2e.engines import (
+    GREEDY_PROMPTS,
+    GREEDY_TOKENS,
+    SERVED_MODEL,
+    OfflineEngine,
+    Server,
+    callers_by_role,
+    plugin_calls,
+    run_offline,
+)
 
 from kvpolicy.runtime.client import resolve_access
 from kvpolicy.runtime.liveness import is_alive
@@ -151,23 +163,54 @@ def test_a_second_engine_is_refused_with_a_clear_message(e2e_venv: Any, tiny_mod
     assert [v.model for v in instances(work)] == [SERVED_MODEL]  # the refused engine left nothing behind
 
 
-def test_a_killed_engine_is_reclaimed_and_its_reserve_admitted_again(policy_server: Server, work: Path) -> None:
+@pytest.fixture(scope="module")
+def after_kill(e2e_venv: Any, tiny_model: Path, policy_server: Server, work: Path) -> dict[str, Any]:
+    """The server killed with SIGKILL, then two engines started at the same moment on its ledger.
+
+    Nobody reclaims by hand: the engines' own start must find the dead rank's slot (a claim
+    reclaims dead slots first), and then only one reserve fits. Their KV cache is the policy's.
+    """
     (rank,) = instances(work)
     os.killpg(policy_server.process.pid, signal.SIGKILL)  # no clean exit: the worker's slot is left behind
     policy_server.process.wait(60)
     # The worker holding the slot is another process of the group: SIGKILL is sent, but tearing down its
     # memory takes a while on a loaded machine; until it has exited it is (rightly) alive.
     assert wait_for(lambda: not is_alive(rank.pid, rank.start_time), timeout=120), f"pid {rank.pid} outlived SIGKILL"
-    gpu = ledger(work)
-    reclaimed = gpu.reclaim_dead()
-    assert [v.id for v in reclaimed] == [rank.id]
-    assert instances(work) == []
-    # The reserve fits again: a new instance is admitted the same 96 MiB.
-    from kvpolicy.runtime.client import attach
+    assert [v.id for v in instances(work)] == [rank.id]  # still there: only a writer's claim or reclaim frees it
+    env = kvpolicy_env(work) | {"KVPOLICY_MODEL": SERVED_MODEL}
+    engines = [
+        OfflineEngine.start(e2e_venv.python, tiny_model, work / f"together-{i}", GREEDY_PROMPTS, kv_cache_bytes=None,
+                            max_tokens=GREEDY_TOKENS, env=env)
+        for i in range(2)
+    ]
+    runs = [e.finish(check=False) for e in engines]
+    return {"killed": rank, "runs": runs, "left": instances(work)}
 
-    again = attach(model=SERVED_MODEL, gpu=DEVICE, engine="vllm", rank=0, id="after-kill/0",
-                   ledger_dir=work / "ledger", handle_signals=False)
-    try:
-        assert again.admit_static(RESERVE, reserve=RESERVE) == RESERVE
-    finally:
-        again.detach()
+
+def test_a_killed_engine_is_reclaimed_when_the_next_engines_start(after_kill: dict[str, Any]) -> None:
+    assert [r["returncode"] for r in after_kill["runs"]].count(0) == 1, [r["log"][-3000:] for r in after_kill["runs"]]
+    assert after_kill["left"] == []  # the killed rank is gone, and the engine that ran detached when it exited
+
+
+def test_of_two_engines_started_at_once_one_runs_and_the_other_exits_with_the_reason(
+    after_kill: dict[str, Any],
+) -> None:
+    (refused,) = [r for r in after_kill["runs"] if r["returncode"] != 0]
+    log = refused["log"]
+    message = (f"AdapterError: kvpolicy ledger: cannot admit 96 MiB (100663296 B) of runtime-owned KV memory on "
+               f"{DEVICE}: unreserved = C − H − U − R − G = 160 MiB − 0 B − 0 B − 96 MiB − 0 B = 64 MiB")
+    assert message in log, log[-4000:]
+    assert "Traceback" not in log, log[-4000:]  # the reason alone, not vLLM's call stack in front of it
+    assert "out of memory" not in log.lower()
+
+
+def test_greedy_tokens_with_the_policys_reserve_equal_an_engine_given_the_same_kv_size_by_hand(
+    e2e_venv: Any, tiny_model: Path, work: Path, after_kill: dict[str, Any],
+) -> None:
+    (sized,) = [r for r in after_kill["runs"] if r["returncode"] == 0]
+    by_hand = run_offline(e2e_venv.python, tiny_model, work / "by-hand", GREEDY_PROMPTS, kv_cache_bytes=RESERVE,
+                          max_tokens=GREEDY_TOKENS)
+    assert sized["kv_cache_memory_bytes"] == by_hand["kv_cache_memory_bytes"] == RESERVE
+    assert sized["num_gpu_blocks"] == by_hand["num_gpu_blocks"]
+    assert [p["token_ids"] for p in sized["prompts"]] == [p["token_ids"] for p in by_hand["prompts"]]
+    assert all(len(p["token_ids"]) == GREEDY_TOKENS for p in sized["prompts"])
