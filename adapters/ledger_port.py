@@ -60,8 +60,9 @@ def measure_gpu() -> Measured | None:
         free, total = torch.cuda.mem_get_info()
         return Measured(capacity=int(total), used=int(total - free))
     try:
-        from cuda.bindings import driver
+        from kvpolicy.alloc.driver import import_cuda_bindings
 
+        driver = import_cuda_bindings()  # either cuda-python layout (12.6.0 has only the older one)
         err, free, total = driver.cuMemGetInfo()
     except Exception:  # noqa: BLE001 - no cuda-python, or no driver library on this machine (DynamicLibNotFoundError)
         return None
