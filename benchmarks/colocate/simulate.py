@@ -92,6 +92,9 @@ class SimLimit:
     def read(self) -> LimitReading:
         return self.reading
 
+    def certain_refusal(self, n: int) -> bool:
+        return False  # every refusal is asked of the simulated GPU (and moves its pressure counter)
+
     def admit(self, n: int) -> bool:
         c = self.gpu.committed
         if c[self.name] + n > self.reading.limit:

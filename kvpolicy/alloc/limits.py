@@ -38,6 +38,12 @@ class LimitSource(Protocol):
         """Reserve ``nbytes`` before mapping them; False if the limit or budget says no."""
         ...
 
+    def certain_refusal(self, nbytes: int) -> bool:
+        """Whether ``admit(nbytes)`` would say no for certain, known without asking anyone: nothing
+        changed since a refusal that covers it. Cheap (the pool asks before planning a growth);
+        False whenever unsure. A source whose ``admit`` is itself cheap may always say False."""
+        ...
+
     def commit(self, nbytes: int) -> None:
         """The admitted bytes are mapped: they now count as this instance's mapped memory."""
         ...
@@ -98,6 +104,9 @@ class StaticLimit:
 
     def read(self) -> LimitReading:
         return self._reading
+
+    def certain_refusal(self, nbytes: int) -> bool:
+        return False  # admit is a comparison under a thread lock: nothing to save
 
     def admit(self, nbytes: int) -> bool:
         with self._lock:

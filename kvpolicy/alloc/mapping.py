@@ -285,6 +285,7 @@ class ChunkMapping:
         ``requested`` and ``free`` are the owner's block counts, for the ``OutOfBlocks`` it
         raises (``capacity``, or see ``map``).
         """
+        self._refuse_if_certain(missing, requested=requested, free=free)
         chosen, gained = plan_growth(
             self.grid, self.mapped, missing, start=self.low_unmapped, at_least=at_least, fits=self.fits
         )
@@ -299,6 +300,24 @@ class ChunkMapping:
             )
         self.map(chosen, requested=requested, free=free)
         return chosen
+
+    def _refuse_if_certain(self, missing: int, *, requested: int, free: int) -> None:
+        """Refuse a growth the limit source would refuse for certain, before planning it.
+
+        Under full contention most growths are refused (one a step per busy engine), and planning
+        one and asking the ledger cost far more than the step's other allocation work. Where no
+        block straddles chunks, a growth of ``missing`` blocks maps at least ``ceil(missing / k)``
+        chunks (``k`` blocks each): if the limit in force allows that many and the limit source is
+        sure to refuse them (``LimitSource.certain_refusal``), it refuses what the plan would ask.
+        """
+        per_chunk = self.grid.blocks_per_chunk
+        if not per_chunk or self._orphans:
+            return
+        fewest = self._creation_bytes(-(-missing // per_chunk))
+        held = self.held_bytes
+        if fewest and held + fewest <= self.reading.limit and self.limit.certain_refusal(fewest):
+            self.admission_refusals += 1
+            raise OutOfBlocks(requested, free, "admission", held=held, limit=self.reading.limit, needed=fewest)
 
     def grow(self, missing: int, *, at_least: int, requested: int, free: int) -> list[int]:
         """``map_growth`` for an owner that shrinks only where it chooses (``read_applied``), then report."""

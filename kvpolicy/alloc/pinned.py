@@ -68,6 +68,10 @@ class PinnedFirst:
         self._seen = (reading, shifted)
         return shifted
 
+    def certain_refusal(self, nbytes: int) -> bool:
+        rest = nbytes - min(nbytes, self._left)
+        return rest > 0 and self.inner.certain_refusal(rest)
+
     def admit(self, nbytes: int) -> bool:
         take = min(nbytes, self._left)
         rest = nbytes - take

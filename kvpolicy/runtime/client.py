@@ -46,6 +46,8 @@ ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
 ENV_LEDGER_GROUP = "KVPOLICY_LEDGER_GROUP"
 ENV_ALLOW_FOREIGN_OWNER = "KVPOLICY_LEDGER_ALLOW_FOREIGN_OWNER"
 DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
+ASK_AGAIN_AFTER = 8
+"""``Instance.certain_refusal`` answers at most this many refusals in a row before the ledger is asked again."""
 
 
 def resolve_ledger_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -90,6 +92,9 @@ class Instance:
         self.rank = rank
         self.pid = os.getpid()
         self.last_refusal: Refusal | None = None
+        self._refused: tuple[tuple[int, tuple[int, int]], Refusal] | None = None
+        """The last budget refusal, with the published record's and the GPU's sequence words read before it."""
+        self._answered = 0  # refusals certain_refusal answered since the ledger was last asked
         """Why the last elastic admission said no (None after one that said yes)."""
         self._attached = True
         self._words: Words = ledger.seg.words
@@ -126,9 +131,34 @@ class Instance:
     def admit(self, nbytes: int) -> bool:
         """Reserve ``nbytes`` before mapping them; False (and ``last_refusal`` says why) if the limit or budget says no."""
         self._ledger.touch(self._claim.index)
+        # Read before the decision: a remembered refusal then holds only while its state is the one decided on.
+        seen = (self._words[self._pub_seq_index], self._ledger.budget_stamp())
         refusal = self._ledger.admit_elastic(self._claim, nbytes)
         self.last_refusal = refusal
+        self._refused = (seen, refusal) if refusal is not None and refusal.reason == "budget" else None
+        self._answered = 0
         return refusal is None
+
+    def certain_refusal(self, nbytes: int) -> bool:
+        """Whether the GPU's budget refuses ``nbytes`` for certain, without the ledger's lock: the last
+        admission was refused for the budget, ``nbytes`` would be too, and neither the GPU's figures
+        and totals nor this instance's published limits have changed since (three 8-byte reads).
+
+        Each ``ASK_AGAIN_AFTER``-th such refusal is left to ``admit`` instead, which moves the GPU's
+        pressure counter again: pools that freed blocks since (which changes no total) hear that
+        someone still waits for memory.
+        """
+        memo = self._refused
+        if memo is None:
+            return False
+        seen, refusal = memo
+        if (self._words[self._pub_seq_index], self._ledger.budget_stamp()) != seen:
+            self._refused = None
+            return False
+        if refusal.gpu_committed + nbytes <= refusal.budget:
+            return False  # a smaller growth than the one refused may fit
+        self._answered += 1
+        return self._answered < ASK_AGAIN_AFTER
 
     def commit(self, nbytes: int) -> None:
         """The admitted bytes are mapped."""

@@ -103,6 +103,15 @@ class GpuLedger:
         """Changes whenever an engine changes anything in this segment (one 8-byte read)."""
         return self.seg.words[GENERATION]
 
+    def budget_stamp(self) -> tuple[int, int]:
+        """The sequence words of the GPU's figures and totals records (two 8-byte reads, no lock).
+
+        Each moves at every write of its record and never comes back: while the stamp is the
+        same, so is everything an elastic admission reads about the GPU.
+        """
+        words = self.seg.words
+        return words[self.records.gpu.seq_index], words[self.records.totals.seq_index]
+
     def heartbeat(self) -> float | None:
         """Wall-clock time of the controller's last heartbeat, or None if none ever beat."""
         ns = self.seg.words[HEARTBEAT]

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("pydantic")
 
 from kvpolicy.alloc import BlockPool, BlockSpec, HostDriver, OutOfBlocks
-from kvpolicy.runtime.client import attach
+from kvpolicy.runtime.client import ASK_AGAIN_AFTER, attach
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.ledger import GpuLimits, InstanceLimits
 from kvpolicy.units import GiB, MiB
@@ -117,6 +117,56 @@ def test_a_refusal_for_the_budget_moves_pressure_and_the_other_pool_gives_back(t
     assert b.snapshot().mapped == 6 * CHUNK and a.pressure() == start + 1
     pool_b.free(ids_b)
     pool_a.free(ids_a[:4])
+
+
+def test_a_budget_refusal_is_remembered_while_the_gpu_and_the_limits_stay_as_they_were(two_pools, ledger_dir: Path) -> None:
+    a, b, _, _ = two_pools
+    limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, 0)
+    publish(ledger_dir, 1, 10 * CHUNK, a=limits, b=limits)
+    assert a.admit(8 * CHUNK)
+    a.commit(8 * CHUNK)  # 8 of the GPU's 10 chunks
+    assert not b.certain_refusal(3 * CHUNK)  # nothing refused yet: ask the ledger
+    assert not b.admit(3 * CHUNK) and b.last_refusal.reason == "budget"
+    assert b.certain_refusal(3 * CHUNK) and b.certain_refusal(5 * CHUNK)
+    assert not b.certain_refusal(2 * CHUNK)  # smaller than the refusal: it fits
+
+    a.release(CHUNK)  # the GPU's totals move: what was refused may fit now
+    assert not b.certain_refusal(3 * CHUNK)
+    assert b.admit(3 * CHUNK)
+    b.rollback(3 * CHUNK)
+
+    assert a.admit(CHUNK)
+    a.commit(CHUNK)
+    assert not b.admit(3 * CHUNK) and b.certain_refusal(3 * CHUNK)
+    publish(ledger_dir, 2, 10 * CHUNK, a=limits, b=limits)  # a new revision of b's limits and of the GPU's budget
+    assert not b.certain_refusal(3 * CHUNK)
+
+    assert not b.admit(3 * CHUNK)
+    answered = [b.certain_refusal(3 * CHUNK) for _ in range(2 * ASK_AGAIN_AFTER)]
+    assert answered == [True] * (ASK_AGAIN_AFTER - 1) + [False] * (ASK_AGAIN_AFTER + 1)  # then ask the ledger again
+    a.release(8 * CHUNK)
+
+
+def test_a_pool_refused_again_and_again_asks_the_ledger_once_in_so_many(two_pools, ledger_dir: Path) -> None:
+    _, b, pool_a, pool_b = two_pools
+    limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, 0)
+    publish(ledger_dir, 1, 10 * CHUNK, a=limits, b=limits)
+    ids = pool_a.alloc(32)  # 8 chunks of the GPU's 10
+    start = b.pressure()
+    refusals = 3 * ASK_AGAIN_AFTER
+    for _ in range(refusals):
+        with pytest.raises(OutOfBlocks) as err:
+            pool_b.alloc(12)  # 3 chunks: the budget has 2
+        assert err.value.reason == "admission"
+    # Every refusal counts as the pool's own (it is starved: pressure takes nothing from it), but the
+    # ledger was asked, and its pressure counter moved, once per ASK_AGAIN_AFTER of them.
+    assert pool_b.mapping.admission_refusals == refusals and pool_b.starved
+    assert b.pressure() - start == refusals // ASK_AGAIN_AFTER
+    assert b.snapshot().pending == 0 and pool_b.held_bytes == 0
+    pool_a.free(ids[24:])
+    pool_a.shrink(6 * CHUNK)  # a gives 2 chunks back: the GPU's totals move, and b's next growth is asked
+    assert len(pool_b.alloc(12)) == 12
+    assert b.pressure() - start == refusals // ASK_AGAIN_AFTER
 
 
 def _holder(ledger_dir: Path, ready, stop, out) -> None:  # type: ignore[no-untyped-def]

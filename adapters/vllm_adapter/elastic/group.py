@@ -146,6 +146,9 @@ class RankGroupLimit:
                 pass  # broken now: the reading stays, growth is refused from here on
         return self._reading
 
+    def certain_refusal(self, nbytes: int) -> bool:
+        return False  # admit is a comparison with the books: nothing to save
+
     def admit(self, nbytes: int) -> bool:
         if self.mapped + self.pending + nbytes > self._reading.limit:
             return False
