@@ -39,4 +39,3 @@ def report_briefly() -> None:
 
     setattr(hook, _BRIEF, True)
     sys.excepthook = hook
-

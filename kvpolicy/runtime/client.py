@@ -92,10 +92,10 @@ class Instance:
         self.rank = rank
         self.pid = os.getpid()
         self.last_refusal: Refusal | None = None
+        """Why the last elastic admission said no (None after one that said yes)."""
         self._refused: tuple[tuple[int, tuple[int, int]], Refusal] | None = None
         """The last budget refusal, with the published record's and the GPU's sequence words read before it."""
         self._answered = 0  # refusals certain_refusal answered since the ledger was last asked
-        """Why the last elastic admission said no (None after one that said yes)."""
         self._attached = True
         self._words: Words = ledger.seg.words
         self._pub = ledger.records.slots[claim.index].published
