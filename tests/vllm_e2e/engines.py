@@ -157,25 +157,16 @@ def memory_kib(pid: int) -> dict[str, int]:
 
 
 def run_offline(
-    python: Path,
-    model: Path,
-    work: Path,
-    prompts: Sequence[str],
-    *,
-    kv_cache_bytes: int | None = KV_CACHE_BYTES,
-    max_tokens: int = 16,
-    env: Mapping[str, str] | None = None,
-    check: bool = True,
+    python: Path, model: Path, work: Path, prompts: Sequence[str], *, check: bool = True, **options: Any
 ) -> dict[str, Any]:
     """Greedy tokens of ``prompts`` from one in-process engine (``offline_run.py``), with its figures.
 
-    ``kv_cache_bytes`` None: no ``kv_cache_memory_bytes`` (kvpolicy's policy sizes the cache).
-    Adds ``wall_s`` (the whole process), ``log`` (its output) and ``returncode``. Raises
-    AssertionError with the log's tail if the engine fails, unless ``check`` is false.
+    ``options`` are ``OfflineEngine.start``'s: ``kv_cache_bytes`` (None: no ``kv_cache_memory_bytes``,
+    kvpolicy's policy sizes the cache), ``max_tokens``, ``env``. Adds ``wall_s`` (the whole process),
+    ``log`` (its output) and ``returncode``. Raises AssertionError with the log's tail if the engine
+    fails, unless ``check`` is false.
     """
-    engine = OfflineEngine.start(python, model, work, prompts, kv_cache_bytes=kv_cache_bytes, max_tokens=max_tokens,
-                                 env=env)
-    return engine.finish(check=check)
+    return OfflineEngine.start(python, model, work, prompts, **options).finish(check=check)
 
 
 @dataclass
