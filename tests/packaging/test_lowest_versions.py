@@ -16,7 +16,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tomllib
@@ -28,6 +27,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from tests.controller.site import http_get
+from tests.support.network import free_loopback_port
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,18 +106,12 @@ def test_each_command_prints_what_it_prints_at_the_highest_versions(lowest: Path
     assert low.returncode in (0, 1) and low.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def controller(lowest: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, str]]:
     """``kvpolicy run`` at the lowest versions, serving its endpoints on a free loopback port."""
     policy = tmp_path / "policy.kvp"
     policy.write_text((POLICIES / "two-models.kvp").read_text())
-    port = free_port()
+    port = free_loopback_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KVPOLICY_"))} | {
         "PYTHONPATH": str(lowest)}
     proc = subprocess.Popen(

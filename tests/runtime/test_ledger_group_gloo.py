@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,6 +30,7 @@ from kvpolicy.runtime.session import (
     MeasuredGpu,
 )
 from kvpolicy.units import MiB
+from tests.support.network import free_loopback_port
 
 dist = pytest.importorskip("torch.distributed")
 
@@ -46,12 +46,6 @@ class World:
     rank_in_group: int
     world_size: int
     cpu_group: Any = None  # None: the default (gloo) group
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, size: int, port: int, ledger_dir: Path, capacity: int, die: bool, out: Any) -> None:
@@ -89,7 +83,7 @@ def _rank(rank: int, size: int, port: int, ledger_dir: Path, capacity: int, die:
 
 
 def run_world(ledger_dir: Path, size: int, capacity: dict[int, int], die: int = -1) -> dict[int, Any]:
-    port, out = _free_port(), SPAWN.Queue()
+    port, out = free_loopback_port(), SPAWN.Queue()
     procs = [SPAWN.Process(target=_rank, args=(r, size, port, ledger_dir, capacity.get(r, 100 * MiB), r == die, out))
              for r in range(size)]
     for p in procs:

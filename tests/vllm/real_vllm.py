@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import torch
+from tests.support.network import free_loopback_port
 from tests.vllm.vllm_paths import CONFIGS
 
 
@@ -95,9 +95,7 @@ def _init_distributed(cfg: Any) -> None:
                     initialize_model_parallel(1, 1)
         return
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_loopback_port()
     with set_current_vllm_config(cfg):
         init_distributed_environment(
             world_size=1, rank=0, local_rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}", backend="gloo"

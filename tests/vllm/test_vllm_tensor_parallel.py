@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     model_specs,
 )
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+from tests.support.network import free_loopback_port
 from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.units import GiB
@@ -30,14 +30,8 @@ HERE = Path(__file__).parent
 BUDGET = 20 * GiB
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(name: str, block_size: int, world: int = 2) -> list[dict]:
-    port = _free_port()
+    port = free_loopback_port()
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     procs = [
         subprocess.Popen(

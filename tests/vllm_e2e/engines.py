@@ -21,7 +21,6 @@ import json
 import os
 import tomllib
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -30,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support.network import free_loopback_port
 
 HERE = Path(__file__).resolve().parent
 PLUGIN_PROBE = HERE / "plugin_probe"
@@ -195,12 +196,13 @@ class OfflineEngine:
                 "--max-tokens", str(max_tokens), "--max-model-len", str(MAX_MODEL_LEN)]
         for prompt in prompts:
             args += ["--prompt", prompt]
+        started = time.monotonic()
         with (work / "engine.log").open("wb") as out:
             process = subprocess.Popen(
                 args, env=engine_env(work, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", **(env or {})}),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work,
             )
-        return cls(process, work, time.monotonic())
+        return cls(process, work, started)
 
     def finish(self, *, check: bool = True) -> dict[str, Any]:
         """Wait for the engine (``START_TIMEOUT_S`` catches a hang); its result as ``run_offline`` gives it."""
@@ -226,12 +228,6 @@ class OfflineEngine:
 
 
 # ---------------------------------------------------------------- the OpenAI server
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
