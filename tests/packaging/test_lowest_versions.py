@@ -62,14 +62,21 @@ def lowest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return site
 
 
+ISOLATED = [sys.executable, "-S", "-P"]
+"""This interpreter without site-packages or the current folder on sys.path: it sees PYTHONPATH and the stdlib."""
+
+
+def environment(site: Path | None) -> dict[str, str]:
+    """This process's environment without Python's or kvpolicy's settings; PYTHONPATH ``site`` when given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KVPOLICY_"))}
+    return env if site is None else env | {"PYTHONPATH": str(site)}
+
+
 def in_env(site: Path | None, *args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
     """``python -S -P ARGS`` seeing ``site`` and the standard library only (None: the suite's own venv)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KVPOLICY_"))}
-    python = [sys.executable] if site is None else [sys.executable, "-S", "-P"]
-    if site is not None:
-        env["PYTHONPATH"] = str(site)
-    return subprocess.run([*python, *args], env=env, capture_output=True, text=True, timeout=300, check=False,
-                          **kwargs)  # type: ignore[call-overload]
+    python = [sys.executable] if site is None else ISOLATED
+    return subprocess.run([*python, *args], env=environment(site), capture_output=True, text=True, timeout=300,
+                          check=False, **kwargs)  # type: ignore[call-overload]
 
 
 def kvpolicy(site: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
@@ -112,12 +119,10 @@ def controller(lowest: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[
     policy = tmp_path / "policy.kvp"
     policy.write_text((POLICIES / "two-models.kvp").read_text())
     port = free_loopback_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "KVPOLICY_"))} | {
-        "PYTHONPATH": str(lowest)}
     proc = subprocess.Popen(
-        [sys.executable, "-S", "-P", "-m", "kvpolicy.cli", "run", str(policy), "--ledger-dir", str(tmp_path / "ledger"),
+        [*ISOLATED, "-m", "kvpolicy.cli", "run", str(policy), "--ledger-dir", str(tmp_path / "ledger"),
          "--gpu-capacity", "80GiB", "--metrics-address", f"127.0.0.1:{port}", "--tick", "0.2"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=environment(lowest), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         yield proc, policy, f"http://127.0.0.1:{port}"
@@ -178,7 +183,7 @@ def test_the_language_server_reports_a_mistake_at_the_lowest_versions(lowest: Pa
 
     from tests.lsp.client import LspClient
 
-    client = LspClient(command=["env", f"PYTHONPATH={lowest}", sys.executable, "-S", "-P", "-m", "kvpolicy.cli", "lsp"])
+    client = LspClient(command=["env", f"PYTHONPATH={lowest}", *ISOLATED, "-m", "kvpolicy.cli", "lsp"])
     try:
         client.initialize(tmp_path)
         path = tmp_path / "policy.kvp"
