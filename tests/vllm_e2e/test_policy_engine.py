@@ -178,17 +178,24 @@ def after_kill(e2e_venv: Any, tiny_model: Path, policy_server: Server, work: Pat
     assert wait_for(lambda: not is_alive(rank.pid, rank.start_time), timeout=120), f"pid {rank.pid} outlived SIGKILL"
     assert [v.id for v in instances(work)] == [rank.id]  # still there: only a writer's claim or reclaim frees it
     env = kvpolicy_env(work) | {"KVPOLICY_MODEL": SERVED_MODEL}
+    # The engine that is admitted holds its reserve until both have run or exited: on a loaded machine one
+    # may finish its prompts before the other has imported vLLM, and must not free the room for it.
+    release = work / "release-together"
     engines = [
         OfflineEngine.start(e2e_venv.python, tiny_model, work / f"together-{i}", GREEDY_PROMPTS, kv_cache_bytes=None,
-                            max_tokens=GREEDY_TOKENS, env=env)
+                            max_tokens=GREEDY_TOKENS, env=env, hold_until=release)
         for i in range(2)
     ]
-    runs = [e.finish(check=False) for e in engines]
+    held = [e.wait_held() for e in engines]
+    release.touch()
+    runs = [e.finish(check=False) | {"held": h} for e, h in zip(engines, held)]
     return {"killed": rank, "runs": runs, "left": instances(work)}
 
 
 def test_a_killed_engine_is_reclaimed_when_the_next_engines_start(after_kill: dict[str, Any]) -> None:
-    assert [r["returncode"] for r in after_kill["runs"]].count(0) == 1, [r["log"][-3000:] for r in after_kill["runs"]]
+    runs = after_kill["runs"]
+    assert [r["returncode"] for r in runs].count(0) == 1, [r["log"][-3000:] for r in runs]
+    assert [r["held"] for r in runs] == [r["returncode"] == 0 for r in runs]  # both were up at once
     assert after_kill["left"] == []  # the killed rank is gone, and the engine that ran detached when it exited
 
 
