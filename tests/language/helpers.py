@@ -4,9 +4,8 @@ Hypothesis: ``ci`` (the default) is reproducible: derandomized, no example
 database, no deadline (CI machines are shared). ``dev`` draws new random examples
 on each run and keeps failures in the local database. Pick one with
 HYPOTHESIS_PROFILE; scale the number of examples with KVPOLICY_FUZZ_SCALE (e.g. 10
-for a long local run). The profiles are registered (unless someone already did)
-but not loaded: the tests here start from ``PROFILE`` explicitly, which leaves
-other packages' property tests as they are.
+for a long local run). The profiles are neither registered nor loaded: the tests here
+start from ``PROFILE`` explicitly, which leaves other packages' property tests as they are.
 """
 
 from __future__ import annotations
@@ -22,16 +21,15 @@ from kvpolicy.policy.syntax import parse_tree
 
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large], print_blob=True)
 _PROFILES = {
-    "ci": dict(derandomize=True, database=None, **_COMMON),
-    "dev": dict(**_COMMON),
+    "ci": settings(derandomize=True, database=None, **_COMMON),
+    "dev": settings(**_COMMON),
 }
-for _name, _options in _PROFILES.items():
-    try:
-        settings.get_profile(_name)
-    except InvalidArgument:
-        settings.register_profile(_name, **_options)
-
-PROFILE = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+# Not registered under these names: Hypothesis has a built-in "ci" profile of its own
+# (without the data_too_large suppression), which would win over a registration.
+_CHOSEN = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+if _CHOSEN not in _PROFILES:
+    raise InvalidArgument(f"HYPOTHESIS_PROFILE={_CHOSEN!r}: the language tests know {sorted(_PROFILES)}")
+PROFILE = _PROFILES[_CHOSEN]
 """The settings the property tests start from."""
 
 
