@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import hypothesis
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -42,6 +43,7 @@ def test_intervals_are_finite_seconds_not_below_zero(name: str, text: str) -> No
         VllmEnv.from_environ({name: text})
 
 
+@hypothesis.settings(deadline=None)  # a loaded machine may stall any example: no time limit
 @given(st.floats(min_value=0, allow_infinity=False, allow_nan=False))
 def test_any_finite_interval_reads_back(seconds: float) -> None:
     env = VllmEnv.from_environ({"KVPOLICY_REPORT_INTERVAL": f" {seconds!r} ",

@@ -199,7 +199,7 @@ def test_across_processes_a_starved_engine_gets_what_another_holds_unused(ledger
     holder.start()
     driver = HostDriver(capacity=1 * GiB)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # only to catch a hang
         while time.monotonic() < deadline:
             with LedgerDir(ledger_dir) as ld:
                 if len(ld.read().instances()) == 2:
@@ -207,7 +207,8 @@ def test_across_processes_a_starved_engine_gets_what_another_holds_unused(ledger
             time.sleep(0.01)
         limits = InstanceLimits(8 * CHUNK, 8 * CHUNK, CHUNK)
         publish(ledger_dir, 1, 10 * CHUNK, holder=limits, starved=limits)
-        assert ready.wait(30), "the holder process did not start"
+        assert ready.wait(120), "the holder process did not start"
+        deadline = time.monotonic() + 120  # the retries' own bound, not what the start-up left of one
         pool = BlockPool(driver, QUARTER, 64, chunk=CHUNK, limit=me.limit_source(), name="starved")
         with pytest.raises(OutOfBlocks):
             pool.alloc(24)  # the holder has 6 of the 10 chunks mapped

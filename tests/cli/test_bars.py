@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvpolicy import gpu_bar
@@ -16,6 +16,7 @@ from kvpolicy.terminal import Style, strip_styles
 GiB = 1 << 30
 
 
+@settings(deadline=None)  # a loaded machine may stall any example: no time limit
 @given(
     capacity=st.integers(0, 1 << 80),
     sizes=st.lists(st.integers(-(1 << 70), 1 << 90), min_size=5, max_size=5),

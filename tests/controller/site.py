@@ -87,7 +87,8 @@ class Site:
     def stop_controllers(self) -> None:
         for stop, thread in self._running:
             stop.set()
-            thread.join(5)
+            thread.join(120)
+            assert not thread.is_alive(), "a controller did not stop in 120 s (hung?)"
         self._running.clear()
 
     def run_process(self, *args: str) -> tuple[subprocess.Popen, Path]:

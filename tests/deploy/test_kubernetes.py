@@ -161,7 +161,7 @@ def test_an_engine_pod_joins_the_node_ledger():
 ENGINE_SCRIPT = textwrap.dedent("""
     import sys, time, kvpolicy
     inst = kvpolicy.attach(model=sys.argv[1], gpu="cuda:0", elastic=True, id=sys.argv[1] + "/0")
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 300  # only to catch a hang
     while inst.read().revision == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
     print("revision", inst.read().revision, flush=True)
@@ -233,6 +233,7 @@ def test_the_controller_starts_as_the_manifest_runs_it_and_turns_ready(node):
             time.sleep(0.05)
         assert port, "".join(log)
         base = f"http://127.0.0.1:{port[0]}"
+        deadline = time.monotonic() + 60  # only to catch a hang, again for the readiness
         while http_get(f"{base}/readyz")[0] != 200 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         code, body = http_get(f"{base}/readyz")
@@ -243,7 +244,7 @@ def test_the_controller_starts_as_the_manifest_runs_it_and_turns_ready(node):
         engine_env = {e["name"]: e["value"] for e in ENGINE["env"]}
         engine_env[adapter_env.ENV_LEDGER_DIR] = str(ledger)
         engine = subprocess.run([python, "-c", ENGINE_SCRIPT, engine_env[adapter_env.ENV_MODEL]], cwd=node,
-                                env={**env, **engine_env}, capture_output=True, text=True, timeout=120,
+                                env={**env, **engine_env}, capture_output=True, text=True, timeout=360,
                                 **as_user(20000, 20000, ENGINE_POD["securityContext"]["supplementalGroups"]))
         assert engine.returncode == 0, engine.stderr
         assert int(engine.stdout.split()[1]) > 0  # the controller published into the engine's segment

@@ -69,7 +69,7 @@ def test_missing_status_is_none_and_a_damaged_one_is_an_error(ledger_dir: Path) 
 def test_readers_never_see_a_partial_file(ledger_dir: Path) -> None:
     ledger_dir.mkdir(mode=0o700)
     write_status(ledger_dir, sample_status(0))
-    stop = threading.Event()
+    stop, read_once = threading.Event(), threading.Event()
     seen: list[int] = []
     errors: list[Exception] = []
 
@@ -81,10 +81,13 @@ def test_readers_never_see_a_partial_file(ledger_dir: Path) -> None:
                 seen.append(s.policy.revision)
             except Exception as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
+            read_once.set()
 
     t = threading.Thread(target=reader)
     t.start()
     for rev in range(1, 200):
+        if rev == 100:  # however the threads are scheduled, the reader reads while the writes go on
+            assert read_once.wait(120)
         write_status(ledger_dir, sample_status(rev))
     stop.set()
     t.join()
