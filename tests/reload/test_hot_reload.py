@@ -20,7 +20,7 @@ from tests.support.policy_saves import Directory, sha
 from tests.support.waiting import wait_for
 
 EDITS = 1000
-QUIET = 5.0
+QUIET = 2.0  # far above a stall between two writes; each edit that ends without a final event waits it out
 CONVERGE_TIMEOUT = 120.0  # only catches a hang: a converging wait returns at once
 
 
