@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -18,7 +17,7 @@ from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.gpus import StaticSampler
 from kvpolicy.runtime.status import read_status
 from kvpolicy.runtime.values import SlotView
-from tests.controller.site import POLICY, GiB, wait_for
+from tests.controller.site import POLICY, GiB, http_get, wait_for
 
 
 def test_engines_get_limits_and_a_policy_save_moves_them(site):
@@ -122,12 +121,9 @@ def test_metrics_endpoint(site):
     try:
         assert wait_for(lambda: site.slot("chat/0").limit == 48 * GiB)
         limit_line = 'kvpolicy_instance_limit_bytes{engine="any",gpu="cuda:0",instance="chat/0",model="chat"} 5.1539607552e+10'
-
-        def scrape() -> str:
-            return urllib.request.urlopen(f"http://127.0.0.1:{server.server_port}/metrics").read().decode()
-
+        url = f"http://127.0.0.1:{server.server_port}/metrics"
         # The gauges are set after the publish: the scrape that shows the limit shows the rest of that step.
-        text = wait_for(lambda: limit_line in (t := scrape()) and t, timeout=120)
+        text = wait_for(lambda: limit_line in (t := http_get(url)[1]) and t, timeout=120)
     finally:
         server.shutdown()
     assert 'kvpolicy_gpu_elastic_budget_bytes{gpu="cuda:0"} 8.3751862272e+10' in text

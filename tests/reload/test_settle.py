@@ -22,6 +22,7 @@ from tests.support.waiting import wait_for
 
 HANG = 120.0  # only to catch a hang: convergence never depends on the machine's speed
 NEVER = 3600.0  # a poll interval that never comes during a test: only events can notice
+QUIET = 5.0  # a quiet period far above any stall inside a save, however loaded the machine
 
 
 
@@ -60,10 +61,10 @@ def test_slow_in_place_saves_never_publish_a_prefix(tmp_path):
     prefixes = {sha(data[:cut]) for data, cut in plan}
     assert all(lint_text(data[:cut].decode()).policy is not None for data, cut in plan)  # each prefix would load
     history: list[LoadedPolicy] = []
-    # Each pause inside a save (15–40 ms) is far shorter than the quiet period, however loaded the machine;
-    # and each save starts once the one before is live (a save begun before the previous close-write is
-    # handled is a race the watcher only narrows: see kvpolicy/runtime/watch.py).
-    watcher = PolicyWatcher(path, on_change=history.append, quiet=5.0)
+    # Each pause inside a save (15–40 ms) is far shorter than QUIET; and each save starts once the one before
+    # is live (a save begun before the previous close-write is handled is a race the watcher only narrows:
+    # see kvpolicy/runtime/watch.py).
+    watcher = PolicyWatcher(path, on_change=history.append, quiet=QUIET)
     watcher.start()
     writer = subprocess.Popen(
         [sys.executable, "-c", SLOW_WRITER, str(path), json.dumps([(d.decode(), c) for d, c in plan])],

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.network import free_loopback_port
+from tests.support.waiting import wait_for
 
 HERE = Path(__file__).resolve().parent
 PLUGIN_PROBE = HERE / "plugin_probe"
@@ -210,14 +211,10 @@ class OfflineEngine:
     def wait_held(self) -> bool:
         """Wait until the engine has written its result (and holds, if started with ``hold_until``) or has
         exited; true if it holds. ``START_TIMEOUT_S`` catches a hang."""
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while self.process.poll() is None:
-            if (self.work / "result.json").exists():
-                return True
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the offline engine neither ran nor exited in {START_TIMEOUT_S:.0f} s (hung?)")
-            time.sleep(0.2)
-        return False
+        result = self.work / "result.json"
+        if not wait_for(lambda: self.process.poll() is not None or result.exists(), START_TIMEOUT_S):
+            raise AssertionError(f"the offline engine neither ran nor exited in {START_TIMEOUT_S:.0f} s (hung?)")
+        return self.process.poll() is None
 
     def finish(self, *, check: bool = True) -> dict[str, Any]:
         """Wait for the engine (``START_TIMEOUT_S`` catches a hang); its result as ``run_offline`` gives it."""
