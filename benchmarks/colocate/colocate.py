@@ -375,6 +375,9 @@ def _print_mode(result: dict[str, Any]) -> None:
               f"step p50 {s['step_ms_p50']:.2f} ms p99 {s['step_ms_p99']:.2f} ms  peak {t['peak_held'] / 2**30:.2f} GiB")
         phases = "  ".join(f"{k} {v:.1f}" for k, v in s["phase_seconds"].items())
         print(f"    {s['steps']:,} steps; seconds in {phases}{' (profiled)' if s['profiled'] else ''}")
+        print(f"    step start to start p50 {s['interval_ms_p50']:.2f} ms p99 {s['interval_ms_p99']:.2f} ms; step p99 "
+              f"{s['step_ms_p99_within_bound']:.2f} ms over the {s['steps_within_bound']:,} steps within a static share's KV; "
+              f"chunk groups mapped between steps: {s['groups_grown_between']:,} for admission, {s['groups_topped_up']:,} reserve")
     d = result["dsv4"]
     print(f"  dsv4 ({d['build']}): runtime-owned {d['ledger_runtime_reserved'] / 2**30:.3f} GiB")
     if "reload" in result:

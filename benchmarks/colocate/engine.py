@@ -22,6 +22,15 @@ One ``step(now)`` is one engine iteration:
    its time to first token, each later one a gap since the one before (``latency.py``:
    TTFT percentiles and SLO attainment).
 
+With ``map_between_steps`` the step does no mapping for admission and no give-back: the
+driver work runs after the step's tokens are out, in the time before the next step is
+due (an engine's wait for its forward pass on the GPU). Admission takes only free blocks
+of mapped chunks; when the queue's head needs more, the step stops admitting and notes
+what the requests it would have admitted need, and after the step ``sync()`` runs (step
+4, moved) and the pool grows by that much (``BlockPool.grow``; refused: the requests wait
+for memory, as a refused ``alloc`` makes them), so they are admitted the next step. A
+decode step's block still comes from ``alloc`` (the reserve, or one growth step).
+
 Accounting (checked by the CI test): every request that arrived is completed, abandoned,
 running or waiting at the end. Tokens served are output tokens generated; a preempted
 request keeps the tokens it generated (they are recomputed with its prompt, as engines
@@ -90,6 +99,8 @@ class Counters:
     """Allocation refusals by reason (limit, admission, capacity, device)."""
     topped_up: int = 0
     """Chunk groups the pool mapped ahead of demand between steps (``top_up``), off the step's time."""
+    grown_between: int = 0
+    """Chunk groups mapped between steps for requests the step could not admit from free blocks."""
     ttft: list[float] = field(default_factory=list)
     """Seconds from arrival to the first token, per request that got one."""
     slo_met: int = 0
@@ -97,11 +108,12 @@ class Counters:
     """Completed requests that met / missed the SLO, plus every abandoned one (a miss)."""
 
 
-PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait", "top_up")
+PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait", "grow", "top_up")
 """Where a step's wall time goes: the pool's allocations (elastic mapping included), the GPU work
 (the KV pattern writes, attention, the completion checks; launches only, unless profiling), freeing,
-``pool.sync()`` (limits, give-back unmapping), the wait for the GPU at the step's end, and (after
-the step, not in its time) the pool's ``top_up()``, mapping ahead of demand."""
+``pool.sync()`` (limits, give-back unmapping; between steps with ``map_between_steps``), the wait for
+the GPU at the step's end, and after the step, not in its time: the growth for the requests it could
+not admit (``map_between_steps``) and the pool's ``top_up()``, mapping ahead of demand."""
 
 
 class Engine:
@@ -121,7 +133,12 @@ class Engine:
         token_clock: Callable[[], float] | None = None,
         slo_ttft_s: float = DEFAULT_TTFT_S,
         slo_gap_s: float = DEFAULT_GAP_S,
+        map_between_steps: bool = False,
+        kv_bytes_bound: int | None = None,
     ) -> None:
+        """``kv_bytes_bound``: the summary's ``step_ms_p99_within_bound`` is the p99 over the steps
+        whose running requests held at most this many KV bytes (e.g. a static tenant's share: the
+        steps a static tenant could have run, so a larger batch's GPU work is compared with none)."""
         self.pool = pool
         self.work = work
         self.requests = requests
@@ -146,6 +163,15 @@ class Engine:
         self.token_clock = token_clock
         """Trace time when a step's tokens are out (after its GPU work); None: the step's ``now``."""
         self.slo_ttft_s, self.slo_gap_s = slo_ttft_s, slo_gap_s
+        self.map_between_steps = map_between_steps
+        self.kv_bytes_bound = kv_bytes_bound
+        self.step_kv_blocks: list[int] = []
+        """Per step, the KV blocks its running requests held when it attended."""
+        self.intervals: list[float] = []
+        """Wall seconds from each step's start to the next one's: what a running request waits per token."""
+        self._last_start: float | None = None
+        self._wanted: tuple[int, int] = (0, 0)
+        """Blocks the step could not admit from free ones: the queue's head's, and all it would have admitted."""
         self._emitted: list[Live] = []
         self._finished: list[Live] = []
 
@@ -153,20 +179,53 @@ class Engine:
     def step(self, now: float) -> None:
         """One engine iteration at ``now`` seconds into the run (see the module docstring)."""
         started = time.perf_counter()
+        if self._last_start is not None:
+            self.intervals.append(started - self._last_start)
+        self._last_start = started
         ops = self._driver_ops()
         self._arrivals(now)
         preempted = self._decode()
         if not preempted:
             self._admit()
-        with self._phase("sync"):
-            self.last_stats = self.pool.sync()
+        if not self.map_between_steps:
+            self._sync()
         with self._phase("gpu_wait"):
             self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
         self.step_ops.append(self._driver_ops() - ops)
         self._tokens_out(now if self.token_clock is None else self.token_clock())
-        with self._phase("top_up"):  # between steps: the next step takes blocks from mapped memory
+        # Between steps: the next step takes its blocks from mapped memory.
+        if self.map_between_steps:
+            self._sync()
+            self._grow_for_admission()
+        with self._phase("top_up"):
             self.c.topped_up += len(self.pool.top_up())
+
+    def _sync(self) -> None:
+        with self._phase("sync"):
+            self.last_stats = self.pool.sync()
+
+    def _grow_for_admission(self) -> None:
+        """Map what the requests the step could not admit need, and the next decode's blocks: all it
+        would have admitted, or if that is refused the queue's head alone. Refused: they wait for memory."""
+        (head, all_of_them), self._wanted = self._wanted, (0, 0)
+        if not head:
+            return
+        decode = sum(1 for r in self.running if r.context % self.bt == 0)
+        before = self.pool.mapping.groups_mapped
+        with self._phase("grow"):
+            for wanted in dict.fromkeys((all_of_them, head)):  # the larger first; once each
+                short = wanted + decode - self.pool.free_blocks
+                if short <= 0:
+                    break
+                try:
+                    self._pool_call(self.pool.grow, short)
+                    break
+                except OutOfBlocks:
+                    continue
+            else:
+                self._blocked()
+        self.c.grown_between += self.pool.mapping.groups_mapped - before
 
     @contextmanager
     def _phase(self, name: str, gpu: bool = False) -> Iterator[None]:
@@ -241,11 +300,13 @@ class Engine:
         with self._phase("write", gpu=True):
             self._guard(self.work.write, writes_b, writes_k)
         if not self.running:
+            self.step_kv_blocks.append(0)
             return preempted
         for r in self.running:
             r.generated += 1
         self.c.tokens += len(self.running)
         self._emitted = list(self.running)
+        self.step_kv_blocks.append(sum(r.n_blocks for r in self.running))
         with self._phase("attend", gpu=True):
             self._guard(self.work.attend, [r.blocks[: r.n_blocks] for r in self.running], [r.context for r in self.running])
         done = [r for r in self.running if r.generated >= r.req.output]
@@ -281,6 +342,9 @@ class Engine:
                 self._refused("deferred")
                 self._blocked()
                 break
+            if self.map_between_steps and n > self.pool.free_blocks:
+                self._wanted = (n, self._admissible_blocks(budget))
+                break
             try:
                 with self._phase("alloc"):
                     ids = self._alloc(n)
@@ -303,6 +367,19 @@ class Engine:
         with self._phase("write", gpu=True):
             self._guard(self.work.write, writes_b, writes_k)
 
+    def _admissible_blocks(self, budget: int) -> int:
+        """Blocks of the waiting requests that admission would take now, oldest first, within the
+        prefill ``budget`` left and the running limit (the rules of ``_admit``, without memory)."""
+        blocks, room = 0, self.max_running - len(self.running)
+        for r in self.waiting:
+            tokens = r.context
+            if room <= 0 or (tokens > budget and budget < self.prefill_budget):
+                break
+            blocks += -(-tokens // self.bt)
+            budget -= tokens
+            room -= 1
+        return blocks
+
     def _blocked(self) -> None:
         """Admission stopped for lack of memory: every request waiting now waits for memory."""
         for r in self.waiting:
@@ -312,8 +389,12 @@ class Engine:
 
     # -- helpers ----------------------------------------------------------------------------
     def _alloc(self, n: int) -> list[int]:
+        return self._pool_call(self.pool.alloc, n)
+
+    def _pool_call(self, fn: Callable[[int], list[int]], n: int) -> list[int]:
+        """``fn(n)`` (the pool's ``alloc`` or ``grow``); a refusal is counted by reason, a physical OOM as one."""
         try:
-            return self.pool.alloc(n)
+            return fn(n)
         except OutOfBlocks as exc:
             self._refused(exc.reason)
             if exc.reason == "device" or isinstance(exc.__cause__, DeviceOutOfMemory):
@@ -378,6 +459,11 @@ class Engine:
         c = self.c
         steps = sorted(self.step_seconds)
         ops = sorted(self.step_ops)
+        intervals = sorted(self.intervals)
+        bound = None
+        if self.kv_bytes_bound is not None:
+            most = self.kv_bytes_bound // self.pool.block_bytes
+            bound = sorted(s for s, k in zip(self.step_seconds, self.step_kv_blocks) if k <= most)
         return {
             "arrived": c.arrived,
             "admitted": c.admitted,
@@ -397,7 +483,14 @@ class Engine:
             "step_ms_p50": _pct(steps, 0.50) * 1000,
             "step_ms_p99": _pct(steps, 0.99) * 1000,
             "step_ms_max": (steps[-1] if steps else 0.0) * 1000,
+            "step_ms_p99_within_bound": None if bound is None else _pct(bound, 0.99) * 1000,
+            "steps_within_bound": None if bound is None else len(bound),
+            "kv_bytes_bound": self.kv_bytes_bound,
+            "interval_ms_p50": _pct(intervals, 0.50) * 1000,
+            "interval_ms_p99": _pct(intervals, 0.99) * 1000,
+            "map_between_steps": self.map_between_steps,
             "groups_topped_up": c.topped_up,
+            "groups_grown_between": c.grown_between,
             "step_driver_ops_p50": _pct(ops, 0.50),
             "step_driver_ops_p99": _pct(ops, 0.99),
             "step_driver_ops_max": ops[-1] if ops else 0,

@@ -159,9 +159,16 @@ class Engine(Strict):
         description="kvpolicy mode: under pressure a pool keeps its use plus the reserve mapped, not use plus one "
         "growth step (False: the old behaviour)",
     )
+    map_between_steps: bool = Field(
+        default=False,
+        description="map and give back between steps, not inside them: admission takes free blocks only, the growth "
+        "for the requests it could not admit and sync()'s give-back run after the step's tokens are out "
+        "(engine.py; False: the old behaviour)",
+    )
 
 
-OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False}
+OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False,
+                                    "map_between_steps": False}
 """``[engine]`` settings of the allocator before issue 17's levers (``Params.old_allocator``)."""
 
 

@@ -7,6 +7,7 @@ run wrote them.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,11 @@ TENANT_FIELDS = ("tokens", "arrived", "completed", "abandoned", "queued", "preem
 
 DRIVER_WORK = ("groups_mapped", "groups_unmapped", "regrowths", "groups_mapped_at_start", "arenas")
 LATENCY_FIELDS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_s", "slo")
+STEP_FIELDS = ("interval_ms_p50", "interval_ms_p99", "step_ms_p99_within_bound", "steps_within_bound", "kv_bytes_bound",
+               "groups_grown_between", "phase_seconds")
+"""Where the step time goes: step start to step start (what a running request waits per token, the
+work between steps included), the step p99 over the steps that attended no more KV than a static
+share, the growth mapped between steps, the phases' seconds. None: a run from before they were measured."""
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -82,6 +88,8 @@ def ratios(static: dict[str, dict[str, Any]], kv: dict[str, dict[str, Any]]) -> 
             "tokens": _ratio(k["tokens"], s["tokens"]),
             "step_p50": _ratio(k["step_ms_p50"], s["step_ms_p50"]),
             "step_p99": _ratio(k["step_ms_p99"], s["step_ms_p99"]),
+            "interval_p99": _ratio(k.get("interval_ms_p99"), s.get("interval_ms_p99")),
+            "step_p99_within_bound": _ratio(k.get("step_ms_p99_within_bound"), s.get("step_ms_p99_within_bound")),
             "preempted": (s["preempted"], k["preempted"]),
             "preempted_ratio": _ratio(k["preempted"], s["preempted"]),
             "ttft_p50": _ratio(k.get("ttft_ms_p50"), s.get("ttft_ms_p50")),
@@ -98,11 +106,19 @@ def ratios(static: dict[str, dict[str, Any]], kv: dict[str, dict[str, Any]]) -> 
         "preempted_ratio": _ratio(pk["preempted"], ps["preempted"]),
         "step_p50_max": max((r["step_p50"] or 0 for r in rows.values()), default=None),
         "step_p99_max": max((r["step_p99"] or 0 for r in rows.values()), default=None),
+        "interval_p99_max": _most(r["interval_p99"] for r in rows.values()),
+        "step_p99_within_bound_max": _most(r["step_p99_within_bound"] for r in rows.values()),
         "ttft_p50": _ratio(pk["ttft_ms_p50"], ps["ttft_ms_p50"]),
         "ttft_p99": _ratio(pk["ttft_ms_p99"], ps["ttft_ms_p99"]),
         "slo": _ratio(pk["slo_attainment"], ps["slo_attainment"]),
         "map_unmap_per_1k_tokens": pk["map_unmap_per_1k_tokens"],
     }
+
+
+def _most(values: Iterable[float | None]) -> float | None:
+    """The largest of the tenants' ratios; None if any is missing (a run from before it was measured)."""
+    vs = list(values)
+    return None if not vs or any(v is None for v in vs) else max(vs)
 
 
 def _x(v: float | None) -> str:
@@ -116,16 +132,19 @@ def _f(v: float | None, fmt: str = ".1f") -> str:
 def ratio_table(r: dict[str, Any], label: str = "kvpolicy") -> str:
     """``ratios`` as a markdown table."""
     lines = [
-        f"| tenant | tokens {label}/static | step p50 × | step p99 × | preempted static → {label} "
-        "| TTFT p50 × | TTFT p99 × | SLO attainment × | give-back/regrow cycles | chunks mapped+unmapped per 1k tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| tenant | tokens {label}/static | step p50 × | step p99 × | step p99 at static's KV × | interval p99 × "
+        f"| preempted static → {label} | TTFT p50 × | TTFT p99 × | SLO attainment × | give-back/regrow cycles "
+        "| chunks mapped+unmapped per 1k tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, t in r["tenants"].items():
         cycles = "–" if t["regrowths"] is None else str(t["regrowths"])
         lines.append(f"| {name} | {_x(t['tokens'])} | {_x(t['step_p50'])} | {_x(t['step_p99'])} | "
+                     f"{_x(t.get('step_p99_within_bound'))} | {_x(t.get('interval_p99'))} | "
                      f"{t['preempted'][0]} → {t['preempted'][1]} | {_x(t.get('ttft_p50'))} | {_x(t.get('ttft_p99'))} | "
                      f"{_x(t.get('slo'))} | {cycles} | {_f(t['map_unmap_per_1k_tokens'])} |")
     lines.append(f"| all | {_x(r['tokens'])} | ≤ {_x(r['step_p50_max'])} | ≤ {_x(r['step_p99_max'])} | "
+                 f"≤ {_x(r.get('step_p99_within_bound_max'))} | ≤ {_x(r.get('interval_p99_max'))} | "
                  f"{r['preempted'][0]} → {r['preempted'][1]} ({_x(r['preempted_ratio'])}) | {_x(r.get('ttft_p50'))} | "
                  f"{_x(r.get('ttft_p99'))} | {_x(r.get('slo'))} | | {_f(r.get('map_unmap_per_1k_tokens'))} |")
     return "\n".join(lines) + "\n"
@@ -167,7 +186,7 @@ def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
     t = mode["tenants"][name]
     s = t["summary"]
     out = {k: s[k] for k in TENANT_FIELDS}
-    out.update({k: s.get(k) for k in LATENCY_FIELDS})  # None: a run from before they were measured
+    out.update({k: s.get(k) for k in (*LATENCY_FIELDS, *STEP_FIELDS)})  # None: a run from before they were measured
     out["peak_mapped"] = t["peak_held"]
     out.update(t.get("driver_work") or dict.fromkeys(DRIVER_WORK))  # None: a run from before it was counted
     out["released_under_pressure"] = t.get("released_under_pressure")  # None: a run from before it existed

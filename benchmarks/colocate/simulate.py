@@ -163,7 +163,8 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                         max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,
                         max_running=params.engine.max_running, patience_s=params.engine.patience_s,
                         slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
-                        token_clock=lambda: now[0] + step_s)
+                        token_clock=lambda: now[0] + step_s, map_between_steps=params.engine.map_between_steps,
+                        kv_bytes_bound=params.budget.static_share)
         engine.last_stats = pool.sync()
         at_start.append(pool.mapping.groups_mapped)
         engines.append(engine)

@@ -220,6 +220,38 @@ def test_engine_accounting_with_queueing_and_preemption() -> None:
     pool.close()
 
 
+@pytest.mark.parametrize("limit_chunks", [8, 1], ids=["grows", "refused"])
+def test_admission_maps_between_steps_not_inside_them(limit_chunks: int) -> None:
+    """``map_between_steps``: a request that needs more blocks than are free is not admitted by a step
+    that would map them; after the step the pool grows for it (and for the next request the step
+    would have admitted), and the next step admits both from mapped memory. Under a limit too low
+    for them the growth is refused and they wait for memory, as a refused ``alloc`` makes them."""
+    from engine import Engine
+    from kvwork import KVWork
+    from traces import Request
+
+    _, pool = _pool(256, limit_chunks * (2 << 20))  # small.toml: 2 MiB chunks of 32 blocks
+    per_chunk = pool.grid.blocks_per_chunk
+    pool.ensure_mapped(range(1))
+    work = KVWork(pool, attn_layers=1, max_batch=8, window=1)
+    reqs = [Request(key=1, arrival=0.0, prompt=16 * 40, output=4), Request(key=2, arrival=0.0, prompt=16 * 30, output=4)]
+    engine = Engine(pool, work, reqs, block_tokens=16, max_request_blocks=64, prefill_tokens_per_step=2048,
+                    max_running=8, patience_s=None, map_between_steps=True)
+    assert per_chunk == 32 and pool.free_blocks == 32 < 40  # neither request fits the mapped chunk
+    engine.step(0.0)
+    assert engine.step_ops == [0] and not engine.running  # nothing mapped inside the step, nothing admitted
+    if limit_chunks == 1:
+        assert pool.held_bytes == 2 << 20 and engine.c.queued == 2 and engine.c.refusals == {"limit": 2}
+        assert engine.c.grown_between == 0  # both asks (the two requests' blocks, then the head's) refused
+    else:
+        assert pool.free_blocks >= 70 and engine.c.grown_between == 2 and engine.c.queued == 0
+        engine.step(0.01)
+        assert engine.step_ops[-1] == 0 and [r.req.key for r in engine.running] == [1, 2]
+        assert pool.live_blocks == 70
+    del work
+    pool.close()
+
+
 def _run(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     # A hang catcher, not a deadline: on a loaded machine the `steps` clock serves the same trace, slower.
     proc = subprocess.run([sys.executable, str(BENCH / "colocate.py"), *args], check=False, capture_output=True, text=True, timeout=timeout)
