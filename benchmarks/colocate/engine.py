@@ -327,11 +327,10 @@ class Engine:
         budget = self.prefill_budget
         writes_b: list[int] = []
         writes_k: list[int] = []
-        # Under a limit lowered below what the pool holds (a deferred shrink), the free blocks
-        # inside the held chunks are not for new requests: the running ones finish, their chunks
-        # empty and go back. So admission also keeps the blocks in use within the limit.
-        stats = self.last_stats
-        room = stats.limit - self.pool.used_bytes if stats is not None and stats.deferred else None
+        # New requests take memory only within the pool's admission room: under a deferred shrink the
+        # free blocks of the held chunks go back, and under contention a pool above its target drains.
+        room = self.pool.admission_room()
+        why = "deferred" if self.pool.deferred else "target"
         while self.waiting and len(self.running) < self.max_running:
             r = self.waiting[0]
             tokens = r.context
@@ -339,7 +338,7 @@ class Engine:
                 break  # a long prompt waits for a step of its own
             n = -(-tokens // self.bt)
             if room is not None and n * self.pool.block_bytes > room:
-                self._refused("deferred")
+                self._refused(why)
                 self._blocked()
                 break
             if self.map_between_steps and n > self.pool.free_blocks:

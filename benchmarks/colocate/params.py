@@ -159,6 +159,11 @@ class Engine(Strict):
         description="kvpolicy mode: under pressure a pool keeps its use plus the reserve mapped, not use plus one "
         "growth step (False: the old behaviour)",
     )
+    yield_above_target_s: float = Field(
+        default=0.0, ge=0,
+        description="kvpolicy mode: while a tenant was refused memory within this many seconds, new requests take a "
+        "pool's memory only up to its target (BlockPool.admission_room; 0: off, the old behaviour)",
+    )
     map_between_steps: bool = Field(
         default=False,
         description="map and give back between steps, not inside them: admission takes free blocks only, the growth "
@@ -168,7 +173,7 @@ class Engine(Strict):
 
 
 OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False,
-                                    "map_between_steps": False}
+                                    "map_between_steps": False, "yield_above_target_s": 0.0}
 """``[engine]`` settings of the allocator before issue 17's levers (``Params.old_allocator``)."""
 
 

@@ -156,7 +156,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                              give_back_under_pressure=params.engine.give_back_under_pressure,
                              give_back_delay_s=params.engine.give_back_delay_s,
                              give_back_hold_s=params.engine.give_back_hold_s, reserve_blocks=params.engine.reserve_blocks,
-                             pressure_keeps_reserve=params.engine.pressure_keeps_reserve,
+                             pressure_keeps_reserve=params.engine.pressure_keeps_reserve, yield_above_target_s=params.engine.yield_above_target_s,
                              clock=lambda: now[0])
             pool.ensure_mapped(range(guarantee // pool.block_bytes))
         engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,

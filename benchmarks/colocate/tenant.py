@@ -82,7 +82,7 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
             give_back_under_pressure=params.engine.give_back_under_pressure,
             give_back_delay_s=params.engine.give_back_delay_s, give_back_hold_s=params.engine.give_back_hold_s,
             reserve_blocks=params.engine.reserve_blocks,
-            pressure_keeps_reserve=params.engine.pressure_keeps_reserve, clock=clock.now,
+            pressure_keeps_reserve=params.engine.pressure_keeps_reserve, yield_above_target_s=params.engine.yield_above_target_s, clock=clock.now,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission

@@ -98,6 +98,7 @@ class BlockPool:
         give_back_hold_s: float = 0.0,
         reserve_blocks: int = 0,
         pressure_keeps_reserve: bool = False,
+        yield_above_target_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
@@ -107,7 +108,8 @@ class BlockPool:
         can be handed out. ``give_back_under_pressure`` and ``give_back_delay_s`` (measured
         by ``clock``): see ``giveback``. ``give_back_hold_s``: under pressure, memory below the
         target goes back only once it stayed free this long. ``reserve_blocks``: free blocks
-        ``top_up()`` keeps mapped ahead of demand (0: none, growth only inside ``alloc``)."""
+        ``top_up()`` keeps mapped ahead of demand (0: none, growth only inside ``alloc``).
+        ``yield_above_target_s``: see ``admission_room``."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if reserve_blocks < 0:
@@ -125,6 +127,7 @@ class BlockPool:
             clock=clock,
             pressure=limit.pressure(),
             pressure_keeps_reserve=pressure_keeps_reserve,
+            yield_above_target_s=yield_above_target_s,
         )
         self.geometry = geometry
         self.name = name
@@ -214,6 +217,25 @@ class BlockPool:
     def starved(self) -> bool:
         """Whether this pool's own admission was refused since its last ``sync()`` (then pressure takes nothing from it)."""
         return self.give_back.starved(self.mapping.admission_refusals)
+
+    def admission_room(self) -> int | None:
+        """Bytes that new work (a request the engine has not started) may take beyond the live blocks
+        now; None: as much as the limit allows. The running requests' growth is not bound by it.
+
+        - Under a lowered limit that live blocks defer: ``limit - used``. The free blocks of the held
+          chunks are not for new work: the running requests finish and their chunks go back.
+        - While the GPU's budget is contended (``yield_above_target_s``: an instance was refused
+          memory within that many seconds): ``target - used``. A busy pool above its target would
+          otherwise refill every block it frees with new work, never drain to its target, and the
+          refused instance below its own would wait for ever: the targets would not be shares.
+        """
+        with self._lock:
+            m, used = self.mapping, self.used_bytes
+            if m.deferred:
+                return max(0, m.reading.limit - used)
+            if self.give_back.contended():
+                return max(0, m.reading.target - used)
+            return None
 
     @property
     def released_under_pressure(self) -> int:

@@ -152,6 +152,7 @@ class GiveBack:
         hold_s: float = 0.0,
         reserve_bytes: int = 0,
         pressure_keeps_reserve: bool = False,
+        yield_above_target_s: float = 0.0,
     ) -> None:
         if grow_chunks < 1:
             raise ValueError(f"grow_chunks must be >= 1, got {grow_chunks}")
@@ -161,6 +162,10 @@ class GiveBack:
             raise ValueError(f"give_back_hold_s must be >= 0, got {hold_s}")
         if reserve_bytes < 0:
             raise ValueError(f"the reserve must be >= 0 bytes, got {reserve_bytes}")
+        if yield_above_target_s < 0:
+            raise ValueError(f"yield_above_target_s must be >= 0, got {yield_above_target_s}")
+        self.yield_above_target_s = yield_above_target_s
+        self._contended_until = float("-inf")  # new work yields above the target until then
         self.hold_s = hold_s
         self.reserve_bytes = reserve_bytes
         self.pressure_keeps_reserve = pressure_keeps_reserve
@@ -195,9 +200,20 @@ class GiveBack:
         if self.hold_s:
             self._idle = self._idle.noting(self._clock(), max(0, mapping.held_bytes - used), self.hold_s)
         self._above_target(mapping, used, reading.target)
-        if self.under_pressure:
+        pressure = mapping.limit.pressure()
+        if self.yield_above_target_s and pressure != self._pressure_seen:
+            self._contended_until = self._clock() + self.yield_above_target_s
+        if not self.under_pressure:
+            self._pressure_seen = pressure  # what ``_under_pressure`` would have noted
+        else:
             self._under_pressure(mapping, used, reading.guarantee, reading.target)
         mapping.report()
+
+    def contended(self) -> bool:
+        """Whether an instance was refused memory for the GPU's budget within the last
+        ``yield_above_target_s`` (as of the last ``sync``): then new work takes this pool's memory
+        only up to its target (``BlockPool.admission_room``). Never, with the setting 0."""
+        return self._clock() < self._contended_until
 
     def may_top_up(self, pressure: int) -> bool:
         """Whether the pool may map ahead now: it keeps a reserve, nobody else is short of

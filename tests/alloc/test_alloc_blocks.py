@@ -539,3 +539,38 @@ def test_pressure_keeps_the_reserve_when_asked_to(driver, keeps):
         assert pool.released_under_pressure == (10 * CHUNK - held)
         pool.free(ids[:4])
         check_pool(pool, limit, driver, base)
+
+
+def test_admission_room_bounds_new_work_by_a_deferred_limit_and_under_contention_by_the_target(driver):
+    """``admission_room``: None while nothing bounds new work but the limit; under a deferred lower
+    limit what the limit leaves over the live blocks; with ``yield_above_target_s``, for that long
+    after a sync saw another instance refused memory, what the target leaves (never below zero)."""
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=4 * CHUNK), yield_above_target_s=2.0,
+                            give_back_delay_s=100.0, clock=lambda: now[0])
+    with pool:
+        ids = pool.alloc(24)  # 6 chunks, above the target of 4
+        pool.sync()
+        assert pool.admission_room() is None  # nobody waits: the pool may use what the limit allows
+        limit.press()
+        pool.sync()
+        assert pool.admission_room() == 0  # contended, and its live blocks are above the target
+        pool.free(ids[12:])
+        assert pool.admission_room() == 4 * CHUNK - 12 * QUARTER.block_stride  # back under it: the rest
+        now[0] = 1.9
+        pool.sync()
+        assert pool.admission_room() == 4 * CHUNK - 12 * QUARTER.block_stride  # still within 2 s of the news
+        now[0] = 2.0
+        assert pool.admission_room() is None  # no refusal for 2 s: the pool takes what it can again
+        pool.free(ids[1:11])  # live: block 0 (chunk 0) and block 11 (chunk 2)
+        limit.set(CHUNK)  # below the two chunks they pin: deferred
+        pool.sync()
+        assert pool.deferred and pool.admission_room() == CHUNK - 2 * QUARTER.block_stride
+        pool.free([ids[11]])  # chunk 2 empties and goes: the limit holds
+        assert not pool.deferred and pool.admission_room() is None
+    off, off_limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=0))
+    with off:
+        off.alloc(8)
+        off_limit.press()
+        off.sync()
+        assert off.admission_room() is None  # the setting is off by default: the old behaviour
