@@ -252,6 +252,45 @@ def test_admission_maps_between_steps_not_inside_them(limit_chunks: int) -> None
     pool.close()
 
 
+def test_under_contention_a_pool_above_its_target_admits_nothing_new_until_it_drains() -> None:
+    """With ``yield_above_target_s``, a step after a sync that saw the GPU's budget refuse someone
+    admits no request that would take the pool's use above its target (refusal ``target``); the
+    running requests go on, and once the news is older than the window admission resumes."""
+    from engine import Engine
+    from kvwork import KVWork
+    from traces import Request
+
+    from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
+
+    p = load_params(SMALL)
+    now = [0.0]
+    limit = StaticLimit(32 << 20, target=2 << 20)  # may hold 16 chunks; its share is one
+    pool = BlockPool(open_driver("host", host_capacity=64 << 20), p.kv.layout, 512, chunk=p.kv.chunk, limit=limit,
+                     name="t", yield_above_target_s=0.25, give_back_delay_s=100.0, clock=lambda: now[0])
+    work = KVWork(pool, attn_layers=1, max_batch=8, window=1)
+    reqs = [Request(key=1, arrival=0.0, prompt=16 * 40, output=50), Request(key=2, arrival=0.025, prompt=16 * 8, output=4)]
+    engine = Engine(pool, work, reqs, block_tokens=16, max_request_blocks=64, prefill_tokens_per_step=2048,
+                    max_running=8, patience_s=None, map_between_steps=True)
+
+    def step(t: float) -> None:
+        now[0] = t
+        engine.step(t)
+
+    step(0.0)
+    step(0.01)  # nobody waits: the first request is admitted above the target
+    assert [r.req.key for r in engine.running] == [1] and pool.used_bytes > limit.read().target
+    limit.press()  # another instance is refused memory for the GPU's budget
+    step(0.02)  # its sync, after the step, sees the news
+    for t in (0.03, 0.2):
+        step(t)
+        assert [r.req.key for r in engine.running] == [1], t  # the newcomer waits; the running one goes on
+    assert engine.c.refusals == {"target": 2} and engine.running[0].generated == 3  # a token each step since 0.01
+    step(0.3)  # 0.28 s after the sync that saw the news: the window is over
+    assert sorted(r.req.key for r in engine.running) == [1, 2]
+    del work
+    pool.close()
+
+
 def _run(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
     # A hang catcher, not a deadline: on a loaded machine the `steps` clock serves the same trace, slower.
     proc = subprocess.run([sys.executable, str(BENCH / "colocate.py"), *args], check=False, capture_output=True, text=True, timeout=timeout)
