@@ -342,7 +342,10 @@ class Engine:
                 self._blocked()
                 break
             if self.map_between_steps and n > self.pool.free_blocks:
-                self._wanted = (n, self._admissible_blocks(budget))
+                more = self._admissible_blocks(budget)
+                if room is not None:  # what the room leaves is all the next step could admit
+                    more = max(n, min(more, room // self.pool.block_bytes))
+                self._wanted = (n, more)
                 break
             try:
                 with self._phase("alloc"):
