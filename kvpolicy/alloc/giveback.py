@@ -30,6 +30,11 @@ of busy pools under full contention):
   takes blocks from mapped memory and the step rarely waits on the driver. Pressure
   takes it like any free memory; the reserve is not refilled for a hold time after.
 
+One setting bounds new work instead of giving back: **yield above the target**
+(``yield_above_target_s``): for that long after a sync saw the pressure counter move, new
+work takes the pool's memory only up to its target (``BlockPool.admission_room``), so a
+busy pool above its target drains to it and pressure finds the memory it frees.
+
 The functions decide; ``GiveBack`` keeps their state (the period, the pressure and
 refusals last seen) and carries the decisions out on a ``ChunkMapping``.
 """
