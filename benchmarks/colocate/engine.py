@@ -334,8 +334,8 @@ class Engine:
         while self.waiting and len(self.running) < self.max_running:
             r = self.waiting[0]
             tokens = r.context
-            if tokens > budget and budget < self.prefill_budget:
-                break  # a long prompt waits for a step of its own
+            if self._waits_for_its_own_step(tokens, budget):
+                break
             n = -(-tokens // self.bt)
             if room is not None and n * self.pool.block_bytes > room:
                 self._refused(why)
@@ -369,13 +369,17 @@ class Engine:
         with self._phase("write", gpu=True):
             self._guard(self.work.write, writes_b, writes_k)
 
+    def _waits_for_its_own_step(self, tokens: int, budget: int) -> bool:
+        """A prompt longer than the prefill budget left waits for a step of its own (it may take a whole one)."""
+        return tokens > budget and budget < self.prefill_budget
+
     def _admissible_blocks(self, budget: int) -> int:
         """Blocks of the waiting requests that admission would take now, oldest first, within the
         prefill ``budget`` left and the running limit (the rules of ``_admit``, without memory)."""
         blocks, room = 0, self.max_running - len(self.running)
         for r in self.waiting:
             tokens = r.context
-            if room <= 0 or (tokens > budget and budget < self.prefill_budget):
+            if room <= 0 or self._waits_for_its_own_step(tokens, budget):
                 break
             blocks += -(-tokens // self.bt)
             budget -= tokens

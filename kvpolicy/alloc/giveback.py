@@ -211,7 +211,7 @@ class GiveBack:
         if not self.under_pressure:
             self._pressure_seen = pressure  # what ``_under_pressure`` would have noted
         else:
-            self._under_pressure(mapping, used, reading.guarantee, reading.target)
+            self._under_pressure(mapping, pressure, used, reading.guarantee, reading.target)
         mapping.report()
 
     def contended(self) -> bool:
@@ -251,8 +251,8 @@ class GiveBack:
             mapping.release_down_to(keep)
         self._period = IdlePeriod(now)
 
-    def _under_pressure(self, mapping: ChunkMapping, used: int, guarantee: int, target: int) -> None:
-        pressure, refusals = mapping.limit.pressure(), mapping.admission_refusals
+    def _under_pressure(self, mapping: ChunkMapping, pressure: int, used: int, guarantee: int, target: int) -> None:
+        refusals = mapping.admission_refusals
         keep = keep_under_pressure(
             pressed=pressure != self._pressure_seen,
             starved=refusals != self._refusals_seen,
