@@ -31,6 +31,7 @@ event is handled is caught by its modify events (handled next, well within
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -108,6 +109,36 @@ class _Snapshot:
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class _EventKinds:
+    """The watchdog event classes the watcher tells apart, as this watchdog names them."""
+
+    ignored: tuple[type, ...]
+    closed: tuple[type, ...]
+    moved: tuple[type, ...]
+    created: tuple[type, ...]
+    modified: tuple[type, ...]
+
+
+@functools.cache
+def _event_kinds() -> _EventKinds:
+    """The classes of ``watchdog.events`` by name, leaving out those this version lacks: a watchdog
+    never sends an event it has no class for. (FileClosedNoWriteEvent came in 5.0; before 7.0 an
+    attribute change, such as a touch or a chmod, is a FileModifiedEvent, then a FileAttribEvent.)"""
+    from watchdog import events
+
+    def present(*names: str) -> tuple[type, ...]:
+        return tuple(getattr(events, name) for name in names if hasattr(events, name))
+
+    return _EventKinds(
+        ignored=present("FileOpenedEvent", "FileClosedNoWriteEvent", "DirModifiedEvent"),
+        closed=present("FileClosedEvent"),
+        moved=present("FileMovedEvent"),
+        created=present("FileCreatedEvent"),
+        modified=present("FileModifiedEvent", "FileAttribEvent"),
+    )
 
 
 class PolicyWatcher:
@@ -287,7 +318,14 @@ class PolicyWatcher:
 
         class _Handler(FileSystemEventHandler):
             def on_any_event(self, event: FileSystemEvent) -> None:
-                watcher.on_event(event)
+                # An exception here would end watchdog's dispatching thread: no event would arrive
+                # again and only the poll would see saves. Log it and let the next check decide.
+                try:
+                    watcher.on_event(event)
+                except Exception:
+                    log.exception("policy %s: handling %r failed; the next check reads the file",
+                                  watcher.display_name, event)
+                    watcher.poke()
 
         self._handler = _Handler()
         self._observer = Observer()
@@ -299,30 +337,20 @@ class PolicyWatcher:
 
     def on_event(self, event: FileSystemEvent) -> None:
         """A watchdog event in a watched directory (on the observer's thread)."""
-        from watchdog.events import (
-            DirModifiedEvent,
-            FileAttribEvent,
-            FileClosedEvent,
-            FileClosedNoWriteEvent,
-            FileCreatedEvent,
-            FileModifiedEvent,
-            FileMovedEvent,
-            FileOpenedEvent,
-        )
-
-        if isinstance(event, FileOpenedEvent | FileClosedNoWriteEvent | DirModifiedEvent):
+        kinds = _event_kinds()
+        if isinstance(event, kinds.ignored):
             return  # readers (this watcher among them) and the directory's own echo of its entries
         chain = self.chain
         names = chain.names
         src = os.fsdecode(event.src_path)
         dest = os.fsdecode(getattr(event, "dest_path", "") or "")
-        if isinstance(event, FileClosedEvent) and src == chain.target:
+        if isinstance(event, kinds.closed) and src == chain.target:
             self._final("close-write")
-        elif isinstance(event, FileMovedEvent) and dest in names:
+        elif isinstance(event, kinds.moved) and dest in names:
             self._final("moved")
-        elif isinstance(event, FileCreatedEvent) and src in names and os.path.islink(src):
+        elif isinstance(event, kinds.created) and src in names and os.path.islink(src):
             self._final("moved")  # a symlink appears whole
-        elif isinstance(event, FileModifiedEvent | FileAttribEvent) and src == chain.target:
+        elif isinstance(event, kinds.modified) and src == chain.target:
             self._settle("modified", downgrade=True)
         elif src in names or dest in names:
             # created (content follows), deleted, moved away, a directory in its place

@@ -161,3 +161,33 @@ def test_poll_catches_changes_without_events(tmp_path):
     finally:
         watcher._stop.set()
         thread.join(timeout=2)
+
+
+def test_an_error_handling_an_event_is_logged_and_events_keep_coming(tmp_path, caplog):
+    """watchdog ends its dispatching thread on a handler's exception: the watcher must not raise one."""
+    path = tmp_path / "p.kvp"
+    path.write_text(valid_policy(1))
+    watcher = PolicyWatcher(path, debounce=0.005, poll_interval=3600.0, quiet=0.2)  # no poll: events only
+    handle = watcher.on_event
+    failing = threading.Event()
+    failing.set()
+
+    def on_event(event):  # type: ignore[no-untyped-def]
+        if failing.is_set():
+            raise RuntimeError("a bug in handling events")
+        handle(event)
+
+    watcher.on_event = on_event  # type: ignore[method-assign]
+    watcher.start()
+    try:
+        with caplog.at_level("ERROR", logger="kvpolicy.watch"):
+            path.write_text(valid_policy(2))
+            assert wait_for(lambda: watcher.current.revision == 2, CONVERGE_TIMEOUT)
+        assert watcher.current.trigger == "poll"  # the failed event asked for a check
+        assert "a bug in handling events" in caplog.text
+        failing.clear()
+        path.write_text(valid_policy(3))
+        assert wait_for(lambda: watcher.current.revision == 3, CONVERGE_TIMEOUT)
+        assert watcher.current.trigger != "poll"  # an event, so the observer still dispatches
+    finally:
+        watcher.stop()
