@@ -9,6 +9,7 @@
 | ``KVPOLICY_ENGINE_ID`` | both | what every rank of one engine shares in the ledger | per adapter |
 | ``KVPOLICY_REPORT_INTERVAL`` | vLLM | seconds between live pool reports, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL`` | vLLM | seconds between give-backs of memory above the target, ≥ 0 | 1 |
+| ``KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET`` | vLLM | seconds new requests take memory only up to the target after another instance was refused, ≥ 0 | 0 (off) |
 | ``KVPOLICY_ELASTIC_GROW_BYTES`` | vLLM | bytes one growth of the elastic KV cache maps at least, a whole number ≥ 0 | 16 MiB |
 | ``KVPOLICY_FIGURES_WAIT`` | vLLM | seconds a rank that cannot measure its device waits at start-up for a controller's figures, ≥ 0 | 60 |
 
@@ -38,12 +39,14 @@ ENV_LEDGER_DIR = "KVPOLICY_LEDGER_DIR"
 ENV_ENGINE_ID = "KVPOLICY_ENGINE_ID"
 ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
 ENV_GIVE_BACK_INTERVAL = "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"
+ENV_YIELD_ABOVE_TARGET = "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET"
 ENV_GROW_BYTES = "KVPOLICY_ELASTIC_GROW_BYTES"
 ENV_FIGURES_WAIT = "KVPOLICY_FIGURES_WAIT"
 
 DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
 DEFAULT_REPORT_INTERVAL = 1.0
 DEFAULT_GIVE_BACK_INTERVAL = 1.0
+DEFAULT_YIELD_ABOVE_TARGET = 0.0
 DEFAULT_GROW_BYTES = 16 << 20  # 16 MiB: ledger admissions per batch of blocks, not per block
 DEFAULT_FIGURES_WAIT = 60.0  # a controller started beside the engine publishes within a few ticks
 
@@ -83,6 +86,9 @@ class VllmEnv:
     """Seconds between live pool reports (the engine core's split, and the elastic pool's bytes in use)."""
     give_back_interval: float = DEFAULT_GIVE_BACK_INTERVAL
     """Seconds between give-backs of elastic memory above the target."""
+    yield_above_target: float = DEFAULT_YIELD_ABOVE_TARGET
+    """Seconds after a step that saw the GPU's budget refuse another instance during which the
+    scheduler's new requests take the elastic cache only up to its target (0: off)."""
     grow_bytes: int = DEFAULT_GROW_BYTES
     """Bytes one growth of the elastic KV cache maps at least, while the limit allows."""
     figures_wait: float = DEFAULT_FIGURES_WAIT
@@ -95,6 +101,7 @@ class VllmEnv:
         return cls(
             report_interval=_seconds(env, ENV_REPORT_INTERVAL, DEFAULT_REPORT_INTERVAL),
             give_back_interval=_seconds(env, ENV_GIVE_BACK_INTERVAL, DEFAULT_GIVE_BACK_INTERVAL),
+            yield_above_target=_seconds(env, ENV_YIELD_ABOVE_TARGET, DEFAULT_YIELD_ABOVE_TARGET),
             grow_bytes=_bytes(env, ENV_GROW_BYTES, DEFAULT_GROW_BYTES),
             figures_wait=_seconds(env, ENV_FIGURES_WAIT, DEFAULT_FIGURES_WAIT),
         )

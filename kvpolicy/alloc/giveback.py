@@ -137,6 +137,31 @@ def keep_under_pressure(
     return pressure_floor(used, guarantee, group_bytes=group_bytes, grow_chunks=grow_chunks)
 
 
+class ContentionWindow:
+    """Whether the GPU's budget refused an instance memory within the last ``seconds``, as far as the
+    limit source's pressure counter, handed to ``note`` now and then, can tell: the window opens
+    for ``seconds`` at each ``note`` that sees the counter moved since the one before. Never
+    open with ``seconds`` 0. (``yield_above_target_s``: new work yields above the target while
+    it is open.)"""
+
+    def __init__(self, seconds: float, pressure: int = 0, clock: Callable[[], float] = time.monotonic) -> None:
+        if seconds < 0:
+            raise ValueError(f"yield_above_target_s must be >= 0, got {seconds}")
+        self.seconds = seconds
+        self._seen = pressure
+        self._clock = clock
+        self._until = float("-inf")
+
+    def note(self, pressure: int) -> None:
+        """The pressure counter now."""
+        if self.seconds and pressure != self._seen:
+            self._until = self._clock() + self.seconds
+        self._seen = pressure
+
+    def is_open(self) -> bool:
+        return self._clock() < self._until
+
+
 class GiveBack:
     """One pool's give-back policy: the decisions above with their state between syncs.
 
@@ -167,10 +192,8 @@ class GiveBack:
             raise ValueError(f"give_back_hold_s must be >= 0, got {hold_s}")
         if reserve_bytes < 0:
             raise ValueError(f"the reserve must be >= 0 bytes, got {reserve_bytes}")
-        if yield_above_target_s < 0:
-            raise ValueError(f"yield_above_target_s must be >= 0, got {yield_above_target_s}")
-        self.yield_above_target_s = yield_above_target_s
-        self._contended_until = float("-inf")  # new work yields above the target until then
+        self.contention = ContentionWindow(yield_above_target_s, pressure, clock)
+        """While open, new work yields above the target (``BlockPool.admission_room``)."""
         self.hold_s = hold_s
         self.reserve_bytes = reserve_bytes
         self.pressure_keeps_reserve = pressure_keeps_reserve
@@ -206,8 +229,7 @@ class GiveBack:
             self._idle = self._idle.noting(self._clock(), max(0, mapping.held_bytes - used), self.hold_s)
         self._above_target(mapping, used, reading.target)
         pressure = mapping.limit.pressure()
-        if self.yield_above_target_s and pressure != self._pressure_seen:
-            self._contended_until = self._clock() + self.yield_above_target_s
+        self.contention.note(pressure)
         if not self.under_pressure:
             self._pressure_seen = pressure  # what ``_under_pressure`` would have noted
         else:
@@ -218,7 +240,7 @@ class GiveBack:
         """Whether an instance was refused memory for the GPU's budget within the last
         ``yield_above_target_s`` (as of the last ``sync``): then new work takes this pool's memory
         only up to its target (``BlockPool.admission_room``). Never, with the setting 0."""
-        return self._clock() < self._contended_until
+        return self.contention.is_open()
 
     def may_top_up(self, pressure: int) -> bool:
         """Whether the pool may map ahead now: it keeps a reserve, nobody else is short of

@@ -36,7 +36,8 @@ def test_shared_settings() -> None:
         AdapterEnv.from_environ({"KVPOLICY_ENABLE": "on"})
 
 
-@pytest.mark.parametrize("name", ["KVPOLICY_REPORT_INTERVAL", "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"])
+@pytest.mark.parametrize("name", ["KVPOLICY_REPORT_INTERVAL", "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL",
+                                  "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET"])
 @pytest.mark.parametrize("text", ["-1", "-0.5", "nan", "inf", "soon", "1s"])
 def test_intervals_are_finite_seconds_not_below_zero(name: str, text: str) -> None:
     with pytest.raises(AdapterError, match=rf"{name}='{text}': expected seconds >= 0"):
@@ -47,8 +48,9 @@ def test_intervals_are_finite_seconds_not_below_zero(name: str, text: str) -> No
 @given(st.floats(min_value=0, allow_infinity=False, allow_nan=False))
 def test_any_finite_interval_reads_back(seconds: float) -> None:
     env = VllmEnv.from_environ({"KVPOLICY_REPORT_INTERVAL": f" {seconds!r} ",
-                                "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL": repr(seconds)})
-    assert env.report_interval == env.give_back_interval == seconds
+                                "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL": repr(seconds),
+                                "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET": repr(seconds)})
+    assert env.report_interval == env.give_back_interval == env.yield_above_target == seconds
 
 
 @pytest.mark.parametrize("text", ["-1", "1.5", "1e6", "16MiB", "²"])

@@ -5,7 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pytest
+
 from kvpolicy.alloc.giveback import (
+    ContentionWindow,
     GiveBack,
     IdlePeriod,
     IdleWindow,
@@ -112,3 +115,26 @@ def test_under_a_hold_only_memory_idle_through_it_goes_below_the_target(keep: in
     kept = held_through_hold(keep, held=held, target=target, idle_through=idle)
     assert kept >= keep
     assert held - kept <= max(idle, held - max(target, keep))  # below the target, at most what stayed idle
+
+
+def test_the_contention_window_opens_for_its_seconds_at_each_move_of_the_counter() -> None:
+    now = [0.0]
+    window = ContentionWindow(0.25, pressure=3, clock=lambda: now[0])
+    window.note(3)
+    assert not window.is_open()  # the counter as it was at the start: nobody refused since
+    window.note(4)
+    now[0] = 0.2
+    assert window.is_open()
+    window.note(4)  # no move: the window is not extended
+    now[0] = 0.25
+    assert not window.is_open()
+    window.note(9)
+    assert window.is_open()
+    now[0] = 0.49
+    assert window.is_open()
+    never = ContentionWindow(0.0, clock=lambda: now[0])
+    never.note(1)
+    assert not never.is_open()
+    with pytest.raises(ValueError, match="yield_above_target_s must be >= 0"):
+        ContentionWindow(-1.0)
+

@@ -172,6 +172,7 @@ def main() -> None:
         "guarantee": settings.guarantee, "virtual": settings.virtual,
         "instance_id": engine.plan.session.identity.instance_id,
         "start": engine.figures(),
+        "yields_new_work": "allocate_slots" in vars(engine.scheduler.kv_cache_manager),
     }
 
     # 1. greedy, under the guarantee: what the stock engine computes

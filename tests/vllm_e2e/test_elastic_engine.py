@@ -60,6 +60,7 @@ def run(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
         "KVPOLICY_FIGURES_WAIT": "0",  # the policy gives the capacity
         "KVPOLICY_MODEL": SERVED_MODEL,  # the LLM class serves the model under its path
         "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL": "0",  # memory above the target goes back at the next step
+        "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET": "2",  # the new-work hook on (no one else here: it never caps)
     }
     args = [str(e2e_venv.python), str(HERE / "elastic_run.py"), str(tiny_model), str(work / "result.json"),
             "--max-tokens", str(GREEDY_TOKENS)]
@@ -74,6 +75,12 @@ def run(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
     result = json.loads((work / "result.json").read_text())
     FIGURES.append(f"elastic LLM in one process: {result['checked_steps']} engine steps checked")
     return result | {"log": text}
+
+
+def test_the_yield_above_the_target_hooks_the_schedulers_allocation(run: dict[str, Any]) -> None:
+    """With ``KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET`` the manager's ``allocate_slots`` is the adapter's
+    (the greedy outputs below, equal to the stock engine's, ran through it)."""
+    assert run["yields_new_work"] is True
 
 
 def test_the_cpu_backend_runs_the_elastic_cache_layer_outermost(run: dict[str, Any]) -> None:

@@ -170,10 +170,10 @@ class EngineBesideAHog:
 def engine_beside_a_hog(host_loop, ledger_dir: Path) -> Iterator[Callable[[int], EngineBesideAHog]]:
     made: list[EngineBesideAHog] = []
 
-    def make(seed: int) -> EngineBesideAHog:
+    def make(seed: int, **options: Any) -> EngineBesideAHog:
         ours = attach_elastic(ledger_dir, "qwen/0", guarantee=0)
         other = attach_elastic(ledger_dir, "other/0", guarantee=0)
-        loop, buffer, driver = host_loop(2 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, ours, seed=seed)
+        loop, buffer, driver = host_loop(2 * GiB, "qwen3-8b", 16, 512 * MiB, CHUNK, ours, seed=seed, **options)
         hog = BlockPool(driver, BlockSpec(CHUNK), 64, chunk=CHUNK, limit=other, name="other")
         ours.admit_static(buffer.pinned)
         made.append(EngineBesideAHog(ours, other, loop, buffer, hog))
@@ -248,6 +248,52 @@ def test_an_idle_engine_gives_its_cache_to_a_refused_instance(engine_beside_a_ho
     assert len(loop.pool.vllm.cached_block_hash_to_block) < cached  # those of unmapped chunks were evicted
     taken = hog.alloc(wanted)  # what it was refused, now that the idle engine gave its cache back
     assert ours.snapshot().mapped + other.snapshot().mapped <= 64 * MiB
+    hog.free(taken)
+
+
+def test_a_busy_engine_above_its_target_yields_to_a_refused_instance(engine_beside_a_hog, ledger_dir: Path) -> None:
+    """With ``yield_above_target``, vLLM's new requests take the cache only up to its target while
+    another instance is refused for the budget: a busy engine far above its target drains to it as
+    its requests finish, and the give-backs (every 1 s) hand what they free to the other instance.
+
+    The engine, busy and alone, grows far above its 16 MiB target; then the other asks for a chunk
+    every step (0.1 s) until it holds 40 MiB. With the yield it has them 8.3 s later; without it
+    (the same run, ``yield_above_target`` 0) 19.3 s later: every block a finished request frees goes
+    to the next waiting request, and only what is free at a give-back goes back."""
+    from kvpolicy.runtime.ledger import InstanceLimits
+
+    clock = [0.0]
+    site = engine_beside_a_hog(seed=7, yield_above_target=2.0, give_back_interval=1.0, clock=lambda: clock[0])
+    ours, other, loop, buffer, hog = site.ours, site.other, site.loop, site.buffer, site.hog
+    publish(ledger_dir, 1, 64 * MiB, {
+        "qwen/0": InstanceLimits(limit=64 * MiB, target=16 * MiB, guarantee=0),
+        "other/0": InstanceLimits(limit=64 * MiB, target=48 * MiB, guarantee=0),
+    })
+    loop.max_running = 32
+
+    def step() -> None:
+        while len(loop.waiting) < 8:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+        clock[0] += 0.1
+        assert ours.snapshot().mapped + other.snapshot().mapped <= 64 * MiB
+
+    for _ in range(100):
+        step()
+    assert ours.snapshot().mapped > 40 * MiB  # nobody else wanted memory
+    taken: list[int] = []
+    finished = loop.stats.finished
+    for _ in range(120):  # 12 s
+        if len(taken) * CHUNK < 40 * MiB:
+            try:
+                taken += hog.alloc(1)
+            except OutOfBlocks:
+                assert other.last_refusal.reason == "budget"
+        step()
+    assert len(taken) * CHUNK == 40 * MiB
+    assert buffer.mapping.held_bytes - buffer.pinned <= 24 * MiB  # its target, and what no one asks for
+    assert loop.stats.finished > finished  # it kept serving meanwhile
     hog.free(taken)
 
 

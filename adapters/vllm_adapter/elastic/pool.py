@@ -45,6 +45,10 @@ bookkeeping around vLLM's code:
   ``deferred``: the highest chunks needed are *doomed* — their free blocks are taken
   out of the queue (``_PARKED``) so vLLM stops reusing them — and each one is
   unmapped when its last block is freed; then ``applied``.
+- **Yield above the target** (``yield_above_target`` seconds, off at 0): for that long after a
+  step that saw the pressure counter move, a request the scheduler has not started gets
+  blocks only up to the target (``new_work_cap``; ``bind_scheduler`` hooks ``allocate_slots``),
+  so the blocks running requests free between two give-backs stay free for the next.
 
 Everything runs on the scheduler's thread (vLLM's block pool is not thread-safe).
 """
@@ -63,6 +67,7 @@ from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
 from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.alloc import DriverError, OutOfBlocks
+from kvpolicy.alloc.giveback import ContentionWindow
 
 from .buffer import ElasticKVBuffer
 
@@ -91,6 +96,7 @@ class ElasticPool:
         report_interval: float = 0.5,
         on_activity: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        yield_above_target: float = 0.0,
     ) -> ElasticPool:
         """Make the fresh block pool vLLM's scheduler built elastic over ``buffer``.
 
@@ -107,7 +113,7 @@ class ElasticPool:
             )
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
             raise AdapterError("kvpolicy: the scheduler's block pool is already in use; it must be adopted fresh")
-        return cls(pool, buffer, give_back_interval, report_interval, on_activity, clock)
+        return cls(pool, buffer, give_back_interval, report_interval, on_activity, clock, yield_above_target)
 
     def __init__(
         self,
@@ -117,6 +123,7 @@ class ElasticPool:
         report_interval: float,
         on_activity: Callable[[], None] | None,
         clock: Callable[[], float],
+        yield_above_target: float,
     ) -> None:
         kv, grid = buffer.mapping, buffer.grid
         self.vllm = pool
@@ -142,6 +149,7 @@ class ElasticPool:
         self._on_activity = on_activity
         self._clock = clock
         self._last_give_back = clock()
+        self._contention = ContentionWindow(yield_above_target, buffer.limit.pressure(), clock)
         self._report_interval = report_interval
         self._last_report = float("-inf")
         self._reported_used = -1
@@ -257,6 +265,19 @@ class ElasticPool:
         self.refusals[reason] += 1
         self.last_refusal = exc
 
+    def new_work_cap(self) -> int | None:
+        """Blocks a request the scheduler has not started may take now; None: as many as it can get.
+
+        While the GPU's budget refused another instance within ``yield_above_target`` seconds, new
+        requests take the cache only up to its target, so a busy engine above its target drains
+        to it as its running requests finish and the give-back under pressure finds the memory
+        they free (otherwise every freed block goes to the next waiting request). Running
+        requests still grow.
+        """
+        if not self._contention.is_open():
+            return None
+        return max(0, self._limit.read().target // self._bpb - self.handed_out_blocks)
+
     # -- between steps ----------------------------------------------------------------------
     def on_step(self, active: bool) -> None:
         """Once per scheduler step, after it: mirror, apply a new limit, give back above the target, report.
@@ -272,10 +293,12 @@ class ElasticPool:
         kv, lim = self._kv, self._limit
         reading = lim.read()
         now = self._clock()
+        pressure = lim.pressure()
+        self._contention.note(pressure)
         held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
         new_revision = reading.revision != kv.revision
         due = now - self._last_give_back >= self._give_back_interval
-        give_back = due and (held > reading.target or self._give_back.pressed(lim.pressure()))
+        give_back = due and (held > reading.target or self._give_back.pressed(pressure))
         if new_revision or give_back:
             self.flush()
             try:  # apply: shrink to the limit (or defer); give back down to the target
@@ -442,6 +465,12 @@ def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> Ela
     ``get_num_free_blocks()``. The hook — an instance attribute on this one coordinator —
     makes room for that many first. (The scheduler's only other caller of the count
     reserves blocks for asynchronous KV-connector loads, which an elastic engine refuses.)
+
+    With ``yield_above_target``, ``allocate_slots`` (an instance attribute on this manager too)
+    notes whether the request is new — not running: waiting, or preempted — and the pool's cap
+    on new work (``ElasticPool.new_work_cap``); a new request that needs more blocks than the cap
+    is answered more blocks than the pool has, so vLLM sees its own allocation miss and the
+    request waits.
     """
     coordinator = manager.coordinator
     shared = coordinator.block_pool
@@ -452,13 +481,29 @@ def bind_scheduler(manager: Any, buffer: ElasticKVBuffer, **options: Any) -> Ela
         raise AdapterError("kvpolicy: vLLM's KVCacheManager and its coordinator hold different block pools")
     pool = ElasticPool.adopt(shared, buffer, **options)
     count = coordinator.get_num_blocks_to_allocate
+    cap: list[int | None] = [None]  # the cap on the blocks of the allocation in progress (a new request's)
 
     def get_num_blocks_to_allocate(*args: Any, **kwargs: Any) -> int:
         n = count(*args, **kwargs)
+        if cap[0] is not None and n > cap[0]:
+            return shared.num_gpu_blocks  # more than are ever free: vLLM's own allocation miss
         need = n + manager.watermark_blocks
         if need > shared.free_block_queue.num_free_blocks:
             pool.make_room(need)
         return n
 
     coordinator.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+    if options.get("yield_above_target"):
+        from vllm.v1.request import RequestStatus
+
+        allocate, running = manager.allocate_slots, RequestStatus.RUNNING
+
+        def allocate_slots(request: Any, *args: Any, **kwargs: Any) -> Any:
+            cap[0] = None if request.status == running else pool.new_work_cap()
+            try:
+                return allocate(request, *args, **kwargs)
+            finally:
+                cap[0] = None
+
+        manager.allocate_slots = allocate_slots
     return pool
