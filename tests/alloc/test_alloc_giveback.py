@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import pytest
 
 from kvpolicy.alloc.giveback import (
     ContentionWindow,
@@ -137,4 +136,3 @@ def test_the_contention_window_opens_for_its_seconds_at_each_move_of_the_counter
     assert not never.is_open()
     with pytest.raises(ValueError, match="yield_above_target_s must be >= 0"):
         ContentionWindow(-1.0)
-
