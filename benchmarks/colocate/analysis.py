@@ -88,3 +88,40 @@ def budget_check(samples: list[dict[str, Any]], budget: int) -> dict[str, Any]:
     worst = max((s["elastic_committed"] for s in samples), default=0)
     over = [s for s in samples if s["elastic_committed"] > budget]
     return {"samples": len(samples), "budget": budget, "max_committed": worst, "over_budget": len(over)}
+
+
+def drain_after_edit(tenant: dict[str, Any], at_s: float, tolerance: int) -> dict[str, Any] | None:
+    """After the policy edit at trace time ``at_s``: how long a tenant left above its new target took to drain to it.
+
+    A tenant is *above* when, within 1 s of the edit (the pool reads the new revision in
+    milliseconds), a sample holds more than its target plus ``tolerance`` (the reserve a
+    pool keeps beyond its use, and one growth step). It has *drained* at the first later
+    sample within its target plus ``tolerance``. None: the edit left it within its target.
+    ``seconds`` None: it held more than its target until the run ended — the edit's
+    targets were not honoured, whatever the tokens say.
+    """
+    col = _columns(tenant)
+    t_, held_, target_ = col["t"], col["held"], col["target"]
+    rows = [r for r in tenant["samples"]["rows"] if r[t_] >= at_s]
+    start = next((r for r in rows if r[t_] <= at_s + 1.0 and r[held_] > r[target_] + tolerance), None)
+    if start is None:
+        return None
+    done = next((r for r in rows if r[t_] > start[t_] and r[held_] <= r[target_] + tolerance), None)
+    return {
+        "held": start[held_],
+        "target": start[target_],
+        "seconds": None if done is None else round(done[t_] - at_s, 3),
+    }
+
+
+def drain_tolerance(pool: dict[str, Any], reserve_blocks: int) -> int:
+    """What a kvpolicy pool at its target may hold beyond it: the reserve it keeps past its use
+    (in whole growth steps, as ``BlockPool`` rounds it) and one growth step."""
+    group = pool["group_bytes"]
+    return -(-reserve_blocks * pool["block_bytes"] // group) * group + group
+
+
+def drains_after_edit(tenants: dict[str, dict[str, Any]], at_s: float, reserve_blocks: int) -> dict[str, dict[str, Any]]:
+    """``drain_after_edit`` for every tenant the edit left above its target (each with its pool's tolerance)."""
+    out = {n: drain_after_edit(t, at_s, drain_tolerance(t["pool"], reserve_blocks)) for n, t in tenants.items()}
+    return {n: d for n, d in out.items() if d is not None}

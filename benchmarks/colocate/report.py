@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from analysis import drains_after_edit
 from latency import attainment, percentile
 from params import Trace
 from traces import busy_windows
@@ -204,6 +205,18 @@ def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
     return out
 
 
+def drained_text(drained: dict[str, dict[str, Any]] | None) -> str:
+    """The pools the edit left above their new targets, and how long each took to drain to it."""
+    if drained is None:
+        return "drain not measured"
+    if not drained:
+        return "no pool was left above its new target"
+    return "drained to the new targets: " + ", ".join(
+        f"{n} {_gib(d['held'])} → {_gib(d['target'])} GiB "
+        + ("not within the run" if d["seconds"] is None else f"after {d['seconds']:.1f} s")
+        for n, d in drained.items())
+
+
 def _mode(mode: dict[str, Any]) -> dict[str, Any]:
     names = list(mode["tenants"])
     tenants = {n: _tenant(mode, n) for n in names}
@@ -223,6 +236,8 @@ def _mode(mode: dict[str, Any]) -> dict[str, Any]:
         r = mode.get("reload", {})
         out["reload"] = {k: r.get(k) for k in ("at_s", "swap", "fields", "revision", "publish_ms", "acked_ms", "applied_ms",
                                                 "reload_to_acked_ms", "reload_to_applied_ms", "error")}
+        if r.get("at_s") is not None:  # how long the edit's new targets took to hold (the tenants' samples say)
+            out["reload"]["drained"] = drains_after_edit(mode["tenants"], r["at_s"], mode["params"]["engine"]["reserve_blocks"])
         episodes = [e for n in names for e in mode["reclaim"][n]["episodes"]]
         out["reclaim"] = {
             "rule": mode["idle_rule"],
@@ -374,7 +389,7 @@ def markdown(results: dict[str, Any]) -> str:
          f"over budget {kv['budget_check']['over_budget']} times."),
         (f"- Policy edit at {r.get('at_s')} s (swap {r.get('fields')} of {r.get('swap')}): published after "
          f"{r.get('publish_ms')} ms, acknowledged by every tenant after {r.get('reload_to_acked_ms')} ms, applied "
-         f"(every pool within its new limit) after {r.get('reload_to_applied_ms')} ms."),
+         f"(every pool within its new limit) after {r.get('reload_to_applied_ms')} ms; {drained_text(r.get('drained'))}."),
         (f"- Idle reclaim (`{rc['rule']['name']}`: use below {_gib(rc['rule']['below'])} GiB, grace {rc['rule']['grace']:g} s): "
          f"{len(rc['episodes'])} episodes, {rc['within_goal']} within grace + 1 s, longest {rc['max_seconds']} s."),
         (f"- Goals: zero OOM {ok(g['zero_oom'])}; zero corrupted {ok(g['zero_corrupted'])}; "

@@ -1,6 +1,6 @@
 """A prediction of both modes on a simulated clock: the real scheduler, pools and evaluator, no processes.
 
-    python3 benchmarks/colocate/simulate.py [--params cpu.toml] [--patience S]
+    python3 benchmarks/colocate/simulate.py [--params cpu.toml] [--patience S] [--seeds A-B]
 
 Each tenant is the benchmark's ``Engine`` over a real ``BlockPool`` (host driver) with
 no GPU work; steps take exactly ``step_ms`` of simulated time. In kvpolicy mode the
@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 from typing import Literal
@@ -24,10 +26,11 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.append(str(HERE))
 
+from analysis import drain_after_edit, drain_tolerance
 from engine import Engine
 from params import Params, load_params
 from policyedit import swap_settings
-from report import ratio_table, ratios, serving_table
+from report import drained_text, pooled, ratio_table, ratios, serving_table
 from traces import requests_for
 
 from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
@@ -170,6 +173,9 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
         engines.append(engine)
         sources.append(source)
     state, revision, edited, step, t = None, 0, False, params.engine.step_ms / 1000, 0.0
+    edited_at: float | None = None
+    samples: dict[str, list[list[float]]] = {name: [] for name in params.tenants}  # t, held, target (drain_after_edit's)
+    every, next_sample = params.engine.sample_every_s, 0.0
     gpu = params.device.gpu
     v4 = InstanceFacts(id=f"{params.dsv4.model}/0", model=params.dsv4.model, engine="sglang", gpu=gpu,
                        pools={"all": PoolFacts(owner="runtime", bytes=runtime_reserved)})
@@ -180,7 +186,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
         if mode == "kvpolicy":
             if not edited and t >= params.reload.at_s:
                 policy = policy_from_text(swap_settings(text, *params.reload.swap, params.reload.fields))
-                edited = True
+                edited, edited_at = True, t
             facts = Facts(now=t, gpus=(GpuFacts(id=gpu, capacity=capacity, other_used=0),), instances=(v4, *(
                 InstanceFacts(id=f"{n}/0", model=n, gpu=gpu, elastic=ElasticFacts(used=s.used, mapped=s.mapped))
                 for n, s in zip(params.tenants, sources)
@@ -191,6 +197,10 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                 if (d.limit, d.target) != (source.reading.limit, source.reading.target):
                     revision += 1
                     source.reading = LimitReading(d.limit, d.target, revision)
+            if t >= next_sample:
+                next_sample = t + every
+                for name, engine in zip(params.tenants, engines):
+                    samples[name].append([t, engine.pool.held_bytes, engine.pool.mapping.reading.target])
         t += step
     out = {}
     for name, engine, start in zip(params.tenants, engines, at_start):
@@ -198,8 +208,120 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
         m = engine.pool.mapping
         out[name].update(groups_mapped=m.groups_mapped, groups_unmapped=m.groups_unmapped, regrowths=m.regrowths,
                          groups_mapped_at_start=start, arenas=len(m.arenas))
+        if edited_at is not None:
+            tenant = {"samples": {"columns": ["t", "held", "target"], "rows": samples[name]},
+                      "pool": {"block_bytes": engine.pool.block_bytes, "group_bytes": m.group_bytes}}
+            out[name]["drained"] = drain_after_edit(tenant, edited_at, drain_tolerance(tenant["pool"], params.engine.reserve_blocks))
         engine.pool.close()
     return out
+
+
+def seed_range(text: str) -> list[int]:
+    """``A-B`` (or one seed ``A``): the seeds from A to B."""
+    first, dash, last = text.partition("-")
+    try:
+        seeds = list(range(int(first), int(last if dash else first) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A-B, e.g. 1-16, not {text!r}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"{text!r} names no seed")
+    return seeds
+
+
+def longest_drain(result: dict[str, dict]) -> float | None:
+    """The longest drain after the policy edit over the tenants it left above their targets
+    (inf: one never drained; None: there was no edit, or it left every pool within its target)."""
+    drains = [d["seconds"] for t in result.values() if (d := t.get("drained"))]
+    if not drains:
+        return None
+    return math.inf if None in drains else max(drains)
+
+
+def seed_summary(per_seed: dict[int, dict[str, dict[str, dict]]]) -> dict[str, dict]:
+    """Over seeds (seed → label → tenant → figures, static among the labels): each other label's
+    ratios to static — tokens, preemptions, SLO attainment — per seed, their mean and standard
+    error, and the longest drain after the policy edit; ``paired``: kvpolicy − kvpolicy-old per
+    seed, when both ran (the same trace on both sides, so the difference is the settings')."""
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return None if a is None or not b else a / b
+
+    def stats(values: list[float | None]) -> dict[str, float | None]:
+        xs = [v for v in values if v is not None]
+        mean = statistics.fmean(xs) if xs else None
+        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
+        return {"mean": mean, "se": se, "values": values}
+
+    labels = [label for label in next(iter(per_seed.values())) if label != "static"]
+    out: dict[str, dict] = {}
+    for label in labels:
+        rows = {key: [] for key in ("tokens", "preempted", "slo")}
+        drains = []
+        for runs in per_seed.values():
+            s, k = pooled(runs["static"]), pooled(runs[label])
+            rows["tokens"].append(ratio(k["tokens"], s["tokens"]))
+            rows["preempted"].append(ratio(k["preempted"], s["preempted"]))
+            rows["slo"].append(ratio(k["slo_attainment"], s["slo_attainment"]))
+            drains.append(longest_drain(runs[label]))
+        out[label] = {key: stats(v) for key, v in rows.items()}
+        out[label]["drain_s"] = {"max": max((d for d in drains if d is not None), default=None), "values": drains}
+    if {"kvpolicy", "kvpolicy-old"} <= set(labels):
+        new, old = out["kvpolicy"]["tokens"]["values"], out["kvpolicy-old"]["tokens"]["values"]
+        out["paired"] = {"tokens": stats([None if a is None or b is None else a - b for a, b in zip(new, old)])}
+    return out
+
+
+def _drain_words(drain: float | None, lead: str = ", drained in") -> str:
+    """``longest_drain``'s figure in words ('' for None)."""
+    if drain is None:
+        return ""
+    return f"{lead[0]} a pool never drained to its new target" if drain == math.inf else f"{lead} {drain:.1f} s"
+
+
+def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[int], reserved: int, json_path: str | None) -> int:
+    """``--seeds``: every run on the trace with each seed; the ratios to static per seed, then their mean ± standard error."""
+    per_seed: dict[int, dict[str, dict[str, dict]]] = {}
+    for seed in seeds:
+        per_seed[seed] = {}
+        for label, (p, mode, scope) in runs.items():
+            seeded = p.model_copy(update={"trace": p.trace.model_copy(update={"seed": seed})})
+            per_seed[seed][label] = simulate(seeded, mode, reserved, scope)
+        line = f"seed {seed}:"
+        if "static" in per_seed[seed]:
+            s = pooled(per_seed[seed]["static"])
+            for label, result in per_seed[seed].items():
+                if label != "static":
+                    k = pooled(result)
+                    drain = longest_drain(result)
+                    line += (f" {label} tokens {k['tokens'] / s['tokens']:.4f}, preempted {k['preempted']} vs {s['preempted']}"
+                             + _drain_words(drain) + ";")
+        print(line.rstrip(";"), flush=True)
+    if "static" not in runs:
+        return 0
+    summary = seed_summary(per_seed)
+
+    def ms(st: dict) -> str:
+        se = "" if st["se"] is None else f" ± {st['se']:.4f}"
+        return "–" if st["mean"] is None else f"{st['mean']:.4f}{se}"
+
+    print(f"\nover {len(seeds)} seeds ({seeds[0]}–{seeds[-1]}), kvpolicy/static, mean ± standard error:")
+    for label, st in summary.items():
+        if label == "paired":
+            continue
+        d = st["drain_s"]["max"]
+        print(f"  {label}: tokens {ms(st['tokens'])}, preempted {ms(st['preempted'])}, SLO attainment {ms(st['slo'])}"
+              + _drain_words(d, "; longest drain"))
+        if d == math.inf:
+            never = sum(v == math.inf for v in st["drain_s"]["values"])
+            p = runs[label][0]
+            print(f"    (on {never} of {len(seeds)} seeds a pool was still above its new target when the run ended, "
+                  f"{p.trace.duration_s - p.reload.at_s:g} s after the edit)")
+    if "paired" in summary:
+        t = summary["paired"]["tokens"]
+        better = sum(v > 0 for v in t["values"] if v is not None)
+        print(f"  kvpolicy − kvpolicy-old, paired by seed: tokens {ms(t)} (better on {better} of {len(seeds)})")
+    if json_path:
+        Path(json_path).write_text(json.dumps({"seeds": seeds, "summary": summary, "runs": per_seed}, indent=1, default=str))
+    return 0
 
 
 def main() -> int:
@@ -210,13 +332,16 @@ def main() -> int:
     ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
     ap.add_argument("--no-old", action="store_true", help="skip the run with the old allocator behaviour (no hold, no reserve)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override an [engine] setting for the kvpolicy run (TOML value), e.g. give_back_hold_s=4")
+                    help="override an [engine] setting for the kvpolicy run (TOML value), e.g. give_back_hold_s=4; "
+                         "TABLE.KEY=VALUE one of [kv], [reload] or [trace] (times after --duration-scale), e.g. reload.at_s=119")
     ap.add_argument("--pressure-scope", default="gpu", choices=("gpu", "entitled", "furthest", "furthest-entitled"),
                     help="who sees a refusal for the budget (the ledger today: gpu)")
     ap.add_argument("--chunk", metavar="SIZE", help="override kv.elastic_chunk for the kvpolicy run (e.g. '8 MiB')")
     ap.add_argument("--runs", default="static,kvpolicy-old,kvpolicy", help="which runs, comma-separated")
     ap.add_argument("--json", metavar="PATH", help="also write every run's per-tenant figures here")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
+    ap.add_argument("--seeds", metavar="A-B", type=seed_range,
+                    help="run the trace with each of these seeds (e.g. 1-16) and print the ratios' mean and standard error")
     args = ap.parse_args()
     params = load_params(args.params).scaled(args.duration_scale)
     overrides: dict[str, object] = {}
@@ -227,8 +352,16 @@ def main() -> int:
     params = params.model_copy(update={"engine": params.engine.model_copy(update=overrides)})
     import tomllib
 
-    sets = {k: v for k, v in (tomllib.loads(item).popitem() for item in args.set)}
-    tuned = params.model_copy(update={"engine": type(params.engine).model_validate({**params.engine.model_dump(), **sets})})
+    sets: dict[str, dict[str, object]] = {}
+    for item in args.set:  # KEY=VALUE sets an [engine] key; TABLE.KEY=VALUE (a TOML dotted key) one of that table
+        key, value = tomllib.loads(item).popitem()
+        table, values = (key, value) if isinstance(value, dict) else ("engine", {key: value})
+        if table not in ("engine", "kv", "reload", "trace"):
+            ap.error(f"--set {item}: no table {table!r} to set (engine, kv, reload, trace)")
+        sets.setdefault(table, {}).update(values)
+    tuned = params.model_copy(update={
+        table: type(getattr(params, table)).model_validate({**getattr(params, table).model_dump(), **values})
+        for table, values in sets.items()})
     if args.chunk:
         tuned = tuned.model_copy(update={"kv": type(params.kv).model_validate({**params.kv.model_dump(), "elastic_chunk": args.chunk})})
     reserved = args.runtime_reserved
@@ -244,6 +377,8 @@ def main() -> int:
     if args.no_old or old == tuned:
         wanted = [w for w in wanted if w != "kvpolicy-old"]
     runs = {k: v for k, v in runs.items() if k in wanted}
+    if args.seeds:
+        return _many_seeds(runs, args.seeds, reserved, args.json)
     results = {}
     for label, (p, mode, scope) in runs.items():
         results[label] = result = simulate(p, mode, reserved, scope)
@@ -258,6 +393,10 @@ def main() -> int:
         if label != "static" and "static" in results:
             print(ratio_table(ratios(results["static"], results[label]), label))
     print(serving_table(results))
+    for label, result in results.items():
+        if label != "static":
+            print(f"{label}: policy edit at {runs[label][0].reload.at_s:g} s; "
+                  f"{drained_text({n: d for n, t in result.items() if (d := t.get('drained'))})}.")
     if args.json:
         Path(args.json).write_text(json.dumps({"params": params.name, "engine": e.model_dump(), "scope": args.pressure_scope, "runs": results}, indent=1))
     return 0
