@@ -349,9 +349,12 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
     assert "ratios_old" not in results and "kvpolicy-old" not in results["modes"]
     table = (out / "results.md").read_text()
     assert "TTFT p50 / p99 s" in table and "chunks mapped / unmapped per 1k tokens" in table
-    drained = results["modes"]["kvpolicy"]["reload"]["drained"]  # the edit swaps weights: someone's share fell
-    assert drained and all(d["held"] > d["target"] for d in drained.values()), drained
-    assert "drained to the new targets: " in table
+    # Whether a pool is above its new target at the edit depends on the wall-clock controller's
+    # earlier decisions, so either outcome is right here; the report must say which it was.
+    drained = results["modes"]["kvpolicy"]["reload"]["drained"]
+    assert all(d["held"] > d["target"] for d in drained.values()), drained
+    assert ("drained to the new targets: " in table) == bool(drained)
+    assert ("no pool was left above its new target" in table) == (not drained)
     for mode in ("static", "kvpolicy"):
         for name, t in results["modes"][mode]["tenants"].items():
             slo = t["slo"]
