@@ -270,11 +270,11 @@ def seed_summary(per_seed: dict[int, dict[str, dict[str, dict]]]) -> dict[str, d
     return out
 
 
-def _drain_words(drain: float | None, lead: str = ", drained in") -> str:
-    """``longest_drain``'s figure in words ('' for None)."""
+def _drain_words(drain: float | None, sep: str = ",", label: str = "drained in") -> str:
+    """``longest_drain``'s figure in words after ``sep`` ('' for None)."""
     if drain is None:
         return ""
-    return f"{lead[0]} a pool never drained to its new target" if drain == math.inf else f"{lead} {drain:.1f} s"
+    return f"{sep} a pool never drained to its new target" if drain == math.inf else f"{sep} {label} {drain:.1f} s"
 
 
 def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[int], reserved: int, json_path: str | None) -> int:
@@ -309,7 +309,7 @@ def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[
             continue
         d = st["drain_s"]["max"]
         print(f"  {label}: tokens {ms(st['tokens'])}, preempted {ms(st['preempted'])}, SLO attainment {ms(st['slo'])}"
-              + _drain_words(d, "; longest drain"))
+              + _drain_words(d, ";", "longest drain"))
         if d == math.inf:
             never = sum(v == math.inf for v in st["drain_s"]["values"])
             p = runs[label][0]
@@ -363,7 +363,7 @@ def main() -> int:
         table: type(getattr(params, table)).model_validate({**getattr(params, table).model_dump(), **values})
         for table, values in sets.items()})
     if args.chunk:
-        tuned = tuned.model_copy(update={"kv": type(params.kv).model_validate({**params.kv.model_dump(), "elastic_chunk": args.chunk})})
+        tuned = tuned.model_copy(update={"kv": type(tuned.kv).model_validate({**tuned.kv.model_dump(), "elastic_chunk": args.chunk})})
     reserved = args.runtime_reserved
     if reserved is None:
         from dsv4 import planned, policy_reserve
