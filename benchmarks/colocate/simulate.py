@@ -125,8 +125,23 @@ class SimLimit:
         return self.gpu.pressure if self.gpu.scope == "gpu" else self.signal
 
 
+def pooled_reference(params: Params) -> Params:
+    """The ``pooled`` run's parameters: memory goes back the step it is freed, mapped a block at a time,
+    nothing mapped ahead, no yield (what a single shared pool does; ``simulate`` drops the policy)."""
+    engine = params.engine.model_copy(update={
+        "give_back_delay_s": 0.0, "give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False,
+        "yield_above_target_s": 0.0, "map_between_steps": False})
+    return params.model_copy(update={"engine": engine, "kv": params.kv.model_copy(update={"elastic_chunk": None})})
+
+
 def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureScope = "gpu") -> dict[str, dict]:
-    """Per tenant, the engine's summary after the whole trace on a simulated clock."""
+    """Per tenant, the engine's summary after the whole trace on a simulated clock.
+
+    ``mode``: ``static`` (fixed shares), ``kvpolicy`` (the policy's limits and targets, re-evaluated
+    every step) or ``pooled`` — a reference, not kvpolicy: the whole elastic budget is one pool that
+    any tenant takes from, first come first served, with no guarantee, limit, target or rule, and a
+    block goes back to it the step it is freed (with ``pooled_reference``'s parameters). It is what
+    sharing the memory buys on the trace without any policy: a yardstick for the policy's figures."""
     from kvpolicy.evaluate.decide import evaluate
     from kvpolicy.facts import (
         ElasticFacts,
@@ -153,8 +168,10 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
             pool = BlockPool(driver, kv.layout, params.static_blocks, chunk=kv.chunk, limit=source, name=name)
             pool.ensure_mapped(range(pool.num_blocks))
         else:
-            guarantee = policy.model_settings(name).min_bytes(capacity)
+            guarantee = 0 if mode == "pooled" else policy.model_settings(name).min_bytes(capacity)
             source = shared.source(name, guarantee)
+            if mode == "pooled":  # the whole budget as the limit, nothing kept above nothing
+                source.reading = LimitReading(params.budget.elastic, 0, 1)
             pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.elastic_chunk_bytes, limit=source, name=name,
                              give_back_under_pressure=params.engine.give_back_under_pressure,
                              give_back_delay_s=params.engine.give_back_delay_s,
@@ -167,7 +184,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                         max_running=params.engine.max_running, patience_s=params.engine.patience_s,
                         slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
                         token_clock=lambda: now[0] + step_s, map_between_steps=params.engine.map_between_steps,
-                        kv_bytes_bound=params.budget.static_share)
+                        check_between_steps=params.engine.check_between_steps, kv_bytes_bound=params.budget.static_share)
         engine.last_stats = pool.sync()
         at_start.append(pool.mapping.groups_mapped)
         engines.append(engine)
@@ -337,7 +354,9 @@ def main() -> int:
     ap.add_argument("--pressure-scope", default="gpu", choices=("gpu", "entitled", "furthest", "furthest-entitled"),
                     help="who sees a refusal for the budget (the ledger today: gpu)")
     ap.add_argument("--chunk", metavar="SIZE", help="override kv.elastic_chunk for the kvpolicy run (e.g. '8 MiB')")
-    ap.add_argument("--runs", default="static,kvpolicy-old,kvpolicy", help="which runs, comma-separated")
+    ap.add_argument("--runs", default="static,kvpolicy-old,kvpolicy",
+                    help="which runs, comma-separated, of static, kvpolicy-old, kvpolicy and pooled (the whole budget "
+                         "as one pool, no policy: a yardstick, see simulate())")
     ap.add_argument("--json", metavar="PATH", help="also write every run's per-tenant figures here")
     ap.add_argument("--runtime-reserved", type=int, help="the V4 pools' bytes (default: the plan's footprint for the reserve)")
     ap.add_argument("--seeds", metavar="A-B", type=seed_range,
@@ -372,7 +391,7 @@ def main() -> int:
     # The old allocator behaviour (no hold, no reserve) beside the parameters', both against static.
     old = params.old_allocator()
     runs = {"static": (params, "static", "gpu"), "kvpolicy-old": (old, "kvpolicy", "gpu"),
-            "kvpolicy": (tuned, "kvpolicy", args.pressure_scope)}
+            "kvpolicy": (tuned, "kvpolicy", args.pressure_scope), "pooled": (pooled_reference(params), "pooled", "gpu")}
     wanted = args.runs.split(",")
     if args.no_old or old == tuned:
         wanted = [w for w in wanted if w != "kvpolicy-old"]
@@ -394,7 +413,7 @@ def main() -> int:
             print(ratio_table(ratios(results["static"], results[label]), label))
     print(serving_table(results))
     for label, result in results.items():
-        if label != "static":
+        if runs[label][1] == "kvpolicy":
             print(f"{label}: policy edit at {runs[label][0].reload.at_s:g} s; "
                   f"{drained_text({n: d for n, t in result.items() if (d := t.get('drained'))})}.")
     if args.json:

@@ -103,3 +103,25 @@ def test_many_seeds_on_the_simulated_clock_agree_with_single_runs(tmp_path: Path
     # The small trace's edit swaps two tenants' weights: the one that lost its share drains to its new target.
     drained = {n: t["drained"] for n, t in one["kvpolicy"].items() if t.get("drained")}
     assert drained and all(d["seconds"] is not None and d["held"] > d["target"] for d in drained.values()), drained
+
+
+def test_the_pooled_yardstick_is_one_shared_pool_without_a_policy() -> None:
+    """``pooled`` (a reference, not kvpolicy): no tenant keeps a guarantee, each may take the whole
+    budget, and memory goes back the step it is freed — so what one tenant frees, another can have."""
+    from dsv4 import planned, policy_reserve
+    from params import load_params
+    from simulate import pooled_reference, simulate
+
+    params = load_params(SMALL)
+    reference = pooled_reference(params)
+    e = reference.engine
+    assert (e.give_back_delay_s, e.give_back_hold_s, e.reserve_blocks, e.yield_above_target_s) == (0, 0, 0, 0)
+    assert not e.map_between_steps and reference.kv.elastic_chunk_bytes == reference.kv.chunk
+    reserved = planned(params, policy_reserve(params, params.policy)[0]).total_footprint
+    result = simulate(reference, "pooled", reserved)
+    assert set(result) == set(params.tenants)
+    for name, s in result.items():
+        assert s["groups_mapped_at_start"] == 0, name  # no guarantee mapped up front
+        assert s["groups_unmapped"] > 0 and s["tokens"] > 0, name  # it served, and gave memory back
+        assert s["arrived"] == s["completed"] + s["abandoned"] + s["running_at_end"] + s["waiting_at_end"], name
+        assert "drained" not in s  # no policy, so no edit to carry out
