@@ -9,7 +9,8 @@ One ``step(now)`` is one engine iteration:
    request is preempted — its blocks freed, itself put back at the head of the queue
    to be recomputed — until the allocation succeeds. Then every running request
    generates one token, attention runs over the batch, and finished requests have
-   their KV checked against the pattern written into it and their blocks freed;
+   their KV checked against the pattern written into it and their blocks freed (with
+   ``check_between_steps``, after the step: below);
 3. admission: waiting requests, oldest first, get the blocks of their prompt (and of
    the tokens they had generated before a preemption) while the step's prefill token
    budget lasts; the first that cannot get its blocks stops admission (every request
@@ -30,6 +31,13 @@ what the requests it would have admitted need, and after the step ``sync()`` run
 4, moved) and the pool grows by that much (``BlockPool.grow``; refused: the requests wait
 for memory, as a refused ``alloc`` makes them), so they are admitted the next step. A
 decode step's block still comes from ``alloc`` (the reserve, or one growth step).
+
+The check of a finished request's KV is the benchmark's instrument, not engine work: an
+engine frees a finished request's blocks without reading them. With ``check_between_steps``
+it runs after the step's tokens are out, before the blocks are freed (so nothing can reuse
+them unchecked), and its time is reported apart (``step_ms_p99_with_check``: the step and its
+completions' check together, what the step took when the check ran inside it). Either way
+the summary says where the slowest 1% of steps went (``tail``).
 
 Accounting (checked by the CI test): every request that arrived is completed, abandoned,
 running or waiting at the end. Tokens served are output tokens generated; a preempted
@@ -109,6 +117,8 @@ class Counters:
 
 
 PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait", "grow", "top_up")
+STEP_PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait")
+"""The phases a step's own time can hold (``check`` and ``sync`` only where they run inside it)."""
 """Where a step's wall time goes: the pool's allocations (elastic mapping included), the GPU work
 (the KV pattern writes, attention, the completion checks; launches only, unless profiling), freeing,
 ``pool.sync()`` (limits, give-back unmapping; between steps with ``map_between_steps``), the wait for
@@ -134,6 +144,7 @@ class Engine:
         slo_ttft_s: float = DEFAULT_TTFT_S,
         slo_gap_s: float = DEFAULT_GAP_S,
         map_between_steps: bool = False,
+        check_between_steps: bool = False,
         kv_bytes_bound: int | None = None,
     ) -> None:
         """``kv_bytes_bound``: the summary's ``step_ms_p99_within_bound`` is the p99 over the steps
@@ -164,9 +175,14 @@ class Engine:
         """Trace time when a step's tokens are out (after its GPU work); None: the step's ``now``."""
         self.slo_ttft_s, self.slo_gap_s = slo_ttft_s, slo_gap_s
         self.map_between_steps = map_between_steps
+        self.check_between_steps = check_between_steps
         self.kv_bytes_bound = kv_bytes_bound
         self.step_kv_blocks: list[int] = []
         """Per step, the KV blocks its running requests held when it attended."""
+        self.step_phases: list[tuple[float, ...]] = []
+        """Per step, the seconds of each of ``STEP_PHASES`` inside it."""
+        self.step_checks: list[tuple[int, float]] = []
+        """Per step, the requests it finished and the seconds their KV check took (inside it or after it)."""
         self.intervals: list[float] = []
         """Wall seconds from each step's start to the next one's: what a running request waits per token."""
         self._last_start: float | None = None
@@ -174,6 +190,8 @@ class Engine:
         """Blocks the step could not admit from free ones: the queue's head's, and all it would have admitted."""
         self._emitted: list[Live] = []
         self._finished: list[Live] = []
+        self._to_retire: list[Live] = []
+        """Finished requests whose KV is checked and blocks freed after the step (``check_between_steps``)."""
 
     # -- one iteration ----------------------------------------------------------------------
     def step(self, now: float) -> None:
@@ -183,6 +201,7 @@ class Engine:
             self.intervals.append(started - self._last_start)
         self._last_start = started
         ops = self._driver_ops()
+        before = [self.phase_seconds[p] for p in STEP_PHASES]
         self._arrivals(now)
         preempted = self._decode()
         if not preempted:
@@ -192,9 +211,13 @@ class Engine:
         with self._phase("gpu_wait"):
             self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
+        self.step_phases.append(tuple(self.phase_seconds[p] - b for p, b in zip(STEP_PHASES, before)))
         self.step_ops.append(self._driver_ops() - ops)
         self._tokens_out(now if self.token_clock is None else self.token_clock())
-        # Between steps: the next step takes its blocks from mapped memory.
+        # Between steps: the finished requests' check, then the next step takes its blocks from mapped memory.
+        if self._to_retire:
+            self._retire(self._to_retire)
+            self._to_retire = []
         if self.map_between_steps:
             self._sync()
             self._grow_for_admission()
@@ -301,6 +324,7 @@ class Engine:
             self._guard(self.work.write, writes_b, writes_k)
         if not self.running:
             self.step_kv_blocks.append(0)
+            self.step_checks.append((0, 0.0))
             return preempted
         for r in self.running:
             r.generated += 1
@@ -310,18 +334,28 @@ class Engine:
         with self._phase("attend", gpu=True):
             self._guard(self.work.attend, [r.blocks[: r.n_blocks] for r in self.running], [r.context for r in self.running])
         done = [r for r in self.running if r.generated >= r.req.output]
+        self.step_checks.append((len(done), 0.0))
         if done:
             self.running = [r for r in self.running if r.generated < r.req.output]
-            with self._phase("check", gpu=True):
-                self.check(done)
-            with self._phase("free"):
-                for r in done:
-                    self.pool.free(r.blocks[: r.n_blocks].tolist())
-                    r.blocks = None
             self.c.completed += len(done)
             self.c.completed_output += sum(r.req.output for r in done)
             self._finished = done
+            if self.check_between_steps:
+                self._to_retire = done
+            else:
+                self._retire(done)
         return preempted
+
+    def _retire(self, done: list[Live]) -> None:
+        """Check the finished requests' KV, then free their blocks (the check reads them first)."""
+        started = time.perf_counter()
+        with self._phase("check", gpu=True):
+            self.check(done)
+        self.step_checks[-1] = (len(done), time.perf_counter() - started)
+        with self._phase("free"):
+            for r in done:
+                self.pool.free(r.blocks[: r.n_blocks].tolist())
+                r.blocks = None
 
     def _admit(self) -> None:
         budget = self.prefill_budget
@@ -495,6 +529,9 @@ class Engine:
             "interval_ms_p50": _pct(intervals, 0.50) * 1000,
             "interval_ms_p99": _pct(intervals, 0.99) * 1000,
             "map_between_steps": self.map_between_steps,
+            "check_between_steps": self.check_between_steps,
+            "step_ms_p99_with_check": self._p99_with_check() * 1000,
+            "tail": self._tail(),
             "groups_topped_up": c.topped_up,
             "groups_grown_between": c.grown_between,
             "step_driver_ops_p50": _pct(ops, 0.50),
@@ -507,6 +544,34 @@ class Engine:
                     "attainment": attainment(c.slo_met, c.slo_missed)},
             "phase_seconds": {k: round(v, 3) for k, v in self.phase_seconds.items()},
             "profiled": self.profile,
+        }
+
+
+    def _p99_with_check(self) -> float:
+        """The step p99 with each step's completion check counted in it, wherever the check ran."""
+        if not self.check_between_steps:
+            return _pct(sorted(self.step_seconds), 0.99)
+        return _pct(sorted(s + c for s, (_, c) in zip(self.step_seconds, self.step_checks)), 0.99)
+
+    def _tail(self) -> dict[str, Any] | None:
+        """Where the slowest 1% of steps (at or above the p99) went: their mean time in each phase
+        inside the step, the requests they ran, the KV those held, and how many finished requests."""
+        if not self.step_seconds:
+            return None
+        threshold = _pct(sorted(self.step_seconds), 0.99)
+        slow = [i for i, s in enumerate(self.step_seconds) if s >= threshold]
+        n = len(slow)
+
+        def mean(values: Iterator[float]) -> float:
+            return sum(values) / n
+
+        return {
+            "steps": n,
+            "step_ms": mean(self.step_seconds[i] for i in slow) * 1000,
+            "phase_ms": {p: round(mean(self.step_phases[i][j] for i in slow) * 1000, 3) for j, p in enumerate(STEP_PHASES)},
+            "kv_blocks": mean(self.step_kv_blocks[i] for i in slow),
+            "finished": mean(self.step_checks[i][0] for i in slow),
+            "with_finished": sum(1 for i in slow if self.step_checks[i][0]) / n,
         }
 
 

@@ -170,6 +170,12 @@ class Engine(Strict):
         "for the requests it could not admit and sync()'s give-back run after the step's tokens are out "
         "(engine.py; False: the old behaviour)",
     )
+    check_between_steps: bool = Field(
+        default=False,
+        description="the benchmark's check of a finished request's KV (its instrument, not engine work) runs after "
+        "the step's tokens are out, before the blocks are freed, so a step's time is the engine's own; every mode "
+        "alike (engine.py; False: inside the step, as before)",
+    )
 
 
 OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False,

@@ -26,10 +26,12 @@ TENANT_FIELDS = ("tokens", "arrived", "completed", "abandoned", "queued", "preem
 DRIVER_WORK = ("groups_mapped", "groups_unmapped", "regrowths", "groups_mapped_at_start", "arenas")
 LATENCY_FIELDS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_s", "slo")
 STEP_FIELDS = ("interval_ms_p50", "interval_ms_p99", "step_ms_p99_within_bound", "steps_within_bound", "kv_bytes_bound",
-               "groups_grown_between", "phase_seconds")
+               "groups_grown_between", "phase_seconds", "check_between_steps", "step_ms_p99_with_check", "tail")
 """Where the step time goes: step start to step start (what a running request waits per token, the
 work between steps included), the step p99 over the steps that attended no more KV than a static
-share, the growth mapped between steps, the phases' seconds. None: a run from before they were measured."""
+share, the growth mapped between steps, the phases' seconds, the step p99 with the finished requests'
+KV check counted in (where it runs after the step), and what the slowest 1% of steps spent their time
+on (``engine.Engine._tail``). None: a run from before they were measured."""
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -91,6 +93,7 @@ def ratios(static: dict[str, dict[str, Any]], kv: dict[str, dict[str, Any]]) -> 
             "step_p99": _ratio(k["step_ms_p99"], s["step_ms_p99"]),
             "interval_p99": _ratio(k.get("interval_ms_p99"), s.get("interval_ms_p99")),
             "step_p99_within_bound": _ratio(k.get("step_ms_p99_within_bound"), s.get("step_ms_p99_within_bound")),
+            "step_p99_with_check": _ratio(k.get("step_ms_p99_with_check"), s.get("step_ms_p99_with_check")),
             "preempted": (s["preempted"], k["preempted"]),
             "preempted_ratio": _ratio(k["preempted"], s["preempted"]),
             "ttft_p50": _ratio(k.get("ttft_ms_p50"), s.get("ttft_ms_p50")),
@@ -109,6 +112,7 @@ def ratios(static: dict[str, dict[str, Any]], kv: dict[str, dict[str, Any]]) -> 
         "step_p99_max": max((r["step_p99"] or 0 for r in rows.values()), default=None),
         "interval_p99_max": _most(r["interval_p99"] for r in rows.values()),
         "step_p99_within_bound_max": _most(r["step_p99_within_bound"] for r in rows.values()),
+        "step_p99_with_check_max": _most(r["step_p99_with_check"] for r in rows.values()),
         "ttft_p50": _ratio(pk["ttft_ms_p50"], ps["ttft_ms_p50"]),
         "ttft_p99": _ratio(pk["ttft_ms_p99"], ps["ttft_ms_p99"]),
         "slo": _ratio(pk["slo_attainment"], ps["slo_attainment"]),
@@ -151,6 +155,32 @@ def ratio_table(r: dict[str, Any], label: str = "kvpolicy") -> str:
     return "\n".join(lines) + "\n"
 
 
+TAIL_PHASES = ("alloc", "write", "attend", "check", "free", "gpu_wait")
+"""The phases ``tail_table`` shows (``sync`` runs inside a step only with the old allocator)."""
+
+
+def tail_table(modes: dict[str, dict[str, dict[str, Any]]]) -> str | None:
+    """Per tenant and mode, the step p99 (and with the finished requests' KV check counted in), and
+    what the slowest 1% of steps spent their time on: mean ms per phase, the KV they attended, the
+    share that finished a request. None: no run measured it."""
+    rows = [(label, name, t) for label, tenants in modes.items() for name, t in tenants.items() if t.get("tail")]
+    if not rows:
+        return None
+    lines = [
+        "| tenant | mode | step p99 ms | with the check | slowest 1%: mean ms | "
+        + " | ".join(TAIL_PHASES) + " | KV GiB | finishing a request |",
+        "|---|---|---:|---:|---:|" + "---:|" * len(TAIL_PHASES) + "---:|---:|",
+    ]
+    for label, name, t in rows:
+        tail, block = t["tail"], t.get("block_bytes")
+        kv = "–" if block is None else f"{tail['kv_blocks'] * block / GiB:.1f}"
+        lines.append(
+            f"| {name} | {label} | {t['step_ms_p99']:.2f} | {_f(t.get('step_ms_p99_with_check'), '.2f')} | "
+            f"{tail['step_ms']:.2f} | " + " | ".join(f"{tail['phase_ms'].get(p, 0.0):.2f}" for p in TAIL_PHASES)
+            + f" | {kv} | {100 * tail['with_finished']:.0f}% |")
+    return "\n".join(lines) + "\n"
+
+
 def serving_table(modes: dict[str, dict[str, dict[str, Any]]]) -> str:
     """Per tenant and mode (and every mode's tenants together): what serving systems headline.
 
@@ -189,6 +219,7 @@ def _tenant(mode: dict[str, Any], name: str) -> dict[str, Any]:
     out = {k: s[k] for k in TENANT_FIELDS}
     out.update({k: s.get(k) for k in (*LATENCY_FIELDS, *STEP_FIELDS)})  # None: a run from before they were measured
     out["peak_mapped"] = t["peak_held"]
+    out["block_bytes"] = (t.get("pool") or {}).get("block_bytes")
     out.update(t.get("driver_work") or dict.fromkeys(DRIVER_WORK))  # None: a run from before it was counted
     out["released_under_pressure"] = t.get("released_under_pressure")  # None: a run from before it existed
     if mode["mode"] == "kvpolicy":
@@ -359,6 +390,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{_slo_words(results)}; an abandoned request misses; chunks: after start-up):",
         "",
         serving_table({m: v["tenants"] for m, v in results["modes"].items()}),
+        *_tail_section(results),
         ("| tenant | mode | tokens | completed / arrived | abandoned | queued | preempted | step p50 / p99 ms "
          "| peak mapped GiB | OOM | corrupted | reclaim s (max, n) | reload acked / applied ms |"),
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -401,6 +433,16 @@ def markdown(results: dict[str, Any]) -> str:
         "![memory per tenant over time, both modes](memory.png)",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _tail_section(results: dict[str, Any]) -> list[str]:
+    table = tail_table({m: v["tenants"] for m, v in results["modes"].items()})
+    if table is None:
+        return []
+    where = ("after the step, apart from its time" if results.get("engine", {}).get("check_between_steps")
+             else "inside the step")
+    return [f"The step's time (the finished requests' KV check, the benchmark's instrument, ran {where}), "
+            "and where the slowest 1% of steps went:", "", table]
 
 
 def plot(modes: dict[str, dict[str, Any]], path: Path) -> None:

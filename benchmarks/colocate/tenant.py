@@ -225,7 +225,8 @@ def main() -> int:
         prefill_tokens_per_step=params.engine.prefill_tokens_per_step, max_running=params.engine.max_running,
         patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile, token_clock=clock.now,
         slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
-        map_between_steps=params.engine.map_between_steps, kv_bytes_bound=params.budget.static_share,
+        map_between_steps=params.engine.map_between_steps, check_between_steps=params.engine.check_between_steps,
+        kv_bytes_bound=params.budget.static_share,
     )
     engine.last_stats = pool.sync()
     recorder = Recorder(pool, params.engine.sample_every_s)

@@ -220,6 +220,57 @@ def test_engine_accounting_with_queueing_and_preemption() -> None:
     pool.close()
 
 
+@pytest.mark.parametrize("between", [True, False], ids=["after-the-step", "inside-the-step"])
+def test_a_finished_request_is_checked_before_its_blocks_are_freed(between: bool) -> None:
+    """With ``check_between_steps`` a finished request's KV check, and then the freeing of its blocks,
+    come after the step's own time (its end is the wait for the GPU): at that wait its blocks are
+    still live and unchecked, and the step's phases hold no check time; a corrupted block is still
+    caught. Inside the step (the old way) they are checked and freed before it. The tail summary
+    counts the finished request in the steps it describes."""
+    from engine import STEP_PHASES, Engine
+    from kvwork import KVWork
+    from traces import Request
+
+    from kvpolicy.alloc.tensors import block_bytes
+
+    _, pool = _pool(256, 16 << 20)
+    pool.ensure_mapped(range(pool.num_blocks))
+    work = KVWork(pool, attn_layers=1, max_batch=8, window=1)
+    at_gpu_wait: list[tuple[int, int]] = []  # (live blocks, requests checked) when each step waits for the GPU
+    synchronize = work.synchronize
+
+    def observed() -> None:
+        at_gpu_wait.append((pool.live_blocks, engine.c.checked))
+        synchronize()
+
+    work.synchronize = observed  # type: ignore[method-assign]
+    reqs = [Request(key=1, arrival=0.0, prompt=16 * 3, output=2), Request(key=2, arrival=0.0, prompt=16 * 2, output=9)]
+    engine = Engine(pool, work, reqs, block_tokens=16, max_request_blocks=8, prefill_tokens_per_step=2048,
+                    max_running=8, patience_s=None, check_between_steps=between)
+    engine.step(0.0)  # both admitted: 4 + 3 blocks (the prompt, and the first decoded token's)
+    engine.step(0.01)  # request 1's first token
+    assert pool.live_blocks == 7 and engine.c.checked == 0
+    words = block_bytes(pool, 0).view(torch.int16)
+    words[int(engine.running[0].blocks[1]), 5] ^= 1  # one word of request 1's second block
+    engine.step(0.02)  # request 1's second and last token
+    check = STEP_PHASES.index("check")
+    if between:
+        assert at_gpu_wait[-1] == (7, 0)  # still live, unchecked, at the end of the step's own time
+        assert engine.step_phases[-1][check] == 0 and engine.step_checks[-1][1] > 0
+    else:
+        assert at_gpu_wait[-1] == (3, 1) and engine.step_phases[-1][check] > 0
+    assert pool.live_blocks == 3 and engine.c.checked == 1 and engine.c.corrupted == 1  # both ways, after the step
+    s = engine.summary()
+    assert s["check_between_steps"] is between
+    assert s["step_ms_p99_with_check"] >= s["step_ms_p99"]
+    tail = s["tail"]
+    assert tail is not None and 1 <= tail["steps"] <= 3 and set(tail["phase_ms"]) == set(STEP_PHASES)
+    assert tail["step_ms"] >= s["step_ms_p99"]  # the slowest steps' mean is at or above their threshold
+    assert tail["finished"] == tail["with_finished"] <= 1  # no step finished more than the one request
+    del work
+    pool.close()
+
+
 @pytest.mark.parametrize("limit_chunks", [8, 1], ids=["grows", "refused"])
 def test_admission_maps_between_steps_not_inside_them(limit_chunks: int) -> None:
     """``map_between_steps``: a request that needs more blocks than are free is not admitted by a step
@@ -360,6 +411,10 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
             slo = t["slo"]
             assert slo["met"] + slo["missed"] == t["completed"] + t["abandoned"], (mode, name, slo)
             assert len(t["ttft_s"]) >= t["completed"]  # every completed request had a first token
+            # small.toml checks finished requests after the step: their check is counted apart from its time.
+            assert t["check_between_steps"] and t["step_ms_p99_with_check"] >= t["step_ms_p99"]
+            assert t["tail"]["steps"] >= 1 and t["tail"]["step_ms"] >= t["step_ms_p99"]
+    assert "where the slowest 1% of steps went" in table and "ran after the step, apart from its time" in table
     # A kvpolicy-old record beside them (here the same run copied: --combine only reads it) adds its ratios.
     (out / "kvpolicy-old.json").write_text((out / "kvpolicy.json").read_text())
     _run("--combine", str(out))
