@@ -383,8 +383,8 @@ UNKNOWN_ATTRIBUTE = _define(
 
     ## What it does
     `when` compares `gpu.capacity gpu.free gpu.used gpu.reserved` and
-    `model.used model.idle model.priority model.weight model.min model.max
-    model.target model.engine model.name`; `order` takes the short names of the
+    `model.used model.waiting model.idle model.priority model.weight model.min
+    model.max model.target model.engine model.name`; `order` takes the short names of the
     `model.*` attributes. Anything else is reported with the closest attribute.
 
     ## Why is this bad?
@@ -1034,6 +1034,46 @@ VLLM_WITHOUT_RESERVE_OR_ELASTIC_POOL = _define(
     """,
 )
 
+
+SHRINK_ON_LOW_USE = _define(
+    "KV030", "shrink-on-low-use", Severity.WARNING, CHECK, suppressible=True,
+    doc="""
+    A `rule` that shrinks an instance while its use is low, and says nothing of work waiting for memory.
+
+    ## What it does
+    Flags a rule whose `when` holds when `model.used` is below a figure (a
+    comparison `model.used < X` or `model.used <= X` that the whole condition
+    needs) and that mentions neither `model.waiting` nor `model.idle`.
+
+    ## Why is this bad?
+    A shrink holds while its condition holds. A request that needs more than
+    the shrink value leaves cannot start, so the instance's use stays low, the
+    condition keeps holding and the request waits — until its client gives up.
+    On a trace with long prompts, a tenant shrunk to a 4 GiB `min` never served
+    a 5 GiB prompt that arrived after a quiet spell.
+
+    ## Example
+    ```
+    rule "idle-reclaim" {
+      when model.used < 3 GiB
+      shrink to min
+      grace 3s
+    }
+    ```
+
+    ## Use instead
+    `model.waiting` is the memory the instance's work waits for (0 when nothing
+    waits): the shrink ends as soon as a request needs more, and never starts
+    while one does.
+    ```
+    rule "idle-reclaim" {
+      when model.used < 3 GiB and model.waiting == 0
+      shrink to min
+      grace 3s
+    }
+    ```
+    """,
+)
 
 RULES: tuple[Rule, ...] = tuple(sorted(_DEFINED, key=lambda rule: rule.code))
 _BY_CODE = index(RULES)

@@ -78,6 +78,9 @@ class ElasticFacts(_Frozen):
     """Bytes in live KV blocks: what the instance's requests hold now (rules' model.used). At most mapped."""
     mapped: Size = 0
     """Bytes of GPU memory mapped for the pool, live blocks or free: what it takes from the GPU now."""
+    waiting: Size = 0
+    """Bytes the pool was asked for and refused (at its limit or by the GPU's budget) since the report
+    before its last one: what work waiting for memory needs (rules' model.waiting). 0: nothing waits."""
 
 
 class GpuFacts(_Frozen):

@@ -349,6 +349,7 @@ class ElasticSWA:
     def report(self) -> None:
         """The bytes in use and held to the limit source, activity, and the adapter's facts."""
         self.mapping.report()
+        self.mapping.new_period()
         if self.handouts != self._handouts_reported and self.on_activity is not None:
             self.on_activity()
         self._handouts_reported = self.handouts

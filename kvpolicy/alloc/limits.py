@@ -56,8 +56,9 @@ class LimitSource(Protocol):
         """``nbytes`` of mapped memory were unmapped."""
         ...
 
-    def report(self, used: int, mapped: int) -> None:
-        """Bytes in live blocks and bytes mapped, for the controller's facts."""
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
+        """Bytes in live blocks, bytes mapped, and bytes of growth refused lately (work waiting for
+        memory: ``ChunkMapping.refused_bytes``), for the controller's facts."""
         ...
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
@@ -82,6 +83,7 @@ class StaticLimit:
         self.mapped = 0
         self.pending = 0
         self.used = 0
+        self.waiting = 0
         self.acked: tuple[int, AckStatus] | None = None
 
     def set(self, limit: int, target: int | None = None, guarantee: int | None = None) -> None:
@@ -131,8 +133,9 @@ class StaticLimit:
             assert self.mapped >= nbytes, "released more than was mapped"
             self.mapped -= nbytes
 
-    def report(self, used: int, mapped: int) -> None:
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
         self.used = used
+        self.waiting = waiting
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         self.acked = (revision, status)

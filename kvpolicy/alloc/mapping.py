@@ -25,7 +25,9 @@ Invariants (the tests check them after every step):
 Limit protocol (``limits.LimitSource``): ``read()`` on every growth and limit check;
 ``admit()`` once per growth for the bytes of the whole batch, then ``commit()`` what
 was mapped and ``rollback()`` the rest; ``release()`` after unmapping;
-``report(used, held)`` after every change of mapped memory; ``acknowledge(revision,
+``report(used, held, waiting)`` after every change of mapped memory (``waiting``: the growth
+refused in the current period, ``refused_bytes``, which the owner's tick ends with
+``new_period``); ``acknowledge(revision,
 "applied" | "deferred")`` for every new revision, and ``"applied"`` again when a
 deferral completes.
 
@@ -166,6 +168,10 @@ class ChunkMapping:
         """Every chunk below it is mapped: where growth starts looking."""
         self.admission_refusals = 0
         """How many times the limit source refused to admit a growth (cumulative)."""
+        self.refused_bytes = 0
+        """The largest growth refused (at the limit or by the limit source) in the current period: what the
+        owner's work waiting for memory needs. Every report carries it; the owner's tick reports, then starts
+        the next period (``new_period``), so a report between ticks never hides a refusal of the period."""
         self.last_error: DriverError | None = None
         """The driver error ``chunks_emptied`` swallowed while completing a deferred limit, if any."""
         self.revision: int | None = None
@@ -274,8 +280,19 @@ class ChunkMapping:
                 self.last_error = exc
 
     def report(self) -> None:
-        """Tell the limit source the bytes in live blocks and the bytes held now."""
-        self.limit.report(self._used(), self.held_bytes)
+        """Tell the limit source the bytes in live blocks, the bytes held now and the growth refused in the
+        current period."""
+        self.limit.report(self._used(), self.held_bytes, self.refused_bytes)
+
+    def new_period(self) -> None:
+        """The owner's tick, after its report: refusals from now on are the next period's. An engine retries
+        waiting work every step, so work still waiting is refused again before the next tick."""
+        self.refused_bytes = 0
+
+    def note_refused(self, nbytes: int) -> None:
+        """A growth of ``nbytes`` was refused — here, or by whoever keeps this pool's books (the engine
+        core of a tensor-parallel engine): work waits for that much memory (``refused_bytes``)."""
+        self.refused_bytes = max(self.refused_bytes, nbytes)
 
     # -- growth --------------------------------------------------------------------------
     def map_growth(self, missing: int, *, at_least: int, requested: int, free: int) -> list[int]:
@@ -317,6 +334,7 @@ class ChunkMapping:
         held = self.held_bytes
         if fewest and held + fewest <= self.reading.limit and self.limit.certain_refusal(fewest):
             self.admission_refusals += 1
+            self.note_refused(fewest)
             raise OutOfBlocks(requested, free, "admission", held=held, limit=self.reading.limit, needed=fewest)
 
     def grow(self, missing: int, *, at_least: int, requested: int, free: int) -> list[int]:
@@ -348,6 +366,7 @@ class ChunkMapping:
         creating = sum(max(0, len(t) - a.pooled_handles) for a, t in zip(self.arenas, todo, strict=True)) * self.chunk
         held = self.held_bytes
         if held + creating > reading.limit:
+            self.note_refused(creating)
             raise OutOfBlocks(
                 requested,
                 free,
@@ -359,6 +378,7 @@ class ChunkMapping:
             )
         if creating and not self.limit.admit(creating):
             self.admission_refusals += 1
+            self.note_refused(creating)
             raise OutOfBlocks(requested, free, "admission", held=held, limit=reading.limit, needed=creating)
         done: list[tuple[Arena, MapResult]] = []
         try:

@@ -114,9 +114,9 @@ class PinnedFirst:
         self._allow_held -= rest
         self._left += rest
 
-    def report(self, used: int, mapped: int) -> None:
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
         used = self.used_bytes() if self.used_bytes is not None else max(0, used - self.pinned_used)
-        self.inner.report(used, max(0, mapped - self._allow_held))
+        self.inner.report(used, max(0, mapped - self._allow_held), waiting)
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         self.inner.acknowledge(revision, status)

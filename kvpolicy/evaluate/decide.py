@@ -368,6 +368,7 @@ _ORDER_VALUES = {
     "priority": lambda i: i.settings.priority,
     "idle": lambda i: i.facts.idle_seconds,
     "used": lambda i: i.used,
+    "waiting": lambda i: _waiting(i.facts),
     "weight": lambda i: i.settings.weight,
     "target": lambda i: i.target,
     "min": lambda i: i.min,
@@ -448,6 +449,7 @@ def _instance_figures(inst: _Inst) -> dict[str, object]:
     return {
         "model.used": inst.used,
         "model.idle": inst.facts.idle_seconds,
+        "model.waiting": _waiting(inst.facts),
         "model.priority": inst.settings.priority,
         "model.weight": inst.settings.weight,
         "model.min": inst.min,
@@ -456,6 +458,11 @@ def _instance_figures(inst: _Inst) -> dict[str, object]:
         "model.engine": inst.facts.engine,
         "model.name": inst.facts.model,
     }
+
+
+def _waiting(facts: InstanceFacts) -> int:
+    """Bytes its work waits for (``elastic.waiting``); 0 for an instance without an elastic pool."""
+    return facts.elastic.waiting if facts.elastic is not None else 0
 
 
 def _adjusted(figures: dict, inst: _Inst, gpu: _Gpu, used_now: dict[str, int]) -> dict:

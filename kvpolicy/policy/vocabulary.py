@@ -29,6 +29,7 @@ GPU_ATTRIBUTES = {
 }
 MODEL_ATTRIBUTES = {
     "model.used": "size",
+    "model.waiting": "size",
     "model.idle": "duration",
     "model.priority": "int",
     "model.weight": "int",

@@ -172,11 +172,11 @@ class Instance:
         """``nbytes`` of mapped memory were unmapped."""
         self._ledger.settle_elastic(self._claim, release=nbytes)
 
-    def report(self, used: int, mapped: int) -> None:
-        """Bytes in live blocks (facts: ``elastic.used``). ``mapped`` is the ledger's own count, kept by
-        commit and release, because admission must count exactly what it let through; the argument is
-        accepted for the LimitSource interface."""
-        self._ledger.report_usage(self._claim, used)
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
+        """Bytes in live blocks (facts: ``elastic.used``) and bytes refused to waiting work (``elastic.waiting``).
+        ``mapped`` is the ledger's own count, kept by commit and release, because admission must count
+        exactly what it let through; the argument is accepted for the LimitSource interface."""
+        self._ledger.report_usage(self._claim, used, waiting)
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         """The pool applied ``revision``, or defers it while usage is above a lowered limit."""

@@ -250,6 +250,7 @@ def decode_slot(index: int, gpu: str, slot: SlotValues, where: str) -> SlotView:
         used=use.used,
         mapped=use.mapped,
         pending=use.pending,
+        waiting=use.waiting_mib * L.WAITING_UNIT,
         ack_revision=use.ack_revision,
         ack=L.ACK_NAMES[use.ack_status],
         deferred_since=seconds(use.deferred_since_ns) if use.deferred_since_ns else None,

@@ -44,6 +44,9 @@ MAX_PARTS = 24
 
 NONE_U64 = 0xFFFF_FFFF_FFFF_FFFF
 """An unsigned field's "not given" (e.g. a pool whose tensor bytes are unknown)."""
+WAITING_UNIT = 1 << 20
+"""The usage record keeps ``waiting`` in whole MiB, rounded up (a u32: at most ``WAITING_MAX`` of them)."""
+WAITING_MAX = 0xFFFF_FFFF
 
 # Slot states (identity record).
 SLOT_FREE = 0
@@ -202,7 +205,9 @@ USAGE_RECORD = RecordSpec(
         ("pending", "Q"),  # admitted bytes not yet committed or rolled back
         ("ack_revision", "Q"),
         ("ack_status", "I"),  # ACK_NONE | ACK_APPLIED | ACK_DEFERRED
-        ("pad", "4x"),
+        # MiB (rounded up) the elastic pool was refused in its last period: what its waiting work needs.
+        # Layout 3's padding word: a writer from before stores 0 there (nothing waits).
+        ("waiting_mib", "I"),
         ("deferred_since_ns", "Q"),  # when the current deferral began (0: not deferred)
         ("updated_at_ns", "Q"),
     ),

@@ -132,6 +132,10 @@ def _ledger_families(view: LedgerView, stuck_after: float) -> Iterator[Metric]:
     labels = ["instance", "model", "engine", "gpu"]
     used = GaugeMetricFamily("kvpolicy_instance_used_bytes", "Elastic bytes in live blocks.", labels=labels)
     mapped = GaugeMetricFamily("kvpolicy_instance_mapped_bytes", "Elastic bytes mapped on the GPU.", labels=labels)
+    waiting = GaugeMetricFamily(
+        "kvpolicy_instance_waiting_bytes", "Elastic growth refused in the pool's last period: what its work waits for.",
+        labels=labels,
+    )
     pools = GaugeMetricFamily(
         "kvpolicy_instance_pool_bytes", "Runtime-owned reservations by pool.", labels=[*labels, "pool"]
     )
@@ -143,11 +147,12 @@ def _ledger_families(view: LedgerView, stuck_after: float) -> Iterator[Metric]:
         if facts.elastic is not None:
             used.add_metric(key, facts.elastic.used)
             mapped.add_metric(key, facts.elastic.mapped)
+            waiting.add_metric(key, facts.elastic.waiting)
         for name, pool in facts.pools.items():
             pools.add_metric([*key, name], pool.bytes)
         stuck.add_metric(key, int(v.stuck(view.now, stuck_after)))
         acked.add_metric(key, v.ack_revision)
-    yield from (used, mapped, pools, stuck, acked)
+    yield from (used, mapped, waiting, pools, stuck, acked)
     refusals = CounterMetricFamily(
         "kvpolicy_gpu_elastic_refusals", "Elastic admissions the GPU's budget refused (pools then give back).", labels=["gpu"]
     )

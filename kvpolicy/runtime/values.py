@@ -96,6 +96,8 @@ class SlotView:
     used: int
     mapped: int
     pending: int
+    waiting: int
+    """Bytes the elastic pool was refused in its last period (whole MiB): what its waiting work needs."""
     ack_revision: int
     ack: str | None
     deferred_since: float | None
@@ -135,7 +137,7 @@ class SlotView:
             rank=self.rank,
             pid=self.pid,
             pools=pools,
-            elastic=ElasticFacts(used=self.used, mapped=self.mapped) if self.elastic else None,
+            elastic=ElasticFacts(used=self.used, mapped=self.mapped, waiting=self.waiting) if self.elastic else None,
             idle_seconds=self.idle_seconds(now),
         )
 

@@ -319,10 +319,11 @@ class SegmentWriter:
             elastic_pending=-commit - rollback, elastic_mapped=commit - release, unmet_guarantees=more_unmet
         )
 
-    def report_usage(self, slot: SlotRecords, use: Any, used: int) -> None:
-        """Bytes in live blocks (counted in no total). 1. usage."""
+    def report_usage(self, slot: SlotRecords, use: Any, used: int, waiting_mib: int) -> None:
+        """Bytes in live blocks and MiB refused to waiting work (counted in no total). 1. usage."""
         self.moved = True
-        slot.usage.write(self._mm, self._words, use._replace(used=used, updated_at_ns=time.time_ns()))
+        values = use._replace(used=used, waiting_mib=waiting_mib, updated_at_ns=time.time_ns())
+        slot.usage.write(self._mm, self._words, values)
 
     def acknowledge(
         self, slot: SlotRecords, use: Any, revision: int, status: int, deferred_since_ns: int, now_ns: int

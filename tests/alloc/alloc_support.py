@@ -89,9 +89,9 @@ class RecordingLimit(StaticLimit):
         self.log.append(("release", nbytes))
         super().release(nbytes)
 
-    def report(self, used: int, mapped: int) -> None:
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
         self.log.append(("report", (used, mapped)))
-        super().report(used, mapped)
+        super().report(used, mapped, waiting)
         self.reported = (used, mapped)
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:

@@ -574,3 +574,43 @@ def test_admission_room_bounds_new_work_by_a_deferred_limit_and_under_contention
         off_limit.press()
         off.sync()
         assert off.admission_room() is None  # the setting is off by default: the old behaviour
+
+
+def test_refused_growth_is_reported_as_waiting_until_a_tick_without_one(driver):
+    """What waits for memory: the largest growth refused (at the limit, or by the limit source) since
+    the pool's last ``sync()`` is reported with it; a sync with no refusal since the one before reports
+    0. The engine retries waiting work every step, so it stays > 0 while the work waits."""
+    base = resources(driver)
+    limit = RecordingLimit(3 * CHUNK)
+    pool, _ = make_pool(driver, limit=limit)
+    with pool:
+        ids = pool.alloc(12)
+        assert limit.waiting == 0
+        with pytest.raises(OutOfBlocks, match="limit"):
+            pool.alloc(9)  # 3 chunks over the limit
+        with pytest.raises(OutOfBlocks, match="limit"):
+            pool.alloc(1)  # a smaller ask in the same period: the largest is what waits
+        pool.sync()
+        assert limit.waiting == 3 * CHUNK
+        pool.free(ids[:1])
+        with pytest.raises(OutOfBlocks, match="limit"):
+            pool.alloc(6)  # still waiting, for less: one block is free, five more take 2 chunks
+        pool.sync()
+        assert limit.waiting == 2 * CHUNK
+        pool.sync()  # no refusal since the last sync: nothing waits
+        assert limit.waiting == 0
+        limit.set(8 * CHUNK)
+        limit.refuse = True  # now the limit source (the GPU's budget) says no, within the limit
+        pool.sync()
+        with pytest.raises(OutOfBlocks) as err:
+            pool.alloc(20)  # 19 more blocks: 5 chunks
+        assert err.value.reason == "admission"
+        pool.shrink(2 * CHUNK)  # a report between ticks carries the period's refusal too
+        assert limit.waiting == 5 * CHUNK
+        limit.refuse = False
+        pool.alloc(20)
+        pool.sync()
+        assert limit.waiting == 5 * CHUNK  # refused earlier in this period: reported at its tick
+        pool.sync()
+        assert limit.waiting == 0
+        check_pool(pool, limit, driver, base)

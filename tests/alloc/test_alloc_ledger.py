@@ -231,3 +231,25 @@ def test_across_processes_a_starved_engine_gets_what_another_holds_unused(ledger
         holder.join(30)
         me.detach()
         driver.close()
+
+
+def test_what_waits_for_memory_reaches_the_facts_in_whole_mib(two_pools, ledger_dir: Path) -> None:
+    """A pool refused at its limit reports the growth with its usage; the ledger keeps it in whole MiB,
+    rounded up (never 0 for something waiting), and the controller's facts carry it as ``elastic.waiting``."""
+    a, _, pool_a, _ = two_pools
+    publish(ledger_dir, 1, 10 * CHUNK, a=InstanceLimits(2 * CHUNK, 2 * CHUNK, CHUNK), b=InstanceLimits(8 * CHUNK, 8 * CHUNK, 0))
+    pool_a.sync()
+    pool_a.alloc(8)
+    with pytest.raises(OutOfBlocks) as err:
+        pool_a.alloc(5)  # 2 chunks more than its limit allows
+    assert err.value.reason == "limit"
+    pool_a.sync()
+    slot = a.snapshot()
+    assert slot.waiting == 2 * CHUNK and slot.facts(time.time()).elastic.waiting == 2 * CHUNK
+    with LedgerDir(ledger_dir) as ld:
+        facts = {i.id: i for i in ld.read().facts()[0].instances}  # what the controller decides on
+    assert facts["a"].elastic.waiting == 2 * CHUNK and facts["b"].elastic.waiting == 0
+    a.report(pool_a.used_bytes, pool_a.held_bytes, 1)  # one byte waits: a whole MiB, not nothing
+    assert a.snapshot().waiting == MiB
+    pool_a.sync()  # no refusal since the last sync
+    assert a.snapshot().waiting == 0

@@ -31,8 +31,9 @@ def inst(
     pools: dict[str, int] | None = None,
     engine: str = "any",
     engine_id: str | None = None,
+    waiting: int = 0,
 ) -> dict:
-    """An instance; elastic with ``used`` bytes unless ``used`` is None."""
+    """An instance; elastic with ``used`` bytes (and ``waiting`` refused to it) unless ``used`` is None."""
     data: dict = {
         "id": id,
         "model": model or id.split("/")[0],
@@ -42,7 +43,7 @@ def inst(
         "pools": {name: {"owner": "runtime", "bytes": size} for name, size in (pools or {}).items()},
     }
     if used is not None:
-        data["elastic"] = {"used": used, "mapped": used}
+        data["elastic"] = {"used": used, "mapped": used, "waiting": waiting}
     if engine_id is not None:
         data["engine_id"] = engine_id
     return data

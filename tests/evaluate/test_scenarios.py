@@ -329,6 +329,30 @@ def test_idle_rule_before_during_and_after_grace_then_cooldown():
     assert d.instance("b/0").actions == ()  # b was never idle
 
 
+def test_a_shrink_on_low_use_ends_when_work_waits_for_memory():
+    """``model.waiting``: the shrink of an instance whose use is low ends as soon as it reports work
+    waiting for memory (a request larger than the shrink leaves), and none starts while work waits."""
+    policy = make_policy("""
+        model "a" { min 4 GiB; max 40 GiB }
+        rule "reclaim" { when model.used < 3 GiB and model.waiting == 0; shrink to min; grace 3s; cooldown 5s }
+    """)
+
+    def facts(now: float, waiting: int) -> object:
+        return make_facts([gpu(capacity=48 * GiB)], [inst("a/0", used=1 * GiB, waiting=waiting)], now=now)
+
+    d, s = run(policy, facts(100, waiting=0))
+    d, s = run(policy, facts(103, waiting=0), s)  # held for the grace: shrunk to its min
+    assert d.instance("a/0").limit == 4 * GiB
+    d, s = run(policy, facts(104, waiting=0), s)
+    assert d.instance("a/0").limit == 4 * GiB  # in force while nothing waits
+    d, s = run(policy, facts(105, waiting=5 * GiB), s)  # a 5 GiB prompt cannot start at 4 GiB
+    assert d.instance("a/0").limit == 40 * GiB and d.instance("a/0").actions == ()
+    assert s.memory("reclaim", "a/0").cooldown_until == 110
+    for now in (111, 115, 120):  # past the cooldown, but the prompt still waits: no new shrink
+        d, s = run(policy, facts(now, waiting=5 * GiB), s)
+        assert d.instance("a/0").limit == 40 * GiB, now
+
+
 def test_grace_zero_acts_at_once():
     policy = make_policy("""
         model "a" { min 4 GiB }

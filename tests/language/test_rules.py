@@ -137,3 +137,29 @@ def test_docs_have_a_section_per_rule_with_the_sarif_anchor() -> None:
     for rule in RULES:
         assert f"\n## {rule.code} {rule.name}\n" in text
         assert f"(#{rule.code.lower()}-{rule.name})" in text
+
+
+@pytest.mark.parametrize(
+    ("when", "flagged"),
+    [
+        ("model.used < 3 GiB", "model.used < 3 GiB"),
+        ("gpu.free < 8 GiB and 3 GiB >= model.used", "3 GiB >= model.used"),
+        ("(model.used <= 10% and gpu.free < 8 GiB)", "model.used <= 10%"),
+        ("model.used < 3 GiB and model.waiting == 0", None),  # says what waits
+        ("model.used < 3 GiB and model.idle > 30s", None),  # an engine with work waiting is not idle
+        ("model.used < 3 GiB or gpu.free < 1 GiB", None),  # low use alone does not hold the shrink
+        ("not (model.used > 3 GiB)", None),  # not a bound the check reads; no guess
+        ("model.used > 3 GiB", None),
+    ],
+)
+def test_a_shrink_on_low_use_is_flagged_with_the_comparison_to_extend(when: str, flagged: str | None) -> None:
+    text = f'version 1\nmodel "a" {{ min 1 GiB }}\nrule "r" {{\n  when {when}\n  shrink to min\n  grace 3s\n}}\n'
+    found = [d for d in lint_text(text, "p.kvp").diagnostics if d.code == "KV030"]
+    if flagged is None:
+        assert found == []
+        return
+    (d,) = found
+    assert text.split("\n")[d.line - 1][d.col - 1 : d.end_col - 1] == flagged
+    assert d.hint == f"write `{flagged} and model.waiting == 0`, so the shrink ends when work waits for memory"
+    fixed = text.replace(flagged, f"{flagged} and model.waiting == 0")
+    assert [x.code for x in lint_text(fixed, "p.kvp").diagnostics] == []  # what the hint says is clean

@@ -278,11 +278,11 @@ def test_completion(client: LspClient, tmp_path: Path) -> None:
     # attributes in `when`, order keys, rule actions
     when = labels(client, uri, 8, 28)
     assert {"gpu.free", "model.idle", "model.priority"} <= set(when) and "not" in when
-    assert labels(client, uri, 9, 22) == ["used", "idle", "priority", "weight", "min", "max", "target", "engine", "name"]
+    assert labels(client, uri, 9, 22) == ["used", "waiting", "idle", "priority", "weight", "min", "max", "target", "engine", "name"]
     assert labels(client, uri, 10, 12) == ["min", "target"]
     # codes that a suppression may name (KV001 cannot be suppressed)
     codes = labels(client, uri, 13, 19)
-    assert {"KV017", "KV019", "KV020", "KV021", "KV022", "KV028", "KV029"} == set(codes)
+    assert {"KV017", "KV019", "KV020", "KV021", "KV022", "KV028", "KV029", "KV030"} == set(codes)
 
 
 def test_completion_replaces_the_word_being_typed(client: LspClient, tmp_path: Path) -> None:
@@ -360,6 +360,21 @@ def test_code_actions_add_the_version_and_suppressions(client: LspClient, tmp_pa
     assert suppressed.split("\n")[2] == 'model "a" { reserve 40 GB }  # kvpolicy: ignore[KV019] TODO: say why'
     client.change(uri, 3, [types.TextDocumentContentChangeWholeDocument(text=suppressed)])
     assert client.diagnostics(uri, version=3) == []
+
+
+def test_code_action_ends_a_shrink_on_low_use_when_work_waits(client: LspClient, tmp_path: Path) -> None:
+    text = 'version 1\nmodel "a" { min 4 GiB }\nrule "r" {\n  when model.used < 3 GiB\n  shrink to min\n  grace 3s\n}\n'
+    uri, diagnostics = opened(client, tmp_path, text)
+    assert [d.code for d in diagnostics] == ["KV030"]
+    actions = code_actions(client, uri, diagnostics, diagnostics[0].range)
+    assert [a.title for a in actions] == [
+        "Change `model.used < 3 GiB` to `model.used < 3 GiB and model.waiting == 0`",
+        "Suppress KV030 (shrink-on-low-use) on this line",
+    ]
+    fixed = apply_edits(text, actions[0].edit.changes[uri])
+    assert fixed.split("\n")[3] == "  when model.used < 3 GiB and model.waiting == 0"
+    client.change(uri, 2, [types.TextDocumentContentChangeWholeDocument(text=fixed)])
+    assert client.diagnostics(uri, version=2) == []
 
 
 # ---- navigation from .kvtest.json ---------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_live_status_has_the_contract_fields(ledger_dir: Path) -> None:
             dsv4.report_pools({"swa": PoolFacts(bytes=3 * GiB), "c4": PoolFacts(bytes=2 * GiB)})
             assert qwen.admit(GiB)
             qwen.commit(GiB)
-            qwen.report(GiB // 4, GiB)
+            qwen.report(GiB // 4, GiB, 5 * GiB // 2)  # a 2.5 GiB growth refused: work waits for it
             qwen.acknowledge(3, "applied")
             ld.heartbeat(now=100.0)
             status = live_status(ld.read(now=105.0), sample_status(), stale_after=10)
@@ -125,7 +125,7 @@ def test_live_status_has_the_contract_fields(ledger_dir: Path) -> None:
         assert set(q) >= {"id", "model", "engine", "gpu", "pid", "pools", "elastic", "limit", "target", "revision",
                           "acked_revision", "ack"}
         assert (q["limit"], q["target"], q["revision"], q["acked_revision"], q["ack"]) == (50 * GiB, 30 * GiB, 3, 3, "applied")
-        assert q["elastic"] == {"used": GiB // 4, "mapped": GiB}
+        assert q["elastic"] == {"used": GiB // 4, "mapped": GiB, "waiting": 5 * GiB // 2}
         assert by_id["dsv4/0"]["elastic"] is None
         assert by_id["dsv4/0"]["pools"]["swa"] == {"owner": "runtime", "bytes": 3 * GiB}
         assert doc["controller"]["heartbeat_at"] == 100.0 and doc["controller"]["stale"] is False

@@ -371,10 +371,14 @@ def test_a_reached_limit_is_an_sglang_allocation_failure_and_frees_make_room(sgl
             break
     assert b.swa.held_bytes == 2 * GROUP and b.swa.refusals >= 1  # refused at the limit, not past it
     assert outer.swa_available_size() < P  # the scheduler now sees a full SWA pool
+    b.swa.report()  # its report says what waits for memory (the facts' elastic.waiting): a chunk group
+    assert b.limit.waiting == GROUP
     s.finish(0, cache=False)
     s.admit(P)
     s.check()
     assert s.running and s.refused == 1  # the freed pages served the next request
+    b.swa.report()  # nothing was refused since the last report
+    assert b.limit.waiting == 0
 
 
 def test_a_lower_limit_unmaps_only_fully_free_chunks_and_waits_for_the_rest(sglang_env):

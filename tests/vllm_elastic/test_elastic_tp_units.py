@@ -87,6 +87,15 @@ def test_the_group_limit_is_the_smallest_and_a_rank_s_refusal_is_undone_on_the_o
     assert local.mapped(0) == local.mapped(1) == local.mapped(2) == [0, 1, 2, 3, 4, 5]
     assert local.limits[0].mapped == local.limits[2].mapped == 8 * MiB  # chunks 2-5: the pinned two are static
     assert local.limits[0].pending == local.limits[2].pending == 0
+    # Every rank reports what the engine waits for (each its facts' elastic.waiting), as the core's books saw
+    # it: the core reports after a step, and its next call to the ranks (here the next step's) carries it.
+    pool.on_step(active=True)
+    pool.on_step(active=True)
+    waiting = [lim.waiting for lim in local.limits]
+    assert waiting == [pool.last_refusal.needed] * 3 and waiting[0] > 0  # the refused growth, on every rank
+    pool.on_step(active=True)  # a step with nothing refused: its report, then the call that carries it
+    pool.on_step(active=True)
+    assert [lim.waiting for lim in local.limits] == [0, 0, 0]
 
 
 @pytest.mark.parametrize("local", [[64 * MiB, 64 * MiB]], indirect=True)

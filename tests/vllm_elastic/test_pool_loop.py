@@ -148,3 +148,31 @@ def test_adoption_leaves_vllms_pool_a_plain_block_pool() -> None:
     finally:
         buffer.close()
         driver.close()
+
+
+def test_a_refused_growth_is_reported_as_work_waiting_until_a_step_without_one() -> None:
+    """vLLM's pool refused at its limit: the next report says what waits (the facts' ``elastic.waiting``,
+    rules' ``model.waiting``); after a step with no refusal it says nothing waits."""
+    from tests.vllm_elastic.pool_loop import make_pools
+
+    from kvpolicy.adapters.vllm_adapter.elastic.pool import elastic_of
+    from kvpolicy.alloc import StaticLimit
+
+    bpb = 36 * 8 * 128 * 2 * 2 * 16
+    limit = StaticLimit(16 * MiB)
+    driver = HostDriver(capacity=1 << 30)
+    pool, buffer = make_pools(driver, (512 * MiB) // bpb, bpb, 2 * MiB, limit)
+    elastic = elastic_of(pool)
+    try:
+        elastic.on_step(active=True)
+        assert limit.waiting == 0
+        room = (limit.read().limit - buffer.mapping.held_bytes) // bpb
+        assert not elastic.make_room(room + 200)  # more than the limit leaves: a miss for vLLM
+        assert elastic.refusals["limit"] == 1
+        elastic.on_step(active=True)
+        assert limit.waiting > 0 and limit.waiting % (2 * MiB) == 0  # whole chunks (every layer's)
+        elastic.on_step(active=True)  # the request did not ask again (say, its client left)
+        assert limit.waiting == 0
+    finally:
+        buffer.close()
+        driver.close()

@@ -91,6 +91,7 @@ class RankGroupLimit:
         self.mapped = 0
         self.pending = 0
         self._used: int | None = None
+        self._waiting = 0
         self._ack: AckStatus | None = None
         self._active = False
         self.calls = 0
@@ -101,8 +102,9 @@ class RankGroupLimit:
         """One collective call; ``RanksLost`` (and the group broken) if it fails or the answers do not add up."""
         if self.broken is not None:
             raise RanksLost(f"the engine's ranks were lost earlier ({self.broken}); it grows no more")
-        request = RankRequest(op=op, chunks=tuple(chunks), used=self._used, ack=self._ack, active=self._active)
-        self._used, self._ack, self._active = None, None, False
+        request = RankRequest(op=op, chunks=tuple(chunks), used=self._used, waiting=self._waiting, ack=self._ack,
+                              active=self._active)
+        self._used, self._waiting, self._ack, self._active = None, 0, None, False
         self.calls += 1
         try:
             answers = tuple(RankAnswer.model_validate(a) for a in self._collective(request))
@@ -168,8 +170,8 @@ class RankGroupLimit:
         assert self.mapped >= nbytes, "released more than was mapped"
         self.mapped -= nbytes
 
-    def report(self, used: int, mapped: int) -> None:
-        self._used = used
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
+        self._used, self._waiting = used, waiting
 
     def acknowledge(self, revision: int, status: AckStatus) -> None:
         self._ack = status
@@ -198,6 +200,7 @@ class GroupMapping(ChunkMapping):
             return
         held, creating = self.held_bytes, len(new) * self.group_bytes
         if held + creating > self.reading.limit:
+            self.note_refused(creating)
             raise OutOfBlocks(requested, free, "limit", held=held, limit=self.reading.limit, needed=creating,
                               hint="free blocks, or raise the limit")
         if self.ranks.broken is not None:
@@ -209,6 +212,8 @@ class GroupMapping(ChunkMapping):
             self._roll_back(new)
             first = refused[0]
             reason = first.outcome if first.outcome in REFUSALS else "error"
+            if reason in ("limit", "admission"):
+                self.note_refused(creating)
             error = OutOfBlocks(requested, free, reason, held=held, limit=self.reading.limit, needed=creating,
                                 hint=f"rank {first.rank} on {first.gpu} refused: {first.detail}")
             if reason == "error":

@@ -152,7 +152,8 @@ class ElasticPool:
         self._contention = ContentionWindow(yield_above_target, buffer.limit.pressure(), clock)
         self._report_interval = report_interval
         self._last_report = float("-inf")
-        self._reported_used = -1
+        self._reported: tuple[int, int] = (-1, 0)
+        """(handed-out blocks, refused bytes) at the last report."""
         buffer.limit.used_bytes = lambda: self.handed_out_blocks * self._bpb
         self.refusals: Counter[str] = Counter()
         """Growth refusals by reason (``limit``, ``admission``, ``device``, ``capacity``, ``revision``, ``error``)."""
@@ -315,10 +316,12 @@ class ElasticPool:
         elif self._doomed is not None or self._parked:
             self._unpark()
         if now - self._last_report >= self._report_interval:
-            used = self.handed_out_blocks
-            if used != self._reported_used:
-                kv.report()  # elastic `used` for the ledger's facts (PinnedFirst asks handed_out_blocks)
-                self._reported_used = used
+            # Elastic `used` and `waiting` for the ledger's facts (PinnedFirst asks handed_out_blocks).
+            figures = (self.handed_out_blocks, kv.refused_bytes)
+            if figures != self._reported:
+                kv.report()
+                self._reported = figures
+            kv.new_period()
             self._last_report = now
 
     def flush(self) -> None:

@@ -41,6 +41,7 @@ class RankMapper:
         self.gpu = gpu
         self.block_stride = block_stride
         self.used = 0
+        self.waiting = 0
         buffer.limit.used_bytes = lambda: self.used  # the scheduler's count, sent by the core
         buffer.bound = True  # driven by the core's scheduler, from another process
         self._touch = getattr(buffer.limit.inner, "touch", None)
@@ -53,9 +54,9 @@ class RankMapper:
             limit.acknowledge(limit.inner.read().revision, request.ack)
         outcome: Outcome = "ok"
         detail = ""
-        changed = request.used is not None and request.used != self.used
-        if request.used is not None:
-            self.used = request.used
+        changed = request.used is not None and (request.used, request.waiting) != (self.used, self.waiting)
+        if request.used is not None:  # the core's report: its books' use, and the growth they refused
+            self.used, self.waiting = request.used, request.waiting
         try:
             if request.op == "map":
                 mapping.read()
@@ -68,6 +69,9 @@ class RankMapper:
             outcome, detail = _REFUSED.get(exc.reason, "error"), str(exc)
         except DriverError as exc:
             outcome, detail = "error", str(exc)
+        # What waits for memory is the core's figure: its books saw every refusal, a rank's included.
+        mapping.new_period()
+        mapping.note_refused(self.waiting)
         if changed:
             mapping.report()
         return self.answer(outcome, detail, describe=request.op == "describe")

@@ -32,6 +32,8 @@ class RankRequest(BaseModel):
     """Chunk indices to map or unmap (each in every layer region of the rank's buffer)."""
     used: NonNegativeInt | None = None
     """Bytes in blocks the scheduler has handed out, for the rank's report (None: nothing new)."""
+    waiting: NonNegativeInt = 0
+    """With ``used``: the growth the core's books refused in its last period (work waiting for memory)."""
     ack: Literal["applied", "deferred"] | None = None
     """The core's answer to the limits last read: each rank acknowledges its own revision so."""
     active: bool = False

@@ -15,6 +15,7 @@ from kvpolicy.lint.rules import (  # noqa: F401  (each registers its check)
     percent_over_100,
     rule_without_grace,
     sglang_without_reserve,
+    shrink_on_low_use,
     unknown_engine,
     unknown_pool,
     unmanageable_elastic_pool,
