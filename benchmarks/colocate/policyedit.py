@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvpolicy.lint.load import policy_from_text
 from kvpolicy.policy import Policy
-from kvpolicy.policy.model import Compare, ModelBlock, Rule, SizeLit
+from kvpolicy.policy.model import And, Compare, ModelBlock, Rule, SizeLit
 
 
 class PolicyEditError(ValueError):
@@ -77,18 +77,20 @@ class IdleRule:
 
 
 def idle_rule(policy: Policy) -> IdleRule:
-    """The first rule whose condition is ``model.used < SIZE`` and whose action shrinks to ``min``."""
+    """The first rule whose condition needs ``model.used < SIZE`` (alone, or in an ``and``, e.g. beside
+    ``model.waiting == 0``) and whose action shrinks to ``min``."""
     for stmt in policy.statements:
         if not isinstance(stmt, Rule) or stmt.shrink_to is None or stmt.shrink_to.kind != "min":
             continue
-        when = stmt.when
-        if (
-            isinstance(when, Compare) and when.op == "<" and getattr(when.left, "name", None) == "model.used"
-            and isinstance(when.right, SizeLit)
-        ):
-            return IdleRule(
-                name=stmt.name.value, below=when.right.bytes,
-                grace=stmt.grace.seconds if stmt.grace else 0.0,
-                cooldown=stmt.cooldown.seconds if stmt.cooldown else 0.0,
-            )
+        parts = stmt.when.operands if isinstance(stmt.when, And) else (stmt.when,)
+        for when in parts:
+            if (
+                isinstance(when, Compare) and when.op == "<" and getattr(when.left, "name", None) == "model.used"
+                and isinstance(when.right, SizeLit)
+            ):
+                return IdleRule(
+                    name=stmt.name.value, below=when.right.bytes,
+                    grace=stmt.grace.seconds if stmt.grace else 0.0,
+                    cooldown=stmt.cooldown.seconds if stmt.cooldown else 0.0,
+                )
     raise PolicyEditError(f"{policy.file}: no rule `when model.used < SIZE … shrink to min` (the idle-reclaim rule)")

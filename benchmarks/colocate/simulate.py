@@ -88,7 +88,7 @@ class SimLimit:
     def __init__(self, gpu: SharedBudget, name: str, guarantee: int) -> None:
         self.gpu, self.name = gpu, name
         self.reading = LimitReading(guarantee, guarantee, 0)
-        self.used = self.mapped = 0
+        self.used = self.mapped = self.waiting = 0
         self.signal = 0
         """Refusals addressed to this pool (scopes other than ``gpu``)."""
 
@@ -116,8 +116,8 @@ class SimLimit:
     def release(self, n: int) -> None:
         self.gpu.committed[self.name] -= n
 
-    def report(self, used: int, mapped: int) -> None:
-        self.used, self.mapped = used, mapped
+    def report(self, used: int, mapped: int, waiting: int = 0) -> None:
+        self.used, self.mapped, self.waiting = used, mapped, waiting
 
     def acknowledge(self, revision: int, status: str) -> None: ...
 
@@ -205,7 +205,8 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                 policy = policy_from_text(swap_settings(text, *params.reload.swap, params.reload.fields))
                 edited, edited_at = True, t
             facts = Facts(now=t, gpus=(GpuFacts(id=gpu, capacity=capacity, other_used=0),), instances=(v4, *(
-                InstanceFacts(id=f"{n}/0", model=n, gpu=gpu, elastic=ElasticFacts(used=s.used, mapped=s.mapped))
+                InstanceFacts(id=f"{n}/0", model=n, gpu=gpu,
+                              elastic=ElasticFacts(used=s.used, mapped=s.mapped, waiting=s.waiting))
                 for n, s in zip(params.tenants, sources)
             )))
             decision, state = evaluate(policy, facts, state)
