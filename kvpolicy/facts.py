@@ -79,8 +79,9 @@ class ElasticFacts(_Frozen):
     mapped: Size = 0
     """Bytes of GPU memory mapped for the pool, live blocks or free: what it takes from the GPU now."""
     waiting: Size = 0
-    """Bytes the pool was asked for and refused (at its limit or by the GPU's budget) since the report
-    before its last one: what work waiting for memory needs (rules' model.waiting). 0: nothing waits."""
+    """Bytes of the largest growth the pool was refused (at its limit or by the GPU's budget) in its last
+    period, between two of its engine's ticks: what work waiting for memory needs (rules' model.waiting).
+    0: nothing waits."""
 
 
 class GpuFacts(_Frozen):

@@ -257,7 +257,7 @@ def longest_drain(result: dict[str, dict]) -> float | None:
 
 def seed_summary(per_seed: dict[int, dict[str, dict[str, dict]]]) -> dict[str, dict]:
     """Over seeds (seed → label → tenant → figures, static among the labels): each other label's
-    ratios to static — tokens, preemptions, SLO attainment — per seed, their mean and standard
+    ratios to static — tokens, preemptions, SLO attainment, TTFT p99 — per seed, their mean and standard
     error, and the longest drain after the policy edit; ``paired``: kvpolicy − kvpolicy-old per
     seed, when both ran (the same trace on both sides, so the difference is the settings')."""
     def ratio(a: float | None, b: float | None) -> float | None:
@@ -272,13 +272,14 @@ def seed_summary(per_seed: dict[int, dict[str, dict[str, dict]]]) -> dict[str, d
     labels = [label for label in next(iter(per_seed.values())) if label != "static"]
     out: dict[str, dict] = {}
     for label in labels:
-        rows = {key: [] for key in ("tokens", "preempted", "slo")}
+        rows = {key: [] for key in ("tokens", "preempted", "slo", "ttft_p99")}
         drains = []
         for runs in per_seed.values():
             s, k = pooled(runs["static"]), pooled(runs[label])
             rows["tokens"].append(ratio(k["tokens"], s["tokens"]))
             rows["preempted"].append(ratio(k["preempted"], s["preempted"]))
             rows["slo"].append(ratio(k["slo_attainment"], s["slo_attainment"]))
+            rows["ttft_p99"].append(ratio(k["ttft_ms_p99"], s["ttft_ms_p99"]))
             drains.append(longest_drain(runs[label]))
         out[label] = {key: stats(v) for key, v in rows.items()}
         out[label]["drain_s"] = {"max": max((d for d in drains if d is not None), default=None), "values": drains}
@@ -326,7 +327,8 @@ def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[
         if label == "paired":
             continue
         d = st["drain_s"]["max"]
-        print(f"  {label}: tokens {ms(st['tokens'])}, preempted {ms(st['preempted'])}, SLO attainment {ms(st['slo'])}"
+        print(f"  {label}: tokens {ms(st['tokens'])}, preempted {ms(st['preempted'])}, SLO attainment {ms(st['slo'])}, "
+              f"TTFT p99 {ms(st['ttft_p99'])}"
               + _drain_words(d, ";", "longest drain"))
         if d == math.inf:
             never = sum(v == math.inf for v in st["drain_s"]["values"])

@@ -424,6 +424,7 @@ class BlockPool:
         with self._lock:
             self._check_open()
             self.give_back.sync(self.mapping, self.used_bytes)
+            self.mapping.new_period()  # a sync is the pool's tick: what waits is reported once a period
         return self.stats()
 
     def shrink(self, to: int | None = None) -> int:

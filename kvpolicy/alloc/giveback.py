@@ -235,7 +235,6 @@ class GiveBack:
         else:
             self._under_pressure(mapping, pressure, used, reading.guarantee, reading.target)
         mapping.report()
-        mapping.new_period()
 
     def contended(self) -> bool:
         """Whether an instance was refused memory for the GPU's budget within the last
