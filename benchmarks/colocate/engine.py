@@ -117,13 +117,14 @@ class Counters:
 
 
 PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait", "grow", "top_up")
-STEP_PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait")
-"""The phases a step's own time can hold (``check`` and ``sync`` only where they run inside it)."""
 """Where a step's wall time goes: the pool's allocations (elastic mapping included), the GPU work
 (the KV pattern writes, attention, the completion checks; launches only, unless profiling), freeing,
 ``pool.sync()`` (limits, give-back unmapping; between steps with ``map_between_steps``), the wait for
 the GPU at the step's end, and after the step, not in its time: the growth for the requests it could
 not admit (``map_between_steps``) and the pool's ``top_up()``, mapping ahead of demand."""
+
+STEP_PHASES = ("alloc", "write", "attend", "check", "free", "sync", "gpu_wait")
+"""The phases a step's own time can hold (``check`` and ``sync`` only where they run inside it)."""
 
 
 class Engine:
@@ -546,7 +547,6 @@ class Engine:
             "profiled": self.profile,
         }
 
-
     def _p99_with_check(self) -> float:
         """The step p99 with each step's completion check counted in it, wherever the check ran."""
         if not self.check_between_steps:
@@ -555,7 +555,7 @@ class Engine:
 
     def _tail(self) -> dict[str, Any] | None:
         """Where the slowest 1% of steps (at or above the p99) went: their mean time in each phase
-        inside the step, the requests they ran, the KV those held, and how many finished requests."""
+        inside the step, the KV blocks they attended, and how many requests they finished."""
         if not self.step_seconds:
             return None
         threshold = _pct(sorted(self.step_seconds), 0.99)
