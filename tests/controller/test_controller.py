@@ -19,6 +19,15 @@ from kvpolicy.runtime.status import read_status
 from kvpolicy.runtime.values import SlotView
 from tests.controller.site import POLICY, GiB, http_get, wait_for
 
+RECLAIM_UNLESS_WAITING = """
+rule "idle-reclaim" {
+  when model.used < 1 GiB and model.waiting == 0
+  shrink to min
+  grace 0s
+  cooldown 1h
+}
+"""
+
 
 def test_engines_get_limits_and_a_policy_save_moves_them(site):
     site.controller()
@@ -33,6 +42,27 @@ def test_engines_get_limits_and_a_policy_save_moves_them(site):
     status = wait_for(lambda: (st := read_status(site.ledger_dir)) and st.policy.revision == 2 and st)
     assert status and status.last_reload.ok
     assert {i.id for i in status.instances} == {"chat/0", "batch/0"}
+
+
+def test_a_shrink_on_low_use_ends_when_the_engine_reports_work_waiting(site):
+    """The ledger's ``waiting`` through the running controller: an idle engine is shrunk to its min on
+    low use; once it reports a refused growth (a request that needs more than the shrink leaves, as its
+    pool's sync reports it) the controller's next decision ends the shrink and publishes the limit back."""
+    from kvpolicy.runtime.client import attach
+
+    site.policy.write_text(POLICY + RECLAIM_UNLESS_WAITING)
+    site.controller()
+    site.engine("chat")
+    batch = attach(model="batch", gpu="cuda:0", ledger_dir=site.ledger_dir, elastic=True, id="batch/0",
+                   handle_signals=False)
+    try:
+        batch.limit_source().report(0, 0, 0)  # nothing in use, nothing waits: the rule shrinks it to its min
+        assert wait_for(lambda: site.slot("batch/0").limit == 4 * GiB)
+        batch.report(0, 0, 6 * GiB)  # a 6 GiB prompt was refused at the 4 GiB limit
+        assert site.slot("batch/0").waiting == 6 * GiB
+        assert wait_for(lambda: site.slot("batch/0").limit == 68 * GiB)  # A 78 - chat's 10 GiB guarantee
+    finally:
+        batch.detach()
 
 
 def test_a_rejected_policy_keeps_the_limits_and_status_names_the_error(site, capsys):
