@@ -170,7 +170,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
         else:
             guarantee = 0 if mode == "pooled" else policy.model_settings(name).min_bytes(capacity)
             source = shared.source(name, guarantee)
-            if mode == "pooled":  # the whole budget as the limit, nothing kept above nothing
+            if mode == "pooled":  # the whole budget its limit, a target of 0: every free block goes back at a sync
                 source.reading = LimitReading(params.budget.elastic, 0, 1)
             pool = BlockPool(driver, kv.layout, params.elastic_blocks, chunk=kv.elastic_chunk_bytes, limit=source, name=name,
                              give_back_under_pressure=params.engine.give_back_under_pressure,
