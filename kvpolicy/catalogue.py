@@ -1049,8 +1049,8 @@ SHRINK_ON_LOW_USE = _define(
     A shrink holds while its condition holds. A request that needs more than
     the shrink value leaves cannot start, so the instance's use stays low, the
     condition keeps holding and the request waits — until its client gives up.
-    On a trace with long prompts, a tenant shrunk to a 4 GiB `min` never served
-    a 5 GiB prompt that arrived after a quiet spell.
+    On the co-location benchmark's long-prompt trace, tenants shrunk to a 4 GiB
+    `min` left prompts of up to 4 GiB of KV waiting until their clients gave up.
 
     ## Example
     ```
