@@ -349,10 +349,10 @@ class Engine:
 
     def _retire(self, done: list[Live]) -> None:
         """Check the finished requests' KV, then free their blocks (the check reads them first)."""
-        started = time.perf_counter()
+        before = self.phase_seconds["check"]
         with self._phase("check", gpu=True):
             self.check(done)
-        self.step_checks[-1] = (len(done), time.perf_counter() - started)
+        self.step_checks[-1] = (len(done), self.phase_seconds["check"] - before)
         with self._phase("free"):
             for r in done:
                 self.pool.free(r.blocks[: r.n_blocks].tolist())
@@ -532,7 +532,7 @@ class Engine:
             "map_between_steps": self.map_between_steps,
             "check_between_steps": self.check_between_steps,
             "step_ms_p99_with_check": self._p99_with_check() * 1000,
-            "tail": self._tail(),
+            "tail": self._tail(_pct(steps, 0.99)),
             "groups_topped_up": c.topped_up,
             "groups_grown_between": c.grown_between,
             "step_driver_ops_p50": _pct(ops, 0.50),
@@ -553,12 +553,11 @@ class Engine:
             return _pct(sorted(self.step_seconds), 0.99)
         return _pct(sorted(s + c for s, (_, c) in zip(self.step_seconds, self.step_checks)), 0.99)
 
-    def _tail(self) -> dict[str, Any] | None:
-        """Where the slowest 1% of steps (at or above the p99) went: their mean time in each phase
-        inside the step, the KV blocks they attended, and how many requests they finished."""
+    def _tail(self, threshold: float) -> dict[str, Any] | None:
+        """Where the slowest 1% of steps (at or above ``threshold``, the p99) went: their mean time in
+        each phase inside the step, the KV blocks they attended, and how many requests they finished."""
         if not self.step_seconds:
             return None
-        threshold = _pct(sorted(self.step_seconds), 0.99)
         slow = [i for i, s in enumerate(self.step_seconds) if s >= threshold]
         n = len(slow)
 

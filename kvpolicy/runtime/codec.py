@@ -218,6 +218,12 @@ def reservation(epoch: int, static_admitted: int, reserve: int | None, pools: Ma
     return ReservationValues(**values)
 
 
+def encode_waiting(nbytes: int) -> int:
+    """Bytes the pool was refused, as the usage record keeps them: whole MiB, rounded up (never 0 for
+    something waiting), at most ``WAITING_MAX``. ``decode_slot`` reads them back in bytes."""
+    return min(-(-nbytes // L.WAITING_UNIT), L.WAITING_MAX)
+
+
 def decode_slot(index: int, gpu: str, slot: SlotValues, where: str) -> SlotView:
     """The instance in a slot's records (read together: ``SlotRecords.read``); CorruptSegment if invalid."""
     ident, pub, use, res = slot.identity, slot.published, slot.usage, slot.reservation

@@ -403,12 +403,11 @@ class GpuLedger:
         """Bytes in live blocks, and bytes the pool was refused in its last period (stored in whole MiB, rounded up)."""
         check_bytes("used", used)
         check_bytes("waiting", waiting)
-        waiting_mib = min(-(-waiting // L.WAITING_UNIT), L.WAITING_MAX)
         slot = self._slots[claim.index]
         with self.change():
             self._own(claim)
             _, use = slot.usage.read(self.seg.mm, self.seg.words)
-            self.writer.report_usage(slot, use, used, waiting_mib)
+            self.writer.report_usage(slot, use, used, codec.encode_waiting(waiting))
 
     def acknowledge(self, claim: Claim, revision: int, status: str) -> None:
         """Record that the instance applied (or defers) ``revision``; a deferral keeps the time it began."""
