@@ -66,7 +66,10 @@ class PipeGather:
         self.calls += 1
         if self.calls == self.kill_at_call:
             os.kill(os.getpid(), signal.SIGKILL)
-        self.conn.send(value)
+        try:
+            self.conn.send(value)
+        except OSError:
+            pass  # the coordinator found a rank gone and exited first: its Broken reply is still to be read
         reply = self.conn.recv()
         if isinstance(reply, Broken):
             raise ConnectionError(reply.why)
