@@ -225,16 +225,23 @@ class BlockPool:
         - Under a lowered limit that live blocks defer: ``limit - used``. The free blocks of the held
           chunks are not for new work: the running requests finish and their chunks go back.
         - While the GPU's budget is contended (``yield_above_target_s``: an instance was refused
-          memory within that many seconds): ``target - used``. A busy pool above its target would
+          memory within that many seconds): ``target - used``; above the target, only the free
+          blocks in the pool's lowest chunks up to its target. A busy pool above its target would
           otherwise refill every block it frees with new work, never drain to its target, and the
           refused instance below its own would wait for ever: the targets would not be shares.
+          The lowest target's worth of chunks the pool keeps either way (a give-back takes the
+          highest first) and placement fills them first, so the chunks above still empty and go
+          back while new work uses blocks that would otherwise sit idle in kept chunks.
         """
         with self._lock:
             m, used = self.mapping, self.used_bytes
             if m.deferred:
                 return max(0, m.reading.limit - used)
             if self.give_back.contended():
-                return max(0, m.reading.target - used)
+                target = m.reading.target
+                if used <= target:
+                    return target - used
+                return self.index.free_below(target // m.group_bytes) * self.block_bytes
             return None
 
     @property

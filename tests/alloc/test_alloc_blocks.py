@@ -138,7 +138,7 @@ def test_grow_batch_is_trimmed_to_the_limit(driver):
         check_pool(pool, limit, driver, base)
 
 
-def test_placement_prefers_partly_used_chunks_so_free_chunks_can_go(driver):
+def test_placement_fills_low_chunks_so_free_high_chunks_can_go(driver):
     base = resources(driver)
     pool, limit = make_pool(driver)
     with pool:
@@ -146,11 +146,30 @@ def test_placement_prefers_partly_used_chunks_so_free_chunks_can_go(driver):
         pool.free([b for b in ids if b % 4 != 0])  # each chunk keeps one live block
         pool.free([8, 12])  # chunks 2 and 3 are now fully free
         assert pool.fully_free_chunks() == [2, 3]
-        new = pool.alloc(6)  # fills the partly used chunks 0 and 1 before touching 2 and 3
+        new = pool.alloc(6)  # fills the lower chunks 0 and 1 before touching 2 and 3
         assert {pool.chunks_of_block(b)[0] for b in new} == {0, 1}
         assert pool.fully_free_chunks() == [2, 3]
         assert pool.shrink(0) == 2 * CHUNK  # only the fully free chunks can go
         assert pool.stats().mapped_chunks == 2
+        check_pool(pool, limit, driver, base)
+
+
+def test_placement_takes_the_lowest_chunk_with_a_free_block_even_a_fully_free_one(driver):
+    """A fully free chunk below a partly used one is filled first: live blocks gather low, and the
+    higher chunk, no longer topped up, empties and can go back (a give-back takes the highest)."""
+    base = resources(driver)
+    pool, limit = make_pool(driver)
+    with pool:
+        pool.alloc(16)  # chunks 0..3 full
+        pool.free([0, 1, 2, 3, 13])  # chunk 0 fully free, chunk 3 partly used
+        def chunks(blocks):
+            return sorted(pool.chunks_of_block(b)[0] for b in blocks)
+
+        assert chunks(pool.alloc(2)) == [0, 0]  # not chunk 3's hole
+        assert pool.fully_free_chunks() == []
+        pool.free([12, 14, 15])
+        assert pool.fully_free_chunks() == [3]
+        assert chunks(pool.alloc(3)) == [0, 0, 3]  # chunk 0's last two, then chunk 3
         check_pool(pool, limit, driver, base)
 
 
@@ -574,6 +593,36 @@ def test_admission_room_bounds_new_work_by_a_deferred_limit_and_under_contention
         off_limit.press()
         off.sync()
         assert off.admission_room() is None  # the setting is off by default: the old behaviour
+
+
+def test_above_the_target_new_work_takes_only_free_blocks_of_the_chunks_the_target_keeps(driver):
+    """Contended and above its target, a pool admits new work into the free blocks of its lowest
+    target's worth of chunks, which it keeps either way, and not into the chunks above: placement
+    fills the low ones, so the chunks above empty and go back."""
+    base = resources(driver)
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=4 * CHUNK), yield_above_target_s=2.0,
+                            clock=lambda: now[0])
+    block = QUARTER.block_stride
+    with pool:
+        pool.alloc(24)  # chunks 0..5, 4 blocks each; a target of 4 chunks keeps 0..3
+        limit.press()
+        pool.sync()
+        assert pool.admission_room() == 0  # every block of chunks 0..3 is live
+        pool.free([5, 6, 21])  # two blocks of chunk 1, one of chunk 5
+        assert pool.used_bytes > 4 * CHUNK  # still above the target
+        assert pool.admission_room() == 2 * block  # chunk 1's; chunk 5's hole is not the target's
+        assert sorted(pool.alloc(2)) == [5, 6]
+        assert pool.admission_room() == 0
+        pool.free([20, 22, 23])  # chunk 5's last live blocks
+        pool.sync()  # above the target: its fully free chunk goes back
+        assert not pool.is_chunk_mapped(5) and pool.held_bytes == 5 * CHUNK
+        pool.free(list(range(16, 20)))  # chunk 4 empties too: the pool is at its target
+        pool.sync()
+        assert pool.held_bytes == 4 * CHUNK and pool.used_bytes == 4 * CHUNK
+        pool.free([0])
+        assert pool.admission_room() == block  # at or below the target: what the target leaves, as before
+        check_pool(pool, limit, driver, base)
 
 
 def test_refused_growth_is_reported_as_waiting_until_a_tick_without_one(driver):
