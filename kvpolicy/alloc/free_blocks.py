@@ -2,7 +2,7 @@
 
 Placement takes the lowest mapped chunk that has a free block, whether it holds live
 blocks or not; so live blocks gather at low addresses and whole chunks at high ones
-become free and can go back to the GPU (which gives back the highest first). A pool
+become free and can go back to the GPU (a give-back takes the highest first). A pool
 draining to a lower target thus refills the holes in its low chunks while the high
 ones empty; preferring any partly used chunk would put new blocks in a high one that
 was about to go back. Every free block that ``take`` can hand
