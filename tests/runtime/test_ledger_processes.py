@@ -271,7 +271,13 @@ def test_next_attach_reclaims_a_dead_instance(ledger_dir: Path) -> None:
 # --- exits and signals --------------------------------------------------------------------------------
 
 ENGINE = """
-import sys, time, kvpolicy
+import signal, sys, time, kvpolicy
+# What the launcher left (a failure shows it), then Python's own SIGINT handling whatever that was:
+# an ignored disposition and a blocked mask are inherited (a shell's background job ignores SIGINT).
+print("inherited SIGINT:", signal.getsignal(signal.SIGINT), "blocked:", signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      file=sys.stderr, flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 inst = kvpolicy.attach(model="m", gpu="cuda:0", ledger_dir=sys.argv[1], capacity=1 << 40, guarantee=1 << 30)
 inst.admit_static(1 << 30)
 print("ready", flush=True)
@@ -301,7 +307,11 @@ def test_engine_detaches_on_exit_and_signals(ledger_dir: Path, child_env: dict[s
         if how == "busy":
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM if how == "busy" else getattr(signal, how))
-    proc.wait(timeout=30)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail(f"the engine was still running 30 s after {how}; its stderr: {proc.communicate()[1]}")
     if code is not None:
         assert proc.returncode == code, proc.stderr.read()
     else:  # SIGINT: KeyboardInterrupt unwinds, the exit detaches, Python dies of SIGINT
