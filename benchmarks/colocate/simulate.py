@@ -1,6 +1,6 @@
 """A prediction of both modes on a simulated clock: the real scheduler, pools and evaluator, no processes.
 
-    python3 benchmarks/colocate/simulate.py [--params cpu.toml] [--patience S] [--seeds A-B]
+    python3 benchmarks/colocate/simulate.py [--params default.toml] [--patience S] [--seeds A-B]
 
 Each tenant is the benchmark's ``Engine`` over a real ``BlockPool`` (host driver) with
 no GPU work; steps take exactly ``step_ms`` of simulated time. In kvpolicy mode the
@@ -346,7 +346,9 @@ def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--params", default=str(HERE / "cpu.toml"), help="parameter file (default: cpu.toml, the scaled geometry)")
+    ap.add_argument("--params", default=str(HERE / "default.toml"),
+                    help="parameter file (default: default.toml, the H200 run's trace and geometry on the host driver's "
+                         "sparse pages; the scaled cpu*.toml files put 32 blocks in a chunk, not the H200's 4)")
     ap.add_argument("--duration-scale", type=float, default=1.0, metavar="F", help="multiply every duration of the trace by F")
     ap.add_argument("--give-back-delay", type=float, metavar="S", help="override engine.give_back_delay_s")
     ap.add_argument("--patience", type=float, help="override engine.patience_s (0: clients wait forever)")
