@@ -5,12 +5,13 @@
 Each tenant is the benchmark's ``Engine`` over a real ``BlockPool`` (host driver) with
 no GPU work; steps take exactly ``step_ms`` of simulated time. In kvpolicy mode the
 controller is modelled by calling the real ``evaluate`` after every step with the
-pools' usage as facts and publishing a new revision when a limit or target changes,
-and the ledger's elastic admission by a shared budget (Σ mapped ≤ A). What it leaves
-out: GPU time, the controller's and the ledger's latencies, idle time (no rule here
-uses it), and the interleaving of the tenants' processes (each step takes them in one order,
-or with ``--order-seed`` in a random one). It takes seconds per mode, so it is how parameters (e.g. the clients'
-patience) were explored; the device run is the measurement.
+pools' usage as facts and publishing a new revision when a limit, target or guarantee
+changes, and the ledger's elastic admission by a shared budget (Σ mapped ≤ A). What it
+leaves out: GPU time, the controller's and the ledger's latencies, idle time (no rule
+here uses it), and how the tenants' processes interleave (each step takes them in one
+order, or with ``--order-seed`` in a random one). It takes seconds per mode, so it is
+how parameters (e.g. the clients' patience) were explored; the device run is the
+measurement.
 """
 
 from __future__ import annotations
