@@ -94,6 +94,10 @@ def test_the_traces_share_one_parameter_set() -> None:
     busy = load_params(BENCH / "allbusy.toml").trace
     for i in range(3):  # busy all the time
         assert busy_windows(busy, i) == [(0.0, busy.duration_s)]
+    steps = load_params(BENCH / "allbusy-steps.toml")  # the same run, only on the other clock
+    assert steps.engine.clock == "steps" != default.engine.clock
+    assert (steps.trace, steps.kv, steps.budget) == (busy, default.kv, default.budget)
+    assert steps.engine.model_copy(update={"clock": default.engine.clock}) == default.engine
     four = load_params(BENCH / "bursty4.toml")
     assert len(four.tenants) == 4 and set(four.reload.swap) <= set(four.tenants)
     long = load_params(BENCH / "longprompt.toml")
