@@ -8,8 +8,10 @@ controller is modelled by calling the real ``evaluate`` after every step with th
 pools' usage as facts and publishing a new revision when a limit, target or guarantee
 changes, and the ledger's elastic admission by a shared budget (Σ mapped ≤ A). What it
 leaves out: GPU time, the controller's and the ledger's latencies, idle time (no rule
-here uses it), and how the tenants' processes interleave (each step takes them in one
-order, or with ``--order-seed`` in a random one). It takes seconds per mode, so it is
+here uses it), how the tenants' processes interleave (each step takes them in one
+order, or with ``--order-seed`` in a random one), and what the driver's calls cost in
+time (with ``--driver-us`` a tenant pays for each chunk it maps or unmaps, and loses the
+steps the wall clock's pacing would: ``DriverCost``). It takes seconds per mode, so it is
 how parameters (e.g. the clients' patience) were explored; the device run is the
 measurement.
 """
@@ -22,6 +24,7 @@ import math
 import random
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -56,6 +59,54 @@ PressureScope = Literal["gpu", "entitled", "furthest", "furthest-entitled"]
 """Who sees a refusal for the budget: ``gpu`` every other pool (the ledger's one counter per GPU);
 ``entitled`` every other pool, but only refusals of a requester asking within its target;
 ``furthest`` only the pool furthest above its target; ``furthest-entitled`` both restrictions."""
+
+
+@dataclass(frozen=True)
+class DriverCost:
+    """The time a tenant's mapping costs it, which the simulated clock otherwise leaves out.
+
+    On the device a tenant's steps are paced at most one every ``step_ms`` and a late step
+    is not made up for (``tenant.py``): a step whose own work and driver calls take longer
+    than the interval makes the next one start late, and the steps that time would have
+    held are lost. Each chunk group mapped or unmapped costs ``us_per_chunk`` (nearly the
+    same at 2, 8 or 32 MiB: docs/allocator.md, "Costs that shape the design"), on top of
+    ``step_busy_ms``, a step's own time without the driver."""
+
+    us_per_chunk: float
+    step_busy_ms: float = 0.0
+
+    def overrun_s(self, chunks: int, step_s: float) -> float:
+        """How far past its interval a step runs that mapped or unmapped ``chunks`` chunk groups."""
+        return max(0.0, self.step_busy_ms / 1e3 + chunks * self.us_per_chunk / 1e6 - step_s)
+
+
+@dataclass
+class Pacing:
+    """One tenant's lateness under a ``DriverCost`` (None: the driver is free and no step is lost)."""
+
+    cost: DriverCost | None
+    late_s: float = 0.0
+    lost: int = 0
+    """Steps lost: intervals the tenant spent finishing earlier steps."""
+
+    def skips(self, step_s: float) -> bool:
+        """Whether this step is lost: the tenant is still a whole interval behind."""
+        if self.late_s < step_s:
+            return False
+        self.late_s -= step_s
+        self.lost += 1
+        return True
+
+    def ran(self, chunks: int, step_s: float) -> None:
+        """A step ran and mapped or unmapped ``chunks`` chunk groups (its between-step work included)."""
+        if self.cost is not None:
+            self.late_s += self.cost.overrun_s(chunks, step_s)
+
+
+def chunk_ops(engine: Engine) -> int:
+    """Chunk groups the engine's pool has mapped and unmapped so far."""
+    m = engine.pool.mapping
+    return m.groups_mapped + m.groups_unmapped
 
 
 class SharedBudget:
@@ -155,7 +206,7 @@ def pooled_reference(params: Params) -> Params:
 
 
 def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureScope = "gpu",
-             order_seed: int | None = None) -> dict[str, dict]:
+             order_seed: int | None = None, driver_cost: DriverCost | None = None) -> dict[str, dict]:
     """Per tenant, the engine's summary after the whole trace on a simulated clock.
 
     ``mode``: ``static`` (fixed shares), ``kvpolicy`` (the policy's limits and targets, re-evaluated
@@ -166,7 +217,10 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
 
     ``order_seed``: each step takes the tenants in a random order drawn from it, as concurrent
     processes interleave (who takes memory another just gave back can then differ from run to
-    run); None takes them in the trace's order every step."""
+    run); None takes them in the trace's order every step.
+
+    ``driver_cost``: what each chunk mapped or unmapped costs a tenant in time, hence the steps it
+    loses (each tenant's ``steps_lost``); None: the driver takes no time."""
     from kvpolicy.evaluate.decide import evaluate
     from kvpolicy.facts import (
         ElasticFacts,
@@ -222,10 +276,15 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
     gpu = params.device.gpu
     v4 = InstanceFacts(id=f"{params.dsv4.model}/0", model=params.dsv4.model, engine="sglang", gpu=gpu,
                        pools={"all": PoolFacts(owner="runtime", bytes=runtime_reserved)})
+    pacing = [Pacing(driver_cost) for _ in engines]
     while t < params.trace.duration_s:
         now[0] = t
-        for engine in engines if order is None else order.sample(engines, len(engines)):
-            engine.step(t)
+        for i in range(len(engines)) if order is None else order.sample(range(len(engines)), len(engines)):
+            if pacing[i].skips(step):
+                continue
+            before = chunk_ops(engines[i])
+            engines[i].step(t)
+            pacing[i].ran(chunk_ops(engines[i]) - before, step)
         if mode == "kvpolicy":
             if not edited and t >= params.reload.at_s:
                 policy = policy_from_text(swap_settings(text, *params.reload.swap, params.reload.fields))
@@ -244,11 +303,11 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                     samples[name].append([t, engine.pool.held_bytes, engine.pool.mapping.reading.target])
         t += step
     out = {}
-    for name, engine, start in zip(params.tenants, engines, at_start):
+    for name, engine, start, paced in zip(params.tenants, engines, at_start, pacing):
         out[name] = engine.summary()
         m = engine.pool.mapping
         out[name].update(groups_mapped=m.groups_mapped, groups_unmapped=m.groups_unmapped, regrowths=m.regrowths,
-                         groups_mapped_at_start=start, arenas=len(m.arenas))
+                         groups_mapped_at_start=start, arenas=len(m.arenas), steps_lost=paced.lost)
         if edited_at is not None:
             tenant = {"samples": {"columns": ["t", "held", "target"], "rows": samples[name]},
                       "pool": {"block_bytes": engine.pool.block_bytes, "group_bytes": m.group_bytes}}
@@ -320,14 +379,14 @@ def _drain_words(drain: float | None, sep: str = ",", label: str = "drained in")
 
 
 def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[int], reserved: int, json_path: str | None,
-                order_seed: int | None = None) -> int:
+                order_seed: int | None = None, driver_cost: DriverCost | None = None) -> int:
     """``--seeds``: every run on the trace with each seed; the ratios to static per seed, then their mean ± standard error."""
     per_seed: dict[int, dict[str, dict[str, dict]]] = {}
     for seed in seeds:
         per_seed[seed] = {}
         for label, (p, mode, scope) in runs.items():
             seeded = p.model_copy(update={"trace": p.trace.model_copy(update={"seed": seed})})
-            per_seed[seed][label] = simulate(seeded, mode, reserved, scope, order_seed)
+            per_seed[seed][label] = simulate(seeded, mode, reserved, scope, order_seed, driver_cost)
         line = f"seed {seed}:"
         if "static" in per_seed[seed]:
             s = pooled(per_seed[seed]["static"])
@@ -335,8 +394,9 @@ def _many_seeds(runs: dict[str, tuple[Params, str, PressureScope]], seeds: list[
                 if label != "static":
                     k = pooled(result)
                     drain = longest_drain(result)
+                    lost = sum(t["steps_lost"] for t in result.values())
                     line += (f" {label} tokens {k['tokens'] / s['tokens']:.4f}, preempted {k['preempted']} vs {s['preempted']}"
-                             + _drain_words(drain) + ";")
+                             + (f", {lost} steps lost to the driver" if driver_cost else "") + _drain_words(drain) + ";")
         print(line.rstrip(";"), flush=True)
     if "static" not in runs:
         return 0
@@ -391,6 +451,12 @@ def main() -> int:
     ap.add_argument("--order-seed", type=int, metavar="N",
                     help="take the tenants' steps in a random order each step, drawn from N, as concurrent processes "
                          "interleave (default: the same order every step)")
+    ap.add_argument("--driver-us", type=float, metavar="US",
+                    help="each chunk a tenant maps or unmaps costs it US microseconds, and the steps that makes late are "
+                         "lost as on the device (35-50 there, at any chunk size; default: the driver takes no time)")
+    ap.add_argument("--step-busy-ms", type=float, default=0.0, metavar="MS",
+                    help="with --driver-us: a step's own time without the driver (default 0: only driver time past a "
+                         "whole interval makes a step late)")
     ap.add_argument("--seeds", metavar="A-B", type=seed_range,
                     help="run the trace with each of these seeds (e.g. 1-16) and print the ratios' mean and standard error")
     args = ap.parse_args()
@@ -415,6 +481,9 @@ def main() -> int:
         for table, values in sets.items()})
     if args.chunk:
         tuned = tuned.model_copy(update={"kv": type(tuned.kv).model_validate({**tuned.kv.model_dump(), "elastic_chunk": args.chunk})})
+    if args.step_busy_ms and args.driver_us is None:
+        ap.error("--step-busy-ms is a step's time beside the driver's: give --driver-us too")
+    driver_cost = None if args.driver_us is None else DriverCost(args.driver_us, args.step_busy_ms)
     reserved = args.runtime_reserved
     if reserved is None:
         from dsv4 import planned, policy_reserve
@@ -429,17 +498,19 @@ def main() -> int:
         wanted = [w for w in wanted if w != "kvpolicy-old"]
     runs = {k: v for k, v in runs.items() if k in wanted}
     if args.seeds:
-        return _many_seeds(runs, args.seeds, reserved, args.json, args.order_seed)
+        return _many_seeds(runs, args.seeds, reserved, args.json, args.order_seed, driver_cost)
     results = {}
     for label, (p, mode, scope) in runs.items():
-        results[label] = result = simulate(p, mode, reserved, scope, args.order_seed)
+        results[label] = result = simulate(p, mode, reserved, scope, args.order_seed, driver_cost)
         print(f"{label}: {sum(s['tokens'] for s in result.values()):,} tokens; " + "; ".join(
             f"{n} {s['tokens']:,} (completed {s['completed']}, abandoned {s['abandoned']}, preempted {s['preempted']})"
             for n, s in result.items()) + f"; {sum(s['groups_mapped'] for s in result.values()):,} chunk groups mapped")
     e = tuned.engine
     print(f"\n{params.name}: simulated clock, patience {e.patience_s} s; kvpolicy: give-back delay {e.give_back_delay_s} s, "
           f"hold {e.give_back_hold_s} s, reserve {e.reserve_blocks} blocks; kvpolicy-old: no hold, no reserve. "
-          "Step times are the allocator's and scheduler's CPU time (no GPU work).\n")
+          "Step times are the allocator's and scheduler's CPU time (no GPU work"
+          + (f"; each chunk mapped or unmapped costs {driver_cost.us_per_chunk:g} µs of the tenant's time" if driver_cost else "")
+          + ").\n")
     for label in runs:
         if label != "static" and "static" in results:
             print(ratio_table(ratios(results["static"], results[label]), label))

@@ -180,3 +180,48 @@ def test_a_random_step_order_is_drawn_from_its_seed() -> None:
     assert served(simulate(params, "kvpolicy", reserved, order_seed=5)) == runs[5]
     outcomes = {tuple(r.values()) for r in runs.values()}
     assert len(outcomes) > 1, runs  # in kvpolicy mode the pools meet: who steps first can take what another gave back
+
+
+def test_a_late_step_costs_the_intervals_its_driver_time_fills() -> None:
+    """``DriverCost``: time past the step's interval is lost, as the device's pacing loses it
+    (a late step is not made up for), a whole interval per lost step, the remainder carried."""
+    from simulate import DriverCost, Pacing
+
+    step = 0.010
+    paced = Pacing(DriverCost(us_per_chunk=1000, step_busy_ms=2))
+    assert not paced.skips(step)
+    paced.ran(7, step)  # 2 + 7 ms: within the interval
+    assert paced.late_s == 0 and not paced.skips(step)
+    paced.ran(33, step)  # 2 + 33 ms: 25 ms past it, two whole intervals and half of one
+    assert [paced.skips(step) for _ in range(3)] == [True, True, False]
+    paced.ran(13, step)  # 5 ms more: with the 5 carried, one more interval
+    assert paced.skips(step) and not paced.skips(step)
+    assert paced.lost == 3 and paced.late_s == pytest.approx(0)
+    free = Pacing(None)
+    free.ran(10**6, step)
+    assert not free.skips(step) and free.lost == 0
+
+
+def test_driver_time_costs_the_elastic_tenants_steps_and_static_none() -> None:
+    """With ``driver_cost`` the tenants that map and unmap lose steps and the tokens those would have
+    served; static pools, mapped before the trace starts, lose none and serve exactly what they did."""
+    from dsv4 import planned, policy_reserve
+    from params import load_params
+    from simulate import DriverCost, simulate
+
+    params = load_params(SMALL)
+    reserved = planned(params, policy_reserve(params, params.policy)[0]).total_footprint
+    cost = DriverCost(us_per_chunk=20_000)  # two intervals a chunk: a step that maps or unmaps is late
+
+    def served(result: dict[str, dict]) -> dict[str, tuple[int, int, int]]:
+        return {n: (s["tokens"], s["completed"], s["steps"]) for n, s in result.items()}
+
+    free, paid = simulate(params, "static", reserved), simulate(params, "static", reserved, driver_cost=cost)
+    assert served(paid) == served(free) and all(t["steps_lost"] == 0 for t in paid.values())
+    free, paid = simulate(params, "kvpolicy", reserved), simulate(params, "kvpolicy", reserved, driver_cost=cost)
+    assert all(t["steps_lost"] == 0 for t in free.values())
+    for name in params.tenants:
+        ops = paid[name]["groups_mapped"] - paid[name]["groups_mapped_at_start"] + paid[name]["groups_unmapped"]
+        assert ops and paid[name]["steps_lost"], name
+        assert paid[name]["steps"] + paid[name]["steps_lost"] == free[name]["steps"], name
+    assert sum(t["tokens"] for t in paid.values()) < sum(t["tokens"] for t in free.values())
