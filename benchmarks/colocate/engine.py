@@ -201,7 +201,7 @@ class Engine:
         if self._last_start is not None:
             self.intervals.append(started - self._last_start)
         self._last_start = started
-        ops = self._driver_ops()
+        ops = self.driver_ops()
         before = [self.phase_seconds[p] for p in STEP_PHASES]
         self._arrivals(now)
         preempted = self._decode()
@@ -213,7 +213,7 @@ class Engine:
             self.work.synchronize()
         self.step_seconds.append(time.perf_counter() - started)
         self.step_phases.append(tuple(self.phase_seconds[p] - b for p, b in zip(STEP_PHASES, before)))
-        self.step_ops.append(self._driver_ops() - ops)
+        self.step_ops.append(self.driver_ops() - ops)
         self._tokens_out(now if self.token_clock is None else self.token_clock())
         # Between steps: the finished requests' check, then the next step takes its blocks from mapped memory.
         if self._to_retire:
@@ -262,7 +262,8 @@ class Engine:
                 self.work.synchronize()
             self.phase_seconds[name] += time.perf_counter() - started
 
-    def _driver_ops(self) -> int:
+    def driver_ops(self) -> int:
+        """Chunk groups the pool has mapped and unmapped so far."""
         m = self.pool.mapping
         return m.groups_mapped + m.groups_unmapped
 

@@ -103,12 +103,6 @@ class Pacing:
             self.late_s += self.cost.overrun_s(chunks, step_s)
 
 
-def chunk_ops(engine: Engine) -> int:
-    """Chunk groups the engine's pool has mapped and unmapped so far."""
-    m = engine.pool.mapping
-    return m.groups_mapped + m.groups_unmapped
-
-
 class SharedBudget:
     """The ledger's elastic admission in one process: per instance its limit, for the GPU Σ committed ≤ budget."""
 
@@ -282,9 +276,9 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
         for i in range(len(engines)) if order is None else order.sample(range(len(engines)), len(engines)):
             if pacing[i].skips(step):
                 continue
-            before = chunk_ops(engines[i])
+            before = engines[i].driver_ops()
             engines[i].step(t)
-            pacing[i].ran(chunk_ops(engines[i]) - before, step)
+            pacing[i].ran(engines[i].driver_ops() - before, step)
         if mode == "kvpolicy":
             if not edited and t >= params.reload.at_s:
                 policy = policy_from_text(swap_settings(text, *params.reload.swap, params.reload.fields))
