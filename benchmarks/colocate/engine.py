@@ -147,8 +147,13 @@ class Engine:
         map_between_steps: bool = False,
         check_between_steps: bool = False,
         kv_bytes_bound: int | None = None,
+        driver_chunks_between_steps: int | None = None,
     ) -> None:
-        """``kv_bytes_bound``: the summary's ``step_ms_p99_within_bound`` is the p99 over the steps
+        """``driver_chunks_between_steps`` (with ``map_between_steps``): the chunk groups the growth for
+        admission may map between two steps, less what the pool's ``sync()`` gave back there (its own
+        bound is the pool's ``give_back_chunks_per_sync``); None: no bound.
+
+        ``kv_bytes_bound``: the summary's ``step_ms_p99_within_bound`` is the p99 over the steps
         whose running requests held at most this many KV bytes (e.g. a static tenant's share: the
         steps a static tenant could have run, so a larger batch's GPU work is compared with none)."""
         self.pool = pool
@@ -176,6 +181,7 @@ class Engine:
         """Trace time when a step's tokens are out (after its GPU work); None: the step's ``now``."""
         self.slo_ttft_s, self.slo_gap_s = slo_ttft_s, slo_gap_s
         self.map_between_steps = map_between_steps
+        self.driver_chunks_between_steps = driver_chunks_between_steps
         self.check_between_steps = check_between_steps
         self.kv_bytes_bound = kv_bytes_bound
         self.step_kv_blocks: list[int] = []
@@ -220,8 +226,10 @@ class Engine:
             self._retire(self._to_retire)
             self._to_retire = []
         if self.map_between_steps:
+            ops = self.driver_ops()
             self._sync()
-            self._grow_for_admission()
+            bound = self.driver_chunks_between_steps
+            self._grow_for_admission(None if bound is None else bound - (self.driver_ops() - ops))
         with self._phase("top_up"):
             self.c.topped_up += len(self.pool.top_up())
 
@@ -229,17 +237,23 @@ class Engine:
         with self._phase("sync"):
             self.last_stats = self.pool.sync()
 
-    def _grow_for_admission(self) -> None:
+    def _grow_for_admission(self, chunks: int | None) -> None:
         """Map what the requests the step could not admit need, and the next decode's blocks: all it
-        would have admitted, or if that is refused the queue's head alone. Refused: they wait for memory."""
+        would have admitted, or if that is refused the queue's head alone. Refused: they wait for memory.
+
+        ``chunks``: map at most about this many chunk groups now (None: all that is missing); the
+        rest at the next intervals, as the step that still cannot admit them asks again."""
         (head, all_of_them), self._wanted = self._wanted, (0, 0)
-        if not head:
+        if not head or (chunks is not None and chunks <= 0):
             return
+        most = None if chunks is None else max(1, chunks * self.pool.group_bytes // self.pool.block_bytes)
         decode = sum(1 for r in self.running if r.context % self.bt == 0)
+        shorts = [wanted + decode - self.pool.free_blocks for wanted in (all_of_them, head)]  # the larger first
+        if most is not None:
+            shorts = [min(short, most) for short in shorts]
         before = self.pool.mapping.groups_mapped
         with self._phase("grow"):
-            for wanted in dict.fromkeys((all_of_them, head)):  # the larger first; once each
-                short = wanted + decode - self.pool.free_blocks
+            for short in dict.fromkeys(shorts):  # once each
                 if short <= 0:
                     break
                 try:

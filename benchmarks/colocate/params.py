@@ -170,6 +170,13 @@ class Engine(Strict):
         "for the requests it could not admit and sync()'s give-back run after the step's tokens are out "
         "(engine.py; False: the old behaviour)",
     )
+    driver_chunks_between_steps: int | None = Field(
+        default=None, ge=1,
+        description="kvpolicy mode, with map_between_steps: at most this many chunk groups mapped or unmapped "
+        "between two steps (give-back first, then the growth for admission; a lowered limit and the reserve's "
+        "top-up excepted), so a long prompt's growth or a large give-back spreads over several intervals "
+        "instead of delaying every running request's next token (None: no bound, the old behaviour)",
+    )
     check_between_steps: bool = Field(
         default=False,
         description="the benchmark's check of a finished request's KV (its instrument, not engine work) runs after "
@@ -179,7 +186,8 @@ class Engine(Strict):
 
 
 OLD_ALLOCATOR: dict[str, object] = {"give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False,
-                                    "map_between_steps": False, "yield_above_target_s": 0.0}
+                                    "map_between_steps": False, "yield_above_target_s": 0.0,
+                                    "driver_chunks_between_steps": None}
 """``[engine]`` settings of the allocator before issue 17's levers (``Params.old_allocator``)."""
 
 

@@ -195,7 +195,7 @@ def pooled_reference(params: Params) -> Params:
     nothing mapped ahead, no yield (what a single shared pool does; ``simulate`` drops the policy)."""
     engine = params.engine.model_copy(update={
         "give_back_delay_s": 0.0, "give_back_hold_s": 0.0, "reserve_blocks": 0, "pressure_keeps_reserve": False,
-        "yield_above_target_s": 0.0, "map_between_steps": False})
+        "yield_above_target_s": 0.0, "map_between_steps": False, "driver_chunks_between_steps": None})
     return params.model_copy(update={"engine": engine, "kv": params.kv.model_copy(update={"elastic_chunk": None})})
 
 
@@ -251,14 +251,15 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
                              give_back_delay_s=params.engine.give_back_delay_s,
                              give_back_hold_s=params.engine.give_back_hold_s, reserve_blocks=params.engine.reserve_blocks,
                              pressure_keeps_reserve=params.engine.pressure_keeps_reserve, yield_above_target_s=params.engine.yield_above_target_s,
-                             clock=lambda: now[0])
+                             give_back_chunks_per_sync=params.engine.driver_chunks_between_steps, clock=lambda: now[0])
             pool.ensure_mapped(range(guarantee // pool.block_bytes))
         engine = Engine(pool, NoWork(), requests_for(params.trace, i), block_tokens=kv.block_tokens,
                         max_request_blocks=params.max_request_blocks, prefill_tokens_per_step=params.engine.prefill_tokens_per_step,
                         max_running=params.engine.max_running, patience_s=params.engine.patience_s,
                         slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
                         token_clock=lambda: now[0] + step_s, map_between_steps=params.engine.map_between_steps,
-                        check_between_steps=params.engine.check_between_steps, kv_bytes_bound=params.budget.static_share)
+                        check_between_steps=params.engine.check_between_steps, kv_bytes_bound=params.budget.static_share,
+                        driver_chunks_between_steps=params.engine.driver_chunks_between_steps)
         engine.last_stats = pool.sync()
         at_start.append(pool.mapping.groups_mapped)
         engines.append(engine)

@@ -82,7 +82,8 @@ def build_pool(params: Params, mode: str, name: str, guarantee: int, ledger_dir:
             give_back_under_pressure=params.engine.give_back_under_pressure,
             give_back_delay_s=params.engine.give_back_delay_s, give_back_hold_s=params.engine.give_back_hold_s,
             reserve_blocks=params.engine.reserve_blocks,
-            pressure_keeps_reserve=params.engine.pressure_keeps_reserve, yield_above_target_s=params.engine.yield_above_target_s, clock=clock.now,
+            pressure_keeps_reserve=params.engine.pressure_keeps_reserve, yield_above_target_s=params.engine.yield_above_target_s,
+            give_back_chunks_per_sync=params.engine.driver_chunks_between_steps, clock=clock.now,
         )
         # The guarantee is this tenant's: it maps it now and keeps it (the pool never gives back memory
         # below its target or a rule's `shrink to min`, both ≥ the guarantee). The ledger's admission
@@ -226,7 +227,7 @@ def main() -> int:
         patience_s=params.engine.patience_s, is_oom=is_oom, profile=args.profile, token_clock=clock.now,
         slo_ttft_s=params.engine.slo_ttft_s, slo_gap_s=params.engine.slo_gap_ms / 1000,
         map_between_steps=params.engine.map_between_steps, check_between_steps=params.engine.check_between_steps,
-        kv_bytes_bound=params.budget.static_share,
+        kv_bytes_bound=params.budget.static_share, driver_chunks_between_steps=params.engine.driver_chunks_between_steps,
     )
     engine.last_stats = pool.sync()
     recorder = Recorder(pool, params.engine.sample_every_s)

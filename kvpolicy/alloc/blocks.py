@@ -99,6 +99,7 @@ class BlockPool:
         reserve_blocks: int = 0,
         pressure_keeps_reserve: bool = False,
         yield_above_target_s: float = 0.0,
+        give_back_chunks_per_sync: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``before_unmap(chunks)`` runs (under the pool's lock) before fully free chunk indices
@@ -109,7 +110,9 @@ class BlockPool:
         by ``clock``): see ``giveback``. ``give_back_hold_s``: under pressure, memory below the
         target goes back only once it stayed free this long. ``reserve_blocks``: free blocks
         ``top_up()`` keeps mapped ahead of demand (0: none, growth only inside ``alloc``).
-        ``yield_above_target_s``: see ``admission_room``."""
+        ``yield_above_target_s``: see ``admission_room``. ``give_back_chunks_per_sync``: at most this
+        many chunk groups go back at one ``sync()`` for the target or for pressure, so the driver's
+        time between two steps stays bounded (None: no bound; a lowered limit is never held back)."""
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         if reserve_blocks < 0:
@@ -128,6 +131,7 @@ class BlockPool:
             pressure=limit.pressure(),
             pressure_keeps_reserve=pressure_keeps_reserve,
             yield_above_target_s=yield_above_target_s,
+            release_chunks=give_back_chunks_per_sync,
         )
         self.geometry = geometry
         self.name = name

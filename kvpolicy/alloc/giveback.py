@@ -73,6 +73,10 @@ class IdlePeriod:
         """At the period's end: give back down to this (None: nothing), the memory idle through all of it."""
         return max(target, held - self.least_idle) if self.least_idle else None
 
+    def less(self, gone: int) -> IdlePeriod:
+        """The period after ``gone`` of its idle bytes were given back: the rest is still due."""
+        return IdlePeriod(self.start, None if self.least_idle is None else max(0, self.least_idle - gone))
+
 
 @dataclass(frozen=True)
 class IdleWindow:
@@ -183,6 +187,7 @@ class GiveBack:
         reserve_bytes: int = 0,
         pressure_keeps_reserve: bool = False,
         yield_above_target_s: float = 0.0,
+        release_chunks: int | None = None,
     ) -> None:
         if grow_chunks < 1:
             raise ValueError(f"grow_chunks must be >= 1, got {grow_chunks}")
@@ -192,6 +197,12 @@ class GiveBack:
             raise ValueError(f"give_back_hold_s must be >= 0, got {hold_s}")
         if reserve_bytes < 0:
             raise ValueError(f"the reserve must be >= 0 bytes, got {reserve_bytes}")
+        if release_chunks is not None and release_chunks < 1:
+            raise ValueError(f"release_chunks must be >= 1 or None, got {release_chunks}")
+        self.release_chunks = release_chunks
+        """At most this many chunk groups go back per sync, for the target and under pressure together
+        (None: no bound); the rest goes at the next syncs. A lowered limit is never held back by it."""
+        self._release_left: int | None = None
         self.contention = ContentionWindow(yield_above_target_s, pressure, clock)
         """While open, new work yields above the target (``BlockPool.admission_room``)."""
         self.hold_s = hold_s
@@ -223,6 +234,7 @@ class GiveBack:
         """A pool's ``sync()``: apply the limit in force, continue a deferral, give back above the
         target and under pressure, report. ``used``: the bytes of live blocks."""
         reading = mapping.refresh()
+        self._release_left = None if self.release_chunks is None else self.release_chunks * self.group_bytes
         if mapping.deferred:
             mapping.continue_deferred(None)
         if self.hold_s:
@@ -262,16 +274,31 @@ class GiveBack:
         target = max(target, min(self._reserve_floor(used), mapping.reading.limit))
         if not self.delay_s:
             if held > target:
-                mapping.release_down_to(target)
+                self._release(mapping, target)
             return
         self._period = self._period.noting(idle_above_target(held, used, target))
         now = self._clock()
         if not self._period.over(now, self.delay_s):
             return
         keep = self._period.keep(held, target)
-        if keep is not None:
-            mapping.release_down_to(keep)
+        if keep is not None and self._release(mapping, keep):
+            # Bounded: the rest of what stayed idle through the period goes at the next syncs.
+            self._period = self._period.less(held - mapping.held_bytes)
+            return
         self._period = IdlePeriod(now)
+
+    def _release(self, mapping: ChunkMapping, keep: int) -> bool:
+        """Give back down to ``keep`` bytes, within what this sync may still give back; True if the
+        bound stopped it above ``keep`` (the rest is for the next syncs)."""
+        bounded = False
+        if self._release_left is not None:
+            floor = mapping.held_bytes - self._release_left
+            bounded, keep = floor > keep, max(keep, floor)
+        before = mapping.held_bytes
+        mapping.release_down_to(keep)
+        if self._release_left is not None:
+            self._release_left -= before - mapping.held_bytes
+        return bounded
 
     def _under_pressure(self, mapping: ChunkMapping, pressure: int, used: int, guarantee: int, target: int) -> None:
         refusals = mapping.admission_refusals
@@ -292,7 +319,7 @@ class GiveBack:
         before = mapping.held_bytes
         if self.hold_s:
             keep = held_through_hold(keep, held=before, target=target, idle_through=self._idle.idle_through())
-        mapping.release_down_to(keep)
+        self._release(mapping, keep)
         gone = before - mapping.held_bytes
         self.released_under_pressure += gone
         if gone and self.hold_s:  # what went is no longer idle here; and no refill of the reserve for a hold

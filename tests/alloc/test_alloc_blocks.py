@@ -663,3 +663,60 @@ def test_refused_growth_is_reported_as_waiting_until_a_tick_without_one(driver):
         pool.sync()
         assert limit.waiting == 0
         check_pool(pool, limit, driver, base)
+
+
+def test_a_bound_per_sync_spreads_a_give_back_over_syncs_but_never_holds_back_a_lowered_limit(driver):
+    """``give_back_chunks_per_sync``: above the target and under pressure, at most that many chunk
+    groups go back at one ``sync()`` (the driver's time between two steps stays bounded) and the
+    rest at the next ones; a lowered limit is applied whole."""
+    base = resources(driver)
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), give_back_chunks_per_sync=3)
+    with pool:
+        ids = pool.alloc(40)  # 10 chunks, the target is 2
+        pool.free(ids[8:])  # 8 chunks free above the target
+        held = [pool.sync().held_bytes // CHUNK for _ in range(4)]
+        assert held == [7, 4, 2, 2]
+        assert pool.stats().groups_unmapped == 8
+        limit.set(2 * GiB, target=1 * GiB)  # room above the target again: refill, then pressure
+        more = pool.alloc(32)  # 8 chunks more: 10 mapped, 2 of them live
+        pool.free(more)
+        limit.press()
+        assert pool.sync().held_bytes == 7 * CHUNK  # use + one growth step is 3 chunks: 3 go of the 7
+        limit.press()
+        assert pool.sync().held_bytes == 4 * CHUNK
+        limit.press()
+        assert pool.sync().held_bytes == 3 * CHUNK
+        limit.set(1 * CHUNK)  # a lowered limit: everything it can release at once, bound or not
+        pool.free(ids[4:8])
+        stats = pool.sync()
+        assert stats.held_bytes == 1 * CHUNK and not stats.deferred
+        check_pool(pool, limit, driver, base)
+
+
+def test_a_bounded_give_back_after_a_delay_period_goes_on_at_the_next_syncs(driver):
+    """With a give-back delay, the memory idle through a period that the bound held back goes at the
+    next syncs, without waiting a period more; a block taken in between is not given back."""
+    base = resources(driver)
+    now = [0.0]
+    pool, limit = make_pool(driver, limit=RecordingLimit(1 * GiB, target=2 * CHUNK), give_back_delay_s=1.0,
+                            give_back_chunks_per_sync=3, clock=lambda: now[0])
+    with pool:
+        ids = pool.alloc(40)
+        pool.free(ids[8:])  # 8 chunks free above the target
+        assert pool.sync().held_bytes == 10 * CHUNK  # the period has just begun
+        now[0] = 1.0
+        assert pool.sync().held_bytes == 7 * CHUNK  # idle through the period: 8 chunks, 3 go now
+        now[0] = 1.01
+        taken = pool.alloc(4)  # a request takes a chunk's blocks from those left
+        assert pool.sync().held_bytes == 4 * CHUNK  # 3 more, no new period
+        now[0] = 1.02
+        assert pool.sync().held_bytes == 3 * CHUNK  # the rest that stayed idle; the taken chunk stays
+        assert pool.live_blocks == 12 and set(taken).isdisjoint(ids[:8])
+        now[0] = 1.03
+        assert pool.sync().held_bytes == 3 * CHUNK  # a new period
+        check_pool(pool, limit, driver, base)
+
+
+def test_a_bound_per_sync_must_be_positive(driver):
+    with pytest.raises(ValueError, match="release_chunks"):
+        make_pool(driver, give_back_chunks_per_sync=0)

@@ -35,6 +35,8 @@ def test_a_period_keeps_the_least_idle_seen_and_gives_it_back_when_over() -> Non
     assert period.keep(held=8, target=6) == 6  # never below the target
     assert IdlePeriod(10.0, 0).keep(held=20, target=6) is None  # nothing stayed idle: nothing goes
     assert IdlePeriod(10.0).keep(held=20, target=6) is None
+    # A give-back bounded per sync takes part of it: the rest stays due in the same period.
+    assert IdlePeriod(10.0, 5).less(3) == IdlePeriod(10.0, 2) and IdlePeriod(10.0, 5).less(9) == IdlePeriod(10.0, 0)
 
 
 @settings(max_examples=300, deadline=None)

@@ -307,6 +307,35 @@ def test_admission_maps_between_steps_not_inside_them(limit_chunks: int) -> None
     pool.close()
 
 
+def test_a_bound_between_steps_spreads_the_growth_for_admission_over_intervals() -> None:
+    """``driver_chunks_between_steps``: the growth for requests a step could not admit maps at most
+    that many chunk groups between two steps; the steps after it ask again for what is still
+    missing, so the requests are admitted a few intervals later instead of delaying every running
+    request's next token by the whole growth."""
+    from engine import Engine
+    from kvwork import KVWork
+    from traces import Request
+
+    _, pool = _pool(256, 8 * (2 << 20))  # small.toml: 2 MiB chunks of 32 blocks
+    pool.ensure_mapped(range(1))
+    work = KVWork(pool, attn_layers=1, max_batch=8, window=1)
+    reqs = [Request(key=1, arrival=0.0, prompt=16 * 40, output=8), Request(key=2, arrival=0.0, prompt=16 * 30, output=8)]
+    engine = Engine(pool, work, reqs, block_tokens=16, max_request_blocks=64, prefill_tokens_per_step=2048,
+                    max_running=8, patience_s=None, map_between_steps=True, driver_chunks_between_steps=1)
+    mapped, admitted = [], []
+    for i in range(4):
+        before = pool.mapping.groups_mapped
+        engine.step(i * 0.01)
+        mapped.append(pool.mapping.groups_mapped - before)
+        admitted.append([r.req.key for r in engine.running])
+    assert engine.step_ops == [0, 0, 0, 0]  # nothing mapped inside a step
+    assert mapped == [1, 1, 0, 0]  # one chunk group per interval (the unbounded engine maps both at once)
+    assert admitted == [[], [1], [1, 2], [1, 2]]  # the head once 64 blocks are free, the second an interval on
+    assert engine.c.queued == 0 and engine.c.refusals == {}
+    del work
+    pool.close()
+
+
 def test_under_contention_a_pool_above_its_target_admits_nothing_new_until_it_drains() -> None:
     """With ``yield_above_target_s``, a step after a sync that saw the GPU's budget refuse someone
     admits no request that would take the pool's use above its target (refusal ``target``); the

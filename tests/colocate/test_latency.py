@@ -145,10 +145,10 @@ def test_the_old_allocator_is_the_parameters_without_issue_17s_levers() -> None:
     old = p.old_allocator()
     e = old.engine
     assert (e.give_back_hold_s, e.reserve_blocks, e.pressure_keeps_reserve) == (0.0, 0, False)
-    assert (e.map_between_steps, e.yield_above_target_s) == (False, 0.0)
+    assert (e.map_between_steps, e.yield_above_target_s, e.driver_chunks_between_steps) == (False, 0.0, None)
     assert old.kv.elastic_chunk_bytes == old.kv.chunk == p.kv.chunk  # elastic pools map by the static pools' chunk
     assert (old.trace, old.budget, old.policy, old.engine.give_back_delay_s) == (p.trace, p.budget, p.policy, p.engine.give_back_delay_s)
     assert p.engine.reserve_blocks and p.engine.pressure_keeps_reserve and p.engine.map_between_steps  # the new set differs
-    assert p.engine.yield_above_target_s > 0
+    assert p.engine.yield_above_target_s > 0 and p.engine.driver_chunks_between_steps
     assert p.kv.elastic_chunk_bytes == 8 << 20
     assert p.old_allocator().old_allocator() == old
