@@ -10,6 +10,7 @@
 | ``KVPOLICY_REPORT_INTERVAL`` | vLLM | seconds between live pool reports, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL`` | vLLM | seconds between give-backs of memory above the target, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET`` | vLLM | seconds new requests take memory only up to the target after another instance was refused, ≥ 0 | 0 (off) |
+| ``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` | vLLM | chunk groups one give-back unmaps at most (the rest at the next steps), a whole number ≥ 1 | none (no bound) |
 | ``KVPOLICY_ELASTIC_GROW_BYTES`` | vLLM | bytes one growth of the elastic KV cache maps at least, a whole number ≥ 0 | 16 MiB |
 | ``KVPOLICY_FIGURES_WAIT`` | vLLM | seconds a rank that cannot measure its device waits at start-up for a controller's figures, ≥ 0 | 60 |
 
@@ -41,6 +42,7 @@ ENV_REPORT_INTERVAL = "KVPOLICY_REPORT_INTERVAL"
 ENV_GIVE_BACK_INTERVAL = "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL"
 ENV_YIELD_ABOVE_TARGET = "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET"
 ENV_GROW_BYTES = "KVPOLICY_ELASTIC_GROW_BYTES"
+ENV_GIVE_BACK_CHUNKS = "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS"
 ENV_FIGURES_WAIT = "KVPOLICY_FIGURES_WAIT"
 
 DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
@@ -91,6 +93,10 @@ class VllmEnv:
     scheduler's new requests take the elastic cache only up to its target (0: off)."""
     grow_bytes: int = DEFAULT_GROW_BYTES
     """Bytes one growth of the elastic KV cache maps at least, while the limit allows."""
+    give_back_chunks: int | None = None
+    """Chunk groups one give-back (above the target, under pressure) unmaps at most, the rest at the
+    next steps, so one step between two of the scheduler's is never held for a whole large give-back
+    (None: no bound). A lowered limit is applied whole."""
     figures_wait: float = DEFAULT_FIGURES_WAIT
     """Seconds a rank that cannot measure its device (a CPU engine without the policy's ``capacity``)
     waits at start-up for a controller to publish the device's figures."""
@@ -103,6 +109,7 @@ class VllmEnv:
             give_back_interval=_seconds(env, ENV_GIVE_BACK_INTERVAL, DEFAULT_GIVE_BACK_INTERVAL),
             yield_above_target=_seconds(env, ENV_YIELD_ABOVE_TARGET, DEFAULT_YIELD_ABOVE_TARGET),
             grow_bytes=_bytes(env, ENV_GROW_BYTES, DEFAULT_GROW_BYTES),
+            give_back_chunks=_count(env, ENV_GIVE_BACK_CHUNKS),
             figures_wait=_seconds(env, ENV_FIGURES_WAIT, DEFAULT_FIGURES_WAIT),
         )
 
@@ -137,4 +144,13 @@ def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
         return default
     if not (text.isascii() and text.isdigit()):
         raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected a whole number of bytes >= 0, e.g. {default}")
+    return int(text)
+
+
+def _count(env: Mapping[str, str], name: str) -> int | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return None
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected a whole number >= 1, e.g. 128 (unset: no bound)")
     return int(text)

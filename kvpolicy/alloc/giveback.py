@@ -203,6 +203,9 @@ class GiveBack:
         """At most this many chunk groups go back per sync, for the target and under pressure together
         (None: no bound); the rest goes at the next syncs. A lowered limit is never held back by it."""
         self._release_left: int | None = None
+        self.held_back = False
+        """Whether the last sync's give-back stopped at ``release_chunks`` with more to give: an owner
+        that gives back only now and then should sync again at its next step."""
         self.contention = ContentionWindow(yield_above_target_s, pressure, clock)
         """While open, new work yields above the target (``BlockPool.admission_room``)."""
         self.hold_s = hold_s
@@ -235,6 +238,7 @@ class GiveBack:
         target and under pressure, report. ``used``: the bytes of live blocks."""
         reading = mapping.refresh()
         self._release_left = None if self.release_chunks is None else self.release_chunks * self.group_bytes
+        self.held_back = False
         if mapping.deferred:
             mapping.continue_deferred(None)
         if self.hold_s:
@@ -298,6 +302,7 @@ class GiveBack:
         mapping.release_down_to(keep)
         if self._release_left is not None:
             self._release_left -= before - mapping.held_bytes
+        self.held_back |= bounded
         return bounded
 
     def _under_pressure(self, mapping: ChunkMapping, pressure: int, used: int, guarantee: int, target: int) -> None:

@@ -53,6 +53,15 @@ def test_any_finite_interval_reads_back(seconds: float) -> None:
     assert env.report_interval == env.give_back_interval == env.yield_above_target == seconds
 
 
+@pytest.mark.parametrize("text", ["0", "-1", "1.5", "1e6", "many", "²"])
+def test_the_give_back_bound_is_a_whole_number_of_chunk_groups_or_none(text: str) -> None:
+    with pytest.raises(AdapterError, match=r"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS=.*expected a whole number >= 1"):
+        VllmEnv.from_environ({"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": text})
+    assert VllmEnv.from_environ({}).give_back_chunks is None
+    assert VllmEnv.from_environ({"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": " "}).give_back_chunks is None
+    assert VllmEnv.from_environ({"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": " 128 "}).give_back_chunks == 128
+
+
 @pytest.mark.parametrize("text", ["-1", "1.5", "1e6", "16MiB", "²"])
 def test_grow_bytes_is_a_whole_number(text: str) -> None:
     with pytest.raises(AdapterError, match=r"KVPOLICY_ELASTIC_GROW_BYTES=.*expected a whole number of bytes"):

@@ -32,7 +32,7 @@ ENGINE_ENV = {  # every variable the adapters and the ledger client read
     adapter_env.ENV_ENABLE, adapter_env.ENV_POLICY, adapter_env.ENV_MODEL, adapter_env.ENV_LEDGER_DIR,
     adapter_env.ENV_ENGINE_ID, ledger_client.ENV_LEDGER_GROUP, ledger_client.ENV_ALLOW_FOREIGN_OWNER,
     adapter_env.ENV_REPORT_INTERVAL, adapter_env.ENV_GIVE_BACK_INTERVAL, adapter_env.ENV_GROW_BYTES,
-    adapter_env.ENV_YIELD_ABOVE_TARGET,
+    adapter_env.ENV_YIELD_ABOVE_TARGET, adapter_env.ENV_GIVE_BACK_CHUNKS,
 }
 
 

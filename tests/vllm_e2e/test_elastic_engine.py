@@ -61,6 +61,7 @@ def run(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
         "KVPOLICY_MODEL": SERVED_MODEL,  # the LLM class serves the model under its path
         "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL": "0",  # memory above the target goes back at the next step
         "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET": "2",  # the new-work hook on (no one else here: it never caps)
+        "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": "4",  # a give-back unmaps at most 4 chunk groups a step
     }
     args = [str(e2e_venv.python), str(HERE / "elastic_run.py"), str(tiny_model), str(work / "result.json"),
             "--max-tokens", str(GREEDY_TOKENS)]
@@ -81,6 +82,12 @@ def test_the_yield_above_the_target_hooks_the_schedulers_allocation(run: dict[st
     """With ``KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET`` the manager's ``allocate_slots`` is the adapter's
     (the greedy outputs below, equal to the stock engine's, ran through it)."""
     assert run["yields_new_work"] is True
+
+
+def test_the_give_back_bound_reaches_the_schedulers_pool(run: dict[str, Any]) -> None:
+    """``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` is the bound of the give-back the scheduler's pool runs
+    (its effect on vLLM's queue and prefix cache: tests/vllm_elastic, over vLLM's own classes)."""
+    assert run["give_back_chunks"] == 4
 
 
 def test_the_cpu_backend_runs_the_elastic_cache_layer_outermost(run: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ request's KV (and every prefix hit's) reads back as written.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -364,6 +365,48 @@ def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) ->
         loop.step()
         check(loop, buffer)
     assert loop.stats.prefix_hit_tokens > hits
+
+
+def test_a_bounded_give_back_goes_on_at_the_next_steps_and_a_lowered_limit_goes_whole(host_loop) -> None:
+    """``give_back_chunks``: a give-back above the target unmaps at most that many chunk groups at
+    a step, and the rest at the next steps, though the give-back interval has not come round (vLLM's
+    queue and prefix cache consistent at each); a lowered limit is applied whole."""
+    limit = StaticLimit(256 * MiB, 256 * MiB)
+    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=5, give_back_interval=1e9,
+                                give_back_chunks=3)
+    loop.max_new_tokens = 8
+    for _ in range(300):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+    loop.drain()
+    check(loop, buffer)
+    kv = buffer.mapping
+    floor = 40 * MiB + buffer.pinned
+    assert kv.held_bytes > floor + 6 * CHUNK
+    limit.set(256 * MiB, 40 * MiB)  # a lower target, same limit: a new revision, so the first give-back is due
+    held = [kv.held_bytes]
+    while held[-1] > floor:
+        loop.pool.on_step(active=False)
+        check(loop, buffer)
+        held.append(kv.held_bytes)
+        assert len(held) < 100, "the give-back stopped above the target"
+    steps = [before - after for before, after in itertools.pairwise(held)]
+    assert all(0 < gone <= 3 * CHUNK for gone in steps), steps  # every step gave back, none more than 3 chunks
+    assert len(steps) >= 3
+    loop.pool.on_step(active=False)
+    assert kv.held_bytes == held[-1]  # done: the interval is 1e9 s, so nothing more is due
+    for _ in range(40):
+        while len(loop.waiting) < 4:
+            loop.submit()
+        loop.step()
+        check(loop, buffer)
+    loop.drain()
+    before = kv.held_bytes
+    limit.set(8 * MiB)  # a lowered limit: at once, bound or not
+    loop.pool.on_step(active=False)
+    check(loop, buffer)
+    assert kv.held_bytes <= 8 * MiB + buffer.pinned < before - 3 * CHUNK and not kv.deferred
 
 
 def test_hybrid_sliding_window_model_with_large_chunks(host_loop) -> None:

@@ -145,6 +145,8 @@ def test_adoption_leaves_vllms_pool_a_plain_block_pool() -> None:
         assert set(vars(pool)) - set(vars(stock)) == {"_kvpolicy", "get_usage", "reset_prefix_cache"}
         with pytest.raises(AdapterError, match="elastic already"):
             ElasticPool.adopt(pool, buffer)
+        with pytest.raises(AdapterError, match="at least one chunk group, not 0"):
+            ElasticPool.adopt(stock, buffer, give_back_chunks=0)
     finally:
         buffer.close()
         driver.close()

@@ -40,7 +40,9 @@ bookkeeping around vLLM's code:
   cache first, and the device is synchronised before the unmap); memory above the
   target, and — when the ledger's pressure counter says another instance was
   refused memory — free memory beyond what is in use plus one growth step, is given
-  back the same way at most every ``give_back_interval`` seconds.
+  back the same way at most every ``give_back_interval`` seconds; with ``give_back_chunks``
+  at most that many chunk groups at a time, the rest at the next steps (a lowered limit
+  is applied whole), so no step waits for a whole large give-back.
   When live blocks pin chunks above a lowered limit, the revision is acknowledged
   ``deferred``: the highest chunks needed are *doomed* — their free blocks are taken
   out of the queue (``_PARKED``) so vLLM stops reusing them — and each one is
@@ -97,6 +99,7 @@ class ElasticPool:
         on_activity: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         yield_above_target: float = 0.0,
+        give_back_chunks: int | None = None,
     ) -> ElasticPool:
         """Make the fresh block pool vLLM's scheduler built elastic over ``buffer``.
 
@@ -113,6 +116,9 @@ class ElasticPool:
             )
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
             raise AdapterError("kvpolicy: the scheduler's block pool is already in use; it must be adopted fresh")
+        if give_back_chunks is not None and give_back_chunks < 1:
+            raise AdapterError(f"kvpolicy: a give-back must unmap at least one chunk group, not {give_back_chunks}")
+        buffer.give_back.release_chunks = give_back_chunks
         return cls(pool, buffer, give_back_interval, report_interval, on_activity, clock, yield_above_target)
 
     def __init__(
@@ -298,7 +304,8 @@ class ElasticPool:
         self._contention.note(pressure)
         held = lim.elastic_held + lim.pinned_held  # what the pool holds, without asking it
         new_revision = reading.revision != kv.revision
-        due = now - self._last_give_back >= self._give_back_interval
+        # A give-back the bound held back goes on at the next step, not an interval later.
+        due = now - self._last_give_back >= self._give_back_interval or self._give_back.held_back
         give_back = due and (held > reading.target or self._give_back.pressed(pressure))
         if new_revision or give_back:
             self.flush()
