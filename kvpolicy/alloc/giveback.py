@@ -35,6 +35,11 @@ One setting bounds new work instead of giving back: **yield above the target**
 work takes the pool's memory only up to its target (``BlockPool.admission_room``), so a
 busy pool above its target drains to it and pressure finds the memory it frees.
 
+One setting bounds how much goes at once: **a bound per sync** (``release_chunks``): at most
+that many chunk groups go back at one sync, above the target and under pressure together, the
+rest at the next syncs (``held_back`` says some is left), so the driver's time between two of an
+engine's steps stays bounded. A lowered limit is applied whole.
+
 The functions decide; ``GiveBack`` keeps their state (the period, the pressure and
 refusals last seen) and carries the decisions out on a ``ChunkMapping``.
 """

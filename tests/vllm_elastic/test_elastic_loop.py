@@ -335,17 +335,31 @@ def test_shrinking_releases_only_fully_free_chunks(host_loop) -> None:
     assert pool.refusals["limit"] > 0 or pool.refusals["revision"] > 0
 
 
-def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) -> None:
-    """Idle above the target: fully free chunks go, highest first; cached blocks in kept chunks still hit, intact."""
-    limit = StaticLimit(256 * MiB, 256 * MiB)
-    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=5)
-    loop.max_new_tokens = 8
-    for _ in range(300):
+def serve(loop, steps: int, buffer=None) -> None:
+    """``steps`` steps with 4 requests waiting at each; with ``buffer``, the invariants after each."""
+    for _ in range(steps):
         while len(loop.waiting) < 4:
             loop.submit()
         loop.step()
+        if buffer is not None:
+            check(loop, buffer)
+
+
+def warm_cache(host_loop, **options):
+    """qwen3-8b under a 256 MiB limit and target after 300 busy steps, drained: a pool well above the
+    40 MiB target the give-back tests lower it to, its prefix cache warm. (loop, buffer, limit)"""
+    limit = StaticLimit(256 * MiB, 256 * MiB)
+    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=5, **options)
+    loop.max_new_tokens = 8
+    serve(loop, 300)
     loop.drain()
     check(loop, buffer)
+    return loop, buffer, limit
+
+
+def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) -> None:
+    """Idle above the target: fully free chunks go, highest first; cached blocks in kept chunks still hit, intact."""
+    loop, buffer, limit = warm_cache(host_loop)
     kv = buffer.mapping
     cached_before = len(loop.pool.vllm.cached_block_hash_to_block)
     assert cached_before > 0 and kv.held_bytes > 60 * MiB
@@ -359,11 +373,7 @@ def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) ->
     assert mapped == list(range(len(mapped))), "the lowest chunks stay, the highest go"
     # New requests over the same prompts still hit what survived, with intact KV (Loop verifies hits).
     hits = loop.stats.prefix_hit_tokens
-    for _ in range(40):
-        while len(loop.waiting) < 4:
-            loop.submit()
-        loop.step()
-        check(loop, buffer)
+    serve(loop, 40, buffer)
     assert loop.stats.prefix_hit_tokens > hits
 
 
@@ -371,16 +381,7 @@ def test_a_bounded_give_back_goes_on_at_the_next_steps_and_a_lowered_limit_goes_
     """``give_back_chunks``: a give-back above the target unmaps at most that many chunk groups at
     a step, and the rest at the next steps, though the give-back interval has not come round (vLLM's
     queue and prefix cache consistent at each); a lowered limit is applied whole."""
-    limit = StaticLimit(256 * MiB, 256 * MiB)
-    loop, buffer, _ = host_loop(1 * GiB, "qwen3-8b", 16, 1 * GiB, CHUNK, limit, seed=5, give_back_interval=1e9,
-                                give_back_chunks=3)
-    loop.max_new_tokens = 8
-    for _ in range(300):
-        while len(loop.waiting) < 4:
-            loop.submit()
-        loop.step()
-    loop.drain()
-    check(loop, buffer)
+    loop, buffer, limit = warm_cache(host_loop, give_back_interval=1e9, give_back_chunks=3)
     kv = buffer.mapping
     floor = 40 * MiB + buffer.pinned
     assert kv.held_bytes > floor + 6 * CHUNK
@@ -396,11 +397,7 @@ def test_a_bounded_give_back_goes_on_at_the_next_steps_and_a_lowered_limit_goes_
     assert len(steps) >= 3
     loop.pool.on_step(active=False)
     assert kv.held_bytes == held[-1]  # done: the interval is 1e9 s, so nothing more is due
-    for _ in range(40):
-        while len(loop.waiting) < 4:
-            loop.submit()
-        loop.step()
-        check(loop, buffer)
+    serve(loop, 40, buffer)
     loop.drain()
     before = kv.held_bytes
     limit.set(8 * MiB)  # a lowered limit: at once, bound or not
