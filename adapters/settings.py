@@ -10,7 +10,7 @@
 | ``KVPOLICY_REPORT_INTERVAL`` | vLLM | seconds between live pool reports, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL`` | vLLM | seconds between give-backs of memory above the target, ≥ 0 | 1 |
 | ``KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET`` | vLLM | seconds new requests take memory only up to the target after another instance was refused, ≥ 0 | 0 (off) |
-| ``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` | vLLM | chunk groups one give-back unmaps at most (the rest at the next steps), a whole number ≥ 1 | none (no bound) |
+| ``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` | both | chunk groups one give-back of an elastic pool unmaps at most (the rest at the next steps), a whole number ≥ 1 | none (no bound) |
 | ``KVPOLICY_ELASTIC_GROW_BYTES`` | vLLM | bytes one growth of the elastic KV cache maps at least, a whole number ≥ 0 | 16 MiB |
 | ``KVPOLICY_FIGURES_WAIT`` | vLLM | seconds a rank that cannot measure its device waits at start-up for a controller's figures, ≥ 0 | 60 |
 
@@ -66,6 +66,10 @@ class AdapterEnv:
     ledger_dir: Path
     engine_id: str | None = None
     """``KVPOLICY_ENGINE_ID``; None: the adapter's default (see each adapter)."""
+    give_back_chunks: int | None = None
+    """Chunk groups one give-back of an elastic pool (above the target, under pressure) unmaps at most,
+    the rest at the next steps, so no step of the engine waits for a whole large give-back (None: no
+    bound). A lowered limit is applied whole."""
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AdapterEnv:
@@ -77,6 +81,7 @@ class AdapterEnv:
             model=_text(env, ENV_MODEL),
             ledger_dir=Path(_text(env, ENV_LEDGER_DIR) or DEFAULT_LEDGER_DIR),
             engine_id=_text(env, ENV_ENGINE_ID),
+            give_back_chunks=_count(env, ENV_GIVE_BACK_CHUNKS),
         )
 
 
@@ -93,10 +98,6 @@ class VllmEnv:
     scheduler's new requests take the elastic cache only up to its target (0: off)."""
     grow_bytes: int = DEFAULT_GROW_BYTES
     """Bytes one growth of the elastic KV cache maps at least, while the limit allows."""
-    give_back_chunks: int | None = None
-    """Chunk groups one give-back (above the target, under pressure) unmaps at most, the rest at the
-    next steps, so one step between two of the scheduler's is never held for a whole large give-back
-    (None: no bound). A lowered limit is applied whole."""
     figures_wait: float = DEFAULT_FIGURES_WAIT
     """Seconds a rank that cannot measure its device (a CPU engine without the policy's ``capacity``)
     waits at start-up for a controller to publish the device's figures."""
@@ -109,7 +110,6 @@ class VllmEnv:
             give_back_interval=_seconds(env, ENV_GIVE_BACK_INTERVAL, DEFAULT_GIVE_BACK_INTERVAL),
             yield_above_target=_seconds(env, ENV_YIELD_ABOVE_TARGET, DEFAULT_YIELD_ABOVE_TARGET),
             grow_bytes=_bytes(env, ENV_GROW_BYTES, DEFAULT_GROW_BYTES),
-            give_back_chunks=_count(env, ENV_GIVE_BACK_CHUNKS),
             figures_wait=_seconds(env, ENV_FIGURES_WAIT, DEFAULT_FIGURES_WAIT),
         )
 

@@ -87,7 +87,8 @@ def activate(
         reserve_source = lambda model: policy_reserve(env)(model)  # noqa: E731 (re-read at start-up)
     if connect is None:
         connect = lambda identity, **options: default_connector(env)(identity, **options)  # noqa: E731 - the connector is made when an engine connects
-    state = hooks.AdapterState(reserve_source=reserve_source, connect=connect, model_name=env.model)
+    state = hooks.AdapterState(reserve_source=reserve_source, connect=connect, model_name=env.model,
+                               give_back_chunks=env.give_back_chunks)
     targets = hooks.install(state)
     logger.warning(
         "kvpolicy: SGLang %s DeepSeek-V4 adapter active (policy %s, model %s, ledger %s); hooks: %s",

@@ -31,7 +31,8 @@ puts those tensors on the allocator:
   scheduler calls every round (``available_size``, ``swa_available_size``, and
   ``swa_capacity_and_available``, which the idle loop's leak check calls): a new limit
   revision is applied at once; at most every ``give_back_interval`` seconds ``sync``
-  gives back fully free chunks above the target or under pressure (``GiveBack``); at
+  gives back fully free chunks above the target or under pressure (``GiveBack``; with
+  ``give_back_chunks`` at most that many chunk groups a tick, the rest at the next ticks); at
   most every ``report_interval`` seconds the bytes in use go to the ledger. A lowered
   limit is applied at once or deferred until pages are freed (each free that empties a
   chunk then unmaps it); a chunk about to be unmapped first has its pages taken out of
@@ -93,6 +94,7 @@ class ElasticSWA:
         name: str = "sglang-swa",
         give_back_interval: float = 1.0,
         report_interval: float = 1.0,
+        give_back_chunks: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if pages < 2:
@@ -109,7 +111,7 @@ class ElasticSWA:
         )
         self.live = LiveBlocks(self.mapping)
         self.give_back = GiveBack(group_bytes=self.mapping.group_bytes, grow_chunks=grow_chunks,
-                                  pressure=limit.pressure())
+                                  pressure=limit.pressure(), release_chunks=give_back_chunks)
         self.visible = bytearray(pages)
         """1 for each page that is SGLang's: in its free list, or handed out."""
         self.allocator: Any = None
@@ -333,7 +335,8 @@ class ElasticSWA:
         m = self.mapping
         now = self._clock()
         reading = m.limit.read()
-        due = now - self._last_give_back >= self.give_back_interval
+        # A give-back the bound held back goes on at the next tick, not an interval later.
+        due = now - self._last_give_back >= self.give_back_interval or self.give_back.held_back
         if reading.revision != m.revision or (
             due and (m.held_bytes > reading.target or self.give_back.pressed(m.limit.pressure()))
         ):

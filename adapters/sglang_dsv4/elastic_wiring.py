@@ -46,10 +46,11 @@ def driver_for(device: str, gpu_index: int, planned: ElasticPool) -> Any:
 
 
 def maker(
-    session: ElasticLedgerSession, planned: ElasticPool, driver: Any, name: str
+    session: ElasticLedgerSession, planned: ElasticPool, driver: Any, name: str, *, give_back_chunks: int | None = None
 ) -> Callable[[int, int, int], ElasticSWA]:
     """What ``elastic.swa_backed_by`` calls for SGLang's SWA pool: the ``ElasticSWA`` of the plan, or an
-    ``AdapterError`` if SGLang asks for another shape (before anything is mapped)."""
+    ``AdapterError`` if SGLang asks for another shape (before anything is mapped). ``give_back_chunks``:
+    ``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS``, the bound of one give-back (None: no bound)."""
 
     def make(layers: int, pages: int, page_bytes: int) -> ElasticSWA:
         if (layers, pages, page_bytes) != (planned.layers, planned.pages, planned.page_bytes):
@@ -62,6 +63,7 @@ def maker(
         swa = ElasticSWA(
             driver, layers=layers, pages=pages, page_bytes=page_bytes, chunk=planned.chunk, limit=limit,
             name=name, give_back_interval=GIVE_BACK_INTERVAL, report_interval=REPORT_INTERVAL,
+            give_back_chunks=give_back_chunks,
         )
         swa.on_activity = session.touch
         return swa

@@ -81,6 +81,8 @@ class AdapterState:
     connect: Connector
     model_name: str | None = None
     """KVPOLICY_MODEL; None: SGLang's served model name."""
+    give_back_chunks: int | None = None
+    """KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS: chunk groups an elastic SWA pool gives back per tick at most."""
     admitted: dict[int, Admitted] = field(default_factory=dict)  # by GPU id
     measurements: list[PoolMeasurement] = field(default_factory=list)
     elastic_pools: list[tuple[object, ElasticSWA]] = field(default_factory=list)
@@ -228,7 +230,8 @@ def _pool_hook(kvc: Any, original: Callable[..., Any], state: AdapterState, *arg
         name = f"{entry.identity.instance_id}-swa"
         if not isinstance(entry.session, ElasticLedgerSession):
             raise AdapterError(f"kvpolicy: the ledger session of {name} has no limit source for an elastic pool")
-        make = wiring.maker(entry.session, entry.elastic, wiring.driver_for(kvc.device, kvc.gpu_id, entry.elastic), name)
+        driver = wiring.driver_for(kvc.device, kvc.gpu_id, entry.elastic)
+        make = wiring.maker(entry.session, entry.elastic, driver, name, give_back_chunks=state.give_back_chunks)
         with swa_backed_by(make) as made:
             pool = original(kvc, *args, **kwargs)
         swa = wiring.check_built(made, entry.elastic)

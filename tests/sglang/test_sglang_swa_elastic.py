@@ -17,6 +17,8 @@ KVPOLICY_SWA_EXAMPLES=25``.
 
 from __future__ import annotations
 
+import itertools
+
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -59,7 +61,7 @@ class Built:
 
 
 def build(sglang_env, limit_bytes: int, *, budget: int = 96 * MiB, elastic: bool = True, device: str = "cpu",
-          driver=None) -> Built:
+          driver=None, **swa_options) -> Built:
     """The real V4 pool for ``budget`` (SWA at half the full tokens: 30 pages for 96 MiB, about 13 pages
     per chunk group), its SWA tensors on an ``ElasticSWA`` under a ``StaticLimit`` unless not ``elastic``."""
     with ExitStack() as stack:
@@ -77,7 +79,7 @@ def build(sglang_env, limit_bytes: int, *, budget: int = 96 * MiB, elastic: bool
             driver = driver if driver is not None else HostDriver(capacity=1 * GiB)
             limit = StaticLimit(limit_bytes)
             make = lambda layers, pages, page_bytes: E.ElasticSWA(  # noqa: E731 - the factory swa_backed_by calls
-                driver, layers=layers, pages=pages, page_bytes=page_bytes, chunk=CHUNK, limit=limit)
+                driver, layers=layers, pages=pages, page_bytes=page_bytes, chunk=CHUNK, limit=limit, **swa_options)
             with E.swa_backed_by(make) as made:
                 built = build_pools_through_sglang(kvc)
         finally:
@@ -400,6 +402,44 @@ def test_a_lower_limit_unmaps_only_fully_free_chunks_and_waits_for_the_rest(sgla
         s.finish(0, cache=False)
         s.check(read_ids=False)  # while a limit is deferred the pool reads each free as it comes
     assert not b.swa.mapping.deferred and b.swa.held_bytes <= 2 * GROUP
+
+
+def test_a_bounded_give_back_goes_on_at_the_next_ticks_and_a_lowered_limit_goes_whole(sglang_env):
+    """``give_back_chunks``: above the target one tick gives back at most that many chunk groups, the
+    next ticks the rest, though the give-back interval has not come round; SGLang's free list and the
+    pages it holds stay mapped throughout. A lowered limit goes at once."""
+    b = build(sglang_env, 11 * GROUP, budget=400 * MiB, give_back_chunks=2, give_back_interval=1e9)
+    outer = allocator_over(b)
+    s = Scheduler(b, outer)
+    for _ in range(48):
+        s.admit(2 * P)
+    while len(s.running) > 2:
+        s.finish(len(s.running) - 1, cache=False)
+    s.check()
+    floor = 2 * GROUP  # the pinned group and the two running requests' pages
+    assert b.swa.held_bytes > floor + 4 * GROUP
+    b.limit.set(11 * GROUP, target=floor)  # a new revision: the first give-back is due at once
+    held = [b.swa.held_bytes]
+    while held[-1] > floor and len(held) < 50:
+        b.swa.tick()
+        s.check()
+        held.append(b.swa.held_bytes)
+    steps = [before - after for before, after in itertools.pairwise(held)]
+    assert held[-1] <= floor and len(steps) >= 3, held
+    assert all(0 < gone <= 2 * GROUP for gone in steps), steps
+    b.swa.tick()
+    assert b.swa.held_bytes == held[-1]  # nothing more is due: the interval is 1e9 s
+    b.limit.set(11 * GROUP)  # room again: the pool grows back, then every request finishes
+    for _ in range(40):
+        s.admit(2 * P)
+    while s.running:
+        s.finish(0, cache=False)
+    s.check()
+    before = b.swa.held_bytes
+    b.limit.set(1 * GROUP)  # a lowered limit: at once, bound or not
+    b.swa.tick()
+    s.check()
+    assert b.swa.held_bytes <= 1 * GROUP < before - 2 * GROUP and not b.swa.mapping.deferred
 
 
 def test_a_limit_that_arrives_between_the_capacity_check_and_the_allocation_unmaps_no_held_page(sglang_env):

@@ -11,6 +11,8 @@ machine lacks is stood in for: its free GPU memory (pinned) and the GPU's figure
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import subprocess
 import sys
@@ -90,13 +92,13 @@ def engine(sglang_env, tmp_path, ledger_dir, monkeypatch):
     stack = ExitStack()
     made: list = []
 
-    def start(tp_size: int = 1, device: str = "cpu"):
+    def start(tp_size: int = 1, device: str = "cpu", give_back_chunks: int | None = None):
         stack.enter_context(single_process_parallel())
         stack.enter_context(get_parallel().override(tp_size=tp_size))
         args = stack.enter_context(published_server_args(**ENGINE_ARGS, device=device))
         kvc = kv_cache_configurator(TINY, args)
         kvc.device = device
-        targets = activate(env, version="0.5.23")
+        targets = activate(dataclasses.replace(env, give_back_chunks=give_back_chunks), version="0.5.23")
         state = _state()
         sizes, pools = build_engine(kvc)
         made.extend(swa for _, swa in state.elastic_pools)
@@ -154,6 +156,14 @@ def test_the_start_up_builds_the_swa_pool_on_the_allocator_under_the_ledger(engi
     assert set(static) >= {"c4", "c128", "indexer", "compressor_state", "req_to_token", "other"}
     assert sum(f.bytes for f in static.values()) <= entry.admitted == 96 * MiB
     assert pool.mem_usage * GiB == pytest.approx(state.measurements[-1].pool_tensor_bytes + GROUP)
+
+
+def test_the_give_back_bound_reaches_the_swa_pool(engine):
+    """``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` (``AdapterEnv.give_back_chunks``) bounds the give-back of the
+    SWA pool the start-up builds (its effect: tests/sglang/test_sglang_swa_elastic.py)."""
+    _targets, state, _sizes, _pools = engine(give_back_chunks=3)
+    (_pool, swa), = state.elastic_pools
+    assert swa.give_back.release_chunks == 3
 
 
 def test_a_served_load_maps_under_the_ledger_and_an_idle_engine_gives_back_to_its_guarantee(engine, ledger_dir):

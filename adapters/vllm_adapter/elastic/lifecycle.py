@@ -374,7 +374,7 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
         give_back_interval=settings.give_back_interval,
         report_interval=settings.report_interval,
         yield_above_target=settings.yield_above_target,
-        give_back_chunks=settings.give_back_chunks,
+        give_back_chunks=AdapterEnv.from_environ().give_back_chunks,
         on_activity=on_activity,
     )
     logger.info("kvpolicy: the scheduler's block pool is elastic over %r", buffer)
