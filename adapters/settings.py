@@ -75,13 +75,15 @@ class AdapterEnv:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> AdapterEnv:
         env = os.environ if environ is None else environ
         policy = _text(env, ENV_POLICY)
+        enabled = _flag(env, ENV_ENABLE)
         return cls(
-            enabled=_flag(env, ENV_ENABLE),
+            enabled=enabled,
             policy=Path(policy) if policy else None,
             model=_text(env, ENV_MODEL),
             ledger_dir=Path(_text(env, ENV_LEDGER_DIR) or DEFAULT_LEDGER_DIR),
             engine_id=_text(env, ENV_ENGINE_ID),
-            give_back_chunks=_count(env, ENV_GIVE_BACK_CHUNKS),
+            # Parsed only once enabled: an engine without kvpolicy never fails on a kvpolicy setting.
+            give_back_chunks=_count(env, ENV_GIVE_BACK_CHUNKS) if enabled else None,
         )
 
 
