@@ -207,7 +207,7 @@ class GiveBack:
         self.release_chunks = release_chunks
         """At most this many chunk groups go back per sync, for the target and under pressure together
         (None: no bound); the rest goes at the next syncs. A lowered limit is never held back by it."""
-        self._release_left: int | None = None
+        self._release_left: int | None = None  # bytes this sync may still give back (None: no bound)
         self.held_back = False
         """Whether the last sync's give-back stopped at ``release_chunks`` with more to give: an owner
         that gives back only now and then should sync again at its next step."""
