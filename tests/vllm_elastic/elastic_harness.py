@@ -58,7 +58,9 @@ def allocate_views(cfg: Any, buffer: ElasticKVBuffer, device: str) -> dict[str, 
     return views
 
 
-def make_buffer(cfg: Any, driver: Driver, chunk: int, limit: LimitSource, grow_chunks: int = 1) -> ElasticKVBuffer:
+def make_buffer(
+    cfg: Any, driver: Driver, chunk: int, limit: LimitSource, grow_chunks: int = 1, give_back_chunks: int | None = None
+) -> ElasticKVBuffer:
     geometry = BufferGeometry.of(cfg, cfg.kv_cache_layout or "BLHNC")
     return ElasticKVBuffer(
         driver,
@@ -70,6 +72,7 @@ def make_buffer(cfg: Any, driver: Driver, chunk: int, limit: LimitSource, grow_c
         grow_chunks=grow_chunks,
         regions=geometry.regions,
         block_stride=geometry.block_stride,
+        give_back_chunks=give_back_chunks,
     )
 
 
@@ -311,10 +314,11 @@ def build(
     grow_chunks: int = 1,
     enable_caching: bool = True,
     layout: str = "BLHNC",
+    give_back_chunks: int | None = None,
     **pool_options: Any,
 ) -> tuple[Loop, ElasticKVBuffer]:
     cfg = kv_cache_config(name, block_size, budget, max_model_len, layout)
-    buffer = make_buffer(cfg, driver, chunk, limit, grow_chunks)
+    buffer = make_buffer(cfg, driver, chunk, limit, grow_chunks, give_back_chunks)
     views = allocate_views(cfg, buffer, device)
     manager = make_manager(cfg, max_model_len, enable_caching)
     pool = bind_scheduler(manager, buffer, give_back_interval=pool_options.pop("give_back_interval", 0.0), **pool_options)

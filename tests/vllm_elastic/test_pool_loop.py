@@ -145,10 +145,22 @@ def test_adoption_leaves_vllms_pool_a_plain_block_pool() -> None:
         assert set(vars(pool)) - set(vars(stock)) == {"_kvpolicy", "get_usage", "reset_prefix_cache"}
         with pytest.raises(AdapterError, match="elastic already"):
             ElasticPool.adopt(pool, buffer)
-        with pytest.raises(AdapterError, match="at least one chunk group, not 0"):
-            ElasticPool.adopt(stock, buffer, give_back_chunks=0)
     finally:
         buffer.close()
+        driver.close()
+
+
+def test_a_give_back_bound_of_no_chunks_is_refused_before_anything_is_mapped() -> None:
+    from kvpolicy.adapters.vllm_adapter.elastic.buffer import ElasticKVBuffer
+    from kvpolicy.alloc import StaticLimit
+
+    driver = HostDriver(capacity=1 << 30)
+    try:
+        with pytest.raises(ValueError, match="release_chunks must be >= 1"):
+            ElasticKVBuffer(driver, num_blocks=64, bytes_per_block=2 * MiB, chunk=2 * MiB, limit=StaticLimit(8 * MiB),
+                            pinned=2 * MiB, give_back_chunks=0)
+        assert driver.in_use == 0  # refused before the null block's chunks were created
+    finally:
         driver.close()
 
 

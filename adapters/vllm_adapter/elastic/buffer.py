@@ -79,9 +79,12 @@ class ElasticKVBuffer:
         regions: int = 1,
         block_stride: int | None = None,
         mapping: Callable[..., ChunkMapping] = ChunkMapping,
+        give_back_chunks: int | None = None,
     ) -> None:
         """``mapping`` makes the chunk mapping (``ChunkMapping``'s arguments; the engine core of a
-        tensor-parallel engine passes its books of the ranks' mappings, ``group.GroupMapping``)."""
+        tensor-parallel engine passes its books of the ranks' mappings, ``group.GroupMapping``).
+        ``give_back_chunks``: at most this many chunk groups go back at one give-back, the rest at the
+        next steps (``GiveBack``'s ``release_chunks``; None: no bound)."""
         stride = bytes_per_block if block_stride is None else block_stride
         if regions < 1 or stride * regions != bytes_per_block:
             raise ValueError(f"{regions} region(s) of {stride} bytes per block do not make {bytes_per_block}-byte blocks")
@@ -100,7 +103,12 @@ class ElasticKVBuffer:
         self.grow_chunks = grow_chunks
         self.grid = ChunkGrid(stride, chunk, num_blocks)
         """Where a block falls in each region (chunk ``c`` is mapped in every region at once)."""
-        self.give_back = GiveBack(group_bytes=chunk * regions, grow_chunks=grow_chunks, pressure=self.limit.pressure())
+        self.give_back = GiveBack(
+            group_bytes=chunk * regions,
+            grow_chunks=grow_chunks,
+            pressure=self.limit.pressure(),
+            release_chunks=give_back_chunks,
+        )
         self.mapping = mapping(
             driver,
             self.grid,

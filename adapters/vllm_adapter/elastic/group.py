@@ -254,8 +254,10 @@ def group_buffer(
     name: str = "vllm-kv-ranks",
     refresh_interval: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
+    give_back_chunks: int | None = None,
 ) -> ElasticKVBuffer:
-    """The core's books over the ranks' buffers (asked for their geometry once); ``AdapterError`` if they differ."""
+    """The core's books over the ranks' buffers (asked for their geometry once); ``AdapterError`` if they differ.
+    ``give_back_chunks``: the bound on one give-back, which the core decides (``ElasticKVBuffer``)."""
     ranks = RankGroupLimit(collective, size, refresh_interval=refresh_interval, clock=clock)
     try:
         answers = ranks.call("describe")
@@ -281,6 +283,7 @@ def group_buffer(
         regions=g.regions,
         block_stride=g.block_stride,
         mapping=functools.partial(GroupMapping, ranks=ranks),
+        give_back_chunks=give_back_chunks,
     )
     return buffer
 

@@ -309,6 +309,7 @@ def allocate(worker: Any, plan: ElasticPlan, initialize: Any, kv_cache_config: A
         name=f"{plan.key.id}-kv",
         regions=geometry.regions,
         block_stride=geometry.block_stride,
+        give_back_chunks=AdapterEnv.from_environ().give_back_chunks,
     )
     try:
         context = allocation_context(buffer, device)
@@ -356,7 +357,8 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
 
         executor, size = _offered.pop()
         buffer = group_buffer(executor_collective(executor), size,
-                              refresh_interval=VllmEnv.from_environ().report_interval)
+                              refresh_interval=VllmEnv.from_environ().report_interval,
+                              give_back_chunks=AdapterEnv.from_environ().give_back_chunks)
         if buffer.num_blocks != kv_cache_config.num_blocks:
             raise AdapterError(
                 f"kvpolicy: the ranks' elastic KV buffers have {buffer.num_blocks} blocks, the scheduler plans "
@@ -374,7 +376,6 @@ def bind_manager(manager: Any, kv_cache_config: Any) -> Any:
         give_back_interval=settings.give_back_interval,
         report_interval=settings.report_interval,
         yield_above_target=settings.yield_above_target,
-        give_back_chunks=AdapterEnv.from_environ().give_back_chunks,
         on_activity=on_activity,
     )
     logger.info("kvpolicy: the scheduler's block pool is elastic over %r", buffer)

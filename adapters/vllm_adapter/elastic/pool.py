@@ -40,7 +40,7 @@ bookkeeping around vLLM's code:
   cache first, and the device is synchronised before the unmap); memory above the
   target, and — when the ledger's pressure counter says another instance was
   refused memory — free memory beyond what is in use plus one growth step, is given
-  back the same way at most every ``give_back_interval`` seconds; with ``give_back_chunks``
+  back the same way at most every ``give_back_interval`` seconds; with the buffer's ``give_back_chunks``
   at most that many chunk groups at a time, the rest at the next steps (a lowered limit
   is applied whole), so no step waits for a whole large give-back.
   When live blocks pin chunks above a lowered limit, the revision is acknowledged
@@ -99,7 +99,6 @@ class ElasticPool:
         on_activity: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         yield_above_target: float = 0.0,
-        give_back_chunks: int | None = None,
     ) -> ElasticPool:
         """Make the fresh block pool vLLM's scheduler built elastic over ``buffer``.
 
@@ -116,9 +115,6 @@ class ElasticPool:
             )
         if pool.get_num_free_blocks() != pool.num_gpu_blocks - 1:
             raise AdapterError("kvpolicy: the scheduler's block pool is already in use; it must be adopted fresh")
-        if give_back_chunks is not None and give_back_chunks < 1:
-            raise AdapterError(f"kvpolicy: a give-back must unmap at least one chunk group, not {give_back_chunks}")
-        buffer.give_back.release_chunks = give_back_chunks
         return cls(pool, buffer, give_back_interval, report_interval, on_activity, clock, yield_above_target)
 
     def __init__(
