@@ -15,6 +15,12 @@
    blocks; the limit drops to 0 and the time until ``on_step`` has unmapped it all
    (evictions, device synchronisation, cuMemUnmap/cuMemRelease) is measured; also the
    growth of the same G from nothing (admission, cuMemCreate/Map/SetAccess, zero fill).
+4. A bounded give-back: the pool holds G of free (prefix-cached) blocks and its target
+   falls to 0, its limit unchanged (an engine gone quiet); ``on_step`` runs until all of
+   G is back. Unbounded, one step does it all; with ``give_back_chunks`` N
+   (``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS``) at most N chunks a step. Reported per bound:
+   the longest step, the steps it took and their total time — what one step waits for
+   against how long the memory takes to go back.
 
 Geometry: Qwen3-8B in the BLHNC layout (2.25 MiB blocks of 16 tokens). Rounds alternate
 stock and elastic; figures are medians. On the host driver the ratios of (1) are
@@ -42,7 +48,9 @@ GOAL_STEADY_RATIO = 1.2
 DECODES_PER_STEP = 32
 
 
-def _pools(driver: Driver, num_blocks: int, chunk: int, limit: StaticLimit) -> tuple[Any, Any, Any]:
+def _pools(
+    driver: Driver, num_blocks: int, chunk: int, limit: StaticLimit, give_back_chunks: int | None = None
+) -> tuple[Any, Any, Any]:
     """(vLLM's BlockPool, the ElasticPool beside it, the ElasticKVBuffer)."""
     from kvpolicy.adapters.vllm_adapter.elastic.buffer import ElasticKVBuffer, pinned_chunks
     from kvpolicy.adapters.vllm_adapter.elastic.pool import ElasticPool
@@ -51,6 +59,7 @@ def _pools(driver: Driver, num_blocks: int, chunk: int, limit: StaticLimit) -> t
     buffer = ElasticKVBuffer(
         driver, num_blocks=num_blocks, bytes_per_block=BPB, chunk=chunk, limit=limit,
         pinned=pinned_chunks(BPB, chunk) * chunk, grow_chunks=max(1, 16 * MiB // chunk),
+        give_back_chunks=give_back_chunks,
     )
     pool = BlockPool(num_blocks, enable_caching=True, hash_block_size=BLOCK_TOKENS)
     elastic = ElasticPool.adopt(pool, buffer, give_back_interval=1.0, report_interval=1.0)
@@ -231,6 +240,20 @@ def idle_memory(driver: Driver, capacity: int, guarantee: int, chunk: int) -> di
     }
 
 
+def _cached_and_free(pool: Any, elastic: Any, size: int) -> float:
+    """Grow ``size`` of blocks into the pool and leave them free and prefix-cached; the growth's seconds."""
+    n = size // BPB
+    t0 = time.perf_counter()
+    assert elastic.make_room(n), "could not grow"
+    grown = time.perf_counter() - t0
+    blocks = pool.get_new_blocks(n)
+    hashes = [bytes([i % 256, i // 256]) * 16 for i in range(n)]
+    pool.cache_full_blocks(_Hashed(hashes), blocks, 0, n, BLOCK_TOKENS, 0)
+    pool.free_blocks(reversed(blocks))  # free, still in the prefix cache
+    elastic.on_step(active=False)
+    return grown
+
+
 def give_back(driver: Driver, size: int, chunk: int, rounds: int) -> dict[str, float]:
     """Grow ``size`` of blocks, make them free prefix-cached blocks, lower the limit to 0, time the give-back."""
     grow_t, back_t = [], []
@@ -239,15 +262,7 @@ def give_back(driver: Driver, size: int, chunk: int, rounds: int) -> dict[str, f
         limit = StaticLimit(size + 2 * chunk, size + 2 * chunk)
         pool, elastic, buffer = _pools(driver, num_blocks, chunk, limit)
         try:
-            n = size // BPB
-            t0 = time.perf_counter()
-            assert elastic.make_room(n), "could not grow"
-            grow_t.append(time.perf_counter() - t0)
-            blocks = pool.get_new_blocks(n)
-            hashes = [bytes([i % 256, i // 256]) * 16 for i in range(n)]
-            pool.cache_full_blocks(_Hashed(hashes), blocks, 0, n, BLOCK_TOKENS, 0)
-            pool.free_blocks(reversed(blocks))  # free, still in the prefix cache
-            elastic.on_step(active=False)
+            grow_t.append(_cached_and_free(pool, elastic, size))
             held = buffer.mapping.held_bytes
             limit.set(0, 0)
             t0 = time.perf_counter()
@@ -266,6 +281,38 @@ def give_back(driver: Driver, size: int, chunk: int, rounds: int) -> dict[str, f
         "grow_gib_per_s": released / g / GiB,
         "give_back_seconds": b,
         "give_back_gib_per_s": released / b / GiB,
+    }
+
+
+def bounded_give_back(driver: Driver, size: int, chunk: int, bound: int | None, rounds: int) -> dict[str, Any]:
+    """``size`` of free cached blocks above a target that falls to 0 (the limit stays): every step's
+    ``on_step`` timed until all of it is back, with at most ``bound`` chunks a give-back."""
+    longest, steps, total = [], [], []
+    num_blocks = 2 * size // BPB
+    for _ in range(rounds):
+        limit = StaticLimit(size + 2 * chunk, size + 2 * chunk)
+        pool, elastic, buffer = _pools(driver, num_blocks, chunk, limit, give_back_chunks=bound)
+        try:
+            _cached_and_free(pool, elastic, size)
+            limit.set(size + 2 * chunk, 0)  # a new revision: the first give-back is due at once
+            times = []
+            while buffer.mapping.held_bytes > buffer.pinned:
+                t0 = time.perf_counter()
+                elastic.on_step(active=False)
+                times.append(time.perf_counter() - t0)
+                assert len(times) <= size // chunk + 1, "the give-back stopped above the target"
+        finally:
+            buffer.close()
+        longest.append(max(times))
+        steps.append(len(times))
+        total.append(sum(times))
+    return {
+        "bytes": size,
+        "chunk_bytes": chunk,
+        "bound_chunks": bound,
+        "longest_step_seconds": statistics.median(longest),
+        "steps": statistics.median(steps),
+        "total_seconds": statistics.median(total),
     }
 
 
@@ -331,6 +378,17 @@ def main(argv: list[str] | None = None) -> int:
                 f"growing it: {fig['grow_seconds'] * 1e3:.1f} ms ({fig['grow_gib_per_s']:.1f} GiB/s)"
             )
         results["give_back"] = back
+        size = 512 * MiB if args.quick else 4 * GiB
+        bounded = []
+        for bound in (None, 512, 128, 32):
+            fig = bounded_give_back(driver, size, 2 * MiB, bound, 1 if args.quick else 3)
+            bounded.append(fig)
+            print(
+                f"give back {size // MiB} MiB above the target, 2 MiB chunks, at most {bound or 'all'} a step: "
+                f"longest step {fig['longest_step_seconds'] * 1e3:.1f} ms, {fig['steps']:.0f} step(s), "
+                f"{fig['total_seconds'] * 1e3:.1f} ms in all"
+            )
+        results["bounded_give_back"] = bounded
     finally:
         driver.close()
     if args.json:
