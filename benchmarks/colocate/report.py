@@ -344,9 +344,11 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
     (dest / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     try:
         plot(modes, dest / "memory.png")
+        plotted = True
     except ImportError as exc:  # the plot needs matplotlib (pip install 'kvpolicy[bench]'); the figures do not
         print(f"colocate --combine: memory.png not written ({exc}); pip install matplotlib")
-    table = markdown(results)
+        plotted = False
+    table = markdown(results, plot="memory.png" if plotted else None)
     (dest / "results.md").write_text(table)
     print(table)
     if update_readme:
@@ -368,8 +370,8 @@ def _slo_words(results: dict[str, Any]) -> str:
     return f"{e.get('slo_ttft_s', 2.0):g} s and every inter-token gap ≤ {e.get('slo_gap_ms', 50.0):g} ms"
 
 
-def markdown(results: dict[str, Any]) -> str:
-    """The results as the README shows them."""
+def markdown(results: dict[str, Any], plot: str | None = "memory.png") -> str:
+    """The results as the README shows them; ``plot``: the memory plot beside them (None: none was drawn)."""
     m = results["machine"] or {}
     if m.get("gpu"):
         where = f"{m['gpu']}, {m['gpu_memory'] / GiB:.0f} GiB, driver {m.get('driver')}, CUDA {m.get('cuda')}"
@@ -429,9 +431,9 @@ def markdown(results: dict[str, Any]) -> str:
          f"{g['reclaim_within_grace_plus_1s']}; reload within 100 ms {ok(g['reload_applied_within_100ms'])}; "
          f"never over budget {ok(g['never_over_budget'])}."),
         ("- Issue 17's goals: " + "; ".join(f"{k} {ok(v)}" for k, v in g.items() if k.startswith("i17_")) + "."),
-        "",
-        "![memory per tenant over time, both modes](memory.png)",
     ]
+    if plot is not None:
+        lines += ["", f"![memory per tenant over time, both modes]({plot})"]
     return "\n".join(lines) + "\n"
 
 

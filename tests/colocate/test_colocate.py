@@ -460,6 +460,8 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
         assert not (out / "memory.png").exists()  # the plot is optional; the figures are not
     else:
         assert (out / "memory.png").stat().st_size > 10_000
+    # results.md links the plot only where one was drawn
+    assert ("](memory.png)" in (out / "results.md").read_text()) == (out / "memory.png").exists()
 
 
 @pytest.mark.sglang
