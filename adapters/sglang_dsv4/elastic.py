@@ -32,7 +32,8 @@ puts those tensors on the allocator:
   ``swa_capacity_and_available``, which the idle loop's leak check calls): a new limit
   revision is applied at once; at most every ``give_back_interval`` seconds ``sync``
   gives back fully free chunks above the target or under pressure (``GiveBack``; with
-  ``give_back_chunks`` at most that many chunk groups a tick, the rest at the next ticks); at
+  ``give_back_chunks`` it unmaps at most that many chunks a tick, in whole chunk groups of one
+  chunk per layer, at least one, the rest at the next ticks); at
   most every ``report_interval`` seconds the bytes in use go to the ledger. A lowered
   limit is applied at once or deferred until pages are freed (each free that empties a
   chunk then unmaps it); a chunk about to be unmapped first has its pages taken out of
@@ -54,7 +55,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvpolicy.alloc import ChunkGrid, ChunkMapping, DriverError, GiveBack, LimitSource, LiveBlocks, OutOfBlocks
+from kvpolicy.alloc import (
+    ChunkGrid,
+    ChunkMapping,
+    DriverError,
+    GiveBack,
+    LimitSource,
+    LiveBlocks,
+    OutOfBlocks,
+    groups_within,
+)
 from kvpolicy.alloc.mapping import plan_growth
 from kvpolicy.facts import PoolFacts
 from kvpolicy.units import format_bytes
@@ -111,7 +121,7 @@ class ElasticSWA:
         )
         self.live = LiveBlocks(self.mapping)
         self.give_back = GiveBack(group_bytes=self.mapping.group_bytes, grow_chunks=grow_chunks,
-                                  pressure=limit.pressure(), release_chunks=give_back_chunks)
+                                  pressure=limit.pressure(), release_chunks=groups_within(give_back_chunks, layers))
         self.visible = bytearray(pages)
         """1 for each page that is SGLang's: in its free list, or handed out."""
         self.allocator: Any = None

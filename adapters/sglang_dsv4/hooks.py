@@ -82,7 +82,7 @@ class AdapterState:
     model_name: str | None = None
     """KVPOLICY_MODEL; None: SGLang's served model name."""
     give_back_chunks: int | None = None
-    """KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS: chunk groups an elastic SWA pool gives back per tick at most."""
+    """KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS: chunks an elastic SWA pool unmaps per tick at most (None: no bound)."""
     admitted: dict[int, Admitted] = field(default_factory=dict)  # by GPU id
     measurements: list[PoolMeasurement] = field(default_factory=list)
     elastic_pools: list[tuple[object, ElasticSWA]] = field(default_factory=list)

@@ -22,7 +22,7 @@ from kvpolicy.alloc.errors import (
     DriverUnavailable,
     OutOfBlocks,
 )
-from kvpolicy.alloc.giveback import GiveBack
+from kvpolicy.alloc.giveback import GiveBack, groups_within
 from kvpolicy.alloc.host import HostDriver
 from kvpolicy.alloc.layout import BlockSpec, ChunkGrid, KVCacheLayout
 from kvpolicy.alloc.limits import LimitReading, LimitSource, StaticLimit
@@ -53,5 +53,6 @@ __all__ = [
     "OutOfBlocks",
     "PoolStats",
     "StaticLimit",
+    "groups_within",
     "open_driver",
 ]

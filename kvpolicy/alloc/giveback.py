@@ -171,6 +171,17 @@ class ContentionWindow:
         return self._clock() < self._until
 
 
+def groups_within(chunks: int | None, arenas: int) -> int | None:
+    """The chunk groups one give-back may release so that it unmaps at most ``chunks`` chunks, where a
+    group is one chunk in each of ``arenas`` arenas — a bound on the driver's calls, whatever the
+    layout — but at least one group, or nothing would ever go (None: no bound)."""
+    if chunks is None:
+        return None
+    if chunks < 1 or arenas < 1:
+        raise ValueError(f"a bound of {chunks} chunk(s) over {arenas} arena(s): both must be >= 1")
+    return max(1, chunks // arenas)
+
+
 class GiveBack:
     """One pool's give-back policy: the decisions above with their state between syncs.
 

@@ -53,16 +53,17 @@ def test_any_finite_interval_reads_back(seconds: float) -> None:
     assert env.report_interval == env.give_back_interval == env.yield_above_target == seconds
 
 
-@pytest.mark.parametrize("text", ["0", "-1", "1.5", "1e6", "many", "²"])
-def test_the_give_back_bound_is_a_whole_number_of_chunk_groups_or_none(text: str) -> None:
+@pytest.mark.parametrize("text", ["-1", "1.5", "1e6", "many", "²"])
+def test_the_give_back_bound_is_a_whole_number_of_chunks_128_unless_set_0_for_none(text: str) -> None:
     """Both adapters read it (their elastic pools' give-back), once enabled: a disabled engine ignores it."""
     on = {"KVPOLICY_ENABLE": "1"}
-    with pytest.raises(AdapterError, match=r"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS=.*expected a whole number >= 1"):
+    with pytest.raises(AdapterError, match=r"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS=.*expected a whole number, e.g. 128 \(0: no bound\)"):
         AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": text})
-    assert AdapterEnv.from_environ({"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": text}).give_back_chunks is None
-    assert AdapterEnv.from_environ(on).give_back_chunks is None
-    assert AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": " "}).give_back_chunks is None
-    assert AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": " 128 "}).give_back_chunks == 128
+    assert AdapterEnv.from_environ({"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": text}).give_back_chunks == 128  # not read
+    assert AdapterEnv.from_environ(on).give_back_chunks == 128
+    assert AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": " "}).give_back_chunks == 128
+    assert AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": " 32 "}).give_back_chunks == 32
+    assert AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": "0"}).give_back_chunks is None
 
 
 @pytest.mark.parametrize("text", ["-1", "1.5", "1e6", "16MiB", "²"])

@@ -11,6 +11,7 @@ from kvpolicy.alloc.giveback import (
     GiveBack,
     IdlePeriod,
     IdleWindow,
+    groups_within,
     held_through_hold,
     idle_above_target,
     keep_under_pressure,
@@ -138,3 +139,15 @@ def test_the_contention_window_opens_for_its_seconds_at_each_move_of_the_counter
     assert not never.is_open()
     with pytest.raises(ValueError, match="yield_above_target_s must be >= 0"):
         ContentionWindow(-1.0)
+
+
+def test_a_bound_in_chunks_becomes_whole_chunk_groups_at_least_one() -> None:
+    """The adapters bound a give-back in chunks (each one unmap and release); a group is one chunk in
+    every arena, so the bound is the groups whose chunks fit it, but never none."""
+    assert groups_within(None, 36) is None
+    assert groups_within(128, 1) == 128
+    assert groups_within(128, 36) == 3  # 108 chunks
+    assert groups_within(35, 36) == 1  # one group of 36: more than the bound, or nothing would go
+    for chunks, arenas in ((0, 1), (1, 0)):
+        with pytest.raises(ValueError, match="must be >= 1"):
+            groups_within(chunks, arenas)

@@ -405,10 +405,12 @@ def test_a_lower_limit_unmaps_only_fully_free_chunks_and_waits_for_the_rest(sgla
 
 
 def test_a_bounded_give_back_goes_on_at_the_next_ticks_and_a_lowered_limit_goes_whole(sglang_env):
-    """``give_back_chunks``: above the target one tick gives back at most that many chunk groups, the
-    next ticks the rest, though the give-back interval has not come round; SGLang's free list and the
-    pages it holds stay mapped throughout. A lowered limit goes at once."""
-    b = build(sglang_env, 11 * GROUP, budget=400 * MiB, give_back_chunks=2, give_back_interval=1e9)
+    """``give_back_chunks``: above the target one tick unmaps at most that many chunks, in whole groups
+    of one chunk per layer (17 chunks over 7 layers: 2 groups), the next ticks the rest, though the
+    give-back interval has not come round; SGLang's free list and the pages it holds stay mapped
+    throughout. A lowered limit goes at once."""
+    chunks = 2 * TINY.num_hidden_layers + 3
+    b = build(sglang_env, 11 * GROUP, budget=400 * MiB, give_back_chunks=chunks, give_back_interval=1e9)
     outer = allocator_over(b)
     s = Scheduler(b, outer)
     for _ in range(48):

@@ -92,7 +92,7 @@ def engine(sglang_env, tmp_path, ledger_dir, monkeypatch):
     stack = ExitStack()
     made: list = []
 
-    def start(tp_size: int = 1, device: str = "cpu", give_back_chunks: int | None = None):
+    def start(tp_size: int = 1, device: str = "cpu", give_back_chunks: int | None = env.give_back_chunks):
         stack.enter_context(single_process_parallel())
         stack.enter_context(get_parallel().override(tp_size=tp_size))
         args = stack.enter_context(published_server_args(**ENGINE_ARGS, device=device))
@@ -160,10 +160,17 @@ def test_the_start_up_builds_the_swa_pool_on_the_allocator_under_the_ledger(engi
 
 def test_the_give_back_bound_reaches_the_swa_pool(engine):
     """``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` (``AdapterEnv.give_back_chunks``) bounds the give-back of the
-    SWA pool the start-up builds (its effect: tests/sglang/test_sglang_swa_elastic.py)."""
-    _targets, state, _sizes, _pools = engine(give_back_chunks=3)
+    SWA pool the start-up builds, in whole chunk groups of one chunk per layer (its effect:
+    tests/sglang/test_sglang_swa_elastic.py)."""
+    _targets, state, _sizes, _pools = engine(give_back_chunks=3 * 7 + 6)
     (_pool, swa), = state.elastic_pools
-    assert swa.give_back.release_chunks == 3
+    assert swa.layers == 7 and swa.give_back.release_chunks == 3
+
+
+def test_the_swa_pool_gives_back_at_most_128_chunks_a_tick_by_default(engine):
+    _targets, state, _sizes, _pools = engine()
+    (_pool, swa), = state.elastic_pools
+    assert swa.give_back.release_chunks == 128 // 7
 
 
 def test_a_served_load_maps_under_the_ledger_and_an_idle_engine_gives_back_to_its_guarantee(engine, ledger_dir):

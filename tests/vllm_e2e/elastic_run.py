@@ -173,7 +173,7 @@ def main() -> None:
         "instance_id": engine.plan.session.identity.instance_id,
         "start": engine.figures(),
         "yields_new_work": "allocate_slots" in vars(engine.scheduler.kv_cache_manager),
-        "give_back_chunks": buffer.give_back.release_chunks,
+        "give_back_groups": buffer.give_back.release_chunks,
     }
 
     # 1. greedy, under the guarantee: what the stock engine computes

@@ -53,7 +53,7 @@ def main() -> None:
         result |= {
             "stats": pool.elastic_stats(),
             "books_kind": type(books).__name__,
-            "give_back_chunks": pool.buffer.give_back.release_chunks,
+            "give_back_groups": pool.buffer.give_back.release_chunks,
             "books": [c for c in range(books.num_chunks) if books.is_mapped(c)],
             "ranks": [{"rank": a.rank, "gpu": a.gpu, "mapped": list(a.mapped)} for a in answers],
         }

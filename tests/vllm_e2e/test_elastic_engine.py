@@ -61,7 +61,7 @@ def run(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFactor
         "KVPOLICY_MODEL": SERVED_MODEL,  # the LLM class serves the model under its path
         "KVPOLICY_ELASTIC_GIVE_BACK_INTERVAL": "0",  # memory above the target goes back at the next step
         "KVPOLICY_ELASTIC_YIELD_ABOVE_TARGET": "2",  # the new-work hook on (no one else here: it never caps)
-        "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": "4",  # a give-back unmaps at most 4 chunk groups a step
+        "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": "5",  # a give-back unmaps at most 5 chunks a step
     }
     args = [str(e2e_venv.python), str(HERE / "elastic_run.py"), str(tiny_model), str(work / "result.json"),
             "--max-tokens", str(GREEDY_TOKENS)]
@@ -85,9 +85,10 @@ def test_the_yield_above_the_target_hooks_the_schedulers_allocation(run: dict[st
 
 
 def test_the_give_back_bound_reaches_the_schedulers_pool(run: dict[str, Any]) -> None:
-    """``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` is the bound of the give-back the scheduler's pool runs
-    (its effect on vLLM's queue and prefix cache: tests/vllm_elastic, over vLLM's own classes)."""
-    assert run["give_back_chunks"] == 4
+    """``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` is the bound of the give-back the scheduler's pool runs, in
+    whole chunk groups of one chunk per region: 5 chunks over the layout's 2 regions are 2 groups (its
+    effect on vLLM's queue and prefix cache: tests/vllm_elastic, over vLLM's own classes)."""
+    assert run["reservation"]["regions"] == 2 and run["give_back_groups"] == 2
 
 
 def test_the_cpu_backend_runs_the_elastic_cache_layer_outermost(run: dict[str, Any]) -> None:

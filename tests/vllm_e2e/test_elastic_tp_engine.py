@@ -65,7 +65,7 @@ def tp_runs(e2e_venv: Any, tiny_model: Path, tmp_path_factory: pytest.TempPathFa
         "KVPOLICY_LEDGER_DIR": str(work / "ledger"),
         "KVPOLICY_FIGURES_WAIT": "0",  # the policy gives the capacity
         "KVPOLICY_MODEL": SERVED_MODEL,
-        "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": "4",  # the engine core's books decide the give-back
+        "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": "5",  # the engine core's books decide the give-back
     }, [])
     FIGURES.append(f"elastic TP={TP} (mp): {elastic['stats']['grown_blocks']} blocks grown, chunks {elastic['books']}")
     return stock, elastic
@@ -78,9 +78,10 @@ def test_the_elastic_tp_engine_gives_the_stock_engines_tokens(tp_runs: tuple[dic
 
 def test_the_give_back_bound_reaches_the_engine_cores_books(tp_runs: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """With tensor parallel the scheduler's pool runs over the core's books of the ranks (``group_buffer``),
-    built apart from the single-process buffer: ``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` must reach it too."""
+    built apart from the single-process buffer: ``KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS`` must reach it too
+    (5 chunks over the 2 layers' regions: 2 whole groups)."""
     _, elastic = tp_runs
-    assert elastic["give_back_chunks"] == 4
+    assert elastic["give_back_groups"] == 2
 
 
 def test_the_scheduler_grew_on_the_books_and_every_rank_holds_the_same_chunks(

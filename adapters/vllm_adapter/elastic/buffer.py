@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpolicy.adapters.errors import AdapterError
 
-from kvpolicy.alloc import ChunkGrid, ChunkMapping, Driver, GiveBack, LimitSource, LiveBlocks
+from kvpolicy.alloc import ChunkGrid, ChunkMapping, Driver, GiveBack, LimitSource, LiveBlocks, groups_within
 from kvpolicy.alloc.pinned import PinnedFirst
 from kvpolicy.units import format_bytes
 
@@ -83,8 +83,8 @@ class ElasticKVBuffer:
     ) -> None:
         """``mapping`` makes the chunk mapping (``ChunkMapping``'s arguments; the engine core of a
         tensor-parallel engine passes its books of the ranks' mappings, ``group.GroupMapping``).
-        ``give_back_chunks``: at most this many chunk groups go back at one give-back, the rest at the
-        next steps (``GiveBack``'s ``release_chunks``; None: no bound)."""
+        ``give_back_chunks``: one give-back unmaps at most this many chunks (whole chunk groups, one
+        chunk in every region: at least one group), the rest at the next steps (None: no bound)."""
         stride = bytes_per_block if block_stride is None else block_stride
         if regions < 1 or stride * regions != bytes_per_block:
             raise ValueError(f"{regions} region(s) of {stride} bytes per block do not make {bytes_per_block}-byte blocks")
@@ -107,7 +107,7 @@ class ElasticKVBuffer:
             group_bytes=chunk * regions,
             grow_chunks=grow_chunks,
             pressure=self.limit.pressure(),
-            release_chunks=give_back_chunks,
+            release_chunks=groups_within(give_back_chunks, regions),
         )
         self.mapping = mapping(
             driver,

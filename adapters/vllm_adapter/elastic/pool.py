@@ -41,8 +41,8 @@ bookkeeping around vLLM's code:
   target, and — when the ledger's pressure counter says another instance was
   refused memory — free memory beyond what is in use plus one growth step, is given
   back the same way at most every ``give_back_interval`` seconds; with the buffer's ``give_back_chunks``
-  at most that many chunk groups at a time, the rest at the next steps (a lowered limit
-  is applied whole), so no step waits for a whole large give-back.
+  at most that many chunks at a time (in whole chunk groups), the rest at the next steps (a
+  lowered limit is applied whole), so no step waits for a whole large give-back.
   When live blocks pin chunks above a lowered limit, the revision is acknowledged
   ``deferred``: the highest chunks needed are *doomed* — their free blocks are taken
   out of the queue (``_PARKED``) so vLLM stops reusing them — and each one is
