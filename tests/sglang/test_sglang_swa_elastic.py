@@ -18,7 +18,6 @@ KVPOLICY_SWA_EXAMPLES=25``.
 from __future__ import annotations
 
 import itertools
-
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
