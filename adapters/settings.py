@@ -144,19 +144,23 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
 
 
 def _bytes(env: Mapping[str, str], name: str, default: int) -> int:
-    text = env.get(name, "").strip()
-    if not text:
-        return default
-    if not (text.isascii() and text.isdigit()):
-        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected a whole number of bytes >= 0, e.g. {default}")
-    return int(text)
+    value = _whole_number(env, name, f"a whole number of bytes >= 0, e.g. {default}")
+    return default if value is None else value
 
 
 def _bound(env: Mapping[str, str], name: str, default: int) -> int | None:
     """A whole number >= 1, or 0 for no bound (None); unset: ``default``."""
+    value = _whole_number(env, name, f"a whole number, e.g. {default} (0: no bound)")
+    if value is None:
+        return default
+    return value or None
+
+
+def _whole_number(env: Mapping[str, str], name: str, expected: str) -> int | None:
+    """The setting as a whole number >= 0 written in ASCII digits (no sign, unit or exponent); None if unset."""
     text = env.get(name, "").strip()
     if not text:
-        return default
+        return None
     if not (text.isascii() and text.isdigit()):
-        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected a whole number, e.g. {default} (0: no bound)")
-    return int(text) or None
+        raise AdapterError(f"kvpolicy: {name}={env[name]!r}: expected {expected}")
+    return int(text)

@@ -41,6 +41,7 @@ from ..collective import process_group_ranks
 from ..common import require_attr
 from ..errors import AdapterError
 from ..ledger_port import as_startup_failure
+from ..settings import DEFAULT_GIVE_BACK_CHUNKS
 from . import elastic_wiring as wiring
 from . import plan as closed
 from .elastic import ElasticSWA, swa_backed_by
@@ -81,8 +82,9 @@ class AdapterState:
     connect: Connector
     model_name: str | None = None
     """KVPOLICY_MODEL; None: SGLang's served model name."""
-    give_back_chunks: int | None = None
-    """KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS: chunks an elastic SWA pool unmaps per tick at most (None: no bound)."""
+    give_back_chunks: int | None = DEFAULT_GIVE_BACK_CHUNKS
+    """KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS: chunks an elastic SWA pool unmaps per tick at most (None: no bound);
+    the environment's default where the caller does not say."""
     admitted: dict[int, Admitted] = field(default_factory=dict)  # by GPU id
     measurements: list[PoolMeasurement] = field(default_factory=list)
     elastic_pools: list[tuple[object, ElasticSWA]] = field(default_factory=list)
