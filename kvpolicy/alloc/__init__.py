@@ -13,7 +13,8 @@ imports torch or cuda-python until it is used.
 from kvpolicy.alloc.arena import Arena, MapResult
 from kvpolicy.alloc.blocks import BlockPool, PoolStats
 from kvpolicy.alloc.counters import CallCounts
-from kvpolicy.alloc.driver import CudaDriver, Driver, open_driver
+from kvpolicy.alloc.driver import CudaDriver, Driver
+from kvpolicy.alloc.drivers import open_driver
 from kvpolicy.alloc.errors import (
     AllocError,
     BlockError,

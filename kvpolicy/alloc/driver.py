@@ -441,27 +441,6 @@ def _name(err: Any) -> str:
     return getattr(err, "name", None) or f"CUresult {int(err)}"
 
 
-def open_driver(kind: str = "auto", *, device: int = 0, host_capacity: int | None = None) -> Driver:
-    """A driver of ``kind`` ``"cuda"``, ``"host"``, or ``"auto"`` (CUDA when a GPU is usable, else host).
-
-    ``"cuda"`` raises ``DriverUnavailable`` with the reason when it cannot start;
-    ``host_capacity`` sets the simulated device memory of a host driver.
-    """
-    if kind not in ("auto", "cuda", "host"):
-        raise ValueError(f"unknown driver kind {kind!r}; expected 'auto', 'cuda' or 'host'")
-    if kind in ("auto", "cuda"):
-        try:
-            return CudaDriver(device)
-        except DriverUnavailable:
-            if kind == "cuda":
-                raise
-    from kvpolicy.alloc.host import HostDriver
-
-    if host_capacity is None:
-        return HostDriver(device=device)
-    return HostDriver(capacity=host_capacity, device=device)
-
-
 __all__ = [
     "DRIVER_CALLS",
     "CudaDriver",
@@ -470,5 +449,4 @@ __all__ = [
     "DriverUnavailable",
     "Handle",
     "import_cuda_bindings",
-    "open_driver",
 ]
