@@ -105,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError
     from kvpolicy.runtime.gpus import FactsSampler, GpuSampler, StaticSampler, nvml_sampler
+    from kvpolicy.runtime.endpoints import serve
     from kvpolicy.runtime.health import ControllerHealth
     from kvpolicy.runtime.metrics import ControllerMetrics
 
@@ -157,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     if listen is not None:
         host, port = listen
         try:
-            server, _ = metrics.serve(port, host, ControllerHealth(controller))
+            server, _ = serve(host, port, metrics.registry, ControllerHealth(controller))
         except OSError as exc:
             print(f"kvpolicy run: cannot listen on {_show(host, port)} ({exc.strerror or exc}): pass "
                   "--metrics-address HOST:PORT with a free port, or --metrics-address off", file=sys.stderr)

@@ -20,10 +20,7 @@ from prometheus_client.registry import Collector
 from kvpolicy.evaluate.decision import Decision, RuleStateName
 
 if TYPE_CHECKING:
-    from wsgiref.simple_server import WSGIServer
-
     from kvpolicy.runtime.directory import LedgerView
-    from kvpolicy.runtime.health import ControllerHealth
 
 EVALUATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
 
@@ -162,7 +159,7 @@ def _ledger_families(view: LedgerView, stuck_after: float) -> Iterator[Metric]:
 
 
 class ControllerMetrics:
-    """The controller's registry; ``serve(port)`` exposes it over HTTP."""
+    """The controller's registry; ``endpoints.serve`` exposes it over HTTP."""
 
     def __init__(self, stuck_after: float = 60.0) -> None:
         self.registry = CollectorRegistry()
@@ -189,14 +186,3 @@ class ControllerMetrics:
             self._snapshot.policy_revision = policy_revision
             self._snapshot.published_revision = published_revision
             self._snapshot.heartbeat = heartbeat
-
-    def serve(
-        self, port: int, addr: str = "127.0.0.1", health: ControllerHealth | None = None
-    ) -> tuple[WSGIServer, threading.Thread]:
-        """Serve ``/metrics`` (and ``/healthz``, ``/readyz`` with a ``health.ControllerHealth``) on ``addr:port``.
-
-        Returns (server, thread); ``server.server_port`` is the port bound (for ``port`` 0).
-        """
-        from kvpolicy.runtime.endpoints import serve
-
-        return serve(addr, port, self.registry, health)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from kvpolicy.runtime.controller import Controller, ControllerConfig
 from kvpolicy.runtime.directory import LedgerDir
+from kvpolicy.runtime.endpoints import serve
 from kvpolicy.runtime.gpus import GpuSampler, StaticSampler
 from kvpolicy.runtime.health import ControllerHealth
 from kvpolicy.runtime.metrics import ControllerMetrics
@@ -80,7 +81,7 @@ class Site:
 
     def serve(self, controller: Controller) -> str:
         """Serve the controller's endpoints (metrics and probes) on a free loopback port; returns the base URL."""
-        server, _ = controller.metrics.serve(0, "127.0.0.1", ControllerHealth(controller))
+        server, _ = serve("127.0.0.1", 0, controller.metrics.registry, ControllerHealth(controller))
         self._servers.append(server)
         return f"http://127.0.0.1:{server.server_port}"
 

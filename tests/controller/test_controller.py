@@ -14,6 +14,7 @@ import pytest
 from kvpolicy.cli import main
 from kvpolicy.runtime.controller import Controller, ControllerConfig
 from kvpolicy.runtime.directory import LedgerDir
+from kvpolicy.runtime.endpoints import serve
 from kvpolicy.runtime.gpus import StaticSampler
 from kvpolicy.runtime.status import read_status
 from kvpolicy.runtime.values import SlotView
@@ -147,7 +148,7 @@ def test_one_controller_per_ledger(site):
 def test_metrics_endpoint(site):
     controller = site.controller()
     site.engine("chat")
-    server, _ = controller.metrics.serve(0, addr="127.0.0.1")
+    server, _ = serve("127.0.0.1", 0, controller.metrics.registry)
     try:
         assert wait_for(lambda: site.slot("chat/0").limit == 48 * GiB)
         limit_line = 'kvpolicy_instance_limit_bytes{engine="any",gpu="cuda:0",instance="chat/0",model="chat"} 5.1539607552e+10'
