@@ -17,6 +17,15 @@ from kvpolicy.facts import Facts
 from kvpolicy.validation import describe
 
 
+FACTS_SUFFIX = ".facts.json"
+"""The sample facts of ``NAME.kvp`` are ``NAME.facts.json`` beside it (``sample_facts_path``)."""
+
+
+def sample_facts_path(policy: Path) -> Path:
+    """Where the sample facts of the policy file ``policy`` are, whether or not there are any."""
+    return policy.with_name(policy.name.removesuffix(".kvp") + FACTS_SUFFIX)
+
+
 class FactsError(Exception):
     """Facts that cannot be used: the message names the file and the field."""
 

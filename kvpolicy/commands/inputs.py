@@ -19,9 +19,6 @@ from kvpolicy.evaluate.decision import State
 from kvpolicy.facts import Facts
 from kvpolicy.policy.model import Policy
 
-FACTS_SUFFIX = ".facts.json"
-
-
 class InputFailed(Exception):
     """An input could not be used; the message was printed, ``code`` is the exit status."""
 
@@ -51,10 +48,6 @@ def add_facts_options(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument("--group", metavar="GROUP", help="with --live: the ledger's group, if shared")
     parser.add_argument("--state", metavar="FILE",
                         help="evaluator state JSON from an earlier evaluation (with --live: instead of the controller's)")
-
-
-def sample_facts_path(policy: Path) -> Path:
-    return policy.with_name(policy.name.removesuffix(".kvp") + FACTS_SUFFIX)
 
 
 def load(command: str, path: Path) -> Policy:
@@ -90,7 +83,7 @@ def inputs(command: str, args: argparse.Namespace, beside: Path) -> Inputs:
 
 
 def _facts_file(command: str, args: argparse.Namespace, beside: Path) -> tuple[Facts, str]:
-    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
+    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts, sample_facts_path
 
     path = Path(args.facts) if args.facts else sample_facts_path(beside)
     if not args.facts and not path.is_file():

@@ -9,15 +9,13 @@ them). With neither, a policy whose ``gpu`` blocks give every GPU it names a
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpolicy.commands.common import parse_size
-from kvpolicy.commands.inputs import sample_facts_path
 from kvpolicy.facts import Facts
-from kvpolicy.facts_io import FactsError, read_facts
+from kvpolicy.facts_io import FactsError, read_facts, sample_facts_path
+from kvpolicy.units import parse_size
 
 SETTINGS_SECTION = "kvpolicy"
 SETTING_FACTS = "facts"
@@ -45,7 +43,7 @@ class Settings:
         elif isinstance(gpu_capacity, str) and gpu_capacity.strip():
             try:
                 capacity = parse_size(gpu_capacity)
-            except argparse.ArgumentTypeError as exc:
+            except ValueError as exc:
                 problems.append(f"kvpolicy.gpuCapacity: {exc}")
         elif gpu_capacity not in (None, ""):
             problems.append(f"kvpolicy.gpuCapacity must be a size such as \"141GiB\", not {gpu_capacity!r}")
