@@ -76,9 +76,11 @@ def policy_gpu_figures(policy: Path | None, gpu: str, capacity: int) -> tuple[in
 
     The policy's ``gpu "X"`` blocks match the UUID or the display name this process's NVML gives it
     (in a container, the container's numbering: the controller's figures, once published, use the machine's)."""
+    from kvpolicy.policy.resolve import gpu_settings
+
     if policy is None:
         return capacity, 0
-    settings = read_policy(policy).gpu_settings(gpu, display_name(gpu))
+    settings = gpu_settings(read_policy(policy), gpu, display_name(gpu))
     cap = settings.capacity if settings.capacity is not None else capacity
     return cap, settings.headroom_bytes(cap)
 
@@ -91,10 +93,12 @@ def gpu_measure(policy: Path | None) -> GpuMeasure:
     """
 
     def measure(gpu: str) -> MeasuredGpu | None:
+        from kvpolicy.policy.resolve import gpu_settings
+
         if is_host_device(gpu):  # no driver to ask: the policy's capacity is the host's budget
             if policy is None:
                 return None
-            settings = read_policy(policy).gpu_settings(gpu)
+            settings = gpu_settings(read_policy(policy), gpu)
             if settings.capacity is None:
                 return None
             return MeasuredGpu(capacity=settings.capacity, headroom=settings.headroom_bytes(settings.capacity), in_use=0)

@@ -147,24 +147,26 @@ def policy_reserve(env: AdapterEnv) -> ReserveSource:
     path = require_policy_file(env)
 
     def read(model: str) -> Reserve:
+        from kvpolicy.policy.resolve import gpu_settings, model_settings
+
         from .elastic_policy import swa_is_elastic
 
         loaded = read_policy(path)
-        settings = loaded.model_settings(model)
+        settings = model_settings(loaded, model)
 
         def swa_policy(gpu: str) -> SWAElasticPolicy:
             from ..ledger_port import gpu_capacity
             from .elastic_policy import elastic_swa_policy
 
-            gpu_settings = loaded.gpu_settings(gpu)
-            capacity = gpu_settings.capacity if gpu_settings.capacity is not None else gpu_capacity(gpu, env)
+            on_gpu = gpu_settings(loaded, gpu)
+            capacity = on_gpu.capacity if on_gpu.capacity is not None else gpu_capacity(gpu, env)
             if capacity is None:
                 raise AdapterError(
                     f"kvpolicy: {model!r}'s SWA pool is elastic, but the capacity of {gpu} is unknown (no GPU to "
                     f"measure, no published figures): its min and max cannot be resolved. Set `capacity` for "
                     f"{gpu} in {path}, or start `kvpolicy run` first."
                 )
-            policy = elastic_swa_policy(settings, chunk=gpu_settings.chunk, capacity=capacity)
+            policy = elastic_swa_policy(settings, chunk=on_gpu.chunk, capacity=capacity)
             assert policy is not None, "the model block marks the SWA pool elastic"
             return policy
 

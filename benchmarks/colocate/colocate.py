@@ -111,13 +111,14 @@ class Child:
 
 def _policy_figures(params: Params, policy_path: Path) -> tuple[Any, int, int]:
     from kvpolicy.lint.load import load_policy
+    from kvpolicy.policy.resolve import gpu_settings, model_settings
 
     policy = load_policy(policy_path)
-    settings = policy.gpu_settings(params.device.ledger_id, params.device.gpu)
+    settings = gpu_settings(policy, params.device.ledger_id, params.device.gpu)
     if settings.headroom is not None and not hasattr(settings.headroom, "bytes"):
         raise SystemExit("colocate: give the policy's headroom as a size: the budget arithmetic needs it before the capacity")
     headroom = settings.headroom_bytes(0)
-    reserve = policy.model_settings(params.dsv4.model).reserve or 0
+    reserve = model_settings(policy, params.dsv4.model).reserve or 0
     return policy, headroom, reserve
 
 
@@ -217,6 +218,8 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
 
     ``old``: kvpolicy mode with the allocator's old give-back (``Params.old_allocator``), labelled
     ``kvpolicy-old``, so one run directory holds the old and the new behaviour beside static."""
+    from kvpolicy.policy.resolve import model_settings
+
     label = "kvpolicy-old" if old else mode
     if old:
         if mode != "kvpolicy":
@@ -231,7 +234,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
     policy, headroom, reserve = _policy_figures(params, policy_path)
     rule = idle_rule(policy)
     provisional = params.budget.elastic + headroom + reserve  # the stand-in's admission, before any controller
-    guarantees = {n: policy.model_settings(n).min_bytes(provisional) for n in params.tenants}
+    guarantees = {n: model_settings(policy, n).min_bytes(provisional) for n in params.tenants}
     py = sys.executable
     source = str(params.source)
     children: list[Child] = []

@@ -66,8 +66,9 @@ def plan_settings(params: Params):
 def policy_reserve(params: Params, policy: Path) -> tuple[int, int]:
     """(reserve bytes, line) of the V4 model in the policy."""
     from kvpolicy.lint.load import load_policy
+    from kvpolicy.policy.resolve import model_settings
 
-    settings = load_policy(policy).model_settings(params.dsv4.model)
+    settings = model_settings(load_policy(policy), params.dsv4.model)
     if not settings.reserve:
         raise SystemExit(f"dsv4: model {params.dsv4.model!r} has no `reserve` in {policy}")
     return settings.reserve, settings.line

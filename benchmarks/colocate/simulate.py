@@ -41,6 +41,7 @@ from traces import requests_for
 
 from kvpolicy.alloc import BlockPool, StaticLimit, open_driver
 from kvpolicy.alloc.limits import LimitReading
+from kvpolicy.policy.resolve import gpu_settings, model_settings
 
 if TYPE_CHECKING:
     from kvpolicy.evaluate.decision import InstanceDecision
@@ -229,7 +230,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
     order = None if order_seed is None else random.Random(order_seed)
     text = params.policy.read_text()
     policy = policy_from_text(text)
-    headroom = policy.gpu_settings(params.device.gpu).headroom_bytes(0)
+    headroom = gpu_settings(policy, params.device.gpu).headroom_bytes(0)
     capacity = params.budget.elastic + headroom + runtime_reserved
     driver = open_driver("host", host_capacity=params.budget.elastic * 2)
     shared = SharedBudget(params.budget.elastic, scope)
@@ -242,7 +243,7 @@ def simulate(params: Params, mode: str, runtime_reserved: int, scope: PressureSc
             pool = BlockPool(driver, kv.layout, params.static_blocks, chunk=kv.chunk, limit=source, name=name)
             pool.ensure_mapped(range(pool.num_blocks))
         else:
-            guarantee = 0 if mode == "pooled" else policy.model_settings(name).min_bytes(capacity)
+            guarantee = 0 if mode == "pooled" else model_settings(policy, name).min_bytes(capacity)
             source = shared.source(name, guarantee)
             if mode == "pooled":  # the whole budget its limit, a target of 0: every free block goes back at a sync
                 source.reading = LimitReading(params.budget.elastic, 0, 1)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpolicy.engines import ANY_ENGINE
-from kvpolicy.policy.resolve import DEFAULT_CHUNK
+from kvpolicy.policy.resolve import DEFAULT_CHUNK, gpu_settings, model_settings
 from kvpolicy.units import format_bytes
 
 if TYPE_CHECKING:
@@ -79,11 +79,11 @@ def load_target(path: str, model: str | None, gpu: str, gpu_capacity: int | None
         raise PolicyPlanError("\n".join(d.render() for d in exc.errors)) from None
     except OSError as exc:
         raise PolicyPlanError(f"{path}: {exc.strerror}") from None
-    gpu_settings = policy.gpu_settings(gpu)
-    capacity = gpu_settings.capacity if gpu_settings.capacity is not None else gpu_capacity
+    on_gpu = gpu_settings(policy, gpu)
+    capacity = on_gpu.capacity if on_gpu.capacity is not None else gpu_capacity
     return PolicyTarget(
-        path=file, model=model, gpu=gpu, settings=policy.model_settings(model), capacity=capacity,
-        chunk=gpu_settings.chunk,
+        path=file, model=model, gpu=gpu, settings=model_settings(policy, model), capacity=capacity,
+        chunk=on_gpu.chunk,
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvpolicy import gpu_bar
 from kvpolicy.evaluate.decision import Decision, GpuDecision, InstanceDecision, RuleOnInstance, RuleReport
 from kvpolicy.policy.model import Policy
-from kvpolicy.policy.resolve import ModelSettings
+from kvpolicy.policy.resolve import ModelSettings, gpu_settings, model_settings
 from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
 
@@ -81,7 +81,7 @@ def _seconds(value: float) -> str:
 
 
 def _gpu_section(policy: Policy, gpu: GpuDecision, style: Style) -> list[str]:
-    settings = policy.gpu_settings(gpu.id, gpu.name)
+    settings = gpu_settings(policy, gpu.id, gpu.name)
     capacity_from = f"policy line {settings.capacity_line}" if settings.capacity is not None else "facts"
     headroom_from = f"policy line {settings.headroom_line}" if settings.headroom_line else "default (none)"
     parts = gpu_bar.segments(
@@ -109,7 +109,7 @@ def _gpu_section(policy: Policy, gpu: GpuDecision, style: Style) -> list[str]:
 
 
 def _instance_section(policy: Policy, gpu: GpuDecision, inst: InstanceDecision) -> list[str]:
-    settings = policy.model_settings(inst.model)
+    settings = model_settings(policy, inst.model)
     binding = (
         f'policy model "{inst.policy_model}" (line {settings.line})'
         if inst.policy_model is not None

@@ -24,7 +24,7 @@ from kvpolicy.policy.build import BLOCK_FIELDS, PolicyBuilder
 from kvpolicy.policy.fmt import format_text
 from kvpolicy.policy.incremental import StatementCache
 from kvpolicy.policy.model import ModelBlock, Policy, Rule
-from kvpolicy.policy.resolve import bind
+from kvpolicy.policy.resolve import bind, gpu_settings
 from kvpolicy.policy.syntax import SyntaxResult, parse_tree
 
 RULES_DOC_URL = RULES_DOC
@@ -141,7 +141,7 @@ def matches(pattern: str, model_name: str) -> bool:
 
 def gpu_capacity(policy: Policy, gpu_id: str) -> int | None:
     """The ``capacity`` the policy gives GPU ``gpu_id`` (its block, else ``gpu *``), if any."""
-    return policy.gpu_settings(gpu_id).capacity
+    return gpu_settings(policy, gpu_id).capacity
 
 
 def declared_capacity(policy: Policy) -> int | None:

@@ -11,15 +11,12 @@ from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 from functools import cache
-from typing import TYPE_CHECKING, Literal, TypeVar, get_args
+from typing import Literal, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 from kvpolicy.diagnostics import Span
 from kvpolicy.units import percent_of
-
-if TYPE_CHECKING:
-    from kvpolicy.policy.resolve import GpuSettings, ModelSettings
 
 N = TypeVar("N", bound="Node")
 
@@ -273,18 +270,6 @@ class Policy(Node):
     @property
     def rules(self) -> tuple[Rule, ...]:
         return tuple(s for s in self.statements if isinstance(s, Rule))
-
-    def model_settings(self, name: str) -> ModelSettings:
-        """The settings that bind an instance of model ``name`` (see ``policy.resolve``)."""
-        from kvpolicy.policy.resolve import model_settings
-
-        return model_settings(self, name)
-
-    def gpu_settings(self, gpu_id: str, name: str | None = None) -> GpuSettings:
-        """The headroom, capacity override and chunk for GPU ``gpu_id`` (display name ``name``)."""
-        from kvpolicy.policy.resolve import gpu_settings
-
-        return gpu_settings(self, gpu_id, name)
 
 
 for _model in (Not, And, Or, Compare, Rule):

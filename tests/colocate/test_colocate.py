@@ -30,6 +30,8 @@ from params import load_params
 from policyedit import idle_rule, swap_settings
 from traces import busy_windows, requests_for
 
+from kvpolicy.policy.resolve import model_settings
+
 TRACES = [BENCH / f"{name}.toml" for name in ("default", "allbusy", "bursty4", "longprompt")]
 """The traces the benchmark ships (issue 17): one engine, geometry and allocator setting for all."""
 CPU_TRACES = [BENCH / f"cpu-{name}.toml" for name in ("allbusy", "bursty4", "longprompt")]
@@ -51,20 +53,20 @@ def test_parameter_files_and_their_policies_are_clean(path: Path) -> None:
     a, c = params.reload.swap
     before, after = policy_from_text(text), policy_from_text(edited)
     for field in params.reload.fields:
-        assert getattr(after.model_settings(a), field) == getattr(before.model_settings(c), field)
-        assert getattr(after.model_settings(c), field) == getattr(before.model_settings(a), field)
+        assert getattr(model_settings(after, a), field) == getattr(model_settings(before, c), field)
+        assert getattr(model_settings(after, c), field) == getattr(model_settings(before, a), field)
     changed = [(x, y) for x, y in zip(text.splitlines(), edited.splitlines()) if x != y]
     assert len(changed) == 2 * len(params.reload.fields)  # only the swapped settings' lines
     rule = idle_rule(policy)
     for name in params.tenants:
-        settings = policy.model_settings(name)
+        settings = model_settings(policy, name)
         guarantee = settings.min_bytes(params.budget.elastic)
         # The rule's threshold sits below the guarantee it shrinks to: a tenant kept at its
         # guarantee leaves the rule before it runs out of memory.
         assert rule.below < guarantee
         assert guarantee % params.kv.group_bytes == 0 and guarantee % params.kv.elastic_group_bytes == 0
     assert params.budget.static_share % params.kv.group_bytes == 0
-    assert policy.model_settings(params.dsv4.model).reserve
+    assert model_settings(policy, params.dsv4.model).reserve
 
 
 def test_the_default_run_is_the_issue_s() -> None:
@@ -116,7 +118,7 @@ def test_the_cpu_traces_are_the_device_traces_scaled(path: Path) -> None:
     assert device.budget.elastic / cpu.budget.elastic == scale == device.budget.static_share / cpu.budget.static_share
     cpu_policy, device_policy = lint_policy(cpu.policy), lint_policy(device.policy)
     for name in cpu.tenants:
-        c, d = cpu_policy.model_settings(name), device_policy.model_settings(name)
+        c, d = model_settings(cpu_policy, name), model_settings(device_policy, name)
         assert (c.priority, c.weight) == (d.priority, d.weight)
         assert d.min_bytes(device.budget.elastic) / c.min_bytes(cpu.budget.elastic) == scale
 

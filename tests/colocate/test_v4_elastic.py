@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpolicy.policy.resolve import model_settings
 from kvpolicy.units import MiB
 
 REPO = Path(__file__).resolve().parents[2]
@@ -166,7 +167,7 @@ def test_the_h200_parameters_make_the_v4_swa_pool_elastic_and_its_plan_fits() ->
     assert (params.engine, params.kv, params.trace, params.tenants) == (default.engine, default.kv, default.trace, default.tenants)
     result = lint_file(params.policy)
     assert result.diagnostics == (), [d.message for d in result.diagnostics]
-    settings = result.policy.model_settings(params.dsv4.model)
+    settings = model_settings(result.policy, params.dsv4.model)
     assert swa_is_elastic(settings) and params.dsv4.build == "sglang" and params.dsv4.trace is not None
     d = params.dsv4
     swa = elastic_swa_policy(settings, chunk=2 * MiB, capacity=141 * GiB)

@@ -21,6 +21,7 @@ import yaml
 
 from kvpolicy.adapters import settings as adapter_env
 from kvpolicy.lint.engine import lint_text
+from kvpolicy.policy.resolve import model_settings
 from kvpolicy.runtime import client as ledger_client
 from kvpolicy.runtime.segment import Access
 from tests.controller.site import http_get
@@ -143,7 +144,7 @@ def test_every_namespace_gets_the_same_valid_policy():
     policy_file = CONTROLLER["args"][0]
     assert os.path.dirname(policy_file) == mount(CONTROLLER_POD, CONTROLLER, "policy")
     model = {e["name"]: e["value"] for e in ENGINE["env"]}[adapter_env.ENV_MODEL]
-    assert result.policy.model_settings(model).reserve  # vLLM's KV cache is sized from it
+    assert model_settings(result.policy, model).reserve  # vLLM's KV cache is sized from it
 
 
 def test_an_engine_pod_joins_the_node_ledger():

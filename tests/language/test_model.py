@@ -14,6 +14,7 @@ from kvpolicy.diagnostics import PolicyError
 from kvpolicy.lint.load import load_policy, policy_from_text
 from kvpolicy.policy import globs
 from kvpolicy.policy import model as m
+from kvpolicy.policy.resolve import gpu_settings, model_settings
 from kvpolicy.units import GiB, MiB
 
 from .helpers import PROFILE
@@ -128,25 +129,25 @@ def test_decimal_units_and_fractional_bytes() -> None:
     ],
 )
 def test_binding_is_exact_then_longest_then_first(parsed_policy, name, pattern) -> None:
-    settings_ = parsed_policy.model_settings(name)
+    settings_ = model_settings(parsed_policy, name)
     assert settings_.pattern == pattern
 
 
 def test_defaults_apply_where_nothing_is_said(parsed_policy) -> None:
-    unbound = parsed_policy.model_settings("mistral")
+    unbound = model_settings(parsed_policy, "mistral")
     assert (unbound.priority, unbound.reserve, unbound.weight, unbound.engine) == (0, None, 100, None)
     assert unbound.min_bytes(80 * GiB) == 0 and unbound.max_bytes(80 * GiB) == 80 * GiB
-    bound = parsed_policy.model_settings("qwen3-32b")
+    bound = model_settings(parsed_policy, "qwen3-32b")
     assert bound.priority == 10 and bound.max_bytes(100 * GiB) == 40 * GiB and bound.min_bytes(100 * GiB) == 0
 
 
 def test_gpu_settings_take_the_most_specific_block(parsed_policy) -> None:
-    g0 = parsed_policy.gpu_settings("cuda:0")
+    g0 = gpu_settings(parsed_policy, "cuda:0")
     assert g0.headroom_bytes(100 * GiB) == 5 * GiB and g0.capacity is None and g0.chunk == 2 * MiB
-    g1 = parsed_policy.gpu_settings("cuda:1")
+    g1 = gpu_settings(parsed_policy, "cuda:1")
     assert g1.capacity == 80 * GiB and g1.chunk == 4 * MiB and g1.headroom_bytes(80 * GiB) == 4 * GiB
     no_gpu_blocks = policy_from_text("version 1\ndefaults { headroom 2 GiB }\n")
-    assert no_gpu_blocks.gpu_settings("cuda:7").headroom_bytes(80 * GiB) == 2 * GiB
+    assert gpu_settings(no_gpu_blocks, "cuda:7").headroom_bytes(80 * GiB) == 2 * GiB
 
 
 def test_policy_error_carries_every_diagnostic(tmp_path) -> None:

@@ -12,6 +12,7 @@ from kvpolicy.cli import main
 from kvpolicy.facts_io import read_facts
 from kvpolicy.lint.engine import lint_file
 from kvpolicy.lint.load import load_policy
+from kvpolicy.policy.resolve import model_settings
 from kvpolicy.units import GiB
 
 POLICIES = sorted((Path(__file__).resolve().parents[2] / "policies").glob("*.kvp"))
@@ -48,7 +49,7 @@ def test_facts_match_the_policy(policy: Path) -> None:
     facts = read_facts(policy.with_suffix(".facts.json"))
     assert facts.gpus and facts.instances
     for inst in facts.instances:
-        settings = loaded.model_settings(inst.model)
+        settings = model_settings(loaded, inst.model)
         assert settings.block is not None, f"{inst.id}: model {inst.model!r} binds no block"
         assert settings.engine in (None, inst.engine), inst.id
         for name, pool in inst.pools.items():

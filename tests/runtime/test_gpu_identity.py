@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from kvpolicy.policy.resolve import gpu_settings
 from kvpolicy.runtime import gpu_identity as G
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.gpus import NvmlSampler, mixed_ids_note
@@ -264,11 +265,11 @@ def test_gpu_blocks_match_the_uuid_before_the_display_name(tmp_path: Path) -> No
     file.write_text(f'version 1\ndefaults {{ headroom 1 GiB }}\ngpu "cuda:2" {{ headroom 3 GiB; chunk 4 MiB }}\n'
                     f'gpu "{U[2]}" {{ headroom 5 GiB }}\n')
     policy = load_policy(file)
-    by_both = policy.gpu_settings(U[2], "cuda:2")
+    by_both = gpu_settings(policy, U[2], "cuda:2")
     assert (by_both.headroom_bytes(0), by_both.chunk) == (5 * GiB, 4 << 20)  # each setting from the most specific
-    assert policy.gpu_settings(U[1], "cuda:2").headroom_bytes(0) == 3 * GiB  # by display name alone
-    assert policy.gpu_settings(U[1], "cuda:1").headroom_bytes(0) == 1 * GiB  # neither: the defaults
-    assert policy.gpu_settings("cuda:2").headroom_bytes(0) == 3 * GiB  # a fallback id is its own name
+    assert gpu_settings(policy, U[1], "cuda:2").headroom_bytes(0) == 3 * GiB  # by display name alone
+    assert gpu_settings(policy, U[1], "cuda:1").headroom_bytes(0) == 1 * GiB  # neither: the defaults
+    assert gpu_settings(policy, "cuda:2").headroom_bytes(0) == 3 * GiB  # a fallback id is its own name
 
 
 def test_an_engines_own_figures_match_blocks_by_its_nvml_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -98,9 +98,11 @@ def plan_of(worker: Any) -> ElasticPlan | None:
 
 def model_is_elastic(env: AdapterEnv, model: str) -> bool:
     """Whether the policy marks any pool of ``model`` ``owner elastic``."""
+    from kvpolicy.policy.resolve import model_settings
+
     if env.policy is None:
         return False
-    return bool(marked_pools(read_policy(env.policy).model_settings(model).pools)[0])
+    return bool(marked_pools(model_settings(read_policy(env.policy), model).pools)[0])
 
 
 def prepare_engine(

@@ -71,11 +71,13 @@ def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | 
     percentages of ``min``/``max`` resolve against it. Raises AdapterError for pools
     the vLLM adapter cannot run elastically and for a capacity it needs but lacks.
     """
+    from kvpolicy.policy.resolve import gpu_settings, model_settings
+
     if policy is None:
         return None
     loaded = read_policy(policy)
-    settings = loaded.model_settings(model)
-    gpu_settings = loaded.gpu_settings(gpu)
+    settings = model_settings(loaded, model)
+    on_gpu = gpu_settings(loaded, gpu)
     elastic, runtime = marked_pools(settings.pools)
     if not elastic:
         return None
@@ -94,14 +96,14 @@ def elastic_settings(policy: Path | None, model: str, gpu: str, capacity: int | 
     from kvpolicy.policy.model import PercentLit
 
     percent = isinstance(settings.min, PercentLit) or isinstance(settings.max, PercentLit)
-    if capacity is None and gpu_settings.capacity is None and percent:
+    if capacity is None and on_gpu.capacity is None and percent:
         raise AdapterError(
             f"kvpolicy: {model!r} has an elastic KV cache whose min/max are percentages, but the capacity of "
             f"{gpu} is unknown (no GPU to measure, no published figures). Set `capacity` for it in the policy, "
             "or start `kvpolicy run` first."
         )
-    cap = gpu_settings.capacity if gpu_settings.capacity is not None else capacity
-    chunk = gpu_settings.chunk
+    cap = on_gpu.capacity if on_gpu.capacity is not None else capacity
+    chunk = on_gpu.chunk
     maximum = settings.max_bytes(cap or 0)
     if cap is not None:
         maximum = min(maximum, cap)  # the limit can never exceed the GPU

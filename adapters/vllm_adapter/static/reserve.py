@@ -12,14 +12,16 @@ from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 def policy_reserve(policy: Path | None, model: str) -> int:
     """Bytes the policy reserves per GPU for ``model``'s KV cache; a loud error if none.
 
-    Uses ``kvpolicy.lint.load.load_policy(path).model_settings(model).reserve``.
+    The ``reserve`` of ``kvpolicy.policy.resolve.model_settings`` for the policy at ``policy``.
     """
+    from kvpolicy.policy.resolve import model_settings
+
     if policy is None:
         raise AdapterError(
             f"kvpolicy: {ENV_ENABLE}=1 but {ENV_POLICY} is not set: the vLLM adapter sizes the KV "
             f"cache from the policy's `reserve`. Set {ENV_POLICY}=/path/to/policy.kvp."
         )
-    reserve = read_policy(policy).model_settings(model).reserve
+    reserve = model_settings(read_policy(policy), model).reserve
     if not reserve:
         raise AdapterError(
             f"kvpolicy: the policy {policy} sets no `reserve` for model {model!r}, so vLLM's KV cache "

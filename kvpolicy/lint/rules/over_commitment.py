@@ -12,6 +12,7 @@ from kvpolicy.engines import ENGINES
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Check, register
 from kvpolicy.policy.model import ModelBlock
+from kvpolicy.policy.resolve import gpu_settings, model_settings
 from kvpolicy.units import format_bytes
 
 
@@ -29,7 +30,7 @@ class OverCommitment(Check):
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         policy = ctx.policy
         for gpu_id, capacity, other, demands in _gpus(ctx):
-            settings = policy.gpu_settings(gpu_id)
+            settings = gpu_settings(policy, gpu_id)
             if settings.capacity is not None:
                 capacity = settings.capacity
             headroom = settings.headroom_bytes(capacity)
@@ -64,8 +65,8 @@ def _gpus(ctx: LintContext) -> Iterator[tuple[str, int, int, list[_Demand]]]:
         for gpu in ctx.facts.gpus:
             demands = []
             for inst in (i for i in ctx.facts.instances if i.gpu == gpu.id):
-                settings = policy.model_settings(inst.model)
-                capacity = policy.gpu_settings(gpu.id, gpu.name).capacity or gpu.capacity
+                settings = model_settings(policy, inst.model)
+                capacity = gpu_settings(policy, gpu.id, gpu.name).capacity or gpu.capacity
                 reserve = inst.runtime_bytes if inst.reports_runtime_pools else (settings.reserve or 0)
                 minimum = settings.min_bytes(capacity) if inst.elastic is not None else 0
                 demands.append(_Demand(settings.block, minimum, reserve))
@@ -73,7 +74,7 @@ def _gpus(ctx: LintContext) -> Iterator[tuple[str, int, int, list[_Demand]]]:
     elif ctx.gpu_capacity is not None:
         ids = sorted({i.value for g in policy.gpus for i in g.ids}) or ["*"]
         for gpu_id in ids:
-            capacity = policy.gpu_settings(gpu_id).capacity or ctx.gpu_capacity
+            capacity = gpu_settings(policy, gpu_id).capacity or ctx.gpu_capacity
             demands = [
                 _Demand(
                     m,
