@@ -8,12 +8,13 @@ and ``adapters/`` is parsed, not imported, and every import is followed: at modu
 level, inside functions, under ``TYPE_CHECKING``, relative, and by
 ``importlib.import_module("...")`` or ``__import__("...")``. The one exception is the
 layering rule's own: ``kvpolicy/__init__.py`` may hand on the public API lazily (in
-its ``__getattr__``).
+its ``__getattr__``). Within a layer, modules import each other in no circle.
 """
 
 from __future__ import annotations
 
 import ast
+import graphlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,6 +136,16 @@ def test_every_module_has_a_layer() -> None:
 def test_no_import_points_up() -> None:
     upward = _upward_edges()
     assert upward == [], "\n".join(f"{MODULES[a].relative_to(ROOT)}:{line}: {a} imports {b}" for a, b, line in upward)
+
+
+def test_no_module_imports_itself_back() -> None:
+    """Within a layer too, imports form no circle: a module can be read, tested and moved with what is
+    below it, and no import order decides whether a name is defined yet. Lazy imports count."""
+    graph = {m: {i for i, _ in _imports(m, p) if i in MODULES and i != m} for m, p in MODULES.items()}
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        raise AssertionError(f"import circle: {' -> '.join(exc.args[1])}") from None
 
 
 def test_the_walk_sees_every_kind_of_import(tmp_path: Path) -> None:
