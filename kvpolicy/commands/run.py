@@ -103,9 +103,9 @@ def _run(args: argparse.Namespace) -> int:
     from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
     from kvpolicy.runtime.controller import Controller, ControllerConfig, PolicyRefused
     from kvpolicy.runtime.directory import LedgerDir
+    from kvpolicy.runtime.endpoints import serve
     from kvpolicy.runtime.errors import LedgerError
     from kvpolicy.runtime.gpus import FactsSampler, GpuSampler, StaticSampler, nvml_sampler
-    from kvpolicy.runtime.endpoints import serve
     from kvpolicy.runtime.health import ControllerHealth
     from kvpolicy.runtime.metrics import ControllerMetrics
 
