@@ -1,13 +1,13 @@
 """The elastic allocator: CUDA virtual memory mapped chunk by chunk under a limit.
 
-``driver`` (cuda-python, or ``host`` simulation) → ``arena`` (one VA reservation,
-chunks mapped on demand, a handle pool) → ``mapping`` (a pool's arenas mapped chunk
-by chunk under a ``limits.LimitSource``; no block ids) → ``blocks`` (``BlockPool``:
-KV block ids over a mapping, with ``free_blocks``' index and ``giveback``'s policy) →
-``tensors`` (zero-copy torch views). ``layout.ChunkGrid`` is where blocks fall on
-chunks; an engine that hands out its own ids uses a ``ChunkMapping`` with
-``live.LiveBlocks`` and a ``GiveBack`` instead of a ``BlockPool``. Nothing here
-imports torch or cuda-python until it is used.
+``driver`` (cuda-python, or ``host`` simulation; ``drivers.open_driver`` picks one) →
+``arena`` (one VA reservation, chunks mapped on demand, a handle pool) → ``mapping`` (a
+pool's arenas mapped chunk by chunk under a ``limits.LimitSource``; no block ids) →
+``blocks`` (``BlockPool``: KV block ids over a mapping, with ``free_blocks``' index and
+``giveback``'s policy) → ``tensors`` (zero-copy torch views). ``layout.ChunkGrid`` is
+where blocks fall on chunks; an engine that hands out its own ids uses a
+``ChunkMapping`` with ``live.LiveBlocks`` and a ``GiveBack`` instead of a
+``BlockPool``. Nothing here imports torch or cuda-python until it is used.
 """
 
 from kvpolicy.alloc.arena import Arena, MapResult
