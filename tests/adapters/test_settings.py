@@ -57,7 +57,8 @@ def test_any_finite_interval_reads_back(seconds: float) -> None:
 def test_the_give_back_bound_is_a_whole_number_of_chunks_128_unless_set_0_for_none(text: str) -> None:
     """Both adapters read it (their elastic pools' give-back), once enabled: a disabled engine ignores it."""
     on = {"KVPOLICY_ENABLE": "1"}
-    with pytest.raises(AdapterError, match=r"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS=.*expected a whole number, e.g. 128 \(0: no bound\)"):
+    expected = r"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS=.*expected a whole number, e.g. 128 \(0: no bound\)"
+    with pytest.raises(AdapterError, match=expected):
         AdapterEnv.from_environ({**on, "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": text})
     assert AdapterEnv.from_environ({"KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS": text}).give_back_chunks == 128  # not read
     assert AdapterEnv.from_environ(on).give_back_chunks == 128

@@ -379,8 +379,9 @@ def test_give_back_above_the_target_evicts_prefix_cache_page_aware(host_loop) ->
 
 def test_a_bounded_give_back_goes_on_at_the_next_steps_and_a_lowered_limit_goes_whole(host_loop) -> None:
     """``give_back_chunks``: a give-back above the target unmaps at most that many chunks at a step
-    (one region here, so a chunk group is one chunk), and the rest at the next steps, though the give-back interval has not come round (vLLM's
-    queue and prefix cache consistent at each); a lowered limit is applied whole."""
+    (one region here, so a chunk group is one chunk), and the rest at the next steps, though the
+    give-back interval has not come round (vLLM's queue and prefix cache consistent at each); a
+    lowered limit is applied whole."""
     loop, buffer, limit = warm_cache(host_loop, give_back_interval=1e9, give_back_chunks=3)
     kv = buffer.mapping
     floor = 40 * MiB + buffer.pinned
