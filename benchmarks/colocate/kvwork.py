@@ -189,14 +189,18 @@ class KVWork:
 
 
 def describe_device(device: Any) -> dict[str, Any]:
-    """What the run ran on: the GPU's name and memory, or the CPU."""
+    """What the run ran on: the GPU's name, memory and UUID, or the CPU; and the host's name."""
     import os
     import platform
 
-    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count()}
+    info: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(), "cpus": os.cpu_count(),
+                            "host": platform.node()}
     if getattr(device, "type", "cpu") == "cuda":
         props = torch.cuda.get_device_properties(device)
         info.update(gpu=props.name, gpu_memory=props.total_memory, cuda=torch.version.cuda)
+        if getattr(props, "uuid", None) is not None:  # which card: --combine pairs only modes run on one
+            uuid = str(props.uuid)
+            info["gpu_uuid"] = uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"  # as nvidia-smi names it
         try:
             import pynvml
         except ImportError:

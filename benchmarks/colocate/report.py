@@ -302,6 +302,32 @@ def issue17_goals(r: dict[str, Any], static: dict[str, Any], kv: dict[str, Any])
     }
 
 
+def machine_id(machine: dict[str, Any] | None) -> str | None:
+    """Which machine a mode ran on: its GPU's UUID, or without a GPU its host's name (None: not recorded)."""
+    m = machine or {}
+    if m.get("gpu"):
+        return m.get("gpu_uuid")
+    return f"host {m['host']}" if m.get("host") else None
+
+
+def one_machine(modes: dict[str, dict[str, Any]]) -> str | None:
+    """The machine every mode ran on (None where a record predates the machine's id).
+
+    A ratio is of two runs on one machine: the device's machines of one kind differ by more than the
+    effects measured (two H100s' static step p50: 1.51-1.64 ms and 1.69-1.87 ms), so modes from two
+    machines are refused.
+    """
+    ids = {name: machine_id(mode.get("machine")) for name, mode in modes.items()}
+    if None in ids.values():
+        return None
+    if len(set(ids.values())) > 1:
+        where = ", ".join(f"{name} on {ran_on}" for name, ran_on in ids.items())
+        raise SystemExit(f"colocate --combine: the modes ran on different machines ({where}); a ratio across "
+                         "machines measures the machines: run every mode on one (in one device call, or in "
+                         "calls back to back while the machine is held)")
+    return next(iter(ids.values()))
+
+
 def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
     """Write ``results.json`` and ``memory.png`` into ``dest`` from ``src/{static,kvpolicy}.json``."""
     modes = {}
@@ -313,6 +339,7 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
     old_path = src / "kvpolicy-old.json"  # optional: the same trace with the allocator's old give-back
     if old_path.exists():
         modes["kvpolicy-old"] = json.loads(old_path.read_text())
+    ran_on = one_machine(modes)
     static, kv = _mode(modes["static"]), _mode(modes["kvpolicy"])
     ratio = kv["tokens"] / static["tokens"] if static["tokens"] else None
     reload = kv.get("reload", {})
@@ -321,6 +348,7 @@ def combine(src: Path, dest: Path, *, update_readme: bool = False) -> int:
         "issue": 8,
         "params": modes["kvpolicy"]["params"]["name"],
         "machine": modes["kvpolicy"].get("machine") or modes["static"].get("machine"),
+        "one_machine": ran_on,
         "trace": modes["kvpolicy"]["params"]["trace"],
         "engine": modes["kvpolicy"]["params"]["engine"],
         "kv": modes["kvpolicy"]["params"]["kv"],
@@ -370,6 +398,11 @@ def _slo_words(results: dict[str, Any]) -> str:
     return f"{e.get('slo_ttft_s', 2.0):g} s and every inter-token gap ≤ {e.get('slo_gap_ms', 50.0):g} ms"
 
 
+def _one_machine_words(results: dict[str, Any]) -> str:
+    ran_on = results.get("one_machine")
+    return f" Every mode ran on {ran_on}." if ran_on else ""
+
+
 def markdown(results: dict[str, Any], plot: str | None = "memory.png") -> str:
     """The results as the README shows them; ``plot``: the memory plot beside them (None: none was drawn)."""
     m = results["machine"] or {}
@@ -379,7 +412,8 @@ def markdown(results: dict[str, Any], plot: str | None = "memory.png") -> str:
         where = f"CPU ({m.get('cpu')}, {m.get('cpus')} cores), host driver"
     kv, st = results["modes"]["kvpolicy"], results["modes"]["static"]
     lines = [
-        f"Machine: {where}; torch {m.get('torch')}, Python {m.get('python')}. Parameters: `{results['params']}`.",
+        f"Machine: {where}; torch {m.get('torch')}, Python {m.get('python')}.{_one_machine_words(results)} "
+        f"Parameters: `{results['params']}`.",
         "",
         (f"**Tokens served: kvpolicy / static = {results['tokens_ratio']:.2f}×** "
          f"({kv['tokens']:,} vs {st['tokens']:,} output tokens)."),

@@ -11,6 +11,7 @@ the policy edit published and acknowledged. No timing is asserted (this is CI).
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -450,12 +451,16 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
             assert t["check_between_steps"] and t["step_ms_p99_with_check"] >= t["step_ms_p99"]
             assert t["tail"]["steps"] >= 1 and t["tail"]["step_ms"] >= t["step_ms_p99"]
     assert "where the slowest 1% of steps went" in table and "ran after the step, apart from its time" in table
+    # Both modes ran here, and the report says on which machine.
+    assert results["one_machine"] == f"host {platform.node()}"
+    assert f"Every mode ran on host {platform.node()}." in table
     # A kvpolicy-old record beside them (here the same run copied: --combine only reads it) adds its ratios.
     (out / "kvpolicy-old.json").write_text((out / "kvpolicy.json").read_text())
     _run("--combine", str(out))
     again = json.loads((out / "results.json").read_text())
     assert again["ratios_old"]["tokens"] == pytest.approx(again["ratios"]["tokens"])
     assert "| kvpolicy-old |" in (out / "results.md").read_text()
+    _refuses_modes_from_two_machines(out)
     try:
         import matplotlib  # noqa: F401 - only whether it imports
     except ImportError:
@@ -464,6 +469,19 @@ def test_both_modes_end_to_end(tmp_path: Path) -> None:
         assert (out / "memory.png").stat().st_size > 10_000
     # results.md links the plot only where one was drawn
     assert ("](memory.png)" in (out / "results.md").read_text()) == (out / "memory.png").exists()
+
+
+def _refuses_modes_from_two_machines(out: Path) -> None:
+    """A record from another machine is refused, and results.json is left as the last good combine wrote it."""
+    before = (out / "results.json").read_text()
+    other = json.loads((out / "kvpolicy-old.json").read_text())
+    other["machine"] = {**other["machine"], "gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0000"}
+    (out / "kvpolicy-old.json").write_text(json.dumps(other))
+    proc = subprocess.run([sys.executable, str(BENCH / "colocate.py"), "--combine", str(out)],
+                          check=False, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"static on host {platform.node()}" in proc.stderr and "kvpolicy-old on GPU-0000" in proc.stderr, proc.stderr
+    assert (out / "results.json").read_text() == before
 
 
 @pytest.mark.sglang
