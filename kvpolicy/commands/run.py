@@ -29,7 +29,10 @@ from kvpolicy.commands import Subcommands, add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
 
 if TYPE_CHECKING:
-    from kvpolicy.runtime.controller import PolicyRefused
+    from kvpolicy.runtime.controller import Controller, PolicyRefused
+    from kvpolicy.runtime.directory import LedgerDir
+    from kvpolicy.runtime.gpus import GpuSampler
+    from kvpolicy.runtime.metrics import ControllerMetrics
 
 DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
 _UNSET = object()  # --metrics-address not given
@@ -79,11 +82,19 @@ def _metrics_address(text: str) -> tuple[str, int] | None:
     return None if text.strip().lower() == "off" else parse_listen_address(text)
 
 
+class _NotStarted(Exception):
+    """Why the controller does not start, for stderr, with the exit status (1: the input, 2: usage)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 def _listen_address(args: argparse.Namespace) -> tuple[str, int] | None:
     """Where to serve the endpoints (None: nowhere); ``--metrics-port`` keeps its old meaning."""
     if args.metrics_port is not None:
         if args.metrics_address is not _UNSET:
-            raise ValueError("--metrics-port is the deprecated spelling of --metrics-address: give only one")
+            raise _NotStarted(2, "--metrics-port is the deprecated spelling of --metrics-address: give only one")
         return ("0.0.0.0", args.metrics_port)
     return DEFAULT_METRICS_ADDRESS if args.metrics_address is _UNSET else args.metrics_address
 
@@ -100,54 +111,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
     from kvpolicy.runtime.controller import Controller, ControllerConfig, PolicyRefused
-    from kvpolicy.runtime.directory import LedgerDir
-    from kvpolicy.runtime.endpoints import serve
     from kvpolicy.runtime.errors import LedgerError
-    from kvpolicy.runtime.gpus import FactsSampler, GpuSampler, StaticSampler, nvml_sampler
-    from kvpolicy.runtime.health import ControllerHealth
     from kvpolicy.runtime.metrics import ControllerMetrics
 
     log = logging.getLogger("kvpolicy.run")
+    policy = Path(args.policy)
     try:
         listen = None if args.once else _listen_address(args)
-    except ValueError as exc:
+        if args.metrics_port is not None:
+            log.warning("--metrics-port is deprecated: use --metrics-address 0.0.0.0:%d (or 127.0.0.1:%d for this "
+                        "machine only)", args.metrics_port, args.metrics_port)
+        _check_policy_path(policy)
+        sampler = _sampler(args)
+        ledger = _open_ledger(args)
+    except _NotStarted as exc:
         print(f"kvpolicy run: {exc}", file=sys.stderr)
-        return 2
-    if args.metrics_port is not None:
-        log.warning("--metrics-port is deprecated: use --metrics-address 0.0.0.0:%d (or 127.0.0.1:%d for this "
-                    "machine only)", args.metrics_port, args.metrics_port)
-    policy = Path(args.policy)
-    if not policy.parent.is_dir():
-        print(f"kvpolicy run: {policy.parent}: no such directory", file=sys.stderr)
-        return 2
-    unreadable = _unreadable(policy)
-    if unreadable:
-        print(f"kvpolicy run: {policy}: cannot read it: {unreadable}", file=sys.stderr)
-        return 2
-    sampler: GpuSampler | None
-    try:
-        if args.facts:
-            sampler = FactsSampler(read_facts(args.facts))
-        elif args.gpu_capacity:
-            sampler = StaticSampler(args.gpu_capacity)
-        else:
-            sampler = nvml_sampler()
-    except FactsUnreadable as exc:
-        print(f"kvpolicy run: {exc}", file=sys.stderr)
-        return 2
-    except FactsError as exc:
-        print(f"kvpolicy run: {exc}", file=sys.stderr)
-        return 1
-    except LedgerError as exc:  # a figure the ledger cannot hold: a bad flag (2) or facts file (1)
-        print(f"kvpolicy run: {exc}", file=sys.stderr)
-        return 1 if args.facts else 2
-    try:
-        ledger = LedgerDir(args.ledger_dir, group=args.group, allow_foreign_owner=args.allow_foreign_owner or None, create=True)
-    except (LedgerError, OSError) as exc:
-        print(f"kvpolicy run: {exc}", file=sys.stderr)
-        return 1
+        return exc.status
     log.info("ledger %s; GPU figures from %s%s", ledger.path, sampler.description if sampler else "nowhere (validate only)",
              "; observing, not publishing" if args.observe else "")
     metrics = ControllerMetrics(stuck_after=args.stuck_after)
@@ -155,41 +135,20 @@ def _run(args: argparse.Namespace) -> int:
                               require_policy=True,
                               **({} if args.reload_quiet is None else {"quiet": args.reload_quiet}))
     controller = Controller(config, ledger, sampler, metrics)
-    if listen is not None:
-        host, port = listen
-        try:
-            server, _ = serve(host, port, metrics.registry, ControllerHealth(controller))
-        except OSError as exc:
-            print(f"kvpolicy run: cannot listen on {_show(host, port)} ({exc.strerror or exc}): pass "
-                  "--metrics-address HOST:PORT with a free port, or --metrics-address off", file=sys.stderr)
-            ledger.close()
-            return 1
-        log.info("serving /metrics, /healthz and /readyz on http://%s", _show(host, server.server_port))
     try:
+        if listen is not None:
+            _serve_endpoints(listen, metrics, controller, log)
         if args.once:
-            decision = controller.once()
-            failed = controller.watcher.last_reload
-            if decision is None:
-                if failed is not None and failed.error is not None:
-                    print(failed.error.render(), file=sys.stderr)
-                elif failed is not None:
-                    print(f"kvpolicy run: {policy}: {failed.message}", file=sys.stderr)
-                return 1
-            if args.format == "json":
-                print(decision.to_json())
-            else:
-                from kvpolicy.evaluate.explain import render_explain
-
-                current = controller.watcher.current
-                assert current is not None  # the decision was made under it
-                sys.stdout.write(render_explain(current.policy, decision, f"ledger {ledger.path}"))
-            return 0
+            return _once(controller, policy, args.format, f"ledger {ledger.path}")
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
         controller.run(stop)
         log.info("stopped; engines keep revision %d", controller.revision)
         return 0
+    except _NotStarted as exc:
+        print(f"kvpolicy run: {exc}", file=sys.stderr)
+        return exc.status
     except PolicyRefused as exc:
         _refused(policy, exc)
         return 1
@@ -198,6 +157,81 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     finally:
         ledger.close()
+
+
+def _check_policy_path(policy: Path) -> None:
+    """A policy that is missing is the controller's to report (a refused start); a directory that
+    is missing, or a file that cannot be read, is a usage error."""
+    if not policy.parent.is_dir():
+        raise _NotStarted(2, f"{policy.parent}: no such directory")
+    unreadable = _unreadable(policy)
+    if unreadable:
+        raise _NotStarted(2, f"{policy}: cannot read it: {unreadable}")
+
+
+def _sampler(args: argparse.Namespace) -> GpuSampler | None:
+    """Where the GPU figures come from: ``--facts``, ``--gpu-capacity`` or NVML (None: nowhere)."""
+    from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
+    from kvpolicy.runtime.errors import LedgerError
+    from kvpolicy.runtime.gpus import FactsSampler, StaticSampler, nvml_sampler
+
+    try:
+        if args.facts:
+            return FactsSampler(read_facts(args.facts))
+        if args.gpu_capacity:
+            return StaticSampler(args.gpu_capacity)
+        return nvml_sampler()
+    except FactsUnreadable as exc:
+        raise _NotStarted(2, str(exc)) from exc
+    except FactsError as exc:
+        raise _NotStarted(1, str(exc)) from exc
+    except LedgerError as exc:  # a figure the ledger cannot hold: a bad facts file (1) or flag (2)
+        raise _NotStarted(1 if args.facts else 2, str(exc)) from exc
+
+
+def _open_ledger(args: argparse.Namespace) -> LedgerDir:
+    from kvpolicy.runtime.directory import LedgerDir
+    from kvpolicy.runtime.errors import LedgerError
+
+    try:
+        return LedgerDir(args.ledger_dir, group=args.group, allow_foreign_owner=args.allow_foreign_owner or None, create=True)
+    except (LedgerError, OSError) as exc:
+        raise _NotStarted(1, str(exc)) from exc
+
+
+def _serve_endpoints(listen: tuple[str, int], metrics: ControllerMetrics, controller: Controller,
+                     log: logging.Logger) -> None:
+    from kvpolicy.runtime.endpoints import serve
+    from kvpolicy.runtime.health import ControllerHealth
+
+    host, port = listen
+    try:
+        server, _ = serve(host, port, metrics.registry, ControllerHealth(controller))
+    except OSError as exc:
+        raise _NotStarted(1, f"cannot listen on {_show(host, port)} ({exc.strerror or exc}): pass "
+                             "--metrics-address HOST:PORT with a free port, or --metrics-address off") from exc
+    log.info("serving /metrics, /healthz and /readyz on http://%s", _show(host, server.server_port))
+
+
+def _once(controller: Controller, policy: Path, output: str, where: str) -> int:
+    """``--once``: decide, publish and print the decision (1: no valid policy to decide with)."""
+    decision = controller.once()
+    if decision is None:
+        failed = controller.watcher.last_reload
+        if failed is not None and failed.error is not None:
+            print(failed.error.render(), file=sys.stderr)
+        elif failed is not None:
+            print(f"kvpolicy run: {policy}: {failed.message}", file=sys.stderr)
+        return 1
+    if output == "json":
+        print(decision.to_json())
+        return 0
+    from kvpolicy.evaluate.explain import render_explain
+
+    current = controller.watcher.current
+    assert current is not None  # the decision was made under it
+    sys.stdout.write(render_explain(current.policy, decision, where))
+    return 0
 
 
 def _refused(policy: Path, exc: PolicyRefused) -> None:

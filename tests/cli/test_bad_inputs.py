@@ -133,6 +133,8 @@ USAGE = [
     (["lint", "good.kvp", "--gpu-capacity", "20000000TiB"], "too large"),
     (["lint", "good.kvp", "--gpu-capacity", "9" * 5000 + "GiB"], "too large"),
     (["run", "good.kvp", "--gpu-capacity", "1e400"], "--gpu-capacity"),
+    (["run", "good.kvp", "--metrics-port", "9464", "--metrics-address", "off"], "give only one"),
+    (["run", "nowhere/good.kvp", "--gpu-capacity", "80GiB"], "nowhere: no such directory"),
 ]
 
 
