@@ -412,16 +412,8 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
         if ordered is None:
             ordered = orders[rule.order] = _ordered(elastic, rule.order)
         for inst in ordered:
-            holds = condition(reported[inst.id])
             old = remembered.get(inst.id)
-            since: float | None = None  # set exactly when the condition holds
-            if holds:
-                since = old.holding_since if old is not None and old.holding_since is not None else now
-            cooldown_until = old.cooldown_until if old is not None else None
-            if old is not None and old.shrink_to is not None and not holds:
-                cooldown_until = now + cooldown  # the shrink ends: its cooldown starts
-            if cooldown_until is not None and cooldown_until <= now:
-                cooldown_until = None
+            since, cooldown_until = _holding_and_cooling(old, condition(reported[inst.id]), now, cooldown)
             if since is not None and old is not None and old.shrink_to is not None:
                 in_force.append((inst, since, old.acting_since if old.acting_since is not None else now))
             elif since is not None and cooldown_until is None and now - since >= grace:
@@ -443,6 +435,20 @@ def _rules(prepared: PreparedPolicy, gpu: _Gpu, now: float, state: State, memory
             shrunk = True
         if not rule_memory:
             del memory[name]
+
+
+def _holding_and_cooling(old: RuleMemory | None, holds: bool, now: float, cooldown: float) -> tuple[float | None, float | None]:
+    """A rule's clocks for one instance at ``now``: since when its condition has held (None: it
+    does not hold now) and until when the rule cools down on it (None: it does not)."""
+    since = None
+    if holds:
+        since = old.holding_since if old is not None and old.holding_since is not None else now
+    cooldown_until = old.cooldown_until if old is not None else None
+    if old is not None and old.shrink_to is not None and not holds:
+        cooldown_until = now + cooldown  # the shrink ends: its cooldown starts
+    if cooldown_until is not None and cooldown_until <= now:
+        cooldown_until = None
+    return since, cooldown_until
 
 
 def _instance_figures(inst: _Inst) -> dict[str, object]:
