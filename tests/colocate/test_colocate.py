@@ -378,10 +378,10 @@ def test_under_contention_a_pool_above_its_target_admits_nothing_new_until_it_dr
     pool.close()
 
 
-def _run(*args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = 1800, status: int = 0) -> subprocess.CompletedProcess:
     # A hang catcher, not a deadline: on a loaded machine the `steps` clock serves the same trace, slower.
     proc = subprocess.run([sys.executable, str(BENCH / "colocate.py"), *args], check=False, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc
 
 
@@ -477,9 +477,7 @@ def _refuses_modes_from_two_machines(out: Path) -> None:
     other = json.loads((out / "kvpolicy-old.json").read_text())
     other["machine"] = {**other["machine"], "gpu": "NVIDIA H100 80GB HBM3", "gpu_uuid": "GPU-0000"}
     (out / "kvpolicy-old.json").write_text(json.dumps(other))
-    proc = subprocess.run([sys.executable, str(BENCH / "colocate.py"), "--combine", str(out)],
-                          check=False, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    proc = _run("--combine", str(out), status=1)
     assert f"static on host {platform.node()}" in proc.stderr and "kvpolicy-old on GPU-0000" in proc.stderr, proc.stderr
     assert (out / "results.json").read_text() == before
 
