@@ -174,26 +174,36 @@ def inclusion(outer: str, inner: str, limit: int = PAIR_WORK_LIMIT) -> Inclusion
 
 
 def _search(outer: _Automaton, inner: str, limit: int) -> Inclusion:
-    """Look for a name ``inner`` matches and ``outer`` does not, over the pairs (position in
-    ``inner``, state set of ``outer``); characters ``outer`` does not spell count as one."""
+    """Look for a name ``inner`` matches and ``outer`` does not: two cheap witnesses first,
+    then every pair (position in ``inner``, state set of ``outer``)."""
     work = 0
     # Witnesses first: inner's wildcards filled with a character outer does not spell
     # (a star with none, then with one) settle most pairs that are not included.
-    for star in ("", "\0"):
-        states = outer.start
-        for c in inner:
-            if c == "*":
-                if not star:
-                    continue
-                advancing = outer.any_char
-            else:
-                advancing = outer.any_char if c == "?" else outer.mask(c)
-            states = outer.step(states, advancing)
-            work += 1
-            if not states:
-                break
-        if not states & outer.accept:
+    for star_spells_one in (False, True):
+        accepted, steps = _witness_accepted(outer, inner, star_spells_one)
+        work += steps
+        if not accepted:
             return Inclusion(False, work)
+    return _exhaustive(outer, inner, limit, work)
+
+
+def _witness_accepted(outer: _Automaton, inner: str, star_spells_one: bool) -> tuple[bool, int]:
+    """Whether ``outer`` accepts ``inner`` with each ``?`` (and each ``*``, if it spells one)
+    read as a character ``outer`` does not spell; with the automaton steps taken."""
+    states, steps = outer.start, 0
+    for c in inner:
+        if c == "*" and not star_spells_one:
+            continue
+        states = outer.step(states, outer.any_char if c in "*?" else outer.mask(c))
+        steps += 1
+        if not states:
+            break
+    return bool(states & outer.accept), steps
+
+
+def _exhaustive(outer: _Automaton, inner: str, limit: int, work: int) -> Inclusion:
+    """Depth-first over the pairs (position in ``inner``, state set of ``outer``); characters
+    ``outer`` does not spell count as one."""
     classes = sorted({*outer.by_char.values(), outer.any_char})  # characters that act alike
     n, accept, universal = len(inner), outer.accept, outer.universal
     start = (0, outer.start)
@@ -206,13 +216,7 @@ def _search(outer: _Automaton, inner: str, limit: int) -> Inclusion:
             if not states & accept:
                 return Inclusion(False, work)
             continue
-        c = inner[i]
-        if c == "*":
-            successors = [(i + 1, states), *((i, outer.step(states, m)) for m in classes)]
-        elif c == "?":
-            successors = [(i + 1, outer.step(states, m)) for m in classes]
-        else:
-            successors = [(i + 1, outer.step(states, outer.mask(c)))]
+        successors = _successors(outer, inner[i], i, states, classes)
         work += len(successors)
         for successor in successors:
             if not successor[1]:
@@ -223,3 +227,12 @@ def _search(outer: _Automaton, inner: str, limit: int) -> Inclusion:
         if work > limit:
             return Inclusion(None, work)
     return Inclusion(True, work)
+
+
+def _successors(outer: _Automaton, c: str, i: int, states: int, classes: list[int]) -> list[tuple[int, int]]:
+    """The pairs reached from (``i``, ``states``) by reading ``inner[i] == c``."""
+    if c == "*":  # spell nothing more (move on), or one more character of any class (stay)
+        return [(i + 1, states), *((i, outer.step(states, m)) for m in classes)]
+    if c == "?":
+        return [(i + 1, outer.step(states, m)) for m in classes]
+    return [(i + 1, outer.step(states, outer.mask(c)))]
