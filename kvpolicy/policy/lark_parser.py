@@ -77,6 +77,26 @@ class Trace:
     """A top-level statement (``model``, ``rule``...) that opened a block inside
     another block, with the blocks open around it: a sign of a forgotten '}'."""
 
+    def took(self, token: Token, statement_head: Token) -> bool:
+        """Record a token the parser took; whether it ended its statement (a brace)."""
+        self.history.append(token)
+        value = token.value
+        if value == "(":
+            self.open_parens.append(token)
+        elif value == ")" and self.open_parens:
+            self.open_parens.pop()
+        elif value == "{":
+            if self.open_braces and statement_head.value in TOP_LEVEL_BLOCKS:
+                self.nested_heads.append((statement_head, tuple(self.open_braces)))
+            self.open_braces.append((token, statement_head))
+            self.blocks.append((token, statement_head))
+            return True
+        elif value == "}":
+            if self.open_braces:
+                self.closed_by[self.open_braces.pop()[0].start_pos] = token
+            return True
+        return False
+
 
 _TRACE: ContextVar[Trace] = ContextVar("kvpolicy_parse_trace")
 
@@ -86,6 +106,17 @@ class NestingTooDeep(Exception):
         super().__init__(what)
         self.token = token
         self.what = what
+
+
+def _check_nesting(token: Token, nots: int, parens: int, braces: int) -> None:
+    """Refuse the token that would nest parentheses, conditions or blocks too deep, before
+    the parser's recursion does."""
+    value = token.value
+    if nots + parens + (value == "(") > MAX_NESTING:
+        what = "parentheses" if value == "(" else "conditions"
+        raise NestingTooDeep(token, f"{what} nested more than {MAX_NESTING} deep")
+    if value == "{" and braces >= MAX_NESTING:
+        raise NestingTooDeep(token, f"blocks nested more than {MAX_NESTING} deep")
 
 
 class Layout(PostLex):
@@ -128,26 +159,9 @@ class Layout(PostLex):
                 nots += 1
             elif value != "(":
                 nots = 0
-            if nots + len(parens) + (value == "(") > MAX_NESTING:
-                what = "parentheses" if value == "(" else "conditions"
-                raise NestingTooDeep(token, f"{what} nested more than {MAX_NESTING} deep")
-            if value == "{" and len(braces) >= MAX_NESTING:
-                raise NestingTooDeep(token, f"blocks nested more than {MAX_NESTING} deep")
+            _check_nesting(token, nots, len(parens), len(braces))
             yield token
-            history.append(token)  # the parser took it
-            if value == "(":
-                parens.append(token)
-            elif value == ")" and parens:
-                parens.pop()
-            elif value == "{":
-                if braces and statement_head.value in TOP_LEVEL_BLOCKS:
-                    trace.nested_heads.append((statement_head, tuple(braces)))
-                braces.append((token, statement_head))
-                trace.blocks.append((token, statement_head))
-                statement_head = None
-            elif value == "}":
-                if braces:
-                    trace.closed_by[braces.pop()[0].start_pos] = token
+            if trace.took(token, statement_head):  # the parser took it
                 statement_head = None
 
 
