@@ -64,37 +64,9 @@ def _skip(text: str, pos: int) -> int:
 def _value(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[Any, int]:
     char = text[pos]
     if char == "{":
-        result: dict[str, Any] = {}
-        pos = _skip(text, pos + 1)
-        if text[pos] == "}":
-            return result, pos + 1
-        while True:
-            key, pos = _string(text, pos, path, strings, is_key=True)
-            pos = _skip(text, pos)
-            if text[pos] != ":":
-                raise _Malformed
-            item, pos = _value(text, _skip(text, pos + 1), (*path, key), strings)
-            result[key] = item
-            pos = _skip(text, pos)
-            if text[pos] == "}":
-                return result, pos + 1
-            if text[pos] != ",":
-                raise _Malformed
-            pos = _skip(text, pos + 1)
+        return _object(text, _skip(text, pos + 1), path, strings)
     if char == "[":
-        items: list[Any] = []
-        pos = _skip(text, pos + 1)
-        if text[pos] == "]":
-            return items, pos + 1
-        while True:
-            item, pos = _value(text, pos, (*path, len(items)), strings)
-            items.append(item)
-            pos = _skip(text, pos)
-            if text[pos] == "]":
-                return items, pos + 1
-            if text[pos] != ",":
-                raise _Malformed
-            pos = _skip(text, pos + 1)
+        return _array(text, _skip(text, pos + 1), path, strings)
     if char == '"':
         return _string(text, pos, path, strings, is_key=False)
     number = _NUMBER.match(text, pos)
@@ -104,6 +76,41 @@ def _value(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonSt
         if text.startswith(word, pos):
             return literal, pos + len(word)
     raise _Malformed
+
+
+def _object(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[dict[str, Any], int]:
+    """The object whose first member (or closing brace) is at ``pos``."""
+    result: dict[str, Any] = {}
+    if text[pos] == "}":
+        return result, pos + 1
+    while True:
+        key, pos = _string(text, pos, path, strings, is_key=True)
+        pos = _skip(text, pos)
+        if text[pos] != ":":
+            raise _Malformed
+        result[key], pos = _value(text, _skip(text, pos + 1), (*path, key), strings)
+        pos = _skip(text, pos)
+        if text[pos] == "}":
+            return result, pos + 1
+        if text[pos] != ",":
+            raise _Malformed
+        pos = _skip(text, pos + 1)
+
+
+def _array(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[list[Any], int]:
+    """The array whose first item (or closing bracket) is at ``pos``."""
+    items: list[Any] = []
+    if text[pos] == "]":
+        return items, pos + 1
+    while True:
+        item, pos = _value(text, pos, (*path, len(items)), strings)
+        items.append(item)
+        pos = _skip(text, pos)
+        if text[pos] == "]":
+            return items, pos + 1
+        if text[pos] != ",":
+            raise _Malformed
+        pos = _skip(text, pos + 1)
 
 
 def _string(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString], *, is_key: bool) -> tuple[str, int]:
