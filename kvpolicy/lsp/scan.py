@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kvpolicy.lsp.language import BLOCK_FIELDS as LANGUAGE_BLOCK_FIELDS
@@ -173,57 +174,31 @@ def scan(text: str) -> Outline:
     block = top
     statement = Statement(top)
     parens = 0
-    line, line_start = 0, 0
     line_starts = [0]
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN.match(text, pos)
-        assert m is not None  # OTHER matches any character
-        kind = m.lastgroup or "OTHER"
-        value = m.group()
-        if kind == "QUANTITY" and (value[-1].isdigit() or value[-1] == "."):
-            unit = _UNIT_AFTER_SPACE.match(text, m.end())
-            if unit and unit.group(1) not in _KEYWORDS:
-                value = text[pos : unit.end()]
-        token = Token(kind, value, line, pos - line_start, pos)
-        pos += len(value)
-        if kind == "SPACE":
-            continue
-        if kind == "NEWLINE":
-            line += 1
-            line_start = pos
-            line_starts.append(pos)
+    for token in _lex(text):
+        tokens.append(token)
+        if token.kind == "NEWLINE":
+            line_starts.append(token.end)
             token.kind = "NL" if parens else "SEP"  # a newline inside parentheses ends nothing
-            tokens.append(token)
             if not parens:
                 statement = Statement(block)
             continue
-        tokens.append(token)
-        if kind == "COMMENT":
+        value = token.text
+        if token.kind == "COMMENT":
             continue
         if value == ";":
             token.kind = "SEP"
             statement = Statement(block)
             continue
         if value == "{":
-            opener = statement
-            opener.tokens.append(token)
-            token.statement = opener
-            kind_of_block = _block_kind(block.kind, opener.keyword)
-            child = Block(kind_of_block, opener, block, start=pos)
-            block.children.append(child)
-            if len(opener.tokens) == 1:  # a '{' that starts its own statement
-                block.statements.append(opener)
-            block = child
-            statement = Statement(block)
-            parens = 0
+            block = _open_block(block, statement, token)
+            statement, parens = Statement(block), 0
             continue
         if value == "}":
             if block.parent is not None:
                 block.end = token.offset
                 block = block.parent
-            statement = Statement(block)
-            parens = 0
+            statement, parens = Statement(block), 0
             continue
         if value == "(":
             parens += 1
@@ -234,6 +209,36 @@ def scan(text: str) -> Outline:
         if len(statement.tokens) == 1:
             block.statements.append(statement)
     return Outline(text, tokens, top, line_starts)
+
+
+def _lex(text: str) -> Iterator[Token]:
+    """Every token of ``text`` but runs of spaces, with its position; never fails."""
+    line, line_start, pos = 0, 0, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        assert m is not None  # OTHER matches any character
+        kind = m.lastgroup or "OTHER"
+        value = m.group()
+        if kind == "QUANTITY" and (value[-1].isdigit() or value[-1] == "."):
+            unit = _UNIT_AFTER_SPACE.match(text, m.end())
+            if unit and unit.group(1) not in _KEYWORDS:
+                value = text[pos : unit.end()]  # `4 GiB` is one quantity
+        if kind != "SPACE":
+            yield Token(kind, value, line, pos - line_start, pos)
+        pos += len(value)
+        if kind == "NEWLINE":
+            line, line_start = line + 1, pos
+
+
+def _open_block(block: Block, opener: Statement, brace: Token) -> Block:
+    """The block that ``brace``, ending the statement ``opener`` of ``block``, opens."""
+    opener.tokens.append(brace)
+    brace.statement = opener
+    child = Block(_block_kind(block.kind, opener.keyword), opener, block, start=brace.end)
+    block.children.append(child)
+    if len(opener.tokens) == 1:  # a '{' that starts its own statement
+        block.statements.append(opener)
+    return child
 
 
 def _block_kind(parent: str, keyword: str | None) -> str:
