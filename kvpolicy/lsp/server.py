@@ -203,7 +203,15 @@ def _path(uri: str) -> Path | None:
 
 
 def create_server() -> PolicyServer:
+    """A server with every feature registered, not yet started."""
     server = PolicyServer()
+    for register in (_lifecycle, _documents, _assistance, _navigation):
+        register(server)
+    return server
+
+
+def _lifecycle(server: PolicyServer) -> None:
+    """Start-up, settings and shutdown."""
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: PolicyServer, params: types.InitializeParams) -> None:
@@ -226,6 +234,10 @@ def create_server() -> PolicyServer:
             ls.use_settings(Settings.from_object(pushed))
         else:
             await ls.pull_settings()
+
+
+def _documents(server: PolicyServer) -> None:
+    """A document opened, changed, saved or closed: lint it again, or forget it."""
 
     @server.feature(types.TEXT_DOCUMENT_DID_OPEN)
     def did_open(ls: PolicyServer, params: types.DidOpenTextDocumentParams) -> None:
@@ -250,6 +262,10 @@ def create_server() -> PolicyServer:
         ls.statements.pop(uri, None)
         if ls.published.pop(uri, None) is not None or is_policy(uri):
             ls.text_document_publish_diagnostics(types.PublishDiagnosticsParams(uri=uri, diagnostics=[]))
+
+
+def _assistance(server: PolicyServer) -> None:
+    """Hover, completion, formatting and quick fixes in a policy file."""
 
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     def on_hover(ls: PolicyServer, params: types.HoverParams) -> types.Hover | None:
@@ -329,6 +345,10 @@ def create_server() -> PolicyServer:
             for fix in actions.fixes(doc, codec.region(params.range))
         ]
 
+
+def _navigation(server: PolicyServer) -> None:
+    """Definitions and references between policy files and their test files."""
+
     @server.feature(types.TEXT_DOCUMENT_DEFINITION)
     def on_definition(ls: PolicyServer, params: types.DefinitionParams) -> list[types.Location] | None:
         uri = params.text_document.uri
@@ -355,8 +375,6 @@ def create_server() -> PolicyServer:
             offset = _offset(test.text, Codec(test.text, ls.encoding).from_client(params.position))
             places = ls.navigator.references_from_test(test, offset, declaration)
         return [ls.location(p) for p in places] or None
-
-    return server
 
 
 def _test_document(ls: PolicyServer, uri: str) -> KvTestFile | None:
