@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # The kvpolicy controller image: `kvpolicy run` as uid 10000, group `kvpolicy` (gid 10000).
 #
-#   docker build -f deploy/docker/controller.Dockerfile -t ghcr.io/kvpolicy/kvpolicy:0.1.0 .
+#   docker build -f deploy/docker/controller.Dockerfile -t ghcr.io/kvpolicy/kvpolicy:0.2.0.dev0 .
 #
 # Build from the repository root (the build context); the first stage builds the wheel.
 # deploy/kubernetes/kvpolicy.yaml runs this image; docs/deploy.md has the rest.

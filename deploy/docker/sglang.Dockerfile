@@ -2,7 +2,7 @@
 # SGLang's own image with the kvpolicy plugin added (an sglang.srt.plugins entry point,
 # idle until KVPOLICY_ENABLE=1). The adapter is validated against SGLang 0.5.23 only.
 #
-#   docker build -f deploy/docker/sglang.Dockerfile -t ghcr.io/kvpolicy/sglang:v0.5.23-kvpolicy0.1.0 .
+#   docker build -f deploy/docker/sglang.Dockerfile -t ghcr.io/kvpolicy/sglang:v0.5.23-kvpolicy0.2.0.dev0 .
 #
 # Build from the repository root. The environment the plugin reads is set per
 # deployment, not here: see docs/deploy.md ("Engine images").

@@ -2,7 +2,7 @@
 # vLLM's own image with the kvpolicy plugin added (a vllm.general_plugins entry point,
 # idle until KVPOLICY_ENABLE=1). The adapter is validated against vLLM 0.33.0 only.
 #
-#   docker build -f deploy/docker/vllm.Dockerfile -t ghcr.io/kvpolicy/vllm-openai:v0.33.0-kvpolicy0.1.0 .
+#   docker build -f deploy/docker/vllm.Dockerfile -t ghcr.io/kvpolicy/vllm-openai:v0.33.0-kvpolicy0.2.0.dev0 .
 #
 # Build from the repository root. The environment the plugin reads is set per
 # deployment, not here: see docs/deploy.md ("Engine images").

@@ -9,6 +9,8 @@ import tarfile
 import zipfile
 from email.parser import Parser
 
+from packaging.version import Version
+
 import kvpolicy
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.lint.report import render_sarif
@@ -65,8 +67,15 @@ def test_sarif_names_the_version():
 
 
 def test_the_changelog_has_an_unreleased_section_and_this_version():
+    """A release's version has a dated section; between releases the version is the next one
+    in the making (``.devN``), above every released section, so a wheel built from a
+    checkout is never taken for a release."""
     text = (REPO / "CHANGELOG.md").read_text()
     headings = re.findall(r"^## \[([^\]]+)\]", text, re.M)
     assert headings[0] == "Unreleased"
-    assert kvpolicy.__version__ in headings
-    assert re.search(rf"^## \[{re.escape(kvpolicy.__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", text, re.M)
+    version = Version(kvpolicy.__version__)
+    released = [Version(h) for h in headings[1:]]
+    if version.is_devrelease:
+        assert all(version.base_version != str(r) and version > r for r in released), (version, released)
+    else:
+        assert re.search(rf"^## \[{re.escape(kvpolicy.__version__)}\] - \d{{4}}-\d{{2}}-\d{{2}}$", text, re.M)
