@@ -109,13 +109,19 @@ class GeometryError(ValueError):
     """A model config file that cannot describe a DeepSeek-V4 pool; the message names the file."""
 
 
+class ConfigUnreadable(GeometryError):
+    """The model config file cannot be read at all (missing, a directory, no permission)."""
+
+
 def load_geometry(path: str | Path) -> ModelGeometry:
     """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise GeometryError(f"{path}: cannot read the model config: {exc.strerror}") from None
+        raise ConfigUnreadable(f"{path}: cannot read the model config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise GeometryError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
     except json.JSONDecodeError as exc:
         raise GeometryError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     if not isinstance(data, dict):

@@ -91,7 +91,7 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
 
     from kvpolicy.adapters.errors import AdapterError
     from kvpolicy.adapters.sglang_dsv4.elastic_policy import elastic_swa_policy
-    from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, load_geometry
+    from kvpolicy.adapters.sglang_dsv4.geometry import ConfigUnreadable, GeometryError, load_geometry
     from kvpolicy.adapters.sglang_dsv4.launch import (
         Hardware,
         LaunchError,
@@ -119,6 +119,9 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
         plan = plan_launch(
             geometry, launch, budget=args.budget, full_tokens=args.full_tokens, policy=policy, elastic_swa=elastic
         )
+    except ConfigUnreadable as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 2  # a file that cannot be read is a usage error, as for every command
     except (GeometryError, PlanError, AdapterError) as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

@@ -72,6 +72,7 @@ def run_vllm(args: argparse.Namespace) -> int:
 
     from kvpolicy.adapters.vllm_adapter.planning import platform as pf
     from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
+        ConfigUnreadable,
         ModelSpecError,
         load_config,
         model_family,
@@ -96,9 +97,9 @@ def run_vllm(args: argparse.Namespace) -> int:
         return 2 if getattr(args, "vllm_version", None) else 1
     try:
         config = load_config(args.model_config)
-    except ModelSpecError as exc:
-        print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
-        return 1
+    except ModelSpecError as exc:  # its message names the file
+        print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigUnreadable) else 1
     max_model_len = args.max_model_len or default_max_model_len(config)
     if max_model_len is None:
         print(f"kvpolicy plan --engine vllm: --max-model-len is required: {args.model_config} has no "

@@ -133,8 +133,20 @@ def test_plan_text_has_a_bar_per_pool(capsys):
 def test_plan_errors_exit_1_with_a_message(capsys):
     code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "1MiB")
     assert code == 1 and "SWA pool (0 tokens) cannot hold even one request" in err  # as SGLang refuses it
-    code, _, err = run_cli(capsys, "--model-config", str(REPO / "nope.json"), "--budget", "1GiB")
-    assert code == 1 and "nope.json" in err
+
+
+def test_a_config_that_is_not_json_text_is_an_error_in_the_input(capsys, tmp_path):
+    latin = tmp_path / "config.json"
+    latin.write_bytes(b'{"name": "caf\xe9"}')
+    code, _, err = run_cli(capsys, "--model-config", str(latin), "--budget", "1GiB")
+    assert code == 1 and f"{latin}: not UTF-8 text (at byte offset 13)" in err
+
+
+@pytest.mark.parametrize("where", ["nope.json", "."])
+def test_a_config_that_cannot_be_read_is_a_usage_error(capsys, where):
+    """Exit 2, as for every command's unreadable file; a directory is no traceback."""
+    code, _, err = run_cli(capsys, "--model-config", str(REPO / where), "--budget", "1GiB")
+    assert code == 2 and "cannot read the model config" in err
 
 
 def test_plan_usage_errors_exit_2(capsys):

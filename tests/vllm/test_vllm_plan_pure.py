@@ -183,7 +183,9 @@ def test_text_output_names_the_figures() -> None:
          "(validated: 0.32.0, 0.33.0)"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096"], 2, "exactly one of --budget or --num-blocks"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--num-blocks", "9"], 2, "exactly one"),
-        (["--model-config", "/nonexistent/config.json", "--max-model-len", "4096", "--budget", "1GiB"], 1, "no such model config"),
+        (["--model-config", "/nonexistent/config.json", "--max-model-len", "4096", "--budget", "1GiB"], 2,
+         "/nonexistent/config.json: cannot read the model config: No such file or directory"),
+        (["--model-config", "/", "--max-model-len", "4096", "--budget", "1GiB"], 2, "/: cannot read the model config"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "65536", "--budget", "1GiB"], 1, "to serve one request at max_model_len"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--kv-cache-dtype", "bfloat16"], 1, "fp8_ds_mla"),
         (["--model-config", str(V4_FLASH), "--max-model-len", "4096", "--budget", "1GiB", "--block-size", "0"], 2, "--block-size"),
@@ -192,6 +194,14 @@ def test_text_output_names_the_figures() -> None:
 def test_cli_errors(argv: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert run_vllm(plan_args(*argv)) == code
     assert message in capsys.readouterr().err
+
+
+def test_a_config_that_is_not_json_text_is_an_error_in_the_input(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    latin = tmp_path / "config.json"
+    latin.write_bytes(b'{"name": "caf\xe9"}')
+    assert run_vllm(plan_args("--model-config", str(latin), "--max-model-len", "4096", "--budget", "1GiB")) == 1
+    err = capsys.readouterr().err
+    assert f"{latin}: not UTF-8 text (at byte offset 13)" in err and err.count(str(latin)) == 1
 
 
 def test_shared_options_are_not_added_twice() -> None:

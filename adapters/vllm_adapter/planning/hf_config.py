@@ -56,6 +56,10 @@ class ModelSpecError(ValueError):
     """The config cannot be planned; the message names the field and what was expected."""
 
 
+class ConfigUnreadable(ModelSpecError):
+    """The model config file cannot be read at all (missing, a directory, no permission)."""
+
+
 class SpecSettings(BaseModel):
     """vLLM launch settings that change the specs (vLLM's flag names)."""
 
@@ -84,12 +88,15 @@ class ModelSpecs(BaseModel):
 
 
 def load_config(path: Path | str) -> dict[str, Any]:
-    """Read a ``config.json``; a missing or malformed file is a ModelSpecError naming it."""
+    """Read a ``config.json``; a file that cannot be read is ConfigUnreadable, a malformed one a
+    ModelSpecError, each naming it."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ModelSpecError(f"{p}: no such model config file") from None
+    except OSError as exc:
+        raise ConfigUnreadable(f"{p}: cannot read the model config: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ModelSpecError(f"{p}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
     except json.JSONDecodeError as exc:
         raise ModelSpecError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     if not isinstance(data, dict):
