@@ -6,6 +6,8 @@ legend says which), elastic memory in use (u) and free elastic budget (.); the i
 table follows, then each rule acting, waiting out its grace or cooling down on an
 instance, and since when; all of it fits 80 columns (the table drops the engine, mapped bytes and
 revisions below 116, which ``kvpolicy status`` always shows). ``q`` (or Ctrl-C) quits.
+With ``--format json``, each refresh is one line: ``kvpolicy status``'s JSON document
+(JSON Lines).
 """
 
 from __future__ import annotations

@@ -185,6 +185,11 @@ def test_top_and_status_show_the_live_ledger(site, capsys):
     assert screen.count("kvpolicy top") == 2
     assert "cuda:0   [##" in screen and "80 GiB" in screen  # the bar starts with the 2 GiB headroom
     assert "chat/0" in screen and "48 GiB" in screen
+    # --format json: JSON Lines, one status document per refresh (docs/json.md)
+    assert main(["top", "--ledger-dir", str(site.ledger_dir), "--iterations", "2", "--interval", "0.05",
+                 "--format", "json"]) == 0
+    refreshes = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(refreshes) == 2 and all(r["schema"] == 1 and r["instances"][0]["id"] == "chat/0" for r in refreshes)
     assert main(["status", "--ledger-dir", str(site.ledger_dir), "--format", "json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert status["schema"] == 1 and status["policy"]["revision"] == 1
