@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kvpolicy.engines import ENGINES
 from kvpolicy.lint.engine import lint_text
 from kvpolicy.policy.fmt import format_text
 
@@ -32,3 +33,13 @@ def test_snippets_of_settings_parse() -> None:
             text = block if block.startswith("version") else "version 1\n" + block
             codes = [d.code for d in lint_text(text, "snippet.kvp").diagnostics]
             assert "KV002" not in codes, block
+
+
+def test_the_pool_names_per_engine_are_every_name_the_engines_take() -> None:
+    """The paragraph "Pool names per engine" names every pool each engine's vocabulary has."""
+    start = DOC.index("Pool names per engine:")
+    paragraph = DOC[start : DOC.index("\n\n", start)]
+    named = set(re.findall(r"[a-z][a-z0-9_]*", " ".join(re.findall(r"`([^`]+)`", paragraph))))
+    for engine in ENGINES.values():
+        assert engine.pools <= named, (engine.name, sorted(engine.pools - named))
+        assert engine.elastic_pools <= named
