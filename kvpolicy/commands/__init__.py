@@ -70,9 +70,10 @@ _INTERPRETED = re.compile(r"(?<![`\w])`([^`]+)`(?![`\w])")
 
 def plain_help(text: str | None) -> str | None:
     """Help text for a terminal: a docstring's ``literals`` and :role:`targets` as plain words,
-    `interpreted text` in quotes."""
+    `interpreted text` and literals without a letter or digit (``-``) in quotes, which alone
+    would read as punctuation."""
     if not text:
         return text
     text = _ROLE.sub(r"\1", text)
-    text = _LITERAL.sub(r"\1", text)
+    text = _LITERAL.sub(lambda m: m[1] if any(c.isalnum() for c in m[1]) else f"'{m[1]}'", text)
     return _INTERPRETED.sub(r"'\1'", text)

@@ -55,6 +55,12 @@ def test_every_option_has_help_in_plain_text(name):
     assert not re.findall(r"``|:[a-z]+:`|`[^`'\n]+`", text), text
 
 
+def test_a_literal_that_is_only_punctuation_stays_quoted_in_help():
+    """``-`` alone at a line's start would read as a list bullet."""
+    assert "\n'-' lints standard input" in COMMANDS["lint"].format_help()
+    assert "; '-' reads standard input" in " ".join(COMMANDS["fmt"].format_help().split())
+
+
 @pytest.mark.parametrize("name", COMMANDS)
 def test_every_command_but_the_exempt_has_format_text_and_json(name):
     formats = [a for a in COMMANDS[name]._actions if "--format" in a.option_strings]
