@@ -4,7 +4,7 @@ Two kinds (``[engine] clock`` in the parameters):
 
 - ``wall``: trace time is wall time since the run's start. A step that runs late is
   not made up for: the requests that arrived meanwhile wait for the next step, and a
-  slow step costs the tenant steps, hence tokens. This is what a device run measures
+  slow step costs the tenant steps, hence tokens. This is what a GPU run measures
   (the H200 figures are about real time: mapping inside the step makes steps late).
 - ``steps``: every step advances trace time by exactly ``step_ms``, however long it
   took. A slow or loaded machine then serves the same trace in more wall time

@@ -1,6 +1,6 @@
 """Co-located tenants under a live policy vs static partitioning, measured on one GPU (issue 8).
 
-Runs one mode per call, so that each fits in one device command, and combines them:
+Runs one mode per call, so that each is one command of a few minutes on the GPU, and combines them:
 
     python3 benchmarks/colocate/colocate.py --mode static   --out OUT        # ≈ 4.5 min on the H200
     python3 benchmarks/colocate/colocate.py --mode kvpolicy --out OUT
@@ -11,7 +11,7 @@ A mode: the DeepSeek-V4 tenant builds its pools (admitted and reported in the le
 in kvpolicy mode the controller starts (``kvpolicy run`` with the GPU's figures pinned
 so that the tenants' elastic budget is exactly the parameters' budget); the tenant
 processes build their pools and warm up; then all of them follow the trace from one
-start time to its end, each on its clock (``clock.py``: wall time on a device run,
+start time to its end, each on its clock (``clock.py``: wall time on a GPU run,
 one ``step_ms`` per step in CI). In kvpolicy mode the driver samples the ledger every
 50 ms and, once every tenant's clock has passed ``reload.at_s``, edits the policy
 file (the parameters say which settings of which two models it swaps). Each mode
@@ -344,7 +344,7 @@ def run_mode(params: Params, mode: str, out: Path, scale: float, keep: bool, pro
     finally:
         for child in children:
             child.stop()
-        with open(out / f"logs-{label}.txt", "w") as logs:  # one file: the device returns few
+        with open(out / f"logs-{label}.txt", "w") as logs:  # one file: fewer files to copy back from the GPU host
             for child in children:
                 logs.write(f"===== {child.name} (exit {child.proc.returncode}) =====\n")
                 logs.write(child.log.read_text(errors="replace"))

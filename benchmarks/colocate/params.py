@@ -127,7 +127,7 @@ class Engine(Strict):
     step_ms: float = Field(gt=0, description="one decode step (inter-token latency); a step never starts early")
     clock: ClockKind = Field(
         default="wall",
-        description="wall: trace time is wall time, a late step is not made up for (device runs measure real time); "
+        description="wall: trace time is wall time, a late step is not made up for (GPU runs measure real time); "
         "steps: each step advances trace time by step_ms, so a slow machine serves the same trace, only slower (CI)",
     )
     prefill_tokens_per_step: int = Field(gt=0, description="prompt tokens admitted per step (one longer prompt may take a whole step)")

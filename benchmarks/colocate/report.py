@@ -313,7 +313,7 @@ def machine_id(machine: dict[str, Any] | None) -> str | None:
 def one_machine(modes: dict[str, dict[str, Any]]) -> str | None:
     """The machine every mode ran on (None where a record predates the machine's id).
 
-    A ratio is of two runs on one machine: the device's machines of one kind differ by more than the
+    A ratio is of two runs on one machine: GPU hosts of one kind differ by more than the
     effects measured (two H100s' static step p50: 1.51-1.64 ms and 1.69-1.87 ms), so modes from two
     machines are refused.
     """
@@ -323,7 +323,7 @@ def one_machine(modes: dict[str, dict[str, Any]]) -> str | None:
     if len(set(ids.values())) > 1:
         where = ", ".join(f"{name} on {ran_on}" for name, ran_on in ids.items())
         raise SystemExit(f"colocate --combine: the modes ran on different machines ({where}); a ratio across "
-                         "machines measures the machines: run every mode on one (in one device call, or in "
+                         "machines measures the machines: run every mode on one (in one GPU command, or in "
                          "calls back to back while the machine is held)")
     return next(iter(ids.values()))
 

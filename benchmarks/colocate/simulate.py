@@ -12,7 +12,7 @@ here uses it), how the tenants' processes interleave (each step takes them in on
 order, or with ``--order-seed`` in a random one), and what the driver's calls cost in
 time (with ``--driver-us`` a tenant pays for each chunk it maps or unmaps, and loses the
 steps the wall clock's pacing would: ``DriverCost``). It takes seconds per mode, so it is
-how parameters (e.g. the clients' patience) were explored; the device run is the
+how parameters (e.g. the clients' patience) were explored; the GPU run is the
 measurement.
 """
 
@@ -66,7 +66,7 @@ PressureScope = Literal["gpu", "entitled", "furthest", "furthest-entitled"]
 class DriverCost:
     """The time a tenant's mapping costs it, which the simulated clock otherwise leaves out.
 
-    On the device a tenant's steps are paced at most one every ``step_ms`` and a late step
+    On the GPU a tenant's steps are paced at most one every ``step_ms`` and a late step
     is not made up for (``tenant.py``): a step whose own work and driver calls take longer
     than the interval makes the next one start late, and the steps that time would have
     held are lost. Each chunk group mapped or unmapped costs ``us_per_chunk`` (nearly the
@@ -449,7 +449,7 @@ def main() -> int:
                          "interleave (default: the same order every step)")
     ap.add_argument("--driver-us", type=float, metavar="US",
                     help="each chunk a tenant maps or unmaps costs it US microseconds, and the steps that makes late are "
-                         "lost as on the device (35-50 there, at any chunk size; default: the driver takes no time)")
+                         "lost as on the GPU (35-50 there, at any chunk size; default: the driver takes no time)")
     ap.add_argument("--step-busy-ms", type=float, default=0.0, metavar="MS",
                     help="with --driver-us: a step's own time without the driver (default 0: only driver time past a "
                          "whole interval makes a step late)")

@@ -110,7 +110,7 @@ def test_the_traces_share_one_parameter_set() -> None:
 @pytest.mark.parametrize("path", CPU_TRACES, ids=lambda p: p.name)
 def test_the_cpu_traces_are_the_device_traces_scaled(path: Path) -> None:
     """A CPU variant serves its device trace's requests with cpu.toml's engine and geometry and
-    every budget cut by the same factor, so the token capacities are the device run's."""
+    every budget cut by the same factor, so the token capacities are the GPU run's."""
     cpu, device = load_params(path), load_params(BENCH / path.name.removeprefix("cpu-"))
     base, default = load_params(BENCH / "cpu.toml"), load_params(TRACES[0])
     assert cpu.trace == device.trace and cpu.tenants == device.tenants and cpu.reload == device.reload

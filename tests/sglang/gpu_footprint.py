@@ -5,7 +5,7 @@ the live pool's tensors) against what the GPU lost — the ``cuMemGetInfo`` drop
 and against ``torch.cuda.memory_reserved()``. Writes ``sglang_gpu.json`` under
 ``$OUT`` (or the current directory) and exits 1 if a figure is off.
 
-Run from the repository root on the device (see docs/sglang.md):
+Run from the repository root on a GPU host (see docs/sglang.md):
     python tests/sglang/gpu_footprint.py
 """
 
