@@ -3,7 +3,8 @@
 
 The engines run the elastic allocator on its host driver (process memory standing in
 for a 4 GiB GPU) and attach to the ledger as real engines do; their load rises and falls,
-and the controller, enforcing a demo policy written beside the ledger, moves memory
+and the controller, enforcing a demo policy written to a new temporary directory (the
+policy line of its output names the file, to edit while it runs), moves memory
 between them. The demo prints the commands to watch it with, then runs until Ctrl-C
 (or ``--duration``), and stops everything it started. It has no ``--format``: it runs
 in the foreground and prints only those instructions.
@@ -56,7 +57,7 @@ ENGINES = (("chat", 0.0), ("batch-summarize", 0.33), ("batch-embed", 0.66))
 def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("demo", help="run a controller and simulated engines (no GPU needed)", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ledger-dir", metavar="DIR", help="the demo's ledger (default: a new temporary directory)")
+    parser.add_argument("--ledger-dir", metavar="DIR", help="the demo's ledger (default: beside the demo's policy, in a new temporary directory)")
     parser.add_argument("--metrics-address", type=_address, default=("127.0.0.1", 9464), metavar="HOST:PORT",
                         help="serve the controller's /metrics here (default 127.0.0.1:9464; off: not at all)")
     parser.add_argument("--duration", type=parse_seconds, metavar="SECONDS", help="stop after this long (default: at Ctrl-C)")
@@ -76,9 +77,12 @@ def run(args: argparse.Namespace) -> int:
     if missing:
         print(missing, file=sys.stderr)
         return 2
-    ledger = Path(args.ledger_dir) if args.ledger_dir else Path(tempfile.mkdtemp(prefix="kvpolicy-demo-")) / "ledger"
+    # The policy goes in a directory of its own: beside a ledger the user named (its parent
+    # may be /dev/shm) it could replace someone's file.
+    home = Path(tempfile.mkdtemp(prefix="kvpolicy-demo-"))
+    ledger = Path(args.ledger_dir) if args.ledger_dir else home / "ledger"
     ledger.parent.mkdir(parents=True, exist_ok=True)
-    policy = ledger.parent / "demo.kvp"
+    policy = home / "demo.kvp"
     policy.write_text(POLICY, encoding="utf-8")
     metrics = "off" if args.metrics_address is None else "{}:{:d}".format(*args.metrics_address)
     python = sys.executable

@@ -43,7 +43,10 @@ def test_demo_shows_instances_in_status_and_stops_everything(tmp_path):
                 break
             time.sleep(0.5)
         assert set(instances) == {"chat/0", "batch-summarize/0", "batch-embed/0"}, seen
-        assert seen["policy"]["file"] == str(tmp_path / "demo.kvp")
+        # The policy is the file the demo named, in a directory of its own: nothing beside the ledger.
+        (policy,) = [line.split("; policy ", 1)[1].strip() for line in lines if "; policy " in line]
+        assert seen["policy"]["file"] == policy and os.path.dirname(policy) != str(tmp_path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger"]
         controller_pid = seen["controller"]["pid"]
         # top on an 80-column terminal: bars, legends and the instance table fit.
         top = subprocess.run([sys.executable, "-m", "kvpolicy.cli", "top", "--ledger-dir", str(ledger), "--iterations", "1"],
