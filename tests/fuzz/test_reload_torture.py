@@ -38,9 +38,10 @@ pytestmark = pytest.mark.fuzz
 GiB = 1 << 30
 CAPACITY_GIB = 80
 QUIET = 5.0
-"""The controller's quiet period here: far above the slow saves' 15-40 ms pause even when a
-loaded machine stretches that pause (every edit below ends in a close-write or rename, so
-none waits for it)."""
+"""The controller's quiet period here: far above the slow saves' 15-40 ms pause (every edit below
+ends in a close-write or rename, so none should wait for it). An in-place save that a loaded
+machine stalled this long may have its valid first half go live, the watcher's documented limit:
+the writer measures how long the half stood in the file, and only then is that excused."""
 
 ENGINES = textwrap.dedent("""
     import sys, time, kvpolicy
@@ -185,12 +186,14 @@ def test_reload_edits_against_the_real_controller(tmp_path):
             counts[f"{kind}/{how}"] += 1
             if is_valid:
                 valid_saves.add(sha(data))
+            halves: list[bytes] = []
+            exposed = 0.0
             if how == "in_place":
-                directory.in_place(data, rng)
+                exposed = directory.in_place(data, rng, on_intermediate=halves.append)
             elif how == "slow_in_place":
                 cut = rng.randrange(len(data) + 1)
-                prefixes.add(sha(data[:cut]))
-                directory.slow_in_place(data, cut, rng.uniform(0.015, 0.040))
+                halves.append(data[:cut])
+                exposed = directory.slow_in_place(data, cut, rng.uniform(0.015, 0.040))
             elif how == "atomic_rename":
                 directory.atomic_rename(data)
             elif how == "editor_backup":
@@ -199,6 +202,10 @@ def test_reload_edits_against_the_real_controller(tmp_path):
                 directory.configmap_swap(data)
             else:
                 directory.symlink_elsewhere(data, rng)
+            excused = {sha(h) for h in halves if exposed >= QUIET and lint_bytes(h, "t").policy is not None}
+            valid_saves |= excused
+            if how == "slow_in_place":
+                prefixes.add(sha(halves[0]))
             outcome = log.wait(since, lambda e: e[1] == sha(data))  # noqa: B023 - waited for in this iteration
             assert outcome is not None, f"edit {n} ({kind}/{how}) was never looked at"
             assert outcome[0] == ("loaded" if is_valid else "rejected"), f"edit {n} ({kind}/{how}): {outcome}"
@@ -211,10 +218,15 @@ def test_reload_edits_against_the_real_controller(tmp_path):
                 else:
                     expected = limit()  # a valid prefix: whatever it publishes is the new last good
             else:
+                went_live = {e[1] for e in log.events[since:] if e[0] == "loaded"} & excused
+                if went_live:  # the stalled save's first half is the new last good
+                    assert wait_for(lambda: (st := read_status(ledger_dir)) is not None and st.policy is not None
+                                    and st.policy.sha256 in went_live, HANG_SECONDS)  # noqa: B023 - waited for here
+                    expected = limit()
                 assert limit() == expected, f"edit {n} ({kind}/{how}) replaced the published limit: {log.events[-6:]}"
         loaded = {e[1] for e in log.events if e[0] == "loaded"}
         assert loaded <= valid_saves, "content that was never a valid save went live"
-        assert not loaded & (prefixes - valid_saves), "a prefix of a slow save went live"
+        assert not loaded & (prefixes - valid_saves), "a prefix of a slow save went live"  # unless excused above
         assert len(counts) == 6 * 3 + 3, counts  # every way of saving with every kind of content, and each way of breaking it
         assert controller.poll() is None, "the controller exited"
     finally:

@@ -22,6 +22,7 @@ from kvpolicy.runtime.errors import Detached
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits, Totals
 from kvpolicy.units import GiB, MiB
 from tests.runtime.ledger_helpers import audit_locked, slot_sums
+from tests.support.waiting import wait_for
 
 CHUNK = 2 * MiB
 FORK = mp.get_context("fork")
@@ -32,9 +33,11 @@ FORK = mp.get_context("fork")
 WORKERS = 16
 OPS = 10_000
 BUDGET = 48 * CHUNK  # far less than 16 × the per-instance limit: the GPU budget is contended
+AUDITED_SAMPLES = 200  # the workers hold their memory until the auditor has read this many totals
+HANG = 300.0  # only catches a hang: nothing below waits for the machine to be fast
 
 
-def _worker(ledger_dir: Path, n: int, ops: int, start: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _worker(ledger_dir: Path, n: int, ops: int, start: mp.Event, audited: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
     try:
         rng = random.Random(n)
         inst = attach(model="stress", id=f"w{n}", gpu="cuda:0", ledger_dir=ledger_dir, elastic=True,
@@ -63,6 +66,13 @@ def _worker(ledger_dir: Path, n: int, ops: int, start: mp.Event, out: mp.Queue) 
             if done % 500 == 0:
                 v = inst.snapshot()  # lock-free: nobody else writes this slot's usage
                 assert (v.mapped, v.pending) == (mapped, pending), (v.mapped, v.pending, mapped, pending)
+        if n == 0 and not mapped and not pending:  # something stays admitted (or the budget is full) for the auditor
+            done += 1
+            if inst.admit(CHUNK):
+                inst.commit(CHUNK)
+                mapped, admitted, done = CHUNK, admitted + 1, done + 1
+        # Hold what is admitted until the auditor has seen enough, however slowly it was scheduled.
+        assert audited.wait(HANG), "the auditor never saw enough"
         if pending:
             inst.rollback(pending)
             done += 1
@@ -75,9 +85,10 @@ def _worker(ledger_dir: Path, n: int, ops: int, start: mp.Event, out: mp.Queue) 
         out.put(("error", n, traceback.format_exc()))
 
 
-def _auditor(ledger_dir: Path, stop: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _auditor(ledger_dir: Path, ready: mp.Event, audited: mp.Event, stop: mp.Event, out: mp.Queue) -> None:  # type: ignore[type-arg]
     try:
         led = GpuLedger.open(ledger_dir, "cuda:0", create=False)
+        ready.set()
         samples = locked = 0
         worst = 0
         while not stop.is_set():
@@ -89,6 +100,8 @@ def _auditor(ledger_dir: Path, stop: mp.Event, out: mp.Queue) -> None:  # type: 
                 totals = audit_locked(led)  # header totals == Σ slots, under the lock
                 assert totals.elastic_committed <= BUDGET
                 locked += 1
+            if samples >= AUDITED_SAMPLES and worst:
+                audited.set()
         out.put(("ok", samples, locked, worst))
     except BaseException:  # noqa: BLE001 - a worker reports any failure to the test
         out.put(("error", traceback.format_exc()))
@@ -99,31 +112,30 @@ def test_sixteen_processes_never_admit_beyond_the_budget_and_lose_no_update(ledg
     led = ld.gpu("cuda:0", create=True)
     ld.publish(ld.read(), 1, {"cuda:0": GpuLimits(capacity=BUDGET + GiB, headroom=GiB, other_used=0, elastic_budget=BUDGET)}, {})
     g0 = led.generation()
-    start, stop, out = FORK.Event(), FORK.Event(), FORK.Queue()
-    workers = [FORK.Process(target=_worker, args=(ledger_dir, n, OPS, start, out)) for n in range(WORKERS)]
-    auditor = FORK.Process(target=_auditor, args=(ledger_dir, stop, out))
+    start, ready, audited, stop, out = FORK.Event(), FORK.Event(), FORK.Event(), FORK.Event(), FORK.Queue()
+    workers = [FORK.Process(target=_worker, args=(ledger_dir, n, OPS, start, audited, out)) for n in range(WORKERS)]
+    auditor = FORK.Process(target=_auditor, args=(ledger_dir, ready, audited, stop, out))
     for p in workers:
         p.start()
-    deadline = time.monotonic() + 60
-    while led.totals().active < WORKERS:
-        assert time.monotonic() < deadline, "workers did not attach"
-        time.sleep(0.01)
+    assert wait_for(lambda: led.totals().active == WORKERS, HANG), "workers did not attach"
     auditor.start()
+    assert ready.wait(HANG), "the auditor did not start"
     t0 = time.monotonic()
     start.set()
     # the controller keeps publishing new per-instance limits while the workers admit
     revision, rng = 2, random.Random(0)
-    while any(p.is_alive() for p in workers) and time.monotonic() < t0 + 120:
+    while any(p.is_alive() for p in workers) and time.monotonic() < t0 + HANG:
         view = ld.read()
         limits = {v.id: InstanceLimits(limit=rng.randint(4, 24) * CHUNK, target=4 * CHUNK, guarantee=0) for v in view.instances()}
         ld.publish(view, revision, {}, limits)
         revision += 1
         time.sleep(0.02)
     for p in workers:
-        p.join(timeout=60)
+        p.join(timeout=HANG)
     stop.set()
-    auditor.join(timeout=30)
-    results = [out.get(timeout=10) for _ in range(WORKERS + 1)]
+    auditor.join(timeout=HANG)
+    assert not any(p.is_alive() for p in [*workers, auditor]), "a process hung"
+    results = [out.get(timeout=HANG) for _ in range(WORKERS + 1)]
     elapsed = time.monotonic() - t0
     errors = [r for r in results if r[0] == "error"]
     assert not errors, "\n".join(str(e[-1]) for e in errors)
@@ -136,7 +148,7 @@ def test_sixteen_processes_never_admit_beyond_the_budget_and_lose_no_update(ledg
     assert led.generation() - g0 == ops + 2 * WORKERS
     assert led.totals() == Totals(0, 0, 0, 0, 0) == slot_sums(led)
     _, samples, locked, worst = audit[0]
-    assert samples > 100 and locked > 4 and 0 < worst <= BUDGET
+    assert samples >= AUDITED_SAMPLES and locked >= AUDITED_SAMPLES // 25 and 0 < worst <= BUDGET
     print(f"\n{WORKERS} workers × {OPS} ops in {elapsed:.1f}s; auditor: {samples} samples, {locked} locked, peak {worst} B")
     ld.close()
 
@@ -187,8 +199,7 @@ def test_kill_9_at_random_points_is_reclaimed_within_one_tick(ledger_dir: Path) 
     survivors = [FORK.Process(target=_survivor, args=(ledger_dir, n, stop, out)) for n in range(2)]
     for p in survivors:
         p.start()
-    while led.totals().active < 2:
-        time.sleep(0.01)
+    assert wait_for(lambda: led.totals().active == 2, HANG), "the survivors did not attach"
     rng = random.Random(1234)
     repaired = 0
     for run in range(100):
@@ -210,9 +221,9 @@ def test_kill_9_at_random_points_is_reclaimed_within_one_tick(ledger_dir: Path) 
         totals = audit_locked(led)
         assert totals.runtime_reserved == 2 * GiB and totals.active == 2, f"run {run}: {totals}"
     stop.set()
-    results = [out.get(timeout=30) for _ in survivors]
+    results = [out.get(timeout=HANG) for _ in survivors]
     for p in survivors:
-        p.join(timeout=30)
+        p.join(timeout=HANG)
     assert all(r[0] == "ok" and r[2] == GiB for r in results), results
     assert led.totals() == Totals(0, 0, 0, 0, 0)
     print(f"\n100 kill -9 runs; {repaired} died inside a change and had the totals repaired")
@@ -237,7 +248,7 @@ def test_a_writer_killed_inside_the_lock_neither_deadlocks_nor_skews_the_totals(
     ld.publish(ld.read(), 1, {"cuda:0": GpuLimits(capacity=GiB, headroom=0, other_used=0, elastic_budget=GiB)}, {})
     p = FORK.Process(target=_die_inside_a_change, args=(ledger_dir,))
     p.start()
-    p.join(timeout=30)
+    p.join(timeout=HANG)
     assert p.exitcode == -signal.SIGKILL
     assert led.seg.words[L.OFF_DIRTY // 8] == p.pid  # it died with the change half done
     assert led.totals().elastic_pending == 4 * CHUNK  # the header missed the last 8 chunks
@@ -285,10 +296,14 @@ if sys.argv[2] == "exit":
     sys.exit(0)
 if sys.argv[2] == "busy":  # mostly inside ledger changes when the signal lands: the detach is deferred
     src = inst.limit_source()
+    turns = 0
     while True:
         if src.admit(1 << 21):
             src.commit(1 << 21)
             src.release(1 << 21)
+        turns += 1
+        if turns == 1000:
+            print("busy", flush=True)  # in the loop: the test signals now
 time.sleep(60)
 """
 
@@ -305,13 +320,13 @@ def test_engine_detaches_on_exit_and_signals(ledger_dir: Path, child_env: dict[s
     if how != "exit":
         assert led.totals().active == 1
         if how == "busy":
-            time.sleep(0.05)
+            assert proc.stdout.readline().strip() == "busy", proc.stderr.read()
         proc.send_signal(signal.SIGTERM if how == "busy" else getattr(signal, how))
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG)
     except subprocess.TimeoutExpired:
         proc.kill()
-        pytest.fail(f"the engine was still running 30 s after {how}; its stderr: {proc.communicate()[1]}")
+        pytest.fail(f"the engine was still running {HANG:.0f} s after {how}; its stderr: {proc.communicate()[1]}")
     if code is not None:
         assert proc.returncode == code, proc.stderr.read()
     else:  # SIGINT: KeyboardInterrupt unwinds, the exit detaches, Python dies of SIGINT
@@ -340,8 +355,8 @@ def test_a_fork_cannot_write_through_its_parents_instance(ledger_dir: Path) -> N
     out = FORK.Queue()
     p = FORK.Process(target=_forked_child, args=(inst, out))
     p.start()
-    p.join(timeout=30)
-    msg = out.get(timeout=5)
+    p.join(timeout=HANG)
+    msg = out.get(timeout=HANG)
     assert msg.startswith("refused:") and "is a fork of it" in msg and msg.endswith(f"| {GiB}"), msg
     with LedgerDir(ledger_dir) as ld:  # the parent's slot lives on, and its lock is still held
         view = ld.read()

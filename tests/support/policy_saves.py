@@ -29,26 +29,35 @@ class Directory:
 
     # ---- plain files ----------------------------------------------------------------
 
-    def in_place(self, data: bytes, rng: random.Random, on_intermediate=lambda prefix: None) -> None:
-        """Truncate and rewrite the file, in two writes."""
+    def in_place(self, data: bytes, rng: random.Random, on_intermediate=lambda prefix: None) -> float:
+        """Truncate and rewrite the file, in two writes; returns how long the file held something
+        other than ``data`` (``exposed``)."""
         self._plain_file()
         cut = rng.randrange(len(data) + 1)
         on_intermediate(data[:cut])  # a reader may see this half: it is content that was in the file
-        with open(self.path, "r+b" if self.path.exists() else "wb") as f:
-            f.truncate(0)
-            f.write(data[:cut])
-            f.flush()
-            f.write(data[cut:])
+        return self._write_in_two(data, cut, pause=0.0)
 
-    def slow_in_place(self, data: bytes, cut: int, pause: float) -> None:
-        """An editor that saves in place, slowly: truncate, write part, pause, write the rest."""
+    def slow_in_place(self, data: bytes, cut: int, pause: float) -> float:
+        """An editor that saves in place, slowly: truncate, write part, pause, write the rest.
+
+        Returns the seconds from the truncation to the close, an upper bound on how long any
+        intermediate content (empty, ``data[:cut]``) was in the file. A watcher may take an
+        intermediate for final only if it stayed unchanged for the quiet period, so a test may
+        excuse a prefix going live only when this is at least that long: a machine stalled
+        mid-save, the watcher's documented limit (kvpolicy/runtime/watch.py)."""
         self._plain_file()
+        return self._write_in_two(data, cut, pause)
+
+    def _write_in_two(self, data: bytes, cut: int, pause: float) -> float:
+        start = time.monotonic()  # before the open: "wb" truncates
         with open(self.path, "r+b" if self.path.exists() else "wb") as f:
             f.truncate(0)
             f.write(data[:cut])
             f.flush()
-            time.sleep(pause)
+            if pause:
+                time.sleep(pause)
             f.write(data[cut:])
+        return time.monotonic() - start
 
     def atomic_rename(self, data: bytes) -> None:
         self._clear_directory_in_place()
