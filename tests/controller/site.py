@@ -65,6 +65,7 @@ class Site:
         self._engines: list[subprocess.Popen] = []
         self._servers: list = []
         self._processes: list[subprocess.Popen] = []
+        self._steps: dict[Controller, int] = {}
         self._root = root
 
     def controller(self, sampler: GpuSampler | None = EIGHTY_GIB, **config) -> Controller:
@@ -72,12 +73,31 @@ class Site:
         ledger = LedgerDir(self.ledger_dir, create=True)
         config = {"tick": 0.2, **config}
         controller = Controller(ControllerConfig(policy=self.policy, **config), ledger, sampler, ControllerMetrics())
+        self._count_steps(controller)
         stop = threading.Event()
         thread = threading.Thread(target=controller.run, args=(stop,), daemon=True)
         thread.start()
         self._running.append((stop, thread))
         assert wait_for(lambda: controller.decision is not None or controller.watcher.last_reload is not None)
         return controller
+
+    def _count_steps(self, controller: Controller) -> None:
+        self._steps[controller] = 0
+        step = controller.step
+
+        def counted(reason: str):  # type: ignore[no-untyped-def]
+            try:
+                return step(reason)
+            finally:
+                self._steps[controller] += 1
+
+        controller.step = counted  # type: ignore[method-assign]
+
+    def after_steps(self, controller: Controller, n: int = 2) -> None:
+        """Wait until ``controller`` has finished ``n`` more steps (one at least every tick): a
+        check that nothing changed then means what it says, however slow the machine."""
+        target = self._steps[controller] + n
+        assert wait_for(lambda: self._steps[controller] >= target, 120), "the controller stopped stepping"
 
     def serve(self, controller: Controller) -> str:
         """Serve the controller's endpoints (metrics and probes) on a free loopback port; returns the base URL."""

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -67,7 +66,7 @@ def test_a_shrink_on_low_use_ends_when_the_engine_reports_work_waiting(site):
 
 
 def test_a_rejected_policy_keeps_the_limits_and_status_names_the_error(site, capsys):
-    site.controller()
+    controller = site.controller()
     site.engine("chat")
     assert wait_for(lambda: site.slot("chat/0").limit == 48 * GiB)
     revision = site.slot("chat/0").revision
@@ -77,7 +76,7 @@ def test_a_rejected_policy_keeps_the_limits_and_status_names_the_error(site, cap
     error = status.last_reload.error
     assert (error.line, error.col, error.code) == (3, 49, "KV001") and "GiBB" in error.message
     assert status.policy.revision == 1
-    time.sleep(0.3)
+    site.after_steps(controller)
     assert site.slot("chat/0").limit == 48 * GiB and site.slot("chat/0").revision == revision
     assert main(["status", "--ledger-dir", str(site.ledger_dir)]) == 1  # needs attention
     out = capsys.readouterr().out
@@ -115,7 +114,7 @@ def test_observe_computes_without_publishing(site):
     site.engine("chat")
     assert wait_for(lambda: controller.decision is not None and controller.decision.instances)
     assert controller.decision.instance("chat/0").limit == 48 * GiB
-    time.sleep(0.3)
+    site.after_steps(controller)
     s = site.slot("chat/0")
     assert (s.revision, s.limit) == (0, 0)  # nothing published: the limit is the attach guarantee (0)
     status = read_status(site.ledger_dir)
@@ -127,8 +126,7 @@ def test_restart_continues_above_the_published_revision_and_engines_keep_limits(
     site.engine("chat")
     assert wait_for(lambda: site.slot("chat/0").limit == 48 * GiB)
     old_revision = site.slot("chat/0").revision
-    site.stop_controllers()
-    time.sleep(0.2)
+    site.stop_controllers()  # joined: no controller writes from here on
     assert site.slot("chat/0").limit == 48 * GiB  # the controller is gone; the limit stays
     site.policy.write_text(POLICY.replace("max 60%", "max 50%"))
     site.controller()

@@ -99,10 +99,10 @@ def test_a_restart_keeps_the_rule_s_shrink_and_a_renamed_rule_starts_again(site)
 
 def test_status_top_explain_and_metrics_name_the_rule_acting(site, capsys, caplog):
     site.policy.write_text(POLICY + RULE)
-    controller = site.controller()
-    base = site.serve(controller)
-    site.engine("chat"), site.engine("batch")
-    with caplog.at_level("INFO", logger="kvpolicy.decisions"):
+    with caplog.at_level("INFO", logger="kvpolicy.decisions"):  # before the controller's first decision
+        controller = site.controller()
+        base = site.serve(controller)
+        site.engine("chat"), site.engine("batch")
         assert wait_for(lambda: (s := site.slot("batch/0")) is not None and s.limit == SQUEEZED, HANG)
         assert wait_for(lambda: (s := read_status(site.ledger_dir)) and s.rules and s.rules[0].instances
                         and s.rules[0].instances[0].state == "acting", HANG)
