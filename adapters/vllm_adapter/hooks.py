@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from kvpolicy.adapters.ledger_port import as_startup_failure
+from kvpolicy.adapters.settings import AdapterEnv
 
 from .elastic import lifecycle as elastic
 from .identity import instance_key, policy_model, worker_gpu
 from .pools import PoolLayout
 from .reports import LAYOUT_ATTR, EngineReporter, report_worker_pools
+from .static.reserve import reserve_where
 from .static.sizing import size_kv_cache
 
 Method = Callable[..., Any]
@@ -44,11 +46,23 @@ def _rank(worker: Any, doing: str) -> Callable[[], str]:
     return lambda: f"vLLM rank {instance_key(worker.vllm_config, worker.rank).id} on {worker_gpu(worker)}, {doing}"
 
 
+def _sizing(worker: Any) -> Callable[[], str]:
+    """``_rank``'s sizing, naming where the policy sets the reserve a runtime-owned cache is sized to."""
+
+    def what() -> str:
+        where = None
+        if elastic.plan_of(worker) is None:
+            where = reserve_where(AdapterEnv.from_environ().policy, instance_key(worker.vllm_config, worker.rank).model)
+        return _rank(worker, f"sizing its KV cache to the reserve at {where}" if where else "sizing its KV cache")()
+
+    return what
+
+
 def sizing_hook(original: Method) -> Method:
     """``Worker.determine_available_memory``: size the cache from the policy, then let vLLM profile."""
 
     def determine_available_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with as_startup_failure(_rank(self, "sizing its KV cache")):
+        with as_startup_failure(_sizing(self)):
             size_worker_cache(self)
         return original(self, *args, **kwargs)
 
@@ -84,7 +98,7 @@ def cpu_sizing_hook(original: Method) -> Method:
         if id(cache) in _size_pending:
             _size_pending.discard(id(cache))
             cache.kv_cache_memory_bytes = None
-        with as_startup_failure(_rank(self, "sizing its KV cache")):
+        with as_startup_failure(_sizing(self)):
             size_worker_cache(self)
         return original(self, *args, **kwargs)
 

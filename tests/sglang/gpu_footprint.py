@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def run_cases() -> list[dict]:
     from kvpolicy.adapters.sglang_dsv4.ports import Reserve
     from kvpolicy.units import GiB, MiB
     from kvpolicy.runtime.gpus import gpu_id
-    from tests.support.ledgers import InProcessLedger
+    from tests.support.ledgers import SharedLedger
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
     from sglang.srt.runtime_context import get_context, get_parallel
     from tests.sglang.sglang_support import MODELS, TINY_RATIOS, build_pool_through_sglang, kv_cache_configurator
@@ -82,10 +83,10 @@ def run_cases() -> list[dict]:
             )
             server_args = args.install()
             gpu = gpu_id(0)  # the ledger's key for cuda:0, as the hook names it: its UUID where NVML is
-            ledger = InProcessLedger({gpu: 120 * GiB})
+            ledger = SharedLedger(Path(tempfile.mkdtemp(prefix="kvpolicy-footprint-")), {gpu: 120 * GiB})
             state = hooks.AdapterState(
                 reserve_source=lambda model, r=reserve: Reserve(bytes=r, model=model, file="gpu", line=1),
-                connect=ledger.session, model_name=name,
+                connect=ledger.connect, model_name=name,
             )
             hooks.install(state)
             try:

@@ -16,7 +16,7 @@ from kvpolicy.adapters.sglang_dsv4.ports import (
 from kvpolicy.facts import PoolFacts
 from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB, MiB
-from tests.support.ledgers import InProcessLedger
+from tests.support.ledgers import SharedLedger
 
 POLICY = 'version 1\n\nmodel "deepseek-v4-flash" {\n  engine sglang\n  reserve 40 GiB\n}\n'
 
@@ -47,13 +47,13 @@ def test_policy_must_be_named_and_exist(tmp_path):
         require_policy_file(AdapterEnv(enabled=True, policy=tmp_path / "missing.kvp", model=None, ledger_dir=tmp_path))
 
 
-def test_two_engines_starting_together_cannot_both_take_the_last_bytes():
-    ledger = InProcessLedger({"cuda:0": 60 * GiB})
+def test_two_engines_starting_together_cannot_both_take_the_last_bytes(tmp_path):
+    ledger = SharedLedger(tmp_path / "ledger", {"cuda:0": 60 * GiB})
     results: list[object] = []
     barrier = threading.Barrier(8)
 
     def start(i: int) -> None:
-        session = ledger.session(InstanceIdentity(model=f"m{i}", gpu="cuda:0", rank=0))
+        session = ledger.connect(InstanceIdentity(model=f"m{i}", gpu="cuda:0", rank=0))
         barrier.wait()
         try:
             results.append(session.admit_static(40 * GiB))
@@ -71,13 +71,13 @@ def test_two_engines_starting_together_cannot_both_take_the_last_bytes():
     assert ledger.held("cuda:0") == 40 * GiB
 
 
-def test_a_report_replaces_the_admission():
-    ledger = InProcessLedger({"cuda:0": 10 * GiB})
-    session = ledger.session(InstanceIdentity(model="m", gpu="cuda:0", rank=0))
+def test_a_report_replaces_the_admission(tmp_path):
+    ledger = SharedLedger(tmp_path / "ledger", {"cuda:0": 10 * GiB})
+    session = ledger.connect(InstanceIdentity(model="m", gpu="cuda:0", rank=0))
     session.admit_static(8 * GiB)
     session.report_pools({"swa": PoolFacts(bytes=3 * GiB), "c4": PoolFacts(bytes=4 * GiB)})
-    assert ledger.admitted["cuda:0"] == {} and ledger.held("cuda:0") == 7 * GiB
-    other = ledger.session(InstanceIdentity(model="n", gpu="cuda:0", rank=0))
+    assert ledger.admitted("cuda:0") == {} and ledger.held("cuda:0") == 7 * GiB
+    other = ledger.connect(InstanceIdentity(model="n", gpu="cuda:0", rank=0))
     assert other.admit_static(3 * GiB) == 3 * GiB
     with pytest.raises(AdmissionRefused):
-        ledger.session(InstanceIdentity(model="o", gpu="cuda:0", rank=0)).admit_static(1 * MiB)
+        ledger.connect(InstanceIdentity(model="o", gpu="cuda:0", rank=0)).admit_static(1 * MiB)

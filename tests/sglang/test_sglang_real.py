@@ -17,7 +17,7 @@ from kvpolicy.adapters.sglang_dsv4.facts import OTHER, measure_pool
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry, load_geometry
 from kvpolicy.adapters.sglang_dsv4.ports import Reserve
 from kvpolicy.units import GiB, MiB
-from tests.support.ledgers import InProcessLedger
+from tests.support.ledgers import SharedLedger
 from tests.sglang.sglang_support import (
     HERE,
     MODELS,
@@ -120,11 +120,11 @@ def fixed_reserve(nbytes, file="policy.kvp", line=7):
 
 
 @pytest.fixture
-def adapter():
-    """Install the real hooks for one test, against an in-process ledger."""
+def adapter(tmp_path):
+    """Install the real hooks for one test, against the shared-memory ledger in the test's directory."""
     def install(reserve, unreserved, model="deepseek-v4-flash"):
-        ledger = InProcessLedger(unreserved)
-        state = hooks.AdapterState(reserve_source=fixed_reserve(reserve), connect=ledger.session, model_name=model)
+        ledger = SharedLedger(tmp_path / "ledger", unreserved)
+        state = hooks.AdapterState(reserve_source=fixed_reserve(reserve), connect=ledger.connect, model_name=model)
         hooks.install(state)
         return ledger, state
 
@@ -156,11 +156,11 @@ def test_the_budget_hook_makes_the_real_pool_fit_the_admitted_reserve(server_arg
     assert m.footprint <= reserve  # the V4 pools and the request table
     assert reserve - m.footprint < 64 * MiB + len(m.tensors) * 2 * MiB  # and the reserve is used
     assert sum(tensor_bytes_by_pool(pool, built.req_to_token_pool).values()) == m.tensor_bytes
-    (instance_id, report), = ledger.reports["cuda:0"].items()
+    (instance_id, report), = ledger.reports("cuda:0").items()
     assert instance_id == f"deepseek-v4-flash@{os.getppid()}/0"  # the engine (launcher) and the TP rank
     assert set(report) == {"swa", "c4", "c128", "indexer", "compressor_state", "req_to_token"}
     assert report["req_to_token"].tensor_bytes == built.req_to_token_pool.req_to_token.nbytes
-    assert ledger.admitted["cuda:0"] == {}  # the report replaced the admission
+    assert ledger.admitted("cuda:0") == {}  # the report replaced the admission
     assert ledger.held("cuda:0") == m.footprint
     assert pool.mem_usage == pytest.approx(m.pool_tensor_bytes / GiB)  # SGLang's metric: the KV pool
     assert config.max_total_num_tokens == state.admitted[0].reserve.tokens.full
@@ -170,7 +170,7 @@ def test_admission_is_refused_with_the_policy_line_and_the_figures(server_args, 
     kvc = kv_cache_configurator(TINY, server_args(max_running_requests=8))
     free_memory_is(kvc, 64 * GiB, monkeypatch)
     ledger, _ = adapter(48 * MiB, {"cuda:0": 100 * MiB})
-    ledger.session(hooks.InstanceIdentity(model="other", gpu="cuda:0", rank=0)).admit_static(60 * MiB)
+    ledger.connect(hooks.InstanceIdentity(model="other", gpu="cuda:0", rank=0)).admit_static(60 * MiB)
     with pytest.raises(AdapterError) as exc:
         build_pool_through_sglang(kvc)
     msg = str(exc.value)
@@ -296,9 +296,9 @@ def test_plan_with_a_policy_plans_what_the_budget_hook_builds(sglang_env, tmp_pa
     }
 
     real = resolve_for_real(model_dir, Hardware(), flags)
-    ledger = InProcessLedger({"cuda:0": 80 * GiB})
-    env = AdapterEnv(enabled=True, policy=policy, model="tiny-v4", ledger_dir=tmp_path)
-    state = hooks.AdapterState(reserve_source=policy_reserve(env), connect=ledger.session, model_name="tiny-v4")
+    ledger = SharedLedger(tmp_path / "ledger", {"cuda:0": 80 * GiB})
+    env = AdapterEnv(enabled=True, policy=policy, model="tiny-v4", ledger_dir=ledger.root)
+    state = hooks.AdapterState(reserve_source=policy_reserve(env), connect=ledger.connect, model_name="tiny-v4")
     with single_process_parallel(), published_resolution(real):
         _live, _dtype, kvc = engine_reading(model_dir, real, device="cpu")
         free_memory_is(kvc, 64 * GiB, monkeypatch)

@@ -23,7 +23,7 @@ from kvpolicy.adapters.vllm_adapter.pools import (
 )
 
 from kvpolicy.units import MiB
-from tests.support.ledgers import InProcessVllmLedger
+from tests.support.ledgers import SharedLedger
 
 pytestmark = pytest.mark.vllm
 
@@ -157,7 +157,7 @@ def test_live_split_follows_the_real_block_pool(allocated) -> None:
     assert sum(f.tensor_bytes for f in pool_facts(layout, held_after, free_after).values()) == buffer_bytes
 
 
-def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     """The hooks around Worker.initialize_from_config, EngineCore._initialize_kv_caches and
     EngineCore.step, with vLLM's real configs, block pool, UniProcExecutor.collective_rpc and
     run_method; the engine core and worker objects stand in for ones that need a GPU."""
@@ -169,15 +169,17 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
     monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
     monkeypatch.setenv("KVPOLICY_MODEL", "m")
     monkeypatch.setenv("KVPOLICY_REPORT_INTERVAL", "0")
-    ledger = InProcessVllmLedger({})
-    set_static_ledger(ledger)
+    key = InstanceKey("eng", "m", rank=0)
+    shared = SharedLedger(tmp_path / "ledger", {"cuda:0": 2 * buffer_bytes})
+    ranks = shared.vllm()
+    ranks.admit(key, "cuda:0", buffer_bytes)  # what the sizing hook did at start-up
+    set_static_ledger(ranks)
     try:
         # Worker: vLLM allocated its buffer; the hook reports all blocks free.
         worker = SimpleNamespace(vllm_config=plan.config, rank=0)
         allocated_hook = hooks.allocated_hook(lambda self, config: None)
         allocated_hook(worker, plan.kv_cache_config)
-        key = InstanceKey("eng", "m", rank=0)
-        idle = ledger.reports[key]
+        idle = shared.reports("cuda:0")[key.id]
         assert idle[FREE_POOL].tensor_bytes == buffer_bytes - layout.bytes_per_block
 
         # Engine core: the scheduler's block pool, and an executor whose worker is `worker`.
@@ -198,7 +200,7 @@ def test_engine_core_sends_the_live_split_to_the_workers(allocated, monkeypatch:
         for group_manager in manager.coordinator.single_type_managers:
             group_manager.allocate_new_blocks("r", 200, 200)
         assert step(core) == ("outputs", True)
-        live = ledger.reports[key]
+        live = shared.reports("cuda:0")[key.id]
         held, _ = held_blocks_per_group(manager.coordinator)
         assert live[FREE_POOL].tensor_bytes == idle[FREE_POOL].tensor_bytes - sum(held) * layout.bytes_per_block
         assert sum(f.tensor_bytes for f in live.values()) == buffer_bytes

@@ -26,7 +26,7 @@ from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB
-from tests.support.ledgers import InProcessVllmLedger
+from tests.support.ledgers import SharedLedger
 from tests.support.processes import last_json
 
 pytestmark = pytest.mark.vllm
@@ -48,13 +48,11 @@ import json, os, sys
 from types import SimpleNamespace
 from vllm.plugins import load_general_plugins
 from vllm.v1.worker.gpu_worker import Worker
-from kvpolicy.adapters.vllm_adapter.ledger import set_static_ledger
-from tests.support.ledgers import InProcessVllmLedger
+from kvpolicy.runtime.directory import LedgerDir
 
 load_general_plugins()  # vLLM's own loader: finds kvpolicy through its entry point
 hooked = getattr(Worker.determine_available_memory, "__kvpolicy_hook__", False)
-ledger = InProcessVllmLedger({"cuda:3": 80 * 2**30})
-set_static_ledger(ledger)
+# The plugin admits in the shared-memory ledger under KVPOLICY_LEDGER_DIR, which the test made.
 
 from vllm.engine.arg_utils import EngineArgs
 cfg = EngineArgs(model=sys.argv[1], skip_tokenizer_init=True, load_format="dummy", max_model_len=4096).create_engine_config()
@@ -77,7 +75,8 @@ print(json.dumps({
     "available": available,
     "kv_cache_memory_bytes": worker.cache_config.kv_cache_memory_bytes,
     "profiled": ModelRunner.profiled,
-    "admitted": {k.id: v for k, v in ledger.admitted.items()},
+    "admitted": {v.id: [v.gpu, v.static_admitted] for v in LedgerDir(os.environ["KVPOLICY_LEDGER_DIR"]).read().instances()}
+                if "KVPOLICY_LEDGER_DIR" in os.environ else {},
 }))
 """
 
@@ -109,10 +108,11 @@ def test_entry_point_is_installed() -> None:
 
 
 def test_plugin_sizes_the_kv_cache_from_the_policy(policy_file: Path) -> None:
+    ledger = SharedLedger(policy_file.parent / "ledger", {"cuda:3": 80 * GiB})
     result = run_script(
         WORKER_SCRIPT, str(QWEN),
         env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file), "KVPOLICY_MODEL": "qwen3-8b",
-             "KVPOLICY_ENGINE_ID": "qwen-test"},
+             "KVPOLICY_ENGINE_ID": "qwen-test", "KVPOLICY_LEDGER_DIR": str(ledger.root)},
         pythonpath=[REPO],
     )
     out = last_json(result)
@@ -128,15 +128,18 @@ def test_plugin_sizes_the_kv_cache_from_the_policy(policy_file: Path) -> None:
 
 
 def test_admission_refused_stops_the_start(policy_file: Path) -> None:
-    script = WORKER_SCRIPT.replace('InProcessVllmLedger({"cuda:3": 80 * 2**30})', 'InProcessVllmLedger({"cuda:3": 2 * 2**30})')
+    ledger = SharedLedger(policy_file.parent / "ledger", {"cuda:3": 2 * GiB})
     result = run_script(
-        script, str(QWEN), env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file), "KVPOLICY_MODEL": "qwen3-8b"},
+        WORKER_SCRIPT, str(QWEN), env={"KVPOLICY_ENABLE": "1", "KVPOLICY_POLICY": str(policy_file),
+                                       "KVPOLICY_MODEL": "qwen3-8b", "KVPOLICY_LEDGER_DIR": str(ledger.root)},
         pythonpath=[REPO],
     )
     error = last_json(result)["error"]
     # The hook (the adapter's edge) turns the ledger's refusal into the AdapterError that stops the start.
-    assert error.startswith("AdapterError: kvpolicy: cannot reserve 3 GiB")
-    assert "on cuda:3: only 2 GiB" in error and "reserve" in error
+    assert error.startswith("AdapterError: kvpolicy ledger: cannot admit 3 GiB"), error
+    assert "on cuda:3: unreserved = C − H − U − R − G" in error and "= 2 GiB (2147483648 B)" in error
+    assert f"{policy_file}:4" in error  # where the policy sets the reserve
+    assert ledger.instances("cuda:3") == []  # the refused rank left nothing behind
 
 
 def test_disabled_plugin_installs_nothing() -> None:
@@ -273,12 +276,12 @@ def worker():
 
 
 @pytest.fixture
-def enabled(monkeypatch: pytest.MonkeyPatch):
+def enabled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.setenv("KVPOLICY_ENABLE", "1")
     monkeypatch.setenv("KVPOLICY_ENGINE_ID", "eng")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
-    ledger = InProcessVllmLedger({"cuda:2": 10 * GiB})
-    set_static_ledger(ledger)
+    ledger = SharedLedger(tmp_path / "ledger", {"cuda:2": 10 * GiB})
+    set_static_ledger(ledger.vllm())
     sizing.forget_admissions()
     yield ledger
     set_static_ledger(None)
@@ -288,7 +291,7 @@ def enabled(monkeypatch: pytest.MonkeyPatch):
 def test_size_kv_cache_admits_then_sets_the_switch(worker, enabled) -> None:
     admitted = sizing.size_kv_cache(worker, reserve_of=lambda env, model: 4 * GiB)
     assert admitted == worker.cache_config.kv_cache_memory_bytes == 4 * GiB
-    assert enabled.admitted == {InstanceKey("eng", "qwen3-8b", rank=1): ("cuda:2", 4 * GiB)}
+    assert enabled.admitted("cuda:2") == {InstanceKey("eng", "qwen3-8b", rank=1).id: 4 * GiB}
     # Profiling again (wake-up) keeps the one admission.
     assert sizing.size_kv_cache(worker, reserve_of=lambda env, model: 4 * GiB) == 4 * GiB
     assert enabled.unreserved("cuda:2") == 6 * GiB
@@ -306,7 +309,7 @@ def test_block_override_is_refused(worker, enabled) -> None:
     worker.cache_config.num_gpu_blocks_override = 1000
     with pytest.raises(AdapterError, match="--num-gpu-blocks-override=1000 would size"):
         sizing.size_kv_cache(worker, reserve_of=lambda env, model: GiB)
-    assert enabled.admitted == {}
+    assert enabled.admitted("cuda:2") == {}
 
 
 def test_conflicting_kv_cache_memory_is_refused(worker, enabled) -> None:
@@ -316,7 +319,7 @@ def test_conflicting_kv_cache_memory_is_refused(worker, enabled) -> None:
 
 
 def test_admission_refusal_has_figures(worker, enabled) -> None:
-    with pytest.raises(AdmissionRefused, match=r"cannot reserve 12 GiB .* only 10 GiB"):
+    with pytest.raises(AdmissionRefused, match=r"cannot admit 12 GiB .* = 10 GiB \(10737418240 B\)"):
         sizing.size_kv_cache(worker, reserve_of=lambda env, model: 12 * GiB)
     assert worker.cache_config.kv_cache_memory_bytes is None
 

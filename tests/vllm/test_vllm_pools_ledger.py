@@ -1,4 +1,4 @@
-"""Pool facts arithmetic and the in-process ledger, on a bare install.
+"""Pool facts arithmetic and the vLLM adapter's admissions in the shared-memory ledger, on a bare install.
 
 (The same arithmetic on vLLM's real objects is in test_vllm_facts.py.)
 """
@@ -36,7 +36,7 @@ from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.runtime.errors import AdmissionRefused
 from kvpolicy.units import GiB, MiB
-from tests.support.ledgers import InProcessVllmLedger
+from tests.support.ledgers import SharedLedger
 
 MODELS = ["deepseek-v4-flash", "deepseek-v4-pro", "qwen3-8b", "gemma-3-1b", "gpt-oss-20b", "deepseek-v2-lite"]
 
@@ -110,9 +110,10 @@ def test_engine_table_lists_every_reported_pool() -> None:
 # ------------------------------------------------------------------ ledger
 
 
-def test_admission_is_all_or_nothing_under_races() -> None:
+def test_admission_is_all_or_nothing_under_races(tmp_path) -> None:
     """Sixteen ranks race for 10 GiB in 1 GiB admissions: exactly ten win, none half-way."""
-    ledger = InProcessVllmLedger({"cuda:0": 10 * GiB + 5 * MiB})
+    shared = SharedLedger(tmp_path, {"cuda:0": 10 * GiB + 5 * MiB})
+    ledger = shared.vllm()
     wins, losses = [], []
     barrier = threading.Barrier(16)
 
@@ -129,23 +130,28 @@ def test_admission_is_all_or_nothing_under_races() -> None:
     for t in threads:
         t.join()
     assert len(wins) == 10 and len(losses) == 6
-    assert ledger.unreserved("cuda:0") == 5 * MiB
-    assert all("only 5 MiB" in message for message in losses)
+    assert shared.unreserved("cuda:0") == 5 * MiB
+    assert all("= 5 MiB (5242880 B)" in message for message in losses), losses[0]
 
 
-def test_release_returns_the_admission() -> None:
-    ledger = InProcessVllmLedger({"cuda:0": 4 * GiB})
-    key = InstanceKey("e", "m")
-    ledger.admit(key, "cuda:0", 3 * GiB)
-    with pytest.raises(AdmissionRefused, match="already holds"):
-        ledger.admit(key, "cuda:0", GiB)
+def test_a_second_admission_replaces_the_first_and_release_returns_it(tmp_path) -> None:
+    shared = SharedLedger(tmp_path, {"cuda:0": 4 * GiB})
+    ledger, key = shared.vllm(), InstanceKey("e", "m")
+    assert ledger.admit(key, "cuda:0", 3 * GiB) == 3 * GiB
+    assert ledger.admit(key, "cuda:0", GiB) == GiB  # (a wake-up's profile run sizes the cache again)
+    assert shared.admitted("cuda:0") == {key.id: GiB} and shared.unreserved("cuda:0") == 3 * GiB
     ledger.release(key)
-    assert ledger.unreserved("cuda:0") == 4 * GiB
+    assert shared.admitted("cuda:0") == {} and shared.unreserved("cuda:0") == 4 * GiB
 
 
-def test_unknown_gpu_is_refused() -> None:
-    with pytest.raises(AdmissionRefused, match="GPU 'cuda:7' is not in the ledger"):
-        InProcessVllmLedger({"cuda:0": GiB}).admit(InstanceKey("e", "m"), "cuda:7", 1)
+def test_a_gpu_without_figures_refuses_once_the_wait_is_over(tmp_path, monkeypatch) -> None:
+    """No controller publishes for cuda:7 and this process cannot measure it: the admission says how to fix it."""
+    monkeypatch.setenv("KVPOLICY_FIGURES_WAIT", "0")
+    shared = SharedLedger(tmp_path, {"cuda:0": GiB})
+    ledger = shared.vllm()
+    with pytest.raises(AdapterError, match=r"waited 0 s for a controller to publish figures for cuda:7"):
+        ledger.admit(InstanceKey("e", "m"), "cuda:7", 1)
+    assert shared.instances("cuda:7") == []  # the rank that gave up left the ledger
 
 
 def test_instance_ids() -> None:

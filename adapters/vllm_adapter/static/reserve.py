@@ -29,3 +29,19 @@ def policy_reserve(policy: Path | None, model: str) -> int:
             f"(or set KVPOLICY_MODEL to the policy's model name), or unset {ENV_ENABLE}."
         )
     return int(reserve)
+
+
+def reserve_where(policy: Path | None, model: str) -> str | None:
+    """Where the policy sets ``model``'s ``reserve`` (``file:line``), for a refusal's message; None
+    if it sets none or cannot be read (the refusal then says what it can without it)."""
+    from kvpolicy.policy.resolve import model_settings
+
+    if policy is None:
+        return None
+    try:
+        block = model_settings(read_policy(policy), model).block
+    except AdapterError:
+        return None
+    if block is None or block.reserve is None:
+        return None
+    return f"{policy}:{block.reserve.span.line}"
