@@ -80,7 +80,7 @@ def module(gpus: list[FakeGpu]) -> types.ModuleType:
         return [on, on]
 
     def max_migs(h: _Handle) -> int:
-        return 7
+        return 7 if h.gpu.mig else 0  # an H100's, and 0 with MIG off (tests/runtime/test_nvml_stand_in.py)
 
     def mig_by_index(h: _Handle, k: int) -> _Handle:
         for m in h.gpu.migs:
