@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.support.processes import read_line
+
 pytest.importorskip("watchdog")  # the controller's extra
 
 
@@ -29,7 +31,7 @@ def test_demo_shows_instances_in_status_and_stops_everything(tmp_path):
     try:
         lines = []
         while not lines or lines[-1] != "Ctrl-C stops it.\n":
-            line = demo.stdout.readline()
+            line = read_line(demo)
             assert line, (lines, demo.stderr.read())
             lines.append(line)
         assert f"  kvpolicy status --ledger-dir {ledger}\n" in lines

@@ -18,6 +18,7 @@ from kvpolicy.runtime.gpus import GpuSampler, StaticSampler
 from kvpolicy.runtime.health import ControllerHealth
 from kvpolicy.runtime.metrics import ControllerMetrics
 from tests.support.waiting import wait_for  # the controller tests import it from here
+from tests.support.processes import read_line
 
 GiB = 1 << 30
 EIGHTY_GIB = StaticSampler(80 * GiB)  # the controller's default source of GPU figures
@@ -129,7 +130,7 @@ class Site:
         proc = subprocess.Popen([sys.executable, "-c", ENGINE, model, str(self.ledger_dir)], stdout=subprocess.PIPE,
                                 text=True)
         self._engines.append(proc)
-        assert proc.stdout.readline().strip() == "attached"
+        assert read_line(proc).strip() == "attached"
         return proc
 
     def slot(self, instance: str):

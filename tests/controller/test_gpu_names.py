@@ -19,6 +19,7 @@ from kvpolicy.runtime.view import current_status, render_status
 from kvpolicy.runtime.status import read_status
 from tests.controller.site import POLICY, GiB, http_get, wait_for
 from tests.support import fake_nvml
+from tests.support.processes import read_line
 
 U0 = "GPU-5a0e4f2c-1b3d-4e5f-8a9b-0c1d2e3f4a5b"
 U1 = "GPU-9c7d1e2f-3a4b-4c5d-9e6f-7a8b9c0d1e2f"
@@ -43,7 +44,7 @@ def test_policy_blocks_match_the_display_name_or_the_uuid_and_status_and_metrics
             p = subprocess.Popen([sys.executable, "-c", ENGINE, model, gpu, str(site.ledger_dir)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
             engines.append(p)
-            assert p.stdout.readline().strip() == "attached"  # type: ignore[union-attr]
+            assert read_line(p).strip() == "attached"  # type: ignore[union-attr]
         status = wait_for(lambda: (st := read_status(site.ledger_dir)) and len(st.gpus) == 2 and len(st.instances) == 2
                           and st)
         assert status
@@ -83,7 +84,7 @@ def test_the_status_warns_when_an_engine_fell_back_to_an_index_id(site) -> None:
             p = subprocess.Popen([sys.executable, "-c", ENGINE, model, gpu, str(site.ledger_dir)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
             engines.append(p)
-            assert p.stdout.readline().strip() == "attached"  # type: ignore[union-attr]
+            assert read_line(p).strip() == "attached"  # type: ignore[union-attr]
         status = wait_for(lambda: (st := read_status(site.ledger_dir)) and len(st.instances) == 2 and st.problems and st)
         assert status
         assert any("index-based ids (cuda:0)" in p and "make NVML available to every engine" in p for p in status.problems)

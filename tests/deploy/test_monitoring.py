@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.controller.site import POLICY, Site, http_get, wait_for
 from tests.deploy.conftest import DEPLOY, tool
+from tests.support.processes import read_line
 
 PROMETHEUS = DEPLOY / "prometheus"
 ALERTS = PROMETHEUS / "kvpolicy-alerts.yaml"
@@ -162,7 +163,7 @@ def exported(tmp_path) -> set[str]:
         controller = site.controller()
         base = site.serve(controller)
         engine = subprocess.Popen([sys.executable, "-c", ENGINE, str(site.ledger_dir)], stdout=subprocess.PIPE, text=True)
-        assert engine.stdout.readline().strip() == "ready"
+        assert read_line(engine).strip() == "ready"
         controller._wake.set()
         assert wait_for(lambda: (s := site.slot("chat/0")) and s.mapped and s.ack_revision == s.revision)
 

@@ -32,6 +32,7 @@ from kvpolicy.runtime.status import read_status
 from tests.fuzz.scale import HANG_SECONDS, RELOAD_EDITS, scaled, seed
 from tests.support.policy_saves import Directory, sha
 from tests.support.waiting import wait_for
+from tests.support.processes import read_line
 
 pytestmark = pytest.mark.fuzz
 
@@ -140,7 +141,7 @@ def test_reload_edits_against_the_real_controller(tmp_path):
         assert wait_for(lambda: (ledger_dir / "status.json").exists(), HANG_SECONDS)
         engines = subprocess.Popen([sys.executable, "-c", ENGINES, str(ledger_dir)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
-        assert engines.stdout.readline().strip() == "attached"
+        assert read_line(engines).strip() == "attached"
 
         def limit() -> int | None:
             slot = LedgerDir(ledger_dir).read().find("engine/0")

@@ -19,6 +19,7 @@ from kvpolicy.runtime.links import MAX_LINKS, resolve_chain
 from kvpolicy.runtime.watch import LoadedPolicy, PolicyWatcher
 from tests.support.policy_saves import sha
 from tests.support.waiting import wait_for
+from tests.support.processes import read_line
 
 HANG = 120.0  # only to catch a hang: convergence never depends on the machine's speed
 NEVER = 3600.0  # a poll interval that never comes during a test: only events can notice
@@ -105,7 +106,7 @@ def test_a_save_without_close_goes_live_after_the_quiet_period(tmp_path):
     writer = subprocess.Popen([sys.executable, "-c", HELD_OPEN_WRITER, str(path), save_body(7)[0].decode()],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        assert writer.stdout.readline().strip() == "written"
+        assert read_line(writer).strip() == "written"
         assert wait_for(lambda: watcher.current.sha256 == sha(save_body(7)[0]), HANG)
         assert writer.poll() is None  # still open: no close-write has happened
         assert watcher.current.trigger == "modified"

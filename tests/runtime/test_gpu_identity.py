@@ -24,6 +24,7 @@ from kvpolicy.runtime.layout import GPU_ID_WIDTH
 from kvpolicy.runtime.segment import check_gpu_id
 from tests.support import fake_nvml
 from tests.support.fake_nvml import FakeGpu, FakeMig
+from tests.support.processes import read_line
 
 GiB = 1 << 30
 U = [
@@ -195,7 +196,7 @@ class Engines:
         p = subprocess.Popen([sys.executable, "-c", ENGINE, name, kind, str(self.ledger_dir), str(gib)], env=env,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.procs.append(p)
-        line = p.stdout.readline().strip()  # type: ignore[union-attr]
+        line = read_line(p).strip()  # type: ignore[union-attr]
         if not line:
             p.wait(timeout=60)
             raise AssertionError(f"engine {name} failed: {p.stderr.read()}")  # type: ignore[union-attr]

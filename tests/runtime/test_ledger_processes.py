@@ -22,6 +22,7 @@ from kvpolicy.runtime.errors import Detached
 from kvpolicy.runtime.ledger import GpuLedger, GpuLimits, InstanceLimits, Totals
 from kvpolicy.units import GiB, MiB
 from tests.runtime.ledger_helpers import audit_locked, slot_sums
+from tests.support.processes import read_line
 from tests.support.waiting import wait_for
 
 CHUNK = 2 * MiB
@@ -315,12 +316,12 @@ time.sleep(60)
 def test_engine_detaches_on_exit_and_signals(ledger_dir: Path, child_env: dict[str, str], how: str, code: int | None) -> None:
     proc = subprocess.Popen([sys.executable, "-c", ENGINE, str(ledger_dir), how], env=child_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    assert read_line(proc).strip() == "ready", proc.stderr.read()
     led = GpuLedger.open(ledger_dir, "cuda:0", create=False)
     if how != "exit":
         assert led.totals().active == 1
         if how == "busy":
-            assert proc.stdout.readline().strip() == "busy", proc.stderr.read()
+            assert read_line(proc).strip() == "busy", proc.stderr.read()
         proc.send_signal(signal.SIGTERM if how == "busy" else getattr(signal, how))
     try:
         proc.wait(timeout=HANG)
