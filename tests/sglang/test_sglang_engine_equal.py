@@ -137,7 +137,7 @@ def real_engine(case: Case):
 def test_plan_equals_the_engine_over_random_configs(sglang_env):
     seen: Counter[str] = Counter()
 
-    @settings(max_examples=EXAMPLES, derandomize=False, deadline=None,
+    @settings(max_examples=EXAMPLES, derandomize=False, print_blob=True, deadline=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(case=cases())
     def check(case: Case) -> None:

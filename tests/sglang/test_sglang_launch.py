@@ -135,7 +135,8 @@ def derived_context_length(config: dict) -> int:
 def test_the_mirror_resolves_what_sglang_resolves(model_dirs):
     seen: Counter[str] = Counter()
 
-    @settings(max_examples=EXAMPLES, derandomize=False, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=EXAMPLES, derandomize=False, print_blob=True, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
     @given(case=launch_cases())
     def check(case: LaunchCase) -> None:
         model_dir = model_dirs[case.model]
