@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
+from kvpolicy.paths import InputTooLarge, read_input
 from kvpolicy.validation import describe
 
 
@@ -92,9 +93,11 @@ def facts_from_status(data: dict, source: str) -> dict:
 def read_facts(path: Path | str) -> Facts:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_input(path)
     except OSError as exc:
         raise FactsUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except InputTooLarge as exc:
+        raise FactsError(str(exc)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 
 from kvpolicy import units
+from kvpolicy.paths import files_under, path_kind, reason
 
 POLICY_SUFFIX = ".kvp"
 
@@ -18,17 +19,35 @@ class UsageError(Exception):
 
 
 def policy_files(paths: list[str]) -> list[Path]:
-    """The files named, with directories expanded to the ``.kvp`` files under them."""
+    """The files named, with directories expanded to the ``.kvp`` files under them; UsageError for
+    a name that is missing or cannot be looked at, or a directory under it that cannot be read."""
     found: list[Path] = []
     for name in paths:
         path = Path(name)
-        if path.is_dir():
-            found.extend(sorted(p for p in path.rglob(f"*{POLICY_SUFFIX}") if p.is_file()))
-        elif path.is_file():
-            found.append(path)
-        else:
-            raise UsageError(f"{name}: no such file or directory")
+        try:
+            kind = path_kind(path)
+            if kind == "dir":
+                found.extend(files_under(path, POLICY_SUFFIX))
+            elif kind == "missing":
+                raise UsageError(f"{name}: no such file or directory")
+            else:  # a file, or a pipe such as <(...): read as named
+                found.append(path)
+        except OSError as exc:
+            where = exc.filename if exc.filename and str(exc.filename) != name else None
+            raise UsageError(f"{name}: cannot read {where + ' in it' if where else 'it'}: {reason(exc)}") from None
     return found
+
+
+def check_readable(command: str, path: Path) -> None:
+    """UsageError unless ``path`` names something to read (a file, or a pipe)."""
+    try:
+        kind = path_kind(path)
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read it: {reason(exc)}") from None
+    if kind == "missing":
+        raise UsageError(f"{path}: no such file")
+    if kind == "dir":
+        raise UsageError(f"{path}: is a directory; kvpolicy {command} reads one policy file")
 
 
 def parse_size(text: str) -> int:
@@ -61,6 +80,17 @@ def parse_count(text: str) -> int:
     if not (text.strip().isascii() and text.strip().isdigit()) or len(text.strip()) > 18:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (0 or more)")
     return int(text)
+
+
+def parse_positive_count(text: str) -> int:
+    """A whole number, 1 or more; argparse type."""
+    try:
+        count = parse_count(text)
+    except argparse.ArgumentTypeError:
+        count = 0
+    if count == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of 1 or more")
+    return count
 
 
 _ADDRESS = re.compile(r"\[(?P<v6>[^\]]+)\]:(?P<v6port>[^:]*)|(?P<host>[^:\[\]]*):(?P<port>[^:]*)")

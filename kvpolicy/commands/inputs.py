@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from kvpolicy.commands.common import UsageError, check_readable
 from kvpolicy.evaluate.decision import State
 from kvpolicy.facts import Facts
+from kvpolicy.paths import InputTooLarge, path_kind, read_input
 from kvpolicy.policy.model import Policy
 
 class InputFailed(Exception):
@@ -55,8 +57,10 @@ def load(command: str, path: Path) -> Policy:
     from kvpolicy.diagnostics import PolicyError
     from kvpolicy.lint.load import load_policy
 
-    if not path.is_file():
-        _fail(command, f"{path}: no such file", 2)
+    try:
+        check_readable(command, path)
+    except UsageError as exc:
+        _fail(command, str(exc), 2)
     try:
         return load_policy(path)
     except OSError as exc:
@@ -86,7 +90,7 @@ def _facts_file(command: str, args: argparse.Namespace, beside: Path) -> tuple[F
     from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts, sample_facts_path
 
     path = Path(args.facts) if args.facts else sample_facts_path(beside)
-    if not args.facts and not path.is_file():
+    if not args.facts and _kind(path) != "file":
         _fail(command, f"no --facts or --live given and no sample facts at {path}", 2)
     try:
         return read_facts(path), str(path)
@@ -121,9 +125,11 @@ def _state_file(command: str, path: Path) -> State:
     from kvpolicy.validation import describe
 
     try:
-        text = path.read_bytes()
+        text = read_input(path)
     except OSError as exc:
         _fail(command, f"{path}: cannot read it: {exc.strerror or exc}", 2)
+    except InputTooLarge as exc:
+        _fail(command, str(exc), 1)
     try:
         return State.model_validate_json(text)
     except ValidationError as exc:
@@ -133,3 +139,11 @@ def _state_file(command: str, path: Path) -> State:
 def _fail(command: str, message: str, code: int) -> NoReturn:
     print(f"kvpolicy {command}: {message}", file=sys.stderr)
     raise InputFailed(code)
+
+
+def _kind(path: Path) -> str:
+    """``path_kind``, with what cannot be looked at counted as missing (the caller says what it looked for)."""
+    try:
+        return path_kind(path)
+    except OSError:
+        return "missing"

@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, style_for
-from kvpolicy.commands.common import UsageError, parse_size, policy_files
+from kvpolicy.commands.common import UsageError, parse_positive_count, parse_size, policy_files
 
 if TYPE_CHECKING:
     from kvpolicy.diagnostics import Diagnostic
@@ -27,7 +27,7 @@ def add_parser(sub: Subcommands) -> None:
     parser.add_argument("--facts", metavar="FILE", help="check over-commitment against these facts (JSON)")
     parser.add_argument("--max-size", type=parse_size, metavar="SIZE",
                         help="refuse larger policies (KV026; default: $KVPOLICY_MAX_POLICY_SIZE, else 1MiB)")
-    parser.add_argument("--work-budget", type=int, metavar="UNITS",
+    parser.add_argument("--work-budget", type=parse_positive_count, metavar="UNITS",
                         help="stop checking past this much work, as a hot reload does (KV027; the controller allows 20000000)")
     parser.set_defaults(run=run)
 

@@ -11,6 +11,7 @@ import json
 import sys
 
 from kvpolicy.commands import Subcommands, add_format_option
+from kvpolicy.paths import reason
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -33,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
         files = find_test_files(args.paths)
     except FileNotFoundError as exc:
         print(f"kvpolicy test: {exc}: no such file or directory", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kvpolicy test: {exc.filename}: cannot read it: {reason(exc)}", file=sys.stderr)
         return 2
     results, errors = [], []
     unreadable = False

@@ -32,6 +32,7 @@ from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
 from kvpolicy.lint.load import load_policy
+from kvpolicy.paths import InputTooLarge, files_under, path_kind, read_input
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import describe
 
@@ -198,9 +199,11 @@ class CaseResult(BaseModel):
 def run_test_file(path: Path) -> list[CaseResult]:
     """Run every case of one ``.kvtest.json`` file."""
     try:
-        spec = PolicyTestFile.model_validate_json(path.read_bytes())
+        spec = PolicyTestFile.model_validate_json(read_input(path))
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except InputTooLarge as exc:
+        raise TestFileError(str(exc)) from None
     except ValidationError as exc:
         raise TestFileError(f"{path}: {_invalid(exc)}") from None
     policy_path = path.parent / spec.policy
@@ -329,13 +332,16 @@ def _compare(what: str, actual: int, spec: int | Bounds) -> list[str]:
 
 
 def find_test_files(paths: list[str]) -> list[Path]:
+    """The files named, with directories expanded to the test files under them; FileNotFoundError
+    for a name that is missing, OSError for one that cannot be looked at (or a directory under it)."""
     found: list[Path] = []
     for name in paths:
         path = Path(name)
-        if path.is_dir():
-            found.extend(sorted(path.rglob(f"*{TEST_SUFFIX}")))
-        elif path.is_file():
-            found.append(path)
-        else:
+        kind = path_kind(path)
+        if kind == "dir":
+            found.extend(files_under(path, TEST_SUFFIX))
+        elif kind == "missing":
             raise FileNotFoundError(name)
+        else:
+            found.append(path)
     return found

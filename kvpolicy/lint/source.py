@@ -19,6 +19,7 @@ from typing import BinaryIO
 
 from kvpolicy.catalogue import POLICY_TOO_LARGE
 from kvpolicy.diagnostics import Diagnostic, PolicyError, Span
+from kvpolicy.paths import read_bounded, read_stream
 from kvpolicy.units import SIZE_UNITS, MiB, format_bytes
 
 DEFAULT_MAX_POLICY_BYTES = 1 * MiB
@@ -45,18 +46,21 @@ def max_policy_bytes() -> int:
 def read_policy_bytes(path: Path | str, limit: int | None = None) -> bytes:
     """The file's bytes, but never more than ``limit`` + 1 (enough to tell that it is over the
     limit, which ``decode_policy`` then reports); OSError as ``open`` raises it."""
-    with Path(path).open("rb") as stream:
-        return read_policy_stream(stream, limit)
+    if limit is None:
+        limit = _limit_or_default()
+    return read_bounded(path, limit)
 
 
 def read_policy_stream(stream: BinaryIO, limit: int | None = None) -> bytes:
     """Standard input's (or any stream's) bytes, at most ``limit`` + 1 of them."""
-    if limit is None:
-        try:
-            limit = max_policy_bytes()
-        except ValueError:
-            limit = DEFAULT_MAX_POLICY_BYTES  # check_size reports the setting
-    return stream.read(limit + 1)
+    return read_stream(stream, _limit_or_default() if limit is None else limit)
+
+
+def _limit_or_default() -> int:
+    try:
+        return max_policy_bytes()
+    except ValueError:
+        return DEFAULT_MAX_POLICY_BYTES  # check_size reports the setting
 
 
 def check_size(data: bytes, file: str, limit: int | None = None) -> None:

@@ -23,6 +23,7 @@ from kvpolicy.runtime.admission import elastic_budget
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 from kvpolicy.runtime.stores import MAX_DOCUMENT_BYTES, read_document, write_document
+from kvpolicy.validation import describe
 
 if TYPE_CHECKING:
     from kvpolicy.runtime.directory import LedgerView
@@ -161,8 +162,15 @@ def read_status(ledger_dir: Path | str) -> Status | None:
         return None
     try:
         return Status.model_validate(json.loads(text))
-    except (json.JSONDecodeError, ValidationError) as exc:
-        raise LedgerError(f"kvpolicy ledger: {path} is not a valid status file (schema {STATUS_SCHEMA}): {exc}") from None
+    except json.JSONDecodeError as exc:
+        problem = f"not valid JSON at {exc.lineno}:{exc.colno}: {exc.msg}"
+    except ValidationError as exc:
+        problem = describe(exc, Status)
+    except RecursionError:
+        problem = "nested too deeply"
+    except ValueError as exc:  # an integer of more than 4300 digits
+        problem = str(exc).split(";")[0]
+    raise LedgerError(f"kvpolicy ledger: {path} is not a valid status file (schema {STATUS_SCHEMA}): {problem}")
 
 
 def live_status(view: LedgerView, base: Status | None = None, *, stuck_after: float = 60.0, stale_after: float = STALE_AFTER) -> Status:

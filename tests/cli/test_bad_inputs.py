@@ -135,6 +135,9 @@ USAGE = [
     (["run", "good.kvp", "--gpu-capacity", "1e400"], "--gpu-capacity"),
     (["run", "good.kvp", "--metrics-port", "9464", "--metrics-address", "off"], "give only one"),
     (["run", "nowhere/good.kvp", "--gpu-capacity", "80GiB"], "nowhere: no such directory"),
+    (["lint", "good.kvp", "--work-budget", "0"], "--work-budget"),
+    (["lint", "good.kvp", "--work-budget", "-5"], "--work-budget"),
+    (["explain", "."], "is a directory"),
 ]
 
 
@@ -182,3 +185,69 @@ def test_an_unreadable_file_is_a_usage_error(inputs: Path, reader: tuple[str, di
     said = done.stdout + done.stderr if args[0] == "test" else done.stderr  # test reports on stdout
     for word in (secret, "cannot read", "Permission denied"):
         assert word in said, (word, said)
+
+
+LONG = "a" * 300  # longer than a file name may be (255 bytes)
+TOO_LONG = [
+    ["lint", f"{LONG}.kvp"],
+    ["fmt", f"{LONG}.kvp"],
+    ["explain", f"{LONG}.kvp"],
+    ["diff", f"{LONG}.kvp", "good.kvp", "--facts", "good.json"],
+    ["test", f"{LONG}.kvtest.json"],
+]
+
+
+@pytest.mark.parametrize("args", TOO_LONG, ids=[a[0] for a in TOO_LONG])
+def test_a_name_too_long_is_a_usage_error(inputs: Path, args: list[str]) -> None:
+    done = kvpolicy(inputs, *args)
+    check(done, 2)
+    assert "File name too long" in done.stdout + done.stderr
+
+
+def test_a_directory_that_cannot_be_read_is_a_usage_error_not_skipped(reader: tuple[str, dict]) -> None:
+    """``lint DIR`` with a subdirectory it cannot read said "0 files" and passed; a file in a
+    directory that cannot be entered ended in a traceback."""
+    python, run_as = reader
+    root = Path(tempfile.mkdtemp(prefix="kvpolicy-locked-"))
+    try:
+        root.chmod(0o755)
+        (root / "ok.kvp").write_text(POLICY)
+        locked = root / "locked"
+        locked.mkdir()
+        (locked / "p.kvp").write_text(POLICY)
+        (locked / "p.kvtest.json").write_text(json.dumps({**TEST_FILE, "policy": "p.kvp"}))
+        locked.chmod(0o700 if run_as else 0o000)
+        for args in (["lint", "."], ["fmt", "--check", "."], ["test", "."]):
+            done = kvpolicy(root, *args, python=python, run_as=run_as)
+            check(done, 2, "locked", "Permission denied")
+        for args in (["lint", "locked/p.kvp"], ["explain", "locked/p.kvp"], ["fmt", "locked/p.kvp"]):
+            done = kvpolicy(root, *args, python=python, run_as=run_as)
+            check(done, 2, "locked/p.kvp", "cannot read it", "Permission denied")
+    finally:
+        (root / "locked").chmod(0o700)
+        shutil.rmtree(root)
+
+
+def test_facts_and_test_files_are_read_to_a_limit(inputs: Path) -> None:
+    """/dev/zero as facts was read until memory ran out."""
+    zero = inputs / "zero.json"
+    zero.unlink(missing_ok=True)
+    zero.symlink_to("/dev/zero")
+    for args in (["explain", "good.kvp", "--facts", "zero.json"], ["lint", "good.kvp", "--facts", "zero.json"]):
+        check(kvpolicy(inputs, *args), 1, "zero.json: over 64 MiB")
+
+
+def test_a_high_size_limit_reads_only_what_is_there(inputs: Path) -> None:
+    """The read reserved the whole limit at once: 1000 GiB was a MemoryError."""
+    check(kvpolicy(inputs, "lint", "--max-size", "1000GiB", "good.kvp"), 0)
+    done = subprocess.run([sys.executable, "-m", "kvpolicy.cli", "explain", "good.kvp", "--facts", "good.json"],
+                          cwd=inputs, capture_output=True, text=True, timeout=120,
+                          env={**environment(inputs), "KVPOLICY_MAX_POLICY_SIZE": "99999999999999999999 TiB"})
+    check(done, 0)
+
+
+def test_a_nul_in_a_test_files_policy_name_is_said_so(inputs: Path) -> None:
+    (inputs / "nul.kvtest.json").write_text(json.dumps({**TEST_FILE, "policy": "good.kvp\u0000x"}))
+    done = kvpolicy(inputs, "test", "nul.kvtest.json")
+    check(done, 2)
+    assert "a file name cannot contain a NUL character" in done.stdout

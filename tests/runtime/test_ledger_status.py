@@ -62,8 +62,15 @@ def test_missing_status_is_none_and_a_damaged_one_is_an_error(ledger_dir: Path) 
     assert read_status(ledger_dir) is None
     status_path(ledger_dir).write_text('{"schema": 1, "gpus": [{"id": 3}]}')
     status_path(ledger_dir).chmod(0o600)  # as the controller writes it: only the content is wrong
-    with pytest.raises(LedgerError, match="is not a valid status file"):
+    with pytest.raises(LedgerError, match="is not a valid status file") as exc:
         read_status(ledger_dir)
+    assert "\n" not in str(exc.value) and "errors.pydantic.dev" not in str(exc.value)  # one line, the field named
+    assert "gpus.0" in str(exc.value)
+    for damaged, said in (("[" * 100_000 + "]" * 100_000, "nested too deeply"), ('{"schema": ' + "9" * 5000 + "}", "digits"),
+                          ('{"schema": 1,', "not valid JSON at 1:14")):
+        status_path(ledger_dir).write_text(damaged)
+        with pytest.raises(LedgerError, match=said):
+            read_status(ledger_dir)
 
 
 def test_readers_never_see_a_partial_file(ledger_dir: Path) -> None:

@@ -1,0 +1,98 @@
+"""What a path a user named is, without the operating system's refusals escaping as tracebacks.
+
+``Path.is_file()`` answers False for a missing file but raises for a directory on the way
+that cannot be entered, a name too long or a link loop; and ``Path.rglob`` skips a
+subdirectory it cannot read without a word, so a check of a tree could pass having
+checked nothing there. Commands look at the paths they are given through here and turn
+the ``OSError`` into their usage error (exit 2), naming the path.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+from kvpolicy.units import MiB
+
+PathKind = Literal["file", "dir", "other", "missing"]
+
+MAX_INPUT_BYTES = 64 * MiB
+"""What a facts, state or test file may hold: thousands of instances fit in a few MiB, and
+an unbounded read (``/dev/zero``) would exhaust memory before any check could refuse it."""
+
+_READ_CHUNK = 1 * MiB
+
+
+def path_kind(path: Path) -> PathKind:
+    """``file`` (a regular file), ``dir``, ``other`` (a pipe such as ``<(...)``, a device) or
+    ``missing``, links followed; ``OSError`` when the system cannot tell (no permission to
+    enter a directory on the way, a name too long, a link loop)."""
+    _check_name(path)
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "dir" if stat.S_ISDIR(mode) else "other"
+
+
+def files_under(root: Path, suffix: str) -> list[Path]:
+    """The regular files named ``*suffix`` in the tree under ``root``, sorted; ``OSError`` for a
+    directory in it that cannot be read (it is not skipped). Links to directories are not
+    followed (a Kubernetes ConfigMap volume links ``..data`` to the directory it also holds)."""
+
+    def refuse(exc: OSError) -> None:
+        raise exc
+
+    found: list[Path] = []
+    for directory, _subdirs, names in os.walk(root, onerror=refuse):
+        found.extend(p for name in names if name.endswith(suffix) and path_kind(p := Path(directory) / name) == "file")
+    return sorted(found)
+
+
+def reason(exc: OSError) -> str:
+    """The system's words for ``exc`` ("Permission denied"), without the errno and path."""
+    return exc.strerror or str(exc)
+
+
+class InputTooLarge(ValueError):
+    """A facts, state or test file over ``MAX_INPUT_BYTES``: an error in the input."""
+
+
+def read_input(path: Path | str) -> bytes:
+    """A facts, state or test file's bytes; ``InputTooLarge`` past ``MAX_INPUT_BYTES``, ``OSError`` as ``read_bounded``."""
+    data = read_bounded(path, MAX_INPUT_BYTES)
+    if len(data) > MAX_INPUT_BYTES:
+        raise InputTooLarge(f"{path}: over {MAX_INPUT_BYTES // MiB} MiB, more than any facts, state or test file "
+                       "holds (is it the right file?); not read further")
+    return data
+
+
+def read_bounded(path: Path | str, limit: int) -> bytes:
+    """The file's bytes, never more than ``limit`` + 1 (enough to tell that it is over);
+    ``OSError`` as ``open`` raises it, and for a name with a NUL character."""
+    _check_name(Path(path))
+    with open(path, "rb") as stream:
+        return read_stream(stream, limit)
+
+
+def read_stream(stream: BinaryIO, limit: int) -> bytes:
+    """At most ``limit`` + 1 bytes of ``stream``, read a chunk at a time: a limit set very high
+    costs nothing until the bytes are there."""
+    chunks, left = [], limit + 1
+    while left > 0:
+        chunk = stream.read(min(left, _READ_CHUNK))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _check_name(path: Path) -> None:
+    if "\0" in str(path):  # the system would raise ValueError: say it as the OSError it is
+        raise OSError(errno.EINVAL, "a file name cannot contain a NUL character", str(path))
