@@ -157,11 +157,13 @@ class Built:
 def assemble(file: str, built: Iterable[Built], sha256: str, end: Span) -> tuple[m.Policy, list[Diagnostic]]:
     """The policy of these statements (in file order), and every diagnostic of building them."""
     version: m.IntLit | None = None
+    has_version_statement = False
     statements: list[m.Statement] = []
     diagnostics: list[Diagnostic] = []
     for item in built:
         diagnostics.extend(item.diagnostics)
         if item.version_span is not None:
+            has_version_statement = True
             if version is not None:
                 diagnostics.append(DUPLICATE_DEFINITION.at(
                     file, item.version_span, "'version' is given twice",
@@ -176,6 +178,7 @@ def assemble(file: str, built: Iterable[Built], sha256: str, end: Span) -> tuple
         file=file,
         sha256=sha256,
         version=version,
+        has_version_statement=has_version_statement,
         statements=tuple(statements),
     )
     return policy, diagnostics
@@ -630,7 +633,8 @@ class PolicyBuilder:
 
     def _duration(self, q: _Quantity, unit: str) -> m.DurationLit | None:
         if q.number < 0:
-            self.report(INVALID_DURATION, q.token, f"a duration cannot be negative ('{q.token.value}')")
+            self.report(INVALID_DURATION, q.token, f"a duration cannot be negative ('{q.token.value}')",
+                        f"did you mean `{q.token.value.lstrip('-')}`?")
             return None
         return m.DurationLit(
             span=q.span, seconds=duration_seconds(q.number, unit), number=q.number_text, unit=unit
@@ -721,7 +725,10 @@ def _example_name(attr: m.Attr) -> str:
 
 
 def unit_hint(unit: str, units: Collection[str]) -> str | None:
-    """``did you mean 's'?`` for ``sec``, ``GiB`` for ``GiBB``: a known spelling, else the closest unit."""
+    """``did you mean 's'?`` for ``sec``, ``GiB`` for ``GiBB``: a known spelling, else the closest unit;
+    for ``e9`` (``1e9``), that numbers have no exponent."""
+    if re.fullmatch(r"[eE][+-]?\d+", unit):
+        return v.EXPONENT_HINT
     alias = v.UNIT_ALIASES.get(unit.lower())
     if alias is not None and alias in units:
         return f"did you mean '{alias}'?"

@@ -253,6 +253,8 @@ class Policy(Node):
     file: str
     sha256: str
     version: IntLit | None = None
+    has_version_statement: bool = False
+    """A ``version`` statement is there, even when its number could not be built."""
     statements: tuple[Statement, ...] = ()
 
     @property

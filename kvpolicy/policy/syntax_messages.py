@@ -26,7 +26,7 @@ from kvpolicy.catalogue import SYNTAX_ERROR, UNKNOWN_FIELD, UNKNOWN_UNIT, Rule
 from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy.build import BLOCK_FIELDS, unknown_keyword
 from kvpolicy.policy.lark_parser import NestingTooDeep, Token, Trace, parser
-from kvpolicy.policy.vocabulary import RECOVERED, UNIT_ALIASES
+from kvpolicy.policy.vocabulary import EXPONENT_HINT, RECOVERED, UNIT_ALIASES
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -305,6 +305,7 @@ _BAD_CHARACTER_HINTS = {
     "&": "write 'and'",
     "|": "write 'or'",
     "!": "write 'not', or '!=' to compare",
+    "\r": "this line ends in a carriage return alone (classic Mac OS line endings): save the file with LF line endings",
 }
 
 
@@ -495,6 +496,22 @@ def _keyword_as_unit(s: Situation) -> Failure:
     )
 
 
+_EXPONENT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d+")
+
+
+def _is_exponent(s: Situation) -> bool:
+    """``min 1e3 MiB``: ``1e3`` lexes as a number with the unit ``e3``, and the real unit follows."""
+    return s.previous is not None and s.previous.type == "QUANTITY" and _EXPONENT.fullmatch(s.previous.value) is not None
+
+
+def _exponent(s: Situation) -> Failure:
+    assert s.previous is not None  # the matcher applies only after a quantity
+    return s.fail(
+        _span(s.previous), f"'{s.previous.value}' is not a number here: numbers are written without an exponent",
+        EXPONENT_HINT, rule=UNKNOWN_UNIT,
+    )
+
+
 def _two_statements(s: Situation) -> Failure:
     return s.fail(
         _span(s.token), f"expected the end of the statement after '{s.prev_word}', found {_found(s.token)}",
@@ -604,6 +621,7 @@ MATCHERS: tuple[Matcher, ...] = (
         ('version 1\nrule "r" { when 1 GiB < gpu.free < 8 GiB }\n',),
     ),
     Matcher("keyword-as-unit", UnexpectedToken, _is_keyword_as_unit, _keyword_as_unit, ('version 1\nrule "r" { grace 5 min }\n',)),
+    Matcher("exponent", UnexpectedToken, _is_exponent, _exponent, ('version 1\nmodel "a" { min 1e3 MiB }\n',)),
     Matcher(
         "two-statements", UnexpectedToken,
         lambda s: "_SEP" in s.expected and s.token.type not in _STATEMENT_END and s.previous is not None,

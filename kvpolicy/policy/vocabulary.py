@@ -46,6 +46,9 @@ SIZE_UNIT_NAMES = tuple(SIZE_UNITS)
 DURATION_UNIT_NAMES = tuple(DURATION_UNITS)
 
 # Units people write that kvpolicy spells differently.
+EXPONENT_HINT = "write the number out (`1000 MiB`), or use a larger unit (`1 GiB`)"
+"""For ``1e3``: the language's numbers have no exponent."""
+
 UNIT_ALIASES = {
     "msec": "ms", "msecs": "ms", "millisecond": "ms", "milliseconds": "ms",
     "sec": "s", "secs": "s", "second": "s", "seconds": "s",

@@ -164,9 +164,10 @@ def test_standard_input_with_files_and_unreadable_files_are_usage_errors(files, 
     code, _, err = lint(["-", str(files["clean"])], capsys)
     assert code == 2 and "cannot be combined" in err
 
-    def denied(self: Path, *args, **kwargs):
+    def denied(path, limit):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "open", denied)  # as root, chmod 0 would not stop the read
+    # As root, chmod 0 would not stop the read; tests/cli/test_bad_inputs.py reads as another user.
+    monkeypatch.setattr("kvpolicy.lint.source.read_bounded", denied)
     code, out, err = lint([str(files["clean"])], capsys)
     assert code == 2 and err == f"kvpolicy lint: cannot read {files['clean']}: Permission denied\n" and out == ""

@@ -19,6 +19,8 @@ class MissingVersion(Check):
 
     def check(self, ctx: LintContext) -> Iterator[Diagnostic]:
         version = ctx.policy.version
+        if version is None and ctx.policy.has_version_statement:
+            return  # there is one: building it reported what is wrong with its number
         if version is None:
             yield self.at(
                 ctx.file, Span.point(1, 1), "the policy has no 'version' statement",

@@ -21,4 +21,5 @@ class NegativeSize(Check):
             if isinstance(node, SizeLit) and node.bytes < 0:
                 yield self.at(ctx.file, node.span, f"a size cannot be negative ({node.text})", f"did you mean `{node.text.lstrip('-')}`?")
             elif isinstance(node, PercentLit) and node.percent < 0:
-                yield self.at(ctx.file, node.span, f"a percentage cannot be negative ({node.text})")
+                yield self.at(ctx.file, node.span, f"a percentage cannot be negative ({node.text})",
+                              f"did you mean `{node.text.lstrip('-')}`?")
