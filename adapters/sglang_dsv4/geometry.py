@@ -7,6 +7,7 @@ or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,12 @@ def load_geometry(path: str | Path) -> ModelGeometry:
         raise GeometryError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
     except json.JSONDecodeError as exc:
         raise GeometryError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:  # arrays or objects nested deeper than the interpreter's stack
+        raise GeometryError(f"{path}: not a model config: nested too deeply") from None
+    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
+        raise GeometryError(
+            f"{path}: not a model config: a number with more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(data, dict):
         raise GeometryError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
     # Multimodal wrappers keep the language model's fields under text_config.

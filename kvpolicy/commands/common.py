@@ -61,6 +61,14 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def parse_positive_size(text: str) -> int:
+    """A size of more than 0 bytes (``80GiB``); argparse type for a GPU's memory or capacity."""
+    value = parse_size(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size of more than 0 bytes, e.g. 80GiB")
+    return value
+
+
 def parse_seconds(text: str) -> float:
     """A positive, finite number of seconds (``0.5``, ``10``); argparse type for intervals.
 

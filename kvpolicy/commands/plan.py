@@ -19,8 +19,8 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option
-from kvpolicy.commands.common import parse_size
-from kvpolicy.commands.plan_sglang import add_sglang_arguments, positive_int, run_sglang
+from kvpolicy.commands.common import parse_positive_count, parse_positive_size, parse_size
+from kvpolicy.commands.plan_sglang import add_sglang_arguments, run_sglang
 from kvpolicy.commands.plan_vllm import add_vllm_arguments, run_vllm
 
 if TYPE_CHECKING:
@@ -40,12 +40,12 @@ def add_parser(subparsers: Subcommands) -> None:
     p.add_argument("--model-config", required=True, metavar="CONFIG.json", help="the model's config.json")
     amount = p.add_mutually_exclusive_group(required=True)
     amount.add_argument("--budget", type=parse_size, metavar="SIZE", help="available bytes, e.g. 40GiB")
-    amount.add_argument("--full-tokens", type=positive_int, metavar="N", help="SGLang: a full-token capacity")
+    amount.add_argument("--full-tokens", type=parse_positive_count, metavar="N", help="SGLang: a full-token capacity")
     amount.add_argument("--policy", metavar="FILE", help="plan the model's reserve in this policy, as its adapter does")
     pol = p.add_argument_group("policy (with --policy)")
     pol.add_argument("--model", metavar="NAME", help="the model's name, as the policy binds it")
     pol.add_argument("--gpu", default="cuda:0", metavar="ID", help="the GPU whose settings apply (default cuda:0)")
-    pol.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE",
+    pol.add_argument("--gpu-capacity", type=parse_positive_size, metavar="SIZE",
                      help="the GPU's capacity for percentages (default: the policy's `capacity` for it)")
     add_format_option(p)
     add_sglang_arguments(p)

@@ -17,7 +17,11 @@ from kvpolicy.policy.resolve import DEFAULT_CHUNK, gpu_settings, model_settings
 from kvpolicy.units import format_bytes
 
 if TYPE_CHECKING:
+    from kvpolicy.policy.model import Policy
     from kvpolicy.policy.resolve import ModelSettings
+
+LISTED_PATTERNS = 8
+"""How many of a policy's model blocks an unbound --model lists."""
 
 
 class PolicyPlanError(Exception):
@@ -55,10 +59,10 @@ class PolicyTarget:
         """The model's ``reserve`` in bytes; a model without one cannot be planned (its adapter refuses too)."""
         reserve = self.settings.reserve
         if not reserve:
-            bound = f"the block {self.settings.pattern!r} at {self.where}" if self.settings.block else "no model block"
             raise PolicyPlanError(
-                f"{self.path}: model {self.model!r} ({bound}) has no `reserve`; the engine adapter sizes the "
-                f"KV cache from it and refuses to start without one: add e.g. `reserve 40 GiB`"
+                f"{self.path}: model {self.model!r} (the block {self.settings.pattern!r} at {self.where}) has no "
+                "`reserve`; the engine adapter sizes the KV cache from it and refuses to start without one: "
+                "add e.g. `reserve 40 GiB`"
             )
         return int(reserve)
 
@@ -79,12 +83,26 @@ def load_target(path: str, model: str | None, gpu: str, gpu_capacity: int | None
         raise PolicyPlanError("\n".join(d.render() for d in exc.errors)) from None
     except OSError as exc:
         raise PolicyPlanError(f"{path}: {exc.strerror}") from None
+    settings = model_settings(policy, model)
+    if settings.block is None:
+        raise unbound_model(path, policy, model)
     on_gpu = gpu_settings(policy, gpu)
     capacity = on_gpu.capacity if on_gpu.capacity is not None else gpu_capacity
-    return PolicyTarget(
-        path=file, model=model, gpu=gpu, settings=model_settings(policy, model), capacity=capacity,
-        chunk=on_gpu.chunk,
-    )
+    return PolicyTarget(path=file, model=model, gpu=gpu, settings=settings, capacity=capacity, chunk=on_gpu.chunk)
+
+
+def unbound_model(path: str, policy: Policy, model: str) -> PolicyPlanError:
+    """No block binds ``model``: the name on the command line is at fault (exit 2), so say which names bind."""
+    from kvpolicy.suggest import did_you_mean
+
+    patterns = [block.name.value for block in policy.models]
+    message = f"{path}: no model block binds --model {model!r}"
+    if not patterns:
+        return PolicyPlanError(f"{message}: the policy has no model blocks", code=2)
+    hint = did_you_mean(model, patterns)
+    listed = ", ".join(repr(p) for p in patterns[:LISTED_PATTERNS])
+    more = f" and {len(patterns) - LISTED_PATTERNS} more" if len(patterns) > LISTED_PATTERNS else ""
+    return PolicyPlanError(f"{message}{'; ' + hint if hint else ''} (its model blocks: {listed}{more})", code=2)
 
 
 def choose_engine(target: PolicyTarget, engine: str | None) -> str:

@@ -14,11 +14,11 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from kvpolicy.commands.common import parse_size
+from kvpolicy.commands.common import parse_positive_count, parse_positive_size
 from kvpolicy.units import format_bytes
 
 if TYPE_CHECKING:
-    from kvpolicy.adapters.sglang_dsv4.launch import LaunchFlags, LaunchPlan
+    from kvpolicy.adapters.sglang_dsv4.launch import Hardware, LaunchFlags, LaunchPlan
     from kvpolicy.commands.plan_policy import PolicyTarget
 
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
@@ -26,34 +26,24 @@ SWA_EVICTION_INTERVAL_ENV = "SGLANG_SWA_EVICTION_INTERVAL"
 BAR_WIDTH = 40
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {value}")
-    return value
-
-
 def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
     """The hardware and the SGLang flags; unset flags take the value a launch resolves to."""
     hw = parser.add_argument_group(
         "hardware (SGLang's defaults depend on it)", "default: one H200 (143771 MiB as nvidia-smi reports it), TP 1"
     )
-    hw.add_argument("--gpu-memory", type=parse_size, metavar="SIZE", help="memory of each GPU, e.g. 80GiB")
-    hw.add_argument("--tp-size", type=positive_int, default=1, metavar="N", help="SGLang's --tp-size (default 1)")
+    hw.add_argument("--gpu-memory", type=parse_positive_size, metavar="SIZE", help="memory of each GPU, e.g. 80GiB")
+    hw.add_argument("--tp-size", type=parse_positive_count, default=1, metavar="N", help="SGLang's --tp-size (default 1)")
     sg = parser.add_argument_group(
         "sglang (DeepSeek-V4)", "SGLang's flags; unset, each takes what a launch of the model resolves to"
     )
-    sg.add_argument("--max-running-requests", type=positive_int, metavar="R", help="default 256")
+    sg.add_argument("--max-running-requests", type=parse_positive_count, metavar="R", help="default 256")
     sg.add_argument("--swa-ratio", "--swa-full-tokens-ratio", dest="swa_ratio", type=float, metavar="X",
                     help="default 0.1 (deepseek_v4); unset for deepseek_v41, which sizes SWA from the request cap")
-    sg.add_argument("--context-length", type=positive_int, metavar="N", help="default: derived from the config")
+    sg.add_argument("--context-length", type=parse_positive_count, metavar="N", help="default: derived from the config")
     sg.add_argument("--chunked-prefill-size", type=int, metavar="N", help="default: by GPU memory (8192 on an H200)")
-    sg.add_argument("--max-total-tokens", type=positive_int, metavar="N", help="a cap on the full tokens")
-    sg.add_argument("--attn-dp-size", type=positive_int, default=1, metavar="N", help="attention data parallel")
-    sg.add_argument("--page-size", type=positive_int, metavar="P", help="SGLang replaces it with 256 for DeepSeek-V4")
+    sg.add_argument("--max-total-tokens", type=parse_positive_count, metavar="N", help="a cap on the full tokens")
+    sg.add_argument("--attn-dp-size", type=parse_positive_count, default=1, metavar="N", help="attention data parallel")
+    sg.add_argument("--page-size", type=parse_positive_count, metavar="P", help="SGLang replaces it with 256 for DeepSeek-V4")
     sg.add_argument("--kv-cache-dtype", default="auto", metavar="DTYPE",
                     help="SGLang: auto (fp8_e4m3), fp8_e4m3, bfloat16; vLLM: auto, bfloat16, float16, fp8")
     sg.add_argument("--disable-radix-cache", action="store_true", help="as SGLang's flag of that name")
@@ -63,11 +53,17 @@ def add_sglang_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launch_flags(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> LaunchFlags:
     """The SGLang flags given on the command line (and the two SGLang environment variables that matter)."""
-    from kvpolicy.adapters.sglang_dsv4.launch import LaunchFlags
+    from kvpolicy.adapters.sglang_dsv4.launch import LaunchError, LaunchFlags
 
     extra = {}
     if environ.get(SWA_EVICTION_INTERVAL_ENV):
-        extra["swa_eviction_interval"] = int(environ[SWA_EVICTION_INTERVAL_ENV])
+        try:
+            extra["swa_eviction_interval"] = int(environ[SWA_EVICTION_INTERVAL_ENV])
+        except ValueError:  # SGLang reads it with int() and would not start either
+            raise LaunchError(
+                f"{SWA_EVICTION_INTERVAL_ENV}={environ[SWA_EVICTION_INTERVAL_ENV][:40]!r} is not an integer, "
+                "as SGLang reads it", flag=SWA_EVICTION_INTERVAL_ENV,
+            ) from None
     return LaunchFlags(
         page_size=args.page_size,
         kv_cache_dtype=args.kv_cache_dtype,
@@ -93,7 +89,6 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
     from kvpolicy.adapters.sglang_dsv4.elastic_policy import elastic_swa_policy
     from kvpolicy.adapters.sglang_dsv4.geometry import ConfigUnreadable, GeometryError, load_geometry
     from kvpolicy.adapters.sglang_dsv4.launch import (
-        Hardware,
         LaunchError,
         PolicyReserve,
         plan_launch,
@@ -105,7 +100,7 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
     prog = "kvpolicy plan --engine sglang"
     try:
         geometry = load_geometry(args.model_config)
-        hardware = Hardware(tp_size=args.tp_size, **({"gpu_memory": args.gpu_memory} if args.gpu_memory else {}))
+        hardware = _hardware(args)
         launch = resolve_launch(geometry, hardware, launch_flags(args))
         policy = elastic = None
         if target is not None:
@@ -137,6 +132,15 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
         return 2
     print(plan.to_json() if args.format == "json" else render_text(plan))
     return 0
+
+
+def _hardware(args: argparse.Namespace) -> Hardware:
+    """The GPUs given; only an absent --gpu-memory takes the default H200 (the parser refuses 0)."""
+    from kvpolicy.adapters.sglang_dsv4.launch import Hardware
+
+    if args.gpu_memory is None:
+        return Hardware(tp_size=args.tp_size)
+    return Hardware(tp_size=args.tp_size, gpu_memory=args.gpu_memory)
 
 
 SETTING_LABELS = {

@@ -16,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from kvpolicy.commands.common import parse_size
+from kvpolicy.commands.common import parse_positive_count, parse_size
 
 # Options whose flag another engine's part may already have added.
 SHARED_OPTIONS = ("--model-config", "--budget", "--num-blocks", "--max-model-len", "--format")
@@ -43,8 +43,9 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the options of ``plan --engine vllm`` (shared ones only if absent)."""
     _add(parser, "--model-config", metavar="CONFIG.json", help="the model's config.json (no weights needed)")
     _add(parser, "--budget", type=parse_size, metavar="SIZE", help="KV budget per GPU, e.g. 60GiB")
-    _add(_amount_group(parser), "--num-blocks", type=int, metavar="N", help="vLLM: a block count instead of a budget")
-    _add(parser, "--max-model-len", type=int, metavar="L",
+    _add(_amount_group(parser), "--num-blocks", type=parse_positive_count, metavar="N",
+         help="vLLM: a block count instead of a budget")
+    _add(parser, "--max-model-len", type=parse_positive_count, metavar="L",
          help="--max-model-len of vLLM (default, as vLLM: the config's max_position_embeddings)")
     _add(parser, "--vllm-version", metavar="X.Y",
          help="the vLLM release to plan for: 0.32 or 0.33 (default: the installed vLLM, else 0.33)")
@@ -94,13 +95,14 @@ def run_vllm(args: argparse.Namespace) -> int:
         version, version_why = resolve_vllm_version(getattr(args, "vllm_version", None))
     except ValueError as exc:
         print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
-        return 2 if getattr(args, "vllm_version", None) else 1
+        return 2 if getattr(args, "vllm_version", None) is not None else 1  # asked for: the flag is at fault
     try:
         config = load_config(args.model_config)
     except ModelSpecError as exc:  # its message names the file
         print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigUnreadable) else 1
-    max_model_len = args.max_model_len or default_max_model_len(config)
+    # Only an absent flag takes the config's value (the parser refuses 0).
+    max_model_len = args.max_model_len if args.max_model_len is not None else default_max_model_len(config)
     if max_model_len is None:
         print(f"kvpolicy plan --engine vllm: --max-model-len is required: {args.model_config} has no "
               "max_position_embeddings to derive it from", file=sys.stderr)
@@ -160,6 +162,9 @@ def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:
         not_validated_message,
     )
 
+    if asked is not None and not asked.strip():
+        validated = ", ".join(VALIDATED_VLLM)
+        raise ValueError(f"--vllm-version {asked!r}: give a release, e.g. 0.33 (validated: {validated})")
     if asked is not None:
         version = next((v for v in VALIDATED_VLLM if asked in (v, v.rsplit(".", 1)[0])), asked)
         if not is_validated(version):
@@ -193,7 +198,7 @@ def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | Non
         assumed["platform"] = "cuda (a GPU of 70 GB or more, not an A100; --platform cpu plans vLLM's CPU build)"
     else:
         assumed["platform"] = "cpu with AMX (--cpu-amx)" if amx else "cpu without AMX (pass --cpu-amx if it has AMX)"
-    if not args.max_model_len:
+    if args.max_model_len is None:
         assumed["max_model_len"] = f"{max_model_len} (the config's max_position_embeddings, as vLLM derives it)"
     block = resolved["block_size"]
     if args.block_size is None or block.forced:

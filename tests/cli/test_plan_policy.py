@@ -142,6 +142,27 @@ def test_errors(capsys, policy_path):
     assert code == 2 and "--engine is required" in err
 
 
+@pytest.mark.parametrize("engine", [[], ["--engine", "vllm"]], ids=["no-engine", "engine"])
+def test_a_model_no_block_binds_is_named_with_the_blocks_there_are(capsys, policy_path, engine):
+    """Whether or not --engine is given, the name is at fault (exit 2), not a missing engine or reserve."""
+    code, _, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8bb", *engine,
+                        "--model-config", str(QWEN))
+    assert code == 2
+    assert f"{policy_path}: no model block binds --model 'qwen3-8bb'; did you mean 'qwen3-8b'?" in err
+    assert "(its model blocks: 'deepseek-v4-flash', 'qwen3-8b', 'qwen3-elastic', 'loose', 'v4-without-reserve')" in err
+    code, _, err = plan(capsys, "--policy", str(policy_path), "--model", "nosuch", *engine,
+                        "--model-config", str(QWEN))
+    assert code == 2 and "binds --model 'nosuch' (its model blocks: 'deepseek-v4-flash'," in err
+    assert "did you mean" not in err
+
+
+def test_a_policy_without_model_blocks_says_so(capsys, tmp_path):
+    empty = tmp_path / "empty.kvp"
+    empty.write_text("version 1\n")
+    code, _, err = plan(capsys, "--policy", str(empty), "--model", "m", "--model-config", str(QWEN))
+    assert code == 2 and f"{empty}: no model block binds --model 'm': the policy has no model blocks" in err
+
+
 def test_a_loose_block_plans_with_the_engine_given(capsys, policy_path):
     code, out, _ = plan(capsys, "--policy", str(policy_path), "--model", "loose", "--engine", "sglang",
                         "--model-config", str(FLASH), "--format", "json")

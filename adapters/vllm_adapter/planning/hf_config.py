@@ -27,6 +27,7 @@ refused with a message, never guessed.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +100,12 @@ def load_config(path: Path | str) -> dict[str, Any]:
         raise ModelSpecError(f"{p}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
     except json.JSONDecodeError as exc:
         raise ModelSpecError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:  # arrays or objects nested deeper than the interpreter's stack
+        raise ModelSpecError(f"{p}: not a model config: nested too deeply") from None
+    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
+        raise ModelSpecError(
+            f"{p}: not a model config: a number with more than {sys.get_int_max_str_digits()} digits"
+        ) from None
     if not isinstance(data, dict):
         raise ModelSpecError(f"{p}: expected a JSON object (a Hugging Face config.json)")
     # Multimodal wrappers keep the language model's fields in text_config.

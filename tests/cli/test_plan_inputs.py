@@ -1,0 +1,75 @@
+"""``kvpolicy plan`` on bad inputs: malformed model configs exit 1, bad flag values exit 2, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvpolicy.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+FLASH = REPO / "policies" / "models" / "deepseek-v4-flash.json"
+QWEN = REPO / "tests" / "vllm" / "configs" / "qwen3-8b" / "config.json"
+CONFIG = {"sglang": FLASH, "vllm": QWEN}
+
+
+def plan(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["plan", *argv])
+    return code, capsys.readouterr().err
+
+
+def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    """argparse's message for a refused flag value, after asserting it exits 2."""
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", *argv])
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+MALFORMED = [
+    ("deep.json", "[" * 100_000 + "]" * 100_000, "not a model config: nested too deeply"),
+    ("digits.json", '{"num_hidden_layers": ' + "9" * 5000 + "}",
+     f"not a model config: a number with more than {sys.get_int_max_str_digits()} digits"),
+]
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+@pytest.mark.parametrize(("name", "text", "message"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_model_config_is_an_error_in_the_input(capsys, tmp_path, engine, name, text, message):
+    config = tmp_path / name
+    config.write_text(text)
+    code, err = plan(capsys, "--engine", engine, "--model-config", str(config), "--budget", "40GiB")
+    assert code == 1
+    assert f"{config}: {message}" in err and err.count(str(config)) == 1
+
+
+@pytest.mark.parametrize("count", ["0", "-5"])
+def test_num_blocks_must_be_positive(capsys, count):
+    err = usage_error(capsys, "--engine", "vllm", "--model-config", str(QWEN), "--num-blocks", count)
+    assert "argument --num-blocks:" in err and "is not a whole number of 1 or more" in err
+
+
+@pytest.mark.parametrize(
+    ("engine", "flag", "value"),
+    [("vllm", "--max-model-len", "0"), ("sglang", "--gpu-memory", "0B"), ("sglang", "--gpu-memory", "0 GiB"),
+     ("sglang", "--gpu-capacity", "0B")],
+)
+def test_zero_is_refused_not_taken_for_the_default(capsys, engine, flag, value):
+    err = usage_error(capsys, "--engine", engine, "--model-config", str(CONFIG[engine]), "--budget", "40GiB",
+                      flag, value)
+    assert f"argument {flag}: '{value}'" in err and ("1 or more" in err or "more than 0 bytes" in err)
+
+
+@pytest.mark.parametrize("version", ["", " "])
+def test_an_empty_vllm_version_is_a_usage_error(capsys, version):
+    code, err = plan(capsys, "--engine", "vllm", "--model-config", str(QWEN), "--budget", "40GiB",
+                     "--vllm-version", version)
+    assert code == 2 and f"--vllm-version {version!r}: give a release, e.g. 0.33" in err
+
+
+def test_a_non_integer_swa_eviction_interval_is_a_usage_error(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "abc")
+    code, err = plan(capsys, "--engine", "sglang", "--model-config", str(FLASH), "--budget", "40GiB")
+    assert code == 2 and "SGLANG_SWA_EVICTION_INTERVAL='abc' is not an integer" in err
