@@ -11,7 +11,8 @@ is joined onto one line) moves to its own line above the statement.
 Formatting never changes what lint reports. A suppression (``# kvpolicy:
 ignore[...]``) covers one line, so the code on a covered line stays together on
 one line of its own: statements that share it stay there, joined by ``; `` (a
-block among them on one line too). Where the canonical layout cannot keep that
+block among them on one line too); a block whose '}' line is covered keeps its '}' there
+rather than close up onto its header's line. Where the canonical layout cannot keep that
 (the line holds part of a block's header and its first item, or part of a
 condition written over several lines), the top-level statements around it are
 left exactly as written.
@@ -97,10 +98,13 @@ class _Printer:
                 break
         return None
 
-    def emit(self, indent: int, code: str, source_line: int, comment: str | None = None) -> None:
+    def emit(self, indent: int, code: str, source_line: int, comment: str | None = None, last_line: int = 0) -> None:
+        """One printed line, made of the source lines ``source_line`` to ``last_line`` (a block
+        joined onto one line): the next line's blank line, and the covered lines left to
+        print, are counted from the last of them."""
         blank = bool(self.lines) and self._blank_line_before(source_line)
         self.lines.append(_Line(indent, code, comment, blank))
-        self._previous_source_line = source_line
+        self._previous_source_line = max(source_line, last_line)
 
     def _blank_line_before(self, source_line: int) -> bool:
         previous = getattr(self, "_previous_source_line", 0)
@@ -219,12 +223,12 @@ class _Printer:
         if tree.data in _SINGLE_LINE_BLOCKS and self.fits_on_one_line(first, close, items):
             body = "; ".join(_inline(i) for i in items)
             code = f"{_join(head[:-1])} {{ {body} }}" if items else f"{_join(head[:-1])} {{}}"
-            self.emit(indent, code, first.line, self.trailing_comment(close))
+            self.emit(indent, code, first.line, self.trailing_comment(close), close.line)
             return
         open_brace = head[-1]
         assert isinstance(open_brace, Token)  # the head ends with the '{'
-        if not items and not self.has_comments_between(first.line, close.line):
-            self.emit(indent, f"{_join(head[:-1])} {{}}", first.line, self.trailing_comment(close))
+        if not items and self.may_join(first, close):
+            self.emit(indent, f"{_join(head[:-1])} {{}}", first.line, self.trailing_comment(close), close.line)
             return
         self.emit(indent, _join(head[:-1]) + " {", first.line, self.trailing_comment(open_brace))
         body_start = len(self.lines)
@@ -245,9 +249,16 @@ class _Printer:
         """Whether a comment sits on the lines from ``first_line`` up to (not on) the '}' line."""
         return any(first_line <= c.line < close_line for c in self.pending)
 
+    def may_join(self, first: Token, close: Token) -> bool:
+        """Whether a block's lines may become one: not with a comment inside it, nor when a
+        suppression covers its '}' line (joined, the suppression would cover the header)."""
+        if self.has_comments_between(first.line, close.line):
+            return False
+        return close.line == first.line or not self.is_pinned(close.line)
+
     def fits_on_one_line(self, first: Token, close: Token, items: list[Tree]) -> bool:
-        """A pool block stays on one line unless a comment sits inside it."""
-        return not any(_has_block(i) for i in items) and not self.has_comments_between(first.line, close.line)
+        """A pool block stays on one line unless a comment sits inside it or its '}' line is covered."""
+        return not any(_has_block(i) for i in items) and self.may_join(first, close)
 
 
 # ---- tree helpers -------------------------------------------------------------------

@@ -229,3 +229,42 @@ def test_rewrite_goes_through_a_symlink_and_keeps_the_mode(tmp_path, capsys) -> 
     assert real.read_text() == 'version 1\n\nmodel "a" {\n  priority 1\n}\n'
     assert os.stat(real).st_mode & 0o777 == 0o640
     assert [p.name for p in version.iterdir()] == ["p.kvp"]  # no temporary file left behind
+
+
+# ---- a suppression on the '}' of a block that would close up --------------------------
+
+SUPPRESSED_CLOSE = [
+    ('model "d" {\n} # kvpolicy: ignore[KV019] x\n', 'model "d" {\n}  # kvpolicy: ignore[KV019] x\n'),
+    ("gpu * {\n}  # kvpolicy: ignore[KV019] x\n", "gpu * {\n}  # kvpolicy: ignore[KV019] x\n"),
+    ('rule "r" {\n}  # kvpolicy: ignore[KV020] x\n', 'rule "r" {\n}  # kvpolicy: ignore[KV020] x\n'),
+    ('model "m" {\n  pool p {\n  owner x\n  } # kvpolicy: ignore[KV019] x\n  priority 1\n}\n',
+     'model "m" {\n  pool p {\n    owner x\n  }  # kvpolicy: ignore[KV019] x\n  priority 1\n}\n'),
+]
+
+
+def _codes(text: str) -> list[tuple[str, int]]:
+    return sorted((d.code, d.line) for d in lint_text(text, "p.kvp").diagnostics)
+
+
+@pytest.mark.parametrize(("body", "expected"), SUPPRESSED_CLOSE, ids=["model", "gpu", "rule", "pool"])
+def test_a_suppression_after_a_closing_brace_keeps_the_brace_on_its_line(body: str, expected: str) -> None:
+    """Joined onto its header's line, the block's '}' was printed again from the covered line
+    (a second '}': a syntax error), and the suppression moved onto the header."""
+    text = "version 1\n" + body
+    formatted = format_text(text, "p.kvp")
+    assert formatted == "version 1\n\n" + expected
+    assert format_text(formatted, "p.kvp") == formatted
+    assert formatted.count("# kvpolicy: ignore") == 1
+    # the same findings on the same code: the header's line and the '}' line both kept
+    assert _codes(formatted) == [(code, line + 1) for code, line in _codes(text)]
+
+
+def test_a_plain_comment_after_a_closing_brace_still_closes_the_block_up() -> None:
+    assert format_text('version 1\nmodel "d" {\n} # plain\n') == 'version 1\n\nmodel "d" {}  # plain\n'
+
+
+def test_blank_lines_inside_a_block_closed_up_stay_inside_it() -> None:
+    """A block joined onto one line ends at its '}': a blank line before that '}' is not
+    one between the block and the next statement."""
+    text = 'version 1\nmodel "a" {\n  pool p {\n  owner x\n\n  }\n  pool q {\n\n  }\n  priority 1\n}\n'
+    assert format_text(text) == 'version 1\n\nmodel "a" {\n  pool p { owner x }\n  pool q {}\n  priority 1\n}\n'

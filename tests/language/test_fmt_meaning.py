@@ -10,8 +10,11 @@ before and after fmt.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
+
+import pytest
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -64,4 +67,43 @@ def test_fmt_keeps_lints_findings(text: str) -> None:
     except PolicyError:
         return  # fmt leaves a file with syntax errors alone
     assert format_text(formatted) == formatted, "fmt is not idempotent"
+    assert findings(formatted) == findings(text), f"fmt changed what lint reports:\n{text}\n---\n{formatted}"
+
+
+# ---- every kind of block, with comments after its '{' and '}' ----------------------------
+
+_SUPPRESSION = "# kvpolicy: ignore[KV004, KV012, KV018, KV019, KV020] on purpose"
+_COMMENTS = ("", "# plain", _SUPPRESSION)
+# kind: (what comes before the block, its header, an item, a statement after it, what closes around it);
+# the items' decimal units are KV019, and a rule's header has findings (KV018, KV020) of its own
+_KINDS = {
+    "defaults": ("", "defaults", "headroom 1 GB", 'model "z" {}', ""),
+    "gpu": ("", "gpu *", "capacity 80 GB", 'model "z" {}', ""),
+    "model": ("", 'model "m"', "min 1 GB", 'model "z" {}', ""),
+    "rule": ("", 'rule "r"', "shrink to 1 GB", 'model "z" {}', ""),
+    "unknown": ("", "frobnicate", "knob 1 GB", 'model "z" {}', ""),
+    "pool": ('model "m" {\n  engine vllm\n', "  pool p", "max 1 GB", "weight 2", "  priority 1\n}\n"),
+}
+_BODIES = ("{}", "{\n}", "{\n\n}", "{ ITEM }", "{\nITEM\n}")
+
+
+def _block_cases() -> list[pytest.param]:
+    cases = []
+    for kind, (before, head, item, sibling, after) in _KINDS.items():
+        for body, open_comment, close_comment, tail in itertools.product(_BODIES, _COMMENTS, _COMMENTS, ("", "; SIB")):
+            if open_comment and "\n" not in body:
+                continue  # a comment after '{' ends the line: the block spans lines
+            block = body.replace("ITEM", item).replace("{", f"{{ {open_comment}", 1)
+            text = f"version 1\n{before}{head} {block}{tail.replace('SIB', sibling)} {close_comment}\n{after}"
+            cases.append(pytest.param(text, id=f"{kind}-{len(cases)}"))
+    return cases
+
+
+@pytest.mark.parametrize("text", _block_cases())
+def test_comments_after_braces_keep_lints_findings(text: str) -> None:
+    """Each kind of block, empty or not, on one line or over several, with a plain comment or
+    a suppression after its '{' and its '}': fmt's output parses, lint says the same, and
+    formatting it again changes nothing."""
+    formatted = format_text(text)
+    assert format_text(formatted) == formatted, f"fmt is not idempotent:\n{text}\n---\n{formatted}"
     assert findings(formatted) == findings(text), f"fmt changed what lint reports:\n{text}\n---\n{formatted}"
