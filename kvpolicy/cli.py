@@ -15,6 +15,7 @@ from types import ModuleType
 
 from kvpolicy import __version__
 from kvpolicy.commands import plain_help, subcommands
+from kvpolicy.commands.json_failure import one_document
 from kvpolicy.suggest import closest
 from kvpolicy.terminal import COLOR_MODES
 
@@ -28,6 +29,9 @@ NO_COLOR_OPTION = ("lsp",)
 """Commands whose output is a protocol: no ``--color``."""
 FORMAT_EXEMPT = ("lsp", "completion", "demo")
 """Commands without ``--format text|json``: a protocol, a shell script, a foreground demo."""
+ONE_DOCUMENT = ("lint", "fmt", "explain", "diff", "test", "plan", "init", "schema", "status")
+"""Commands whose ``--format json`` is one document, an error document where they fail without
+one (``kvpolicy.commands.json_failure``); ``run`` and ``top`` run on, writing as they go."""
 
 _COLOR_HELP = "colour the output: auto (on a terminal, unless NO_COLOR is set), always, never (default: auto)"
 
@@ -103,6 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         _unrecognized(commands[args.command], extra)
     try:
+        if args.command in ONE_DOCUMENT and getattr(args, "format", None) == "json":
+            return one_document(args.run, args)
         return int(args.run(args))
     except BrokenPipeError:  # e.g. `kvpolicy explain ... | head`
         return 0
