@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -73,3 +74,22 @@ def test_a_non_integer_swa_eviction_interval_is_a_usage_error(capsys, monkeypatc
     monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "abc")
     code, err = plan(capsys, "--engine", "sglang", "--model-config", str(FLASH), "--budget", "40GiB")
     assert code == 2 and "SGLANG_SWA_EVICTION_INTERVAL='abc' is not an integer" in err
+
+
+@pytest.mark.parametrize("layers", [10**9, 10**20])
+def test_more_layers_than_any_model_is_refused_at_once(capsys, tmp_path, layers):
+    """10**9 layers built a spec per layer for minutes; 10**20 overflowed."""
+    config = json.loads(QWEN.read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    code, err = plan(capsys, "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB")
+    assert code == 1 and f"num_hidden_layers is {layers}, more than any model has" in err
+
+
+def test_a_message_names_a_value_without_dumping_it(capsys, tmp_path):
+    config = json.loads(QWEN.read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "num_hidden_layers": "x" * 100_000}))
+    code, err = plan(capsys, "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB")
+    assert code == 1 and "'num_hidden_layers' must be a non-negative integer, got 'xxx" in err
+    assert "(100,002 characters)" in err and len(err) < 1000

@@ -146,13 +146,31 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None)
     return ModelSpecs(family=family, block_size=block, layers=layers)
 
 
+MAX_LAYERS = 100_000
+"""More layers than any model has (the largest have a few hundred): a config past it is refused
+before a spec is built for each layer (10**9 layers would take minutes, 10**20 overflow)."""
+
+
 def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
     value = config.get(key, default)
     if value is None:
         raise ModelSpecError(f"the model config has no {key!r}, which sizes the KV cache")
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ModelSpecError(f"{key!r} must be a non-negative integer, got {value!r}")
+        raise ModelSpecError(f"{key!r} must be a non-negative integer, got {_shown(value)}")
     return value
+
+
+def _layers(config: Mapping[str, Any]) -> int:
+    n = _int(config, "num_hidden_layers")
+    if n > MAX_LAYERS:
+        raise ModelSpecError(f"num_hidden_layers is {n}, more than any model has (at most {MAX_LAYERS:,} planned)")
+    return n
+
+
+def _shown(value: object, limit: int = 200) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a message names a value, it does not dump it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def _model_dtype_bytes(config: Mapping[str, Any]) -> int:
@@ -176,7 +194,7 @@ def _kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
 
 
 def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads", heads)
     head_dim = config.get("head_dim") or _int(config, "hidden_size") // max(heads, 1)
@@ -194,7 +212,7 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
         }
         if kind == "sliding":
             if not isinstance(window, int) or window <= 0:
-                raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {window!r}")
+                raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {_shown(window)}")
             spec = LayerSpec(SpecKind.SLIDING_WINDOW, sw_block, sliding_window=window, pool="sliding_window", **common)
         else:
             spec = LayerSpec(SpecKind.FULL, block, pool="full", **common)
@@ -206,7 +224,7 @@ def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["fu
     types = config.get("layer_types")
     if types is not None:
         if not isinstance(types, list) or len(types) < n:
-            raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {types!r}")
+            raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {_shown(types)}")
         kinds: list[Literal["full", "sliding"]] = []
         for i, t in enumerate(types[:n]):
             if t == "full_attention":
@@ -228,7 +246,7 @@ def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["fu
 
 
 def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     latent = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
     dtype_bytes = _kv_dtype_bytes(config, s.kv_cache_dtype)
     spec = LayerSpec(
@@ -245,7 +263,7 @@ def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[
 
 def deepseek_v4_ratios(config: Mapping[str, Any]) -> list[int]:
     """Compression ratio per layer (0: sliding only, 4: CSA, 128: HCA)."""
-    n = _int(config, "num_hidden_layers")
+    n = _layers(config)
     ratios = config.get("compress_ratios")
     if ratios is None:
         types = config.get("layer_types")
