@@ -1,6 +1,6 @@
 """The import graph points down: no module imports one of a higher layer.
 
-Bottom to top: base (the top-level modules of ``kvpolicy/``: units, the engine
+Bottom to top: base (the top-level modules of ``kvpolicy/``, but ``__main__``: units, the engine
 vocabulary, diagnostics, the rule catalogue, the Facts schema), ``policy``, ``lint``,
 ``evaluate``, ``alloc``, ``runtime``, ``adapters`` (``kvpolicy.adapters``, the
 ``adapters/`` folder), then the front ends: ``commands``, ``cli`` and ``lsp``. Every ``.py`` under ``kvpolicy/``
@@ -32,6 +32,7 @@ _PACKAGE_LAYERS = {
     "adapters": "adapters",  # the same folder, imported from the repository root
     "kvpolicy.commands": "commands",
     "kvpolicy.cli": "commands",
+    "kvpolicy.__main__": "commands",  # python -m kvpolicy: the CLI
     "kvpolicy.lsp": "commands",  # the editors' front end, beside the CLI's
 }
 

@@ -30,6 +30,11 @@ def test_version():
     assert (done.returncode, done.stdout) == (0, f"kvpolicy {kvpolicy.__version__}\n")
 
 
+def test_python_dash_m_kvpolicy_is_the_command():
+    done = subprocess.run([sys.executable, "-m", "kvpolicy", "--version"], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, f"kvpolicy {kvpolicy.__version__}\n")
+
+
 def test_a_mistyped_command_gets_a_did_you_mean():
     done = kvpolicy_cli("lnit", "x.kvp")
     assert done.returncode == 2
