@@ -6,6 +6,8 @@ what to fix; the settings themselves come from ``kvpolicy.adapters.settings``.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,26 @@ def require_attr(owner: object, name: str, hook: str) -> Any:
             f"kvpolicy: cannot install the {hook} hook: {where}.{name} does not exist in this "
             f"engine version. The adapter refuses to start rather than run unbudgeted."
         ) from None
+
+
+def read_config_json(path: Path) -> dict[str, Any]:
+    """A model's ``config.json`` as the JSON object it holds. ``OSError`` when the file cannot be
+    read; ``ValueError`` naming the file and what is wrong when it is not a JSON object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
+    except RecursionError:  # arrays or objects nested deeper than the interpreter's stack
+        raise ValueError(f"{path}: not a model config: nested too deeply") from None
+    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
+        raise ValueError(
+            f"{path}: not a model config: a number with more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
+    return data
 
 
 def read_policy(path: Path) -> Policy:

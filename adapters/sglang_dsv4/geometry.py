@@ -6,8 +6,6 @@ or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,8 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
+
+from ..common import read_config_json
 
 # What the V4 paged layout stores per token: 448 fp8 NoPE values, 64 bf16 RoPE
 # values, 7 fp8 scales and one pad byte (SGLang asserts this in the pool).
@@ -118,21 +118,11 @@ def load_geometry(path: str | Path) -> ModelGeometry:
     """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_config_json(path)
     except OSError as exc:
         raise ConfigUnreadable(f"{path}: cannot read the model config: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise GeometryError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
-    except json.JSONDecodeError as exc:
-        raise GeometryError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except RecursionError:  # arrays or objects nested deeper than the interpreter's stack
-        raise GeometryError(f"{path}: not a model config: nested too deeply") from None
-    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
-        raise GeometryError(
-            f"{path}: not a model config: a number with more than {sys.get_int_max_str_digits()} digits"
-        ) from None
-    if not isinstance(data, dict):
-        raise GeometryError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
+    except ValueError as exc:
+        raise GeometryError(str(exc)) from None
     # Multimodal wrappers keep the language model's fields under text_config.
     if "compress_ratios" not in data and isinstance(data.get("text_config"), dict):
         data = data["text_config"]

@@ -81,36 +81,36 @@ def _value(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonSt
 def _object(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[dict[str, Any], int]:
     """The object whose first member (or closing brace) is at ``pos``."""
     result: dict[str, Any] = {}
-    if text[pos] == "}":
-        return result, pos + 1
-    while True:
+    more = text[pos] != "}"
+    while more:
         key, pos = _string(text, pos, path, strings, is_key=True)
         pos = _skip(text, pos)
         if text[pos] != ":":
             raise _Malformed
         result[key], pos = _value(text, _skip(text, pos + 1), (*path, key), strings)
-        pos = _skip(text, pos)
-        if text[pos] == "}":
-            return result, pos + 1
-        if text[pos] != ",":
-            raise _Malformed
-        pos = _skip(text, pos + 1)
+        more, pos = _next(text, pos, "}")
+    return result, pos + 1  # past the "}"
 
 
 def _array(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString]) -> tuple[list[Any], int]:
     """The array whose first item (or closing bracket) is at ``pos``."""
     items: list[Any] = []
-    if text[pos] == "]":
-        return items, pos + 1
-    while True:
+    more = text[pos] != "]"
+    while more:
         item, pos = _value(text, pos, (*path, len(items)), strings)
         items.append(item)
-        pos = _skip(text, pos)
-        if text[pos] == "]":
-            return items, pos + 1
-        if text[pos] != ",":
-            raise _Malformed
-        pos = _skip(text, pos + 1)
+        more, pos = _next(text, pos, "]")
+    return items, pos + 1  # past the "]"
+
+
+def _next(text: str, pos: int, close: str) -> tuple[bool, int]:
+    """After an item: (another follows, where it starts) past a ',', or (False, the ``close``'s place)."""
+    pos = _skip(text, pos)
+    if text[pos] == close:
+        return False, pos
+    if text[pos] != ",":
+        raise _Malformed
+    return True, _skip(text, pos + 1)
 
 
 def _string(text: str, pos: int, path: tuple[PathPart, ...], strings: list[JsonString], *, is_key: bool) -> tuple[str, int]:

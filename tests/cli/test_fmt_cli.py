@@ -89,12 +89,18 @@ def test_a_pipe_is_read_but_not_written(capsys) -> None:
         os.close(read_end)
 
 
-def test_a_read_only_file_is_refused_and_the_others_formatted(tmp_path: Path, capsys, monkeypatch) -> None:
+def locked_and_other(tmp_path: Path, monkeypatch) -> tuple[Path, Path]:
+    """Two unformatted files, the first read-only (by its mode: ``os.access`` as for a user, not root)."""
     monkeypatch.setattr(os, "access", by_mode)
     locked, other = tmp_path / "locked.kvp", tmp_path / "other.kvp"
     locked.write_text(UGLY)
     other.write_text(UGLY)
     locked.chmod(0o444)
+    return locked, other
+
+
+def test_a_read_only_file_is_refused_and_the_others_formatted(tmp_path: Path, capsys, monkeypatch) -> None:
+    locked, other = locked_and_other(tmp_path, monkeypatch)
     code, out, err = run_fmt(capsys, str(locked), str(other))
     assert code == 2
     assert err == f"kvpolicy fmt: {locked}: cannot write it: Permission denied (the file is not writable); not formatted\n"
@@ -112,11 +118,7 @@ def test_a_read_only_file_that_is_already_formatted_is_fine(tmp_path: Path, caps
 
 
 def test_a_file_that_cannot_be_written_has_an_error_entry_in_json(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(os, "access", by_mode)
-    locked, other = tmp_path / "locked.kvp", tmp_path / "other.kvp"
-    locked.write_text(UGLY)
-    other.write_text(UGLY)
-    locked.chmod(0o444)
+    locked, other = locked_and_other(tmp_path, monkeypatch)
     code, out, _ = run_fmt(capsys, "--format", "json", str(locked), str(other))
     assert code == 2
     doc = json.loads(out)

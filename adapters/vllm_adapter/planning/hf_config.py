@@ -26,14 +26,13 @@ refused with a message, never guessed.
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from ...common import read_config_json
 from .layer_specs import LayerSpec, SpecKind
 
 Family = Literal["deepseek_v4", "mla", "standard"]
@@ -93,21 +92,11 @@ def load_config(path: Path | str) -> dict[str, Any]:
     ModelSpecError, each naming it."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = read_config_json(p)
     except OSError as exc:
         raise ConfigUnreadable(f"{p}: cannot read the model config: {exc.strerror}") from None
-    except UnicodeDecodeError as exc:
-        raise ModelSpecError(f"{p}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
-    except json.JSONDecodeError as exc:
-        raise ModelSpecError(f"{p}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except RecursionError:  # arrays or objects nested deeper than the interpreter's stack
-        raise ModelSpecError(f"{p}: not a model config: nested too deeply") from None
-    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
-        raise ModelSpecError(
-            f"{p}: not a model config: a number with more than {sys.get_int_max_str_digits()} digits"
-        ) from None
-    if not isinstance(data, dict):
-        raise ModelSpecError(f"{p}: expected a JSON object (a Hugging Face config.json)")
+    except ValueError as exc:
+        raise ModelSpecError(str(exc)) from None
     # Multimodal wrappers keep the language model's fields in text_config.
     text = data.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" not in data:
