@@ -98,7 +98,7 @@ def test_active_policy_is_always_the_last_valid_content(tmp_path):
             if kind == "delete":
                 failures = watcher.failures
                 directory.delete()
-                assert wait_for(lambda: watcher.failures > failures and watcher.last_reload.sha256 is None,  # noqa: B023
+                assert wait_for(lambda: watcher.failures > failures and watcher.last_reload.sha256 is None,  # noqa: B023 - waited for here
                                 CONVERGE_TIMEOUT), f"edit {n}: the deleted file was never noticed"
                 assert watcher.current.sha256 == last_valid  # a missing file changes nothing
                 kind, how = "valid", "atomic_rename"  # ...and it comes back
