@@ -93,3 +93,23 @@ def test_a_message_names_a_value_without_dumping_it(capsys, tmp_path):
     code, err = plan(capsys, "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB")
     assert code == 1 and "'num_hidden_layers' must be a non-negative integer, got 'xxx" in err
     assert "(100,002 characters)" in err and len(err) < 1000
+
+
+V4_FLASH = REPO / "tests" / "vllm" / "configs" / "deepseek-v4-flash" / "config.json"
+WRONG_TYPES = [
+    (QWEN, {"torch_dtype": ["bf16"]}, "torch_dtype ['bf16'] is not one of"),
+    (QWEN, {"head_dim": "x"}, "'head_dim' must be a non-negative integer, got 'x'"),
+    (QWEN, {"head_dim": 1.5}, "'head_dim' must be a non-negative integer, got 1.5"),
+    (V4_FLASH, {"compress_ratios": [0, "a", 5] * 30}, "supports 0, 4 and 128, got 'a', 5"),
+    (V4_FLASH, {"compress_ratios": None, "layer_types": [["x"]]}, "layer_types (a list of names)"),
+    (V4_FLASH, {"compress_ratios": None, "layer_types": ["x"], "compress_rates": [1]}, "compress_rates must map"),
+]
+
+
+@pytest.mark.parametrize(("base", "change", "said"), WRONG_TYPES, ids=[str(c)[:30] for _, c, _ in WRONG_TYPES])
+def test_a_value_of_the_wrong_type_is_named_not_a_traceback(capsys, tmp_path, base, change, said):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**json.loads(base.read_text()), **change}))
+    code, err = plan(capsys, "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB",
+                     "--max-model-len", "4096")
+    assert code == 1 and said in err, err

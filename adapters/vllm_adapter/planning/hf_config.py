@@ -121,6 +121,16 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None)
     """The per-layer specs vLLM 0.33 builds for this config (one rank, CUDA backends)."""
     settings = settings or SpecSettings()
     family = model_family(config)
+    try:
+        layers, block = _layers_of(family, config, settings)
+    except TypeError as exc:  # a value of a kind no check above expected (a list where a name goes)
+        raise ModelSpecError(f"a value of the wrong type in the model config: {exc}") from None
+    if not layers:
+        raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)")
+    return ModelSpecs(family=family, block_size=block, layers=layers)
+
+
+def _layers_of(family: Family, config: Mapping[str, Any], settings: SpecSettings) -> tuple[dict[str, LayerSpec], int]:
     if family == "deepseek_v4":
         block = settings.block_size or 256
         layers = _deepseek_v4_layers(config, settings, block)
@@ -130,9 +140,7 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None)
     else:
         block = settings.block_size or 16
         layers = _standard_layers(config, settings, block)
-    if not layers:
-        raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)")
-    return ModelSpecs(family=family, block_size=block, layers=layers)
+    return layers, block
 
 
 MAX_LAYERS = 100_000
@@ -164,8 +172,8 @@ def _shown(value: object, limit: int = 200) -> str:
 
 def _model_dtype_bytes(config: Mapping[str, Any]) -> int:
     name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    if name not in DTYPE_BYTES:
-        raise ModelSpecError(f"torch_dtype {name!r} is not one of {sorted(DTYPE_BYTES)}")
+    if not isinstance(name, str) or name not in DTYPE_BYTES:
+        raise ModelSpecError(f"torch_dtype {_shown(name)} is not one of {sorted(DTYPE_BYTES)}")
     return DTYPE_BYTES[name]
 
 
@@ -186,7 +194,8 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
     n = _layers(config)
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads", heads)
-    head_dim = config.get("head_dim") or _int(config, "hidden_size") // max(heads, 1)
+    # vLLM's `head_dim or hidden_size // heads`: an absent or zero head_dim is derived.
+    head_dim = _int(config, "head_dim") if config.get("head_dim") else _int(config, "hidden_size") // max(heads, 1)
     dtype_bytes = _kv_dtype_bytes(config, s.kv_cache_dtype)
     # vLLM's attention layers: max(1, total_kv_heads // tp) heads per rank (replicated
     # when there are fewer KV heads than ranks).
@@ -256,9 +265,12 @@ def deepseek_v4_ratios(config: Mapping[str, Any]) -> list[int]:
     ratios = config.get("compress_ratios")
     if ratios is None:
         types = config.get("layer_types")
-        rates = {**V4_DEFAULT_COMPRESS_RATES, **(config.get("compress_rates") or {})}
-        if not isinstance(types, list):
-            raise ModelSpecError("a DeepSeek-V4 config needs compress_ratios or layer_types")
+        given = config.get("compress_rates") or {}
+        if not isinstance(given, dict):
+            raise ModelSpecError(f"compress_rates must map layer types to ratios, got {_shown(given)}")
+        rates = {**V4_DEFAULT_COMPRESS_RATES, **given}
+        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+            raise ModelSpecError("a DeepSeek-V4 config needs compress_ratios or layer_types (a list of names)")
         try:
             ratios = [rates.get(t, 0) if t in V4_LAYER_TYPE_RATIO else V4_LAYER_TYPE_RATIO[t] for t in types]
         except KeyError as exc:
@@ -266,9 +278,10 @@ def deepseek_v4_ratios(config: Mapping[str, Any]) -> list[int]:
     if not isinstance(ratios, list) or len(ratios) < n:
         raise ModelSpecError(f"compress_ratios must list at least {n} entries (num_hidden_layers)")
     ratios = list(ratios[:n])  # the last entry of the released configs is the MTP layer
-    bad = sorted({r for r in ratios if r not in (0, 1, 4, 128)})
+    bad = sorted({repr(r) for r in ratios if type(r) is not int or r not in (0, 1, 4, 128)})
     if bad:
-        raise ModelSpecError(f"compress_ratios: vLLM's DeepSeek-V4 supports 0, 4 and 128, got {bad}")
+        shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+        raise ModelSpecError(f"compress_ratios: vLLM's DeepSeek-V4 supports 0, 4 and 128, got {shown}")
     return [0 if r == 1 else r for r in ratios]
 
 
