@@ -12,7 +12,8 @@ Formatting never changes what lint reports. A suppression (``# kvpolicy:
 ignore[...]``) covers one line, so the code on a covered line stays together on
 one line of its own: statements that share it stay there, joined by ``; `` (a
 block among them on one line too); a block whose '}' line is covered keeps its '}' there
-rather than close up onto its header's line. Where the canonical layout cannot keep that
+rather than close up onto its header's line, and one whose header is covered keeps its
+items on their own lines. Where the canonical layout cannot keep that
 (the line holds part of a block's header and its first item, or part of a
 condition written over several lines), the top-level statements around it are
 left exactly as written.
@@ -249,16 +250,20 @@ class _Printer:
         """Whether a comment sits on the lines from ``first_line`` up to (not on) the '}' line."""
         return any(first_line <= c.line < close_line for c in self.pending)
 
-    def may_join(self, first: Token, close: Token) -> bool:
+    def may_join(self, first: Token, close: Token, has_items: bool = False) -> bool:
         """Whether a block's lines may become one: not with a comment inside it, nor when a
-        suppression covers its '}' line (joined, the suppression would cover the header)."""
+        suppression covers a line joining would change: its '}' line (joined, the suppression
+        would cover the header), or its header while items on other lines would join it."""
         if self.has_comments_between(first.line, close.line):
             return False
-        return close.line == first.line or not self.is_pinned(close.line)
+        if close.line == first.line:
+            return True
+        return not self.is_pinned(close.line) and not (has_items and self.is_pinned(first.line))
 
     def fits_on_one_line(self, first: Token, close: Token, items: list[Tree]) -> bool:
-        """A pool block stays on one line unless a comment sits inside it or its '}' line is covered."""
-        return not any(_has_block(i) for i in items) and self.may_join(first, close)
+        """A pool block stays on one line unless a comment sits inside it or joining would move
+        code onto or off a line a suppression covers."""
+        return not any(_has_block(i) for i in items) and self.may_join(first, close, bool(items))
 
 
 # ---- tree helpers -------------------------------------------------------------------

@@ -90,11 +90,14 @@ _BODIES = ("{}", "{\n}", "{\n\n}", "{ ITEM }", "{\nITEM\n}")
 def _block_cases() -> list[pytest.param]:
     cases = []
     for kind, (before, head, item, sibling, after) in _KINDS.items():
-        for body, open_comment, close_comment, tail in itertools.product(_BODIES, _COMMENTS, _COMMENTS, ("", "; SIB")):
+        indent = head[: len(head) - len(head.lstrip())]
+        for body, open_comment, close_comment, tail, above in itertools.product(
+            _BODIES, _COMMENTS, _COMMENTS, ("", "; SIB"), ("", f"{indent}{_SUPPRESSION}\n"),  # above: covers the header
+        ):
             if open_comment and "\n" not in body:
                 continue  # a comment after '{' ends the line: the block spans lines
             block = body.replace("ITEM", item).replace("{", f"{{ {open_comment}", 1)
-            text = f"version 1\n{before}{head} {block}{tail.replace('SIB', sibling)} {close_comment}\n{after}"
+            text = f"version 1\n{before}{above}{head} {block}{tail.replace('SIB', sibling)} {close_comment}\n{after}"
             cases.append(pytest.param(text, id=f"{kind}-{len(cases)}"))
     return cases
 
