@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpolicy.adapters.errors import AdapterError
+from kvpolicy.paths import read_input
 from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 
 if TYPE_CHECKING:
@@ -44,10 +45,13 @@ def require_attr(owner: object, name: str, hook: str) -> Any:
 def read_config_json(path: Path) -> dict[str, Any]:
     """A model's ``config.json`` as the JSON object it holds. ``OSError`` when the file cannot be
     read; ``ValueError`` naming the file and what is wrong when it is not a JSON object."""
+    raw = read_input(path)  # OSError; InputTooLarge (a ValueError) past 64 MiB: /dev/zero is no config
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
     except RecursionError:  # arrays or objects nested deeper than the interpreter's stack

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
-from kvpolicy.paths import InputTooLarge, read_input
+from kvpolicy.paths import InputTooLarge, read_input, reason
 from kvpolicy.validation import describe
 
 
@@ -95,7 +95,7 @@ def read_facts(path: Path | str) -> Facts:
     try:
         data = read_input(path)
     except OSError as exc:
-        raise FactsUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        raise FactsUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
     except InputTooLarge as exc:
         raise FactsError(str(exc)) from None
     try:

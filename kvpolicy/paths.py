@@ -20,8 +20,8 @@ from kvpolicy.units import MiB
 PathKind = Literal["file", "dir", "other", "missing"]
 
 MAX_INPUT_BYTES = 64 * MiB
-"""What a facts, state or test file may hold: thousands of instances fit in a few MiB, and
-an unbounded read (``/dev/zero``) would exhaust memory before any check could refuse it."""
+"""What a facts, state, test or model config file may hold: thousands of instances fit in a few
+MiB, and an unbounded read (``/dev/zero``) would exhaust memory before any check could refuse it."""
 
 _READ_CHUNK = 1 * MiB
 
@@ -41,17 +41,45 @@ def path_kind(path: Path) -> PathKind:
 
 
 def files_under(root: Path, suffix: str) -> list[Path]:
-    """The regular files named ``*suffix`` in the tree under ``root``, sorted; ``OSError`` for a
-    directory in it that cannot be read (it is not skipped). Links to directories are not
-    followed (a Kubernetes ConfigMap volume links ``..data`` to the directory it also holds)."""
+    """The files named ``*suffix`` in the tree under ``root``, sorted; ``OSError`` for a directory
+    in it that cannot be read, or such a name that is a link to nothing or a loop (none is skipped
+    without a word). Hidden directories (``.git``, a Kubernetes ConfigMap volume's ``..data`` and
+    the ``..2024_…`` directory it links to, which would give each file twice) and links to
+    directories are not entered."""
 
     def refuse(exc: OSError) -> None:
         raise exc
 
     found: list[Path] = []
-    for directory, _subdirs, names in os.walk(root, onerror=refuse):
-        found.extend(p for name in names if name.endswith(suffix) and path_kind(p := Path(directory) / name) == "file")
+    for directory, subdirs, names in os.walk(root, onerror=refuse):
+        subdirs[:] = [d for d in subdirs if not d.startswith(".")]
+        for name in names:
+            if name.endswith(suffix):
+                found.extend(_named_file(Path(directory) / name))
     return sorted(found)
+
+
+def expand(names: list[str], suffix: str) -> list[Path]:
+    """The paths named, a directory expanded to the files named ``*suffix`` under it
+    (``files_under``), anything else read as named (a file, a pipe); ``FileNotFoundError`` for a
+    name that is not there, ``OSError`` for one that cannot be looked at (``exc.filename`` says
+    which: the name, or a path in its tree)."""
+    found: list[Path] = []
+    for name in names:
+        path = Path(name)
+        kind = path_kind(path)
+        if kind == "missing":
+            raise FileNotFoundError(errno.ENOENT, "no such file or directory", name)
+        found.extend(files_under(path, suffix) if kind == "dir" else [path])
+    return found
+
+
+def _named_file(path: Path) -> list[Path]:
+    """``[path]`` for a file found by its name in a tree; [] for a directory so named."""
+    kind = path_kind(path)
+    if kind == "missing":  # listed, so a link to nothing
+        raise FileNotFoundError(errno.ENOENT, "a link to nothing", str(path))
+    return [] if kind == "dir" else [path]
 
 
 def reason(exc: OSError) -> str:
@@ -60,15 +88,16 @@ def reason(exc: OSError) -> str:
 
 
 class InputTooLarge(ValueError):
-    """A facts, state or test file over ``MAX_INPUT_BYTES``: an error in the input."""
+    """An input file over ``MAX_INPUT_BYTES``: an error in the input."""
 
 
 def read_input(path: Path | str) -> bytes:
-    """A facts, state or test file's bytes; ``InputTooLarge`` past ``MAX_INPUT_BYTES``, ``OSError`` as ``read_bounded``."""
+    """A facts, state, test or model config file's bytes; ``InputTooLarge`` past ``MAX_INPUT_BYTES``,
+    ``OSError`` as ``read_bounded``."""
     data = read_bounded(path, MAX_INPUT_BYTES)
     if len(data) > MAX_INPUT_BYTES:
-        raise InputTooLarge(f"{path}: over {MAX_INPUT_BYTES // MiB} MiB, more than any facts, state or test file "
-                       "holds (is it the right file?); not read further")
+        raise InputTooLarge(f"{path}: over {MAX_INPUT_BYTES // MiB} MiB, more than any such file holds "
+                            "(is it the right file?); not read further")
     return data
 
 

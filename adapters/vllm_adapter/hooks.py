@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.ledger_port import as_startup_failure
 from kvpolicy.adapters.settings import AdapterEnv
 
@@ -50,9 +51,13 @@ def _sizing(worker: Any) -> Callable[[], str]:
     """``_rank``'s sizing, naming where the policy sets the reserve a runtime-owned cache is sized to."""
 
     def what() -> str:
+        env, model = AdapterEnv.from_environ(), instance_key(worker.vllm_config, worker.rank).model
         where = None
-        if elastic.plan_of(worker) is None:
-            where = reserve_where(AdapterEnv.from_environ().policy, instance_key(worker.vllm_config, worker.rank).model)
+        try:
+            if not elastic.model_is_elastic(env, model):  # as size_worker_cache decides: the reserve sizes it
+                where = reserve_where(env.policy, model)
+        except AdapterError:
+            pass  # a policy that cannot be read now: the message says what it can without it
         return _rank(worker, f"sizing its KV cache to the reserve at {where}" if where else "sizing its KV cache")()
 
     return what

@@ -9,7 +9,7 @@ import socket
 from pathlib import Path
 
 from kvpolicy import units
-from kvpolicy.paths import files_under, path_kind, reason
+from kvpolicy.paths import expand, path_kind, reason
 
 POLICY_SUFFIX = ".kvp"
 
@@ -23,19 +23,20 @@ def policy_files(paths: list[str]) -> list[Path]:
     a name that is missing or cannot be looked at, or a directory under it that cannot be read."""
     found: list[Path] = []
     for name in paths:
-        path = Path(name)
         try:
-            kind = path_kind(path)
-            if kind == "dir":
-                found.extend(files_under(path, POLICY_SUFFIX))
-            elif kind == "missing":
-                raise UsageError(f"{name}: no such file or directory")
-            else:  # a file, or a pipe such as <(...): read as named
-                found.append(path)
+            found.extend(expand([name], POLICY_SUFFIX))
         except OSError as exc:
-            where = exc.filename if exc.filename and str(exc.filename) != name else None
-            raise UsageError(f"{name}: cannot read {where + ' in it' if where else 'it'}: {reason(exc)}") from None
+            raise UsageError(cannot_use(name, exc)) from None
     return found
+
+
+def cannot_use(name: str, exc: OSError) -> str:
+    """What ``expand`` refused of the path ``name``: it, or (a directory) something in it."""
+    if exc.filename is not None and Path(exc.filename) != Path(name):
+        return f"{name}: cannot read {exc.filename} in it: {reason(exc)}"
+    if isinstance(exc, FileNotFoundError):
+        return f"{name}: no such file or directory"
+    return f"{name}: cannot read it: {reason(exc)}"
 
 
 def check_readable(command: str, path: Path) -> None:

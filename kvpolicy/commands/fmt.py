@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import UsageError, policy_files
+from kvpolicy.paths import reason
 
 if TYPE_CHECKING:
     from kvpolicy.diagnostics import PolicyError
@@ -68,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         code = max(code, status)
     if args.format == "json":
         print(json.dumps({"schema": 1, "files": results}, indent=2))
-    elif not args.diff and args.files != ["-"]:  # else stdout is a diff, or standard input's text
+    elif not args.diff and (args.check or args.files != ["-"]):  # else stdout is a diff, or stdin's text
         _print_summary(results, args.check)
     return code
 
@@ -92,7 +93,7 @@ def _format_one(name: str, path: Path | None, args: argparse.Namespace, style: S
     try:  # at most the size cap (+1 byte: KV026), from a file or standard input alike
         data = read_policy_stream(sys.stdin.buffer) if path is None else read_policy_bytes(path)
     except OSError as exc:
-        return _refused(name, f"cannot read it: {exc.strerror or exc}")
+        return _refused(name, f"cannot read it: {reason(exc)}")
     try:
         original = decode_policy(data, name)
         formatted = format_text(original, name)
@@ -112,7 +113,7 @@ def _act(name: str, path: Path | None, original: str, formatted: str, args: argp
         _put(entry, "diff", diff, args.format)
         return entry, INVALID if changed else OK
     if args.check:
-        if changed and path is not None and args.format == "text":
+        if changed and args.format == "text":
             print(f"would reformat {name}")
         return entry, INVALID if changed else OK
     if path is None:
@@ -169,15 +170,15 @@ def why_not_writable(path: Path, access: Callable[[Path, int], bool] | None = No
     try:
         regular = stat.S_ISREG(os.stat(path).st_mode)
     except OSError as exc:
-        return f"cannot write it: {exc.strerror or exc}"
+        return f"cannot write it: {reason(exc)}"
     if not regular:  # a pipe such as <(...): read, but there is nothing to rewrite
         return "cannot write it: not a regular file (--check and --diff write nothing; - formats standard input)"
     allowed = access or os.access
     target = path.resolve()
     if not allowed(target, os.W_OK):
-        return "cannot write it: Permission denied (the file is not writable)"
+        return "cannot write it: the file is not writable (its permissions, or a read-only file system)"
     if not allowed(target.parent, os.W_OK | os.X_OK):
-        return f"cannot write it: Permission denied (its directory {target.parent} is not writable)"
+        return f"cannot write it: its directory {target.parent} is not writable (its permissions, or a read-only file system)"
     return None
 
 
@@ -189,7 +190,7 @@ def _write(path: Path, text: str) -> str | None:
     try:
         _write_atomically(path, text)
     except OSError as exc:  # a full disk, a read-only file system, a race with a chmod
-        return f"cannot write it: {exc.strerror or exc}"
+        return f"cannot write it: {reason(exc)}"
     return None
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from kvpolicy.commands import Subcommands, add_format_option
+from kvpolicy.paths import path_kind, reason
 
 DEFAULT_FILE = "policy.kvp"
 
@@ -85,13 +86,18 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(STARTER)
         return 0
     path = Path(args.file)
-    if path.exists() and not args.force:
+    try:
+        exists = path_kind(path) != "missing"
+    except OSError as exc:
+        print(f"kvpolicy init: cannot write {path}: {reason(exc)}", file=sys.stderr)
+        return 2
+    if exists and not args.force:
         print(f"kvpolicy init: {path} exists; pass --force to replace it", file=sys.stderr)
         return 1
     try:
         path.write_text(STARTER, encoding="utf-8")
     except OSError as exc:
-        print(f"kvpolicy init: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"kvpolicy init: cannot write {path}: {reason(exc)}", file=sys.stderr)
         return 2
     if args.format == "json":
         print(json.dumps({"schema": 1, "file": str(path), "written": True}))

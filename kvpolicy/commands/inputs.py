@@ -18,7 +18,7 @@ from typing import NoReturn
 from kvpolicy.commands.common import UsageError, check_readable
 from kvpolicy.evaluate.decision import State
 from kvpolicy.facts import Facts
-from kvpolicy.paths import InputTooLarge, path_kind, read_input
+from kvpolicy.paths import InputTooLarge, path_kind, read_input, reason
 from kvpolicy.policy.model import Policy
 
 class InputFailed(Exception):
@@ -64,7 +64,7 @@ def load(command: str, path: Path) -> Policy:
     try:
         return load_policy(path)
     except OSError as exc:
-        _fail(command, f"{path}: cannot read it: {exc.strerror or exc}", 2)
+        _fail(command, f"{path}: cannot read it: {reason(exc)}", 2)
     except PolicyError as exc:
         for d in exc.errors:
             print(d.render(), file=sys.stderr)
@@ -127,7 +127,7 @@ def _state_file(command: str, path: Path) -> State:
     try:
         text = read_input(path)
     except OSError as exc:
-        _fail(command, f"{path}: cannot read it: {exc.strerror or exc}", 2)
+        _fail(command, f"{path}: cannot read it: {reason(exc)}", 2)
     except InputTooLarge as exc:
         _fail(command, str(exc), 1)
     try:

@@ -17,7 +17,7 @@ import contextlib
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TextIO
 
 MAX_MESSAGE_CHARS = 64 * 1024
@@ -41,6 +41,10 @@ class _Watched:
             self.kept.append(text[: self._keep])
             self._keep -= len(self.kept[-1])
         return self._stream.write(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
 
     def __getattr__(self, name: str) -> Any:  # isatty, flush, buffer, encoding...: the stream's own
         return getattr(self._stream, name)

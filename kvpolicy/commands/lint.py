@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, style_for
 from kvpolicy.commands.common import UsageError, parse_positive_count, parse_size, policy_files
+from kvpolicy.paths import reason
 
 if TYPE_CHECKING:
     from kvpolicy.diagnostics import Diagnostic
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             data = read_policy_stream(sys.stdin.buffer, args.max_size) if path is None else read_policy_bytes(path, args.max_size)
         except OSError as exc:
-            print(f"kvpolicy lint: cannot read {name}: {exc.strerror or exc}", file=sys.stderr)
+            print(f"kvpolicy lint: cannot read {name}: {reason(exc)}", file=sys.stderr)
             return 2
         result = lint_bytes(data, name, gpu_capacity=args.gpu_capacity, facts=facts,
                             max_bytes=args.max_size, budget=args.work_budget)

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvpolicy.commands.common import UsageError, check_readable
 from kvpolicy.engines import ANY_ENGINE
+from kvpolicy.paths import reason
 from kvpolicy.policy.resolve import DEFAULT_CHUNK, gpu_settings, model_settings
 from kvpolicy.units import format_bytes
 
@@ -75,14 +77,16 @@ def load_target(path: str, model: str | None, gpu: str, gpu_capacity: int | None
     if not model:
         raise PolicyPlanError("--policy needs --model NAME: the model's name as the policy binds it", code=2)
     file = Path(path)
-    if not file.is_file():
-        raise PolicyPlanError(f"{path}: no such file", code=2)
+    try:
+        check_readable("plan", file)
+    except UsageError as exc:
+        raise PolicyPlanError(str(exc), code=2) from None
     try:
         policy = load_policy(file)
     except PolicyError as exc:
         raise PolicyPlanError("\n".join(d.render() for d in exc.errors)) from None
     except OSError as exc:
-        raise PolicyPlanError(f"{path}: {exc.strerror}") from None
+        raise PolicyPlanError(f"{path}: cannot read it: {reason(exc)}", code=2) from None
     settings = model_settings(policy, model)
     if settings.block is None:
         raise unbound_model(path, policy, model)

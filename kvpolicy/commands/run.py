@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
+from kvpolicy.paths import path_kind, reason
 
 if TYPE_CHECKING:
     from kvpolicy.runtime.controller import Controller, PolicyRefused
@@ -162,7 +163,11 @@ def _run(args: argparse.Namespace) -> int:
 def _check_policy_path(policy: Path) -> None:
     """A policy that is missing is the controller's to report (a refused start); a directory that
     is missing, or a file that cannot be read, is a usage error."""
-    if not policy.parent.is_dir():
+    try:
+        kind = path_kind(policy.parent)
+    except OSError as exc:
+        raise _NotStarted(2, f"{policy.parent}: cannot read it: {reason(exc)}") from None
+    if kind != "dir":
         raise _NotStarted(2, f"{policy.parent}: no such directory")
     unreadable = _unreadable(policy)
     if unreadable:
@@ -208,7 +213,7 @@ def _serve_endpoints(listen: tuple[str, int], metrics: ControllerMetrics, contro
     try:
         server, _ = serve(host, port, metrics.registry, ControllerHealth(controller))
     except OSError as exc:
-        raise _NotStarted(1, f"cannot listen on {_show(host, port)} ({exc.strerror or exc}): pass "
+        raise _NotStarted(1, f"cannot listen on {_show(host, port)} ({reason(exc)}): pass "
                              "--metrics-address HOST:PORT with a free port, or --metrics-address off") from exc
     log.info("serving /metrics, /healthz and /readyz on http://%s", _show(host, server.server_port))
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from kvpolicy.commands import Subcommands, add_format_option
-from kvpolicy.paths import reason
+from kvpolicy.commands.common import cannot_use
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -30,13 +31,12 @@ def run(args: argparse.Namespace) -> int:
         run_test_file,
     )
 
+    files: list[Path] = []
     try:
-        files = find_test_files(args.paths)
-    except FileNotFoundError as exc:
-        print(f"kvpolicy test: {exc}: no such file or directory", file=sys.stderr)
-        return 2
+        for name in args.paths:
+            files.extend(find_test_files([name]))
     except OSError as exc:
-        print(f"kvpolicy test: {exc.filename}: cannot read it: {reason(exc)}", file=sys.stderr)
+        print(f"kvpolicy test: {cannot_use(name, exc)}", file=sys.stderr)
         return 2
     results, errors = [], []
     unreadable = False

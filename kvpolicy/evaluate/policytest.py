@@ -32,7 +32,7 @@ from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
 from kvpolicy.lint.load import load_policy
-from kvpolicy.paths import InputTooLarge, files_under, path_kind, read_input
+from kvpolicy.paths import InputTooLarge, expand, read_input, reason
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import describe
 
@@ -201,7 +201,7 @@ def run_test_file(path: Path) -> list[CaseResult]:
     try:
         spec = PolicyTestFile.model_validate_json(read_input(path))
     except OSError as exc:
-        raise TestFileUnreadable(f"{path}: cannot read it: {exc.strerror or exc}") from None
+        raise TestFileUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
     except InputTooLarge as exc:
         raise TestFileError(str(exc)) from None
     except ValidationError as exc:
@@ -212,7 +212,7 @@ def run_test_file(path: Path) -> list[CaseResult]:
     except PolicyError as exc:
         raise TestFileError(f"{path}: its policy does not load: {exc}") from None
     except OSError as exc:
-        raise TestFileUnreadable(f"{path}: cannot read its policy {policy_path}: {exc.strerror or exc}") from None
+        raise TestFileUnreadable(f"{path}: cannot read its policy {policy_path}: {reason(exc)}") from None
     prepared = prepare(policy)  # once for every case and step
     results = []
     for case in spec.cases:
@@ -332,16 +332,5 @@ def _compare(what: str, actual: int, spec: int | Bounds) -> list[str]:
 
 
 def find_test_files(paths: list[str]) -> list[Path]:
-    """The files named, with directories expanded to the test files under them; FileNotFoundError
-    for a name that is missing, OSError for one that cannot be looked at (or a directory under it)."""
-    found: list[Path] = []
-    for name in paths:
-        path = Path(name)
-        kind = path_kind(path)
-        if kind == "dir":
-            found.extend(files_under(path, TEST_SUFFIX))
-        elif kind == "missing":
-            raise FileNotFoundError(name)
-        else:
-            found.append(path)
-    return found
+    """The files named, with directories expanded to the test files under them (``paths.expand``)."""
+    return expand(paths, TEST_SUFFIX)

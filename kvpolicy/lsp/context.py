@@ -15,6 +15,7 @@ from typing import Any
 
 from kvpolicy.facts import Facts
 from kvpolicy.facts_io import FactsError, read_facts, sample_facts_path
+from kvpolicy.paths import reason
 from kvpolicy.units import parse_size
 
 SETTINGS_SECTION = "kvpolicy"
@@ -77,7 +78,7 @@ class FactsCache:
         try:
             stat = path.stat()
         except OSError as exc:
-            return None, f"{path}: {exc.strerror or exc}"
+            return None, f"{path}: {reason(exc)}"
         key = (stat.st_mtime_ns, stat.st_size)
         cached = self._read.get(path)
         if cached is not None and cached[0] == key:

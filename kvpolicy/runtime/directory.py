@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
+from kvpolicy.paths import reason
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
 from kvpolicy.runtime.errors import LedgerError, SegmentSetAside, SegmentTruncated
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
@@ -210,7 +211,7 @@ class LedgerDir:
         self.access = access or resolve_access(group, allow_foreign_owner)
         if create:
             ensure_directory(self.path, self.access)
-        elif self.path.exists():
+        elif _exists(self.path):
             check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access, others=OTHERS_DIR)
         self._open: dict[str, GpuLedger] = {}
         self._failed: dict[str, str] = {}
@@ -390,3 +391,12 @@ class LedgerDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; LedgerError when that cannot be told (a directory on the way that
+    cannot be entered)."""
+    try:
+        return path.exists()
+    except OSError as exc:
+        raise LedgerError(f"kvpolicy ledger: cannot read {path}: {reason(exc)}") from None

@@ -16,6 +16,7 @@ import secrets
 import stat
 from pathlib import Path
 
+from kvpolicy.paths import reason
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access, check_owner
 
@@ -72,7 +73,7 @@ def _write_error(exc: OSError, path: Path) -> LedgerError:
     hint = ""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         hint = " Free space on that filesystem (for /dev/shm: a larger --shm-size or tmpfs size=)."
-    return LedgerError(f"kvpolicy ledger: cannot write {path} ({what}: {exc.strerror or exc}).{hint}")
+    return LedgerError(f"kvpolicy ledger: cannot write {path} ({what}: {reason(exc)}).{hint}")
 
 
 def read_document(path: Path, what: str) -> str | None:
@@ -85,7 +86,7 @@ def read_document(path: Path, what: str) -> str | None:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise LedgerError(f"kvpolicy ledger: {path} is a symlink; refusing to follow it") from None
-        raise LedgerError(f"kvpolicy ledger: cannot read {path}: {exc.strerror or exc}") from None
+        raise LedgerError(f"kvpolicy ledger: cannot read {path}: {reason(exc)}") from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):

@@ -46,6 +46,7 @@ from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.budget import RELOAD_WORK_BUDGET
 from kvpolicy.lint.engine import lint_bytes
 from kvpolicy.lint.source import read_policy_stream
+from kvpolicy.paths import reason
 from kvpolicy.policy.model import Policy
 from kvpolicy.runtime.links import Chain, resolve_chain
 
@@ -285,7 +286,7 @@ class PolicyWatcher:
             self._missing("the policy path is a directory, not a file")
             return None
         except OSError as exc:
-            self._missing(f"cannot read the policy file: {exc.strerror or exc}")
+            self._missing(f"cannot read the policy file: {reason(exc)}")
             return None
         whole = len(data) == after.st_size or len(data) < before.st_size  # or cut at the cap
         if _identity(before) != _identity(after) or not whole:

@@ -194,6 +194,8 @@ TOO_LONG = [
     ["explain", f"{LONG}.kvp"],
     ["diff", f"{LONG}.kvp", "good.kvp", "--facts", "good.json"],
     ["test", f"{LONG}.kvtest.json"],
+    ["init", f"{LONG}.kvp"],
+    ["plan", "--policy", f"{LONG}.kvp", "--model", "chat", "--model-config", "c.json"],
 ]
 
 
@@ -220,9 +222,13 @@ def test_a_directory_that_cannot_be_read_is_a_usage_error_not_skipped(reader: tu
         for args in (["lint", "."], ["fmt", "--check", "."], ["test", "."]):
             done = kvpolicy(root, *args, python=python, run_as=run_as)
             check(done, 2, "locked", "Permission denied")
-        for args in (["lint", "locked/p.kvp"], ["explain", "locked/p.kvp"], ["fmt", "locked/p.kvp"]):
+        for args in (["lint", "locked/p.kvp"], ["lint", "./locked/p.kvp"], ["explain", "locked/p.kvp"],
+                     ["fmt", "locked/p.kvp"],
+                     ["plan", "--policy", "locked/p.kvp", "--model", "chat", "--model-config", "c.json"]):
             done = kvpolicy(root, *args, python=python, run_as=run_as)
-            check(done, 2, "locked/p.kvp", "cannot read it", "Permission denied")
+            check(done, 2, "locked/p.kvp: cannot read it: Permission denied")
+        for args, status in ((["init", "locked/new.kvp"], 2), (["top", "--ledger-dir", "locked/ledger", "--iterations", "1"], 1)):
+            check(kvpolicy(root, *args, python=python, run_as=run_as), status, "locked/", "Permission denied")
     finally:
         (root / "locked").chmod(0o700)
         shutil.rmtree(root)
@@ -251,3 +257,18 @@ def test_a_nul_in_a_test_files_policy_name_is_said_so(inputs: Path) -> None:
     done = kvpolicy(inputs, "test", "nul.kvtest.json")
     check(done, 2)
     assert "a file name cannot contain a NUL character" in done.stdout
+
+
+def test_a_tree_is_walked_once_and_a_link_to_nothing_in_it_is_said(tmp_path: Path) -> None:
+    """A Kubernetes ConfigMap volume (policy.kvp -> ..data/policy.kvp, ..data -> ..2026_...) gave each
+    policy twice; a dangling link was skipped without a word."""
+    volume = tmp_path / "volume"
+    (volume / "..2026_12_06").mkdir(parents=True)
+    (volume / "..2026_12_06" / "policy.kvp").write_text(POLICY)
+    (volume / "..data").symlink_to("..2026_12_06")
+    (volume / "policy.kvp").symlink_to("..data/policy.kvp")
+    done = kvpolicy(tmp_path, "lint", "volume")
+    check(done, 0)
+    assert done.stdout.strip().endswith("in 1 file"), done.stdout
+    (volume / "gone.kvp").symlink_to("nowhere.kvp")
+    check(kvpolicy(tmp_path, "lint", "volume"), 2, "volume: cannot read volume/gone.kvp in it: a link to nothing")

@@ -51,12 +51,12 @@ def test_the_decision_refuses_a_read_only_file_and_a_read_only_directory(tmp_pat
     path.write_text(UGLY)
     assert why_not_writable(path, by_mode) is None
     path.chmod(0o444)
-    assert why_not_writable(path, by_mode) == "cannot write it: Permission denied (the file is not writable)"
+    assert why_not_writable(path, by_mode) == "cannot write it: the file is not writable (its permissions, or a read-only file system)"
     path.chmod(0o644)
     tmp_path.chmod(0o555)
     try:
         assert why_not_writable(path, by_mode) == (
-            f"cannot write it: Permission denied (its directory {tmp_path.resolve()} is not writable)")
+            f"cannot write it: its directory {tmp_path.resolve()} is not writable (its permissions, or a read-only file system)")
     finally:
         tmp_path.chmod(0o755)
 
@@ -103,7 +103,7 @@ def test_a_read_only_file_is_refused_and_the_others_formatted(tmp_path: Path, ca
     locked, other = locked_and_other(tmp_path, monkeypatch)
     code, out, err = run_fmt(capsys, str(locked), str(other))
     assert code == 2
-    assert err == f"kvpolicy fmt: {locked}: cannot write it: Permission denied (the file is not writable); not formatted\n"
+    assert err == f"kvpolicy fmt: {locked}: cannot write it: the file is not writable (its permissions, or a read-only file system); not formatted\n"
     assert locked.read_text() == UGLY and os.stat(locked).st_mode & 0o777 == 0o444
     assert other.read_text() == PRETTY
     assert out == f"reformatted {other}\n1 file(s) reformatted, 0 unchanged, 1 not formatted (errors above)\n"
@@ -124,7 +124,7 @@ def test_a_file_that_cannot_be_written_has_an_error_entry_in_json(tmp_path: Path
     doc = json.loads(out)
     by_file = {f["file"]: f for f in doc["files"]}
     assert by_file[str(locked)] == {"file": str(locked), "changed": False,
-                                    "error": "cannot write it: Permission denied (the file is not writable)"}
+                                    "error": "cannot write it: the file is not writable (its permissions, or a read-only file system)"}
     assert by_file[str(other)] == {"file": str(other), "changed": True}
 
 
@@ -182,9 +182,9 @@ def test_as_another_user_a_directory_or_file_it_may_not_write_is_refused(shared_
         assert "Traceback" not in done.stderr, done.stderr
         assert done.returncode == 2, (done.stdout, done.stderr)
         assert done.stderr.splitlines() == [
-            f"kvpolicy fmt: locked/p.kvp: cannot write it: Permission denied (its directory {locked} is not writable);"
+            f"kvpolicy fmt: locked/p.kvp: cannot write it: its directory {locked} is not writable (its permissions, or a read-only file system);"
             " not formatted",
-            "kvpolicy fmt: open/ro.kvp: cannot write it: Permission denied (the file is not writable); not formatted",
+            "kvpolicy fmt: open/ro.kvp: cannot write it: the file is not writable (its permissions, or a read-only file system); not formatted",
         ]
         assert (locked / "p.kvp").read_text() == UGLY and (open_ / "ro.kvp").read_text() == UGLY
         assert (open_ / "ok.kvp").read_text() == PRETTY, "the other file is still formatted"
@@ -242,11 +242,11 @@ def stdin(monkeypatch):
     return feed
 
 
-def test_stdin_check_prints_nothing_and_exits_1_when_it_would_change(capsys, stdin) -> None:
+def test_stdin_check_says_so_as_for_a_file_and_exits_1_when_it_would_change(capsys, stdin) -> None:
     stdin(UGLY)
-    assert run_fmt(capsys, "--check", "-") == (1, "", "")
+    assert run_fmt(capsys, "--check", "-") == (1, "would reformat <stdin>\n1 file(s) would be reformatted, 0 unchanged\n", "")
     stdin(PRETTY)
-    assert run_fmt(capsys, "--check", "-") == (0, "", "")
+    assert run_fmt(capsys, "--check", "-") == (0, "0 file(s) would be reformatted, 1 unchanged\n", "")
 
 
 def test_stdin_diff_is_a_diff(capsys, stdin) -> None:

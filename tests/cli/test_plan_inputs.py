@@ -113,3 +113,12 @@ def test_a_value_of_the_wrong_type_is_named_not_a_traceback(capsys, tmp_path, ba
     code, err = plan(capsys, "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB",
                      "--max-model-len", "4096")
     assert code == 1 and said in err, err
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_config_is_read_to_a_limit(capsys, tmp_path, engine):
+    """/dev/zero as a config was read until memory ran out."""
+    zero = tmp_path / "config.json"
+    zero.symlink_to("/dev/zero")
+    code, err = plan(capsys, "--engine", engine, "--model-config", str(zero), "--budget", "40GiB")
+    assert code == 1 and f"{zero}: over 64 MiB" in err
