@@ -726,8 +726,8 @@ def _example_name(attr: m.Attr) -> str:
 
 def unit_hint(unit: str, units: Collection[str]) -> str | None:
     """``did you mean 's'?`` for ``sec``, ``GiB`` for ``GiBB``: a known spelling, else the closest unit;
-    for ``e9`` (``1e9``), that numbers have no exponent."""
-    if re.fullmatch(r"[eE][+-]?\d+", unit):
+    for ``e9`` (``1e9``) or ``e3MiB``, that numbers have no exponent."""
+    if re.fullmatch(r"[eE]\d+\w*", unit):  # 1e9, 1e3MiB: the lexer reads the exponent as a unit
         return v.EXPONENT_HINT
     alias = v.UNIT_ALIASES.get(unit.lower())
     if alias is not None and alias in units:

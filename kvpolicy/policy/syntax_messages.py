@@ -496,11 +496,12 @@ def _keyword_as_unit(s: Situation) -> Failure:
     )
 
 
-_EXPONENT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d+")
+_EXPONENT = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE]\d*")  # 1e3, or 1e before -3
 
 
 def _is_exponent(s: Situation) -> bool:
-    """``min 1e3 MiB``: ``1e3`` lexes as a number with the unit ``e3``, and the real unit follows."""
+    """``min 1e3 MiB``: ``1e3`` lexes as a number with the unit ``e3``, and the real unit follows
+    (``1e-3 GiB``: ``1e``, then ``-3``)."""
     return s.previous is not None and s.previous.type == "QUANTITY" and _EXPONENT.fullmatch(s.previous.value) is not None
 
 
