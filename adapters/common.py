@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpolicy.adapters.errors import AdapterError
-from kvpolicy.paths import read_input
 from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 
 if TYPE_CHECKING:
@@ -45,6 +44,8 @@ def require_attr(owner: object, name: str, hook: str) -> Any:
 def read_config_json(path: Path) -> dict[str, Any]:
     """A model's ``config.json`` as the JSON object it holds. ``OSError`` when the file cannot be
     read; ``ValueError`` naming the file and what is wrong when it is not a JSON object."""
+    from kvpolicy.paths import read_input  # here: a disabled plugin imports only the settings
+
     raw = read_input(path)  # OSError; InputTooLarge (a ValueError) past 64 MiB: /dev/zero is no config
     try:
         text = raw.decode("utf-8")
