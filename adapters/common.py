@@ -6,8 +6,6 @@ what to fix; the settings themselves come from ``kvpolicy.adapters.settings``.
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +42,8 @@ def require_attr(owner: object, name: str, hook: str) -> Any:
 def read_config_json(path: Path) -> dict[str, Any]:
     """A model's ``config.json`` as the JSON object it holds. ``OSError`` when the file cannot be
     read; ``ValueError`` naming the file and what is wrong when it is not a JSON object."""
-    from kvpolicy.paths import read_input  # here: a disabled plugin imports only the settings
+    from kvpolicy.json_text import JsonInvalid, parse_json  # here: a disabled plugin imports only the settings
+    from kvpolicy.paths import read_input
 
     raw = read_input(path)  # OSError; InputTooLarge (a ValueError) past 64 MiB: /dev/zero is no config
     try:
@@ -52,15 +51,11 @@ def read_config_json(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except RecursionError:  # arrays or objects nested deeper than the interpreter's stack
-        raise ValueError(f"{path}: not a model config: nested too deeply") from None
-    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
-        raise ValueError(
-            f"{path}: not a model config: a number with more than {sys.get_int_max_str_digits()} digits"
-        ) from None
+        data = parse_json(text)
+    except JsonInvalid as exc:
+        if exc.line is not None:
+            raise ValueError(f"{path}:{exc.line}:{exc.col}: not valid JSON: {exc.problem}") from None
+        raise ValueError(f"{path}: not a model config: {exc.problem}") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
     return data

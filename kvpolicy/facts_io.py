@@ -8,12 +8,12 @@ against a node's state saved earlier, or copied from another machine.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
+from kvpolicy.json_text import JsonInvalid, parse_json
 from kvpolicy.paths import InputTooLarge, read_input, reason
 from kvpolicy.validation import describe
 
@@ -37,13 +37,11 @@ class FactsUnreadable(FactsError):
 
 def parse_facts(text: str, source: str = "<facts>") -> Facts:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FactsError(f"{source}:{exc.lineno}:{exc.colno}: not valid JSON: {exc.msg}") from None
-    except RecursionError:
-        raise FactsError(f"{source}: not valid facts: nested too deeply") from None
-    except ValueError as exc:  # an integer of more than 4300 digits
-        raise FactsError(f"{source}: not valid facts: {exc}") from None
+        data = parse_json(text)
+    except JsonInvalid as exc:
+        if exc.line is not None:
+            raise FactsError(f"{source}:{exc.line}:{exc.col}: not valid JSON: {exc.problem}") from None
+        raise FactsError(f"{source}: not valid facts: {exc.problem}") from None
     if is_status_document(data):
         data = facts_from_status(data, source)
     try:

@@ -11,7 +11,6 @@ fields beyond it are additions, allowed by the contract.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -19,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvpolicy.evaluate.decision import RuleReport
 from kvpolicy.facts import ElasticFacts
+from kvpolicy.json_text import JsonInvalid, parse_json
 from kvpolicy.runtime.admission import elastic_budget
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
@@ -161,15 +161,13 @@ def read_status(ledger_dir: Path | str) -> Status | None:
     if text is None:
         return None
     try:
-        return Status.model_validate(json.loads(text))
-    except json.JSONDecodeError as exc:
-        problem = f"not valid JSON at {exc.lineno}:{exc.colno}: {exc.msg}"
+        return Status.model_validate(parse_json(text))
+    except JsonInvalid as exc:
+        problem = exc.problem if exc.line is None else f"not valid JSON at {exc.line}:{exc.col}: {exc.problem}"
     except ValidationError as exc:
         problem = describe(exc, Status)
-    except RecursionError:
+    except RecursionError:  # validating what parsed but nests too deep for the models
         problem = "nested too deeply"
-    except ValueError as exc:  # an integer of more than 4300 digits
-        problem = str(exc).split(";")[0]
     raise LedgerError(f"kvpolicy ledger: {path} is not a valid status file (schema {STATUS_SCHEMA}): {problem}")
 
 

@@ -1,0 +1,33 @@
+"""JSON text a person or another program wrote, parsed with what went wrong in words.
+
+``json.loads`` fails three ways on such text: a syntax error (with its place), arrays or
+objects nested deeper than the interpreter's stack (``RecursionError``), and an integer past
+Python's digit limit (a ``ValueError`` whose message advises calling into ``sys``). Every
+reader of such files (facts, model configs, the controller's status) reports them alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+class JsonInvalid(ValueError):
+    """``problem`` in words; ``line`` and ``col`` (1-based) for a syntax error, else None."""
+
+    def __init__(self, problem: str, line: int | None = None, col: int | None = None) -> None:
+        super().__init__(problem)
+        self.problem, self.line, self.col = problem, line, col
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``; ``JsonInvalid`` for each way it can fail."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JsonInvalid(exc.msg, exc.lineno, exc.colno) from None
+    except RecursionError:
+        raise JsonInvalid("nested too deeply") from None
+    except ValueError:  # json's one other ValueError: an integer past Python's digit limit
+        raise JsonInvalid(f"a number with more than {sys.get_int_max_str_digits()} digits") from None
