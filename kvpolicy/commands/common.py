@@ -19,18 +19,23 @@ class UsageError(Exception):
 
 
 def policy_files(paths: list[str]) -> list[Path]:
-    """The files named, with directories expanded to the ``.kvp`` files under them; UsageError for
+    """The files named, with directories expanded to the ``.kvp`` files under them (``named_files``)."""
+    return named_files(paths, POLICY_SUFFIX)
+
+
+def named_files(paths: list[str], suffix: str) -> list[Path]:
+    """The files named, with directories expanded to the ``*suffix`` files under them; UsageError for
     a name that is missing or cannot be looked at, or a directory under it that cannot be read."""
     found: list[Path] = []
     for name in paths:
         try:
-            found.extend(expand([name], POLICY_SUFFIX))
+            found.extend(expand([name], suffix))
         except OSError as exc:
-            raise UsageError(cannot_use(name, exc)) from None
+            raise UsageError(_cannot_use(name, exc)) from None
     return found
 
 
-def cannot_use(name: str, exc: OSError) -> str:
+def _cannot_use(name: str, exc: OSError) -> str:
     """What ``expand`` refused of the path ``name``: it, or (a directory) something in it."""
     if exc.filename is not None and Path(exc.filename) != Path(name):
         return f"{name}: cannot read {exc.filename} in it: {reason(exc)}"

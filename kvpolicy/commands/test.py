@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from kvpolicy.commands import Subcommands, add_format_option
-from kvpolicy.commands.common import cannot_use
+from kvpolicy.commands.common import UsageError, named_files
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -25,18 +24,16 @@ def add_parser(sub: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from kvpolicy.evaluate.policytest import (
+        TEST_SUFFIX,
         TestFileError,
         TestFileUnreadable,
-        find_test_files,
         run_test_file,
     )
 
-    files: list[Path] = []
     try:
-        for name in args.paths:
-            files.extend(find_test_files([name]))
-    except OSError as exc:
-        print(f"kvpolicy test: {cannot_use(name, exc)}", file=sys.stderr)
+        files = named_files(args.paths, TEST_SUFFIX)
+    except UsageError as exc:
+        print(f"kvpolicy test: {exc}", file=sys.stderr)
         return 2
     results, errors = [], []
     unreadable = False

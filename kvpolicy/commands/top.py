@@ -23,7 +23,6 @@ from typing import Any
 
 from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import parse_count, parse_seconds
-from kvpolicy.paths import path_kind, reason
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -43,17 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from kvpolicy.runtime.errors import LedgerError
     from kvpolicy.runtime.view import SCREEN_WIDTH, current_status, render_bars, render_status
 
-    try:
+    try:  # as kvpolicy status opens it
         ledger = LedgerDir(args.ledger_dir, group=args.group)
-        kind = path_kind(ledger.path)
-    except LedgerError as exc:
+        if not ledger.path.is_dir():
+            print(f"kvpolicy top: no ledger at {ledger.path}", file=sys.stderr)
+            return 1
+    except (LedgerError, OSError) as exc:
         print(f"kvpolicy top: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"kvpolicy top: {args.ledger_dir}: cannot read it: {reason(exc)}", file=sys.stderr)
-        return 1
-    if kind != "dir":
-        print(f"kvpolicy top: no ledger at {ledger.path}", file=sys.stderr)
         return 1
     style = style_for(args, sys.stdout)
     count = 0

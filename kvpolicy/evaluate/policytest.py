@@ -32,7 +32,7 @@ from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
 from kvpolicy.lint.load import load_policy
-from kvpolicy.paths import InputTooLarge, expand, read_input, reason
+from kvpolicy.paths import InputTooLarge, read_input, reason
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import describe
 
@@ -330,7 +330,3 @@ def _compare(what: str, actual: int, spec: int | Bounds) -> list[str]:
         return []
     return [] if actual == spec else [f"{what}: expected {format_bytes(spec)} ({spec}), got {shown}"]
 
-
-def find_test_files(paths: list[str]) -> list[Path]:
-    """The files named, with directories expanded to the test files under them (``paths.expand``)."""
-    return expand(paths, TEST_SUFFIX)
