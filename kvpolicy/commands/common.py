@@ -6,6 +6,7 @@ import argparse
 import math
 import re
 import socket
+import sys
 from pathlib import Path
 
 from kvpolicy import units
@@ -21,6 +22,23 @@ class UsageError(Exception):
 def policy_files(paths: list[str]) -> list[Path]:
     """The files named, with directories expanded to the ``.kvp`` files under them (``named_files``)."""
     return named_files(paths, POLICY_SUFFIX)
+
+
+def policy_inputs(names: list[str], stdin_name: str) -> list[tuple[str, Path | None]]:
+    """(name, path) of each policy named: ``-`` alone is standard input, named ``stdin_name``
+    (no path); UsageError for ``-`` among files, or a name ``policy_files`` refuses."""
+    if names == ["-"]:
+        return [(stdin_name, None)]
+    if "-" in names:
+        raise UsageError("- (standard input) cannot be combined with other files")
+    return [(str(path), path) for path in policy_files(names)]
+
+
+def read_policy_input(path: Path | None, limit: int | None = None) -> bytes:
+    """The bytes of a policy ``policy_inputs`` gave, to the size cap: standard input's without a path."""
+    from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
+
+    return read_policy_stream(sys.stdin.buffer, limit) if path is None else read_policy_bytes(path, limit)
 
 
 def named_files(paths: list[str], suffix: str) -> list[Path]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option
-from kvpolicy.commands.common import UsageError, policy_files
+from kvpolicy.commands.common import UsageError, policy_inputs, read_policy_input
 from kvpolicy.paths import reason
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
     style = style_for(args, sys.stderr)
     try:
-        inputs = _inputs(args)
+        inputs = policy_inputs(args.files, args.stdin_filename)
     except UsageError as exc:
         print(f"kvpolicy fmt: {exc}", file=sys.stderr)
         return 2
@@ -74,24 +74,14 @@ def run(args: argparse.Namespace) -> int:
     return code
 
 
-def _inputs(args: argparse.Namespace) -> list[tuple[str, Path | None]]:
-    """(name, path) of each input; standard input has no path. UsageError for a bad name."""
-    if args.files == ["-"]:
-        return [(args.stdin_filename, None)]
-    if "-" in args.files:
-        raise UsageError("- (standard input) cannot be combined with other files")
-    return [(str(path), path) for path in policy_files(args.files)]
-
-
 def _format_one(name: str, path: Path | None, args: argparse.Namespace, style: Style) -> tuple[Entry, int]:
     """Read and format one input, and act on it: its JSON entry and its exit code."""
     from kvpolicy.diagnostics import PolicyError
     from kvpolicy.lint.engine import decode_policy
-    from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
     from kvpolicy.policy.fmt import format_text
 
     try:  # at most the size cap (+1 byte: KV026), from a file or standard input alike
-        data = read_policy_stream(sys.stdin.buffer) if path is None else read_policy_bytes(path)
+        data = read_policy_input(path)
     except OSError as exc:
         return _refused(name, f"cannot read it: {reason(exc)}")
     try:

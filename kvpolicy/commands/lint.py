@@ -11,7 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, style_for
-from kvpolicy.commands.common import UsageError, parse_positive_count, parse_size, policy_files
+from kvpolicy.commands.common import UsageError, parse_positive_count, parse_size, policy_inputs, read_policy_input
 from kvpolicy.paths import reason
 
 if TYPE_CHECKING:
@@ -37,12 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
     from kvpolicy.lint import report
     from kvpolicy.lint.engine import lint_bytes
-    from kvpolicy.lint.source import read_policy_bytes, read_policy_stream
 
     try:
-        if "-" in args.files and len(args.files) > 1:
-            raise UsageError("- (standard input) cannot be combined with other files")
-        inputs = [(args.stdin_filename, None)] if args.files == ["-"] else [(str(p), p) for p in policy_files(args.files)]
+        inputs = policy_inputs(args.files, args.stdin_filename)
         facts = read_facts(args.facts) if args.facts else None
     except (UsageError, FactsUnreadable) as exc:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
@@ -54,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     sources: dict[str, list[str]] = {}
     for name, path in inputs:
         try:
-            data = read_policy_stream(sys.stdin.buffer, args.max_size) if path is None else read_policy_bytes(path, args.max_size)
+            data = read_policy_input(path, args.max_size)
         except OSError as exc:
             print(f"kvpolicy lint: cannot read {name}: {reason(exc)}", file=sys.stderr)
             return 2
