@@ -53,9 +53,7 @@ def read_config_json(path: Path) -> dict[str, Any]:
     try:
         data = parse_json(text)
     except JsonInvalid as exc:
-        if exc.line is not None:
-            raise ValueError(f"{path}:{exc.line}:{exc.col}: not valid JSON: {exc.problem}") from None
-        raise ValueError(f"{path}: not a model config: {exc.problem}") from None
+        raise ValueError(exc.in_file(path, "a model config")) from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
     return data

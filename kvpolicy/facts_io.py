@@ -39,9 +39,7 @@ def parse_facts(text: str, source: str = "<facts>") -> Facts:
     try:
         data = parse_json(text)
     except JsonInvalid as exc:
-        if exc.line is not None:
-            raise FactsError(f"{source}:{exc.line}:{exc.col}: not valid JSON: {exc.problem}") from None
-        raise FactsError(f"{source}: not valid facts: {exc.problem}") from None
+        raise FactsError(exc.in_file(source, "valid facts")) from None
     if is_status_document(data):
         data = facts_from_status(data, source)
     try:

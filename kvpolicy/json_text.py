@@ -20,6 +20,13 @@ class JsonInvalid(ValueError):
         super().__init__(problem)
         self.problem, self.line, self.col = problem, line, col
 
+    def in_file(self, source: object, expected: str) -> str:
+        """The message for the file ``source``: ``source:LINE:COL: not valid JSON: ...`` for a syntax
+        error, else ``source: not EXPECTED: ...`` (``expected``: "valid facts", "a model config")."""
+        if self.line is not None:
+            return f"{source}:{self.line}:{self.col}: not valid JSON: {self.problem}"
+        return f"{source}: not {expected}: {self.problem}"
+
 
 def parse_json(text: str) -> Any:
     """``json.loads(text)``; ``JsonInvalid`` for each way it can fail."""
