@@ -14,17 +14,13 @@ from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
 from kvpolicy.json_text import JsonInvalid, parse_json
-from kvpolicy.paths import InputTooLarge, read_input, reason
+from kvpolicy.paths import FACTS_SUFFIX, POLICY_SUFFIX, InputTooLarge, read_input, reason
 from kvpolicy.validation import describe
-
-
-FACTS_SUFFIX = ".facts.json"
-"""The sample facts of ``NAME.kvp`` are ``NAME.facts.json`` beside it (``sample_facts_path``)."""
 
 
 def sample_facts_path(policy: Path) -> Path:
     """Where the sample facts of the policy file ``policy`` are, whether or not there are any."""
-    return policy.with_name(policy.name.removesuffix(".kvp") + FACTS_SUFFIX)
+    return policy.with_name(policy.name.removesuffix(POLICY_SUFFIX) + FACTS_SUFFIX)
 
 
 class FactsError(Exception):

@@ -19,6 +19,12 @@ from kvpolicy.units import MiB
 
 PathKind = Literal["file", "dir", "other", "missing"]
 
+POLICY_SUFFIX = ".kvp"
+TEST_SUFFIX = ".kvtest.json"
+"""Policy unit tests (``kvpolicy test``) are ``*.kvtest.json`` files, found by this ending."""
+FACTS_SUFFIX = ".facts.json"
+"""The sample facts of ``NAME.kvp`` are ``NAME.facts.json`` beside it."""
+
 MAX_INPUT_BYTES = 64 * MiB
 """What a facts, state, test or model config file may hold: thousands of instances fit in a few
 MiB, and an unbounded read (``/dev/zero``) would exhaust memory before any check could refuse it."""

@@ -10,9 +10,7 @@ import sys
 from pathlib import Path
 
 from kvpolicy import units
-from kvpolicy.paths import expand, path_kind, reason
-
-POLICY_SUFFIX = ".kvp"
+from kvpolicy.paths import POLICY_SUFFIX, expand, path_kind, reason
 
 
 class UsageError(Exception):

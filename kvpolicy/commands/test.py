@@ -12,6 +12,7 @@ import sys
 
 from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import UsageError, named_files
+from kvpolicy.paths import TEST_SUFFIX
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -23,12 +24,7 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.policytest import (
-        TEST_SUFFIX,
-        TestFileError,
-        TestFileUnreadable,
-        run_test_file,
-    )
+    from kvpolicy.evaluate.policytest import TestFileError, TestFileUnreadable, run_test_file
 
     try:
         files = named_files(args.paths, TEST_SUFFIX)

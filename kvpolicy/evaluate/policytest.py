@@ -36,8 +36,6 @@ from kvpolicy.paths import InputTooLarge, read_input, reason
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import describe
 
-TEST_SUFFIX = ".kvtest.json"
-
 
 def _expected_kind(value: Any) -> str:
     return "bounds" if isinstance(value, dict) else "exact"

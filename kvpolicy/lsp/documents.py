@@ -9,9 +9,7 @@ from pathlib import Path
 from kvpolicy.lsp.context import CheckContext
 from kvpolicy.lsp.language import Linted, Policy, StatementCache, declared_capacity, lint
 from kvpolicy.lsp.scan import Outline, scan
-
-POLICY_SUFFIX = ".kvp"
-TEST_SUFFIX = ".kvtest.json"
+from kvpolicy.paths import POLICY_SUFFIX, TEST_SUFFIX
 
 
 def is_policy(uri: str) -> bool:

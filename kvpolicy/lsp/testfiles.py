@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpolicy.lsp.documents import TEST_SUFFIX
 from kvpolicy.lsp.jsonpos import JsonDocument, JsonString, parse
 from kvpolicy.lsp.language import ModelBlock, Policy, Rule, Span, binding_block
 from kvpolicy.lsp.positions import Pos, Region
+from kvpolicy.paths import TEST_SUFFIX
 
 VIOLATION_POOL_PREFIX = "pool_over_max:"
 
