@@ -22,13 +22,20 @@ def policy_files(paths: list[str]) -> list[Path]:
     return named_files(paths, POLICY_SUFFIX)
 
 
-def policy_inputs(names: list[str], stdin_name: str) -> list[tuple[str, Path | None]]:
+STDIN_NAME = "<stdin>"
+"""What messages call standard input when ``--stdin-filename`` gives no name."""
+
+
+def policy_inputs(names: list[str], stdin_name: str | None) -> list[tuple[str, Path | None]]:
     """(name, path) of each policy named: ``-`` alone is standard input, named ``stdin_name``
-    (no path); UsageError for ``-`` among files, or a name ``policy_files`` refuses."""
+    (``--stdin-filename``; no path); UsageError for ``-`` among files, a ``stdin_name`` without
+    ``-`` (it would name nothing), or a name ``policy_files`` refuses."""
     if names == ["-"]:
-        return [(stdin_name, None)]
+        return [(stdin_name or STDIN_NAME, None)]
     if "-" in names:
         raise UsageError("- (standard input) cannot be combined with other files")
+    if stdin_name is not None:
+        raise UsageError("--stdin-filename names standard input, which is read only with - as the one file")
     return [(str(path), path) for path in policy_files(names)]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option
-from kvpolicy.commands.common import UsageError, policy_inputs, read_policy_input
+from kvpolicy.commands.common import STDIN_NAME, UsageError, policy_inputs, read_policy_input
 from kvpolicy.paths import reason
 
 if TYPE_CHECKING:
@@ -41,8 +41,8 @@ def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("fmt", help="format policy files", description=__doc__,
                             formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy files, directories, or - for stdin")
-    parser.add_argument("--stdin-filename", metavar="NAME", default="<stdin>",
-                        help="the name messages and the JSON output give standard input")
+    parser.add_argument("--stdin-filename", metavar="NAME",
+                        help=f"with -: the name messages and the JSON output give standard input (default: {STDIN_NAME})")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--check", action="store_true", help="write nothing; exit 1 if any file would change")
     mode.add_argument("--diff", action="store_true", help="print a unified diff; write nothing; exit 1 if there is one")

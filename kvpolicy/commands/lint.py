@@ -11,7 +11,14 @@ import sys
 from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, style_for
-from kvpolicy.commands.common import UsageError, parse_positive_count, parse_size, policy_inputs, read_policy_input
+from kvpolicy.commands.common import (
+    STDIN_NAME,
+    UsageError,
+    parse_positive_count,
+    parse_size,
+    policy_inputs,
+    read_policy_input,
+)
 from kvpolicy.paths import reason
 
 if TYPE_CHECKING:
@@ -21,7 +28,8 @@ if TYPE_CHECKING:
 def add_parser(sub: Subcommands) -> None:
     parser = sub.add_parser("lint", help="check policy files", description=__doc__)
     parser.add_argument("files", nargs="+", metavar="FILE", help="policy files, directories of .kvp files, or - for stdin")
-    parser.add_argument("--stdin-filename", metavar="NAME", default="<stdin>", help="the name diagnostics give standard input")
+    parser.add_argument("--stdin-filename", metavar="NAME",
+                        help=f"with -: the name diagnostics give standard input (default: {STDIN_NAME})")
     add_format_option(parser, "sarif", "github")
     parser.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="check over-commitment on GPUs of this capacity")

@@ -289,6 +289,14 @@ def test_stdin_filename_names_standard_input(capsys, stdin) -> None:
     assert "policies/p.kvp:3:10: KV002" in err
 
 
+def test_stdin_filename_without_standard_input_is_a_usage_error(capsys, tmp_path) -> None:
+    policy = tmp_path / "p.kvp"
+    policy.write_text(UGLY)
+    code, out, err = run_fmt(capsys, "--stdin-filename", "policies/p.kvp", str(policy))
+    assert (code, out) == (2, "") and "--stdin-filename names standard input" in err
+    assert policy.read_text() == UGLY, "nothing formatted"
+
+
 def test_stdin_is_read_to_the_size_limit(capsys, stdin, monkeypatch) -> None:
     monkeypatch.setenv("KVPOLICY_MAX_POLICY_SIZE", "64")
     stdin(UGLY + "# " + "x" * 1000 + "\n")

@@ -163,6 +163,9 @@ def test_standard_input_is_linted_under_the_name_an_editor_gives(monkeypatch, ca
 def test_standard_input_with_files_and_unreadable_files_are_usage_errors(files, monkeypatch, capsys) -> None:
     code, _, err = lint(["-", str(files["clean"])], capsys)
     assert code == 2 and "cannot be combined" in err
+    code, out, err = lint(["--stdin-filename", "unsaved.kvp", str(files["clean"])], capsys)
+    assert (code, out) == (2, "") and err == (
+        "kvpolicy lint: --stdin-filename names standard input, which is read only with - as the one file\n")
 
     def denied(path, limit):
         raise PermissionError(13, "Permission denied")
