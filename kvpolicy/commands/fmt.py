@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import STDIN_NAME, UsageError, policy_inputs, read_policy_input
-from kvpolicy.paths import reason
+from kvpolicy.paths import path_kind, reason
 
 if TYPE_CHECKING:
     from kvpolicy.diagnostics import PolicyError
@@ -158,10 +158,12 @@ def why_not_writable(path: Path, access: Callable[[Path, int], bool] | None = No
     the user may not write (mode 0444) is refused here, not replaced. ``access`` is ``os.access``
     unless given (root passes every check of ``os.access``)."""
     try:
-        regular = stat.S_ISREG(os.stat(path).st_mode)
+        kind = path_kind(path)
     except OSError as exc:
         return f"cannot write it: {reason(exc)}"
-    if not regular:  # a pipe such as <(...): read, but there is nothing to rewrite
+    if kind == "missing":  # removed since it was read
+        return "cannot write it: it is no longer there"
+    if kind != "file":  # a pipe such as <(...): read, but there is nothing to rewrite
         return "cannot write it: not a regular file (--check and --diff write nothing; - formats standard input)"
     allowed = access or os.access
     target = path.resolve()

@@ -61,6 +61,13 @@ def test_the_decision_refuses_a_read_only_file_and_a_read_only_directory(tmp_pat
         tmp_path.chmod(0o755)
 
 
+def test_a_file_removed_since_it_was_read_is_not_recreated(tmp_path: Path) -> None:
+    gone = tmp_path / "p.kvp"
+    assert why_not_writable(gone, by_mode) == "cannot write it: it is no longer there"
+    assert why_not_writable(tmp_path / "p.kvp" / "x", by_mode) == "cannot write it: it is no longer there"
+    assert not gone.exists()
+
+
 def test_the_decision_looks_at_the_file_a_link_points_to(tmp_path: Path) -> None:
     real = tmp_path / "real"
     real.mkdir()
