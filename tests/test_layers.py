@@ -3,7 +3,9 @@
 Bottom to top: base (the top-level modules of ``kvpolicy/``, but ``__main__``: units, the engine
 vocabulary, diagnostics, the rule catalogue, the Facts schema), ``policy``, ``lint``,
 ``evaluate``, ``alloc``, ``runtime``, ``adapters`` (``kvpolicy.adapters``, the
-``adapters/`` folder), then the front ends: ``commands``, ``cli`` and ``lsp``. Every ``.py`` under ``kvpolicy/``
+``adapters/`` folder), then the front ends: ``lsp``, and ``commands`` with ``cli`` (which start
+the language server). The allocator imports base alone (``ONLY``), as docs/architecture.md's
+table of layers says. Every ``.py`` under ``kvpolicy/``
 and ``adapters/`` is parsed, not imported, and every import is followed: at module
 level, inside functions, under ``TYPE_CHECKING``, relative, and by
 ``importlib.import_module("...")`` or ``__import__("...")``. The one exception is the
@@ -20,7 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-LAYERS = ("base", "policy", "lint", "evaluate", "alloc", "runtime", "adapters", "commands")
+LAYERS = ("base", "policy", "lint", "evaluate", "alloc", "runtime", "adapters", "lsp", "commands")
+"""Bottom to top: a module may import its own layer and those below it, but where ``ONLY`` says less."""
+ONLY = {"alloc": ("base",)}
+"""Layers that may import fewer than every layer below: the allocator knows nothing of policies
+or their evaluation, so an engine's memory path can be read (and run) without them."""
 _PACKAGE_LAYERS = {
     "kvpolicy.policy": "policy",
     "kvpolicy.grammar": "policy",  # the grammar file the parser reads
@@ -33,7 +39,7 @@ _PACKAGE_LAYERS = {
     "kvpolicy.commands": "commands",
     "kvpolicy.cli": "commands",
     "kvpolicy.__main__": "commands",  # python -m kvpolicy: the CLI
-    "kvpolicy.lsp": "commands",  # the editors' front end, beside the CLI's
+    "kvpolicy.lsp": "lsp",  # the editors' front end, below the CLI's (kvpolicy lsp starts it)
 }
 
 def layer_of(module: str) -> str | None:
@@ -115,14 +121,20 @@ def _lazy_public_api(module: str, tree: ast.Module) -> set[ast.AST]:
     }
 
 
-def _upward_edges() -> list[tuple[str, str, int]]:
-    """(importer, imported, line) for every import of a higher layer."""
+def may_import(layer: str) -> tuple[str, ...]:
+    """The layers a module of ``layer`` may import: its own, and those below it or in ``ONLY``."""
+    below = LAYERS[: LAYERS.index(layer)]
+    return (layer, *ONLY.get(layer, below))
+
+
+def _forbidden_edges() -> list[tuple[str, str, int]]:
+    """(importer, imported, line) for every import of a layer the importer's may not import."""
     edges = set()
     for module, path in MODULES.items():
-        importer = LAYERS.index(layer_of(module))
+        allowed = may_import(layer_of(module))
         for imported, line in _imports(module, path):
             layer = layer_of(imported)
-            if layer is not None and LAYERS.index(layer) > importer:
+            if layer is not None and layer not in allowed:
                 edges.add((module, imported, line))
     return sorted(edges)
 
@@ -132,11 +144,21 @@ def test_every_module_has_a_layer() -> None:
     assert [m for m in MODULES if layer_of(m) is None] == []
     assert layer_of("kvpolicy.catalogue") == "base" and layer_of("kvpolicy.cli") == "commands"
     assert layer_of("adapters.common") == layer_of("kvpolicy.adapters.vllm_adapter.plugin") == "adapters"
+    assert layer_of("kvpolicy.lsp.server") == "lsp"
+
+
+def test_the_rule_is_the_documented_one() -> None:
+    """Each layer may import what docs/architecture.md's table says: the allocator base alone, the
+    language server nothing of the commands, a command the language server (to start it)."""
+    assert may_import("alloc") == ("alloc", "base")
+    assert "evaluate" in may_import("runtime") and "alloc" in may_import("runtime")
+    assert "commands" not in may_import("lsp") and "lsp" in may_import("commands")
+    assert may_import("base") == ("base",)
 
 
 def test_no_import_points_up() -> None:
-    upward = _upward_edges()
-    assert upward == [], "\n".join(f"{MODULES[a].relative_to(ROOT)}:{line}: {a} imports {b}" for a, b, line in upward)
+    forbidden = _forbidden_edges()
+    assert forbidden == [], "\n".join(f"{MODULES[a].relative_to(ROOT)}:{line}: {a} imports {b}" for a, b, line in forbidden)
 
 
 def test_no_module_imports_itself_back() -> None:
