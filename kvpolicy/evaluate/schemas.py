@@ -1,7 +1,8 @@
 """JSON Schemas of the documents that cross a boundary, as published under docs/.
 
-``python -m kvpolicy.evaluate.schemas docs/`` writes them (``kvpolicy schema NAME`` prints
-one); a test fails when the files under docs/ differ from what the models say. Documents
+``python -m kvpolicy.evaluate.schemas`` writes them (``--check``: exit 1 if one is stale;
+``kvpolicy schema NAME`` prints one); a test fails when the files under docs/ differ from what
+the models say. Documents
 people write (facts, ``.kvtest.json`` files) are described as they may be written (sizes as
 integers or strings with a unit); documents kvpolicy writes, as it writes them.
 """
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel
 
+from kvpolicy import generated
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.evaluate.policytest import PolicyTestFile
 from kvpolicy.facts import Facts
@@ -35,10 +37,11 @@ def render(model: type[BaseModel]) -> str:
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
-def write(directory: Path) -> None:
-    for name, model in SCHEMAS.items():
-        (directory / name).write_text(render(model), encoding="utf-8")
+def main(argv: Sequence[str] | None = None) -> int:
+    docs = generated.REPOSITORY / "docs"
+    return generated.main("kvpolicy.evaluate.schemas", __doc__,
+                          lambda: {docs / name: render(model) for name, model in SCHEMAS.items()}, argv)
 
 
 if __name__ == "__main__":
-    write(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"))
+    sys.exit(main())

@@ -8,13 +8,13 @@ sections.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
+from collections.abc import Sequence
 
+from kvpolicy import generated
 from kvpolicy.catalogue import DOC_SECTIONS, Rule, all_rules
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "docs" / "lint-rules.md"
+DEFAULT_PATH = generated.REPOSITORY / "docs" / "lint-rules.md"
 
 _PHASES = {
     "parse": "while the file is parsed and built",
@@ -77,23 +77,8 @@ def _escape(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvpolicy.lint.docs", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale; write nothing")
-    parser.add_argument("--output", type=Path, default=DEFAULT_PATH, help=f"default: {DEFAULT_PATH}")
-    args = parser.parse_args(argv)
-    text = render()
-    current = args.output.read_text(encoding="utf-8") if args.output.exists() else None
-    if args.check:
-        if current != text:
-            print(f"{args.output} is stale: run python -m kvpolicy.lint.docs", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text, encoding="utf-8")
-        print(f"wrote {args.output}")
-    return 0
+def main(argv: Sequence[str] | None = None) -> int:
+    return generated.main("kvpolicy.lint.docs", __doc__, lambda: {DEFAULT_PATH: render()}, argv)
 
 
 if __name__ == "__main__":

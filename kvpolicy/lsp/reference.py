@@ -13,13 +13,15 @@ or a line of the condition grammar that quotes it (``or := and ("or" and)*``).
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "language.md"
+from kvpolicy import generated
+
+DOC = generated.REPOSITORY / "docs" / "language.md"
 TABLE_MODULE = Path(__file__).with_name("reference_table.py")
 
 _HEADING = re.compile(r"^(#{2,3}) (.+)$")
@@ -129,22 +131,9 @@ def entries_for(word: str) -> list[Entry]:
     return [e for e in entries() if e.word == word]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kvpolicy.lsp.reference", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the table is stale; write nothing")
-    args = parser.parse_args(argv)
-    text = render(extract(DOC.read_text(encoding="utf-8")))
-    current = TABLE_MODULE.read_text(encoding="utf-8") if TABLE_MODULE.exists() else None
-    if args.check:
-        if current != text:
-            print(f"{TABLE_MODULE} is stale: run python -m kvpolicy.lsp.reference", file=sys.stderr)
-            return 1
-        return 0
-    if current != text:
-        TABLE_MODULE.write_text(text, encoding="utf-8")
-        print(f"wrote {TABLE_MODULE}")
-    return 0
+def main(argv: Sequence[str] | None = None) -> int:
+    return generated.main("kvpolicy.lsp.reference", __doc__,
+                          lambda: {TABLE_MODULE: render(extract(DOC.read_text(encoding="utf-8")))}, argv)
 
 
 if __name__ == "__main__":

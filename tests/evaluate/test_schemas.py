@@ -1,5 +1,5 @@
 """The JSON Schemas under docs/ are the ones the models generate (regenerate:
-``python -m kvpolicy.evaluate.schemas docs``)."""
+``python -m kvpolicy.evaluate.schemas``)."""
 
 from pathlib import Path
 
@@ -13,7 +13,17 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_published_schema_is_current(name):
     published = (DOCS / name).read_text(encoding="utf-8")
-    assert published == render(SCHEMAS[name]), f"docs/{name} is stale: run python -m kvpolicy.evaluate.schemas docs"
+    assert published == render(SCHEMAS[name]), f"docs/{name} is stale: run python -m kvpolicy.evaluate.schemas"
+
+
+def test_the_generator_writes_and_checks_every_schema(tmp_path) -> None:
+    from kvpolicy.evaluate.schemas import main
+
+    assert main(["--check"]) == 0
+    assert main(["--check", "--into", str(tmp_path)]) == 1, "none there yet"
+    assert main(["--into", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(SCHEMAS)
+    assert main(["--check", "--into", str(tmp_path)]) == 0
 
 
 def test_facts_schema_accepts_the_design_example():

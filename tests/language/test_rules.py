@@ -120,16 +120,18 @@ def test_generated_docs_are_current() -> None:
     """docs/lint-rules.md is generated from the catalogue: run `python -m kvpolicy.lint.docs`."""
     path = ROOT / "docs" / "lint-rules.md"
     assert path.read_text(encoding="utf-8") == docs.render(), "stale: run python -m kvpolicy.lint.docs"
-    assert docs.main(["--check", "--output", str(path)]) == 0
+    assert docs.main(["--check"]) == 0
 
 
-def test_docs_check_fails_when_stale(tmp_path) -> None:
+def test_docs_check_fails_when_stale(tmp_path, capsys) -> None:
     stale = tmp_path / "lint-rules.md"
     stale.write_text("# old\n")
-    assert docs.main(["--check", "--output", str(stale)]) == 1
+    assert docs.main(["--check", "--into", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == f"{stale} is stale: run python -m kvpolicy.lint.docs\n"
     assert stale.read_text() == "# old\n"
-    assert docs.main(["--output", str(stale)]) == 0
-    assert docs.main(["--check", "--output", str(stale)]) == 0
+    assert docs.main(["--into", str(tmp_path)]) == 0
+    assert docs.main(["--check", "--into", str(tmp_path)]) == 0
+    assert stale.read_text() == docs.render()
 
 
 def test_docs_have_a_section_per_rule_with_the_sarif_anchor() -> None:
