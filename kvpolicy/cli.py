@@ -11,7 +11,6 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from types import ModuleType
 
 from kvpolicy import __version__
 from kvpolicy.commands import plain_help, subcommands
@@ -48,9 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--color", choices=COLOR_MODES, default="auto", help=_COLOR_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        module = _command_module(name)
-        if module is not None:
-            module.add_parser(sub)
+        importlib.import_module(f"kvpolicy.commands.{name}").add_parser(sub)
     for name, command in subcommands(parser).items():
         if name not in NO_COLOR_OPTION:
             # SUPPRESS: given after the command it overrides the global one, absent it leaves it alone.
@@ -69,15 +66,6 @@ def _plain(parser: argparse.ArgumentParser) -> None:
     for action in parser._actions:
         if action.help not in (None, argparse.SUPPRESS):
             action.help = plain_help(action.help)
-
-
-def _command_module(name: str) -> ModuleType | None:
-    try:
-        return importlib.import_module(f"kvpolicy.commands.{name}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"kvpolicy.commands.{name}":
-            return None  # not built yet
-        raise
 
 
 def _command_word(argv: Sequence[str]) -> str | None:

@@ -12,6 +12,7 @@ from kvpolicy.terminal import Style
 
 EXTRAS: Mapping[str, Mapping[str, str]] = {
     "runtime": {"watchdog": "watchdog", "prometheus_client": "prometheus-client", "pynvml": "nvidia-ml-py"},
+    "lsp": {"pygls": "pygls"},
 }
 """Per optional extra of the package (pyproject.toml) that a command needs: its modules → their distributions."""
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvpolicy.commands import Subcommands
-
-EXTRA_HINT = "kvpolicy lsp: needs pygls, which the 'lsp' extra installs: pip install 'kvpolicy[lsp]'"
+from kvpolicy.commands import Subcommands, missing_extra
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -23,15 +21,11 @@ def add_parser(sub: Subcommands) -> None:
     parser.set_defaults(run=run)
 
 
-_LIBRARIES = ("pygls", "lsprotocol")
-
-
 def run(args: argparse.Namespace) -> int:
-    try:
-        from kvpolicy.lsp.server import serve
-    except ModuleNotFoundError as exc:
-        if (exc.name or "").split(".")[0] not in _LIBRARIES:
-            raise
-        print(EXTRA_HINT, file=sys.stderr)
+    missing = missing_extra("lsp", "lsp")
+    if missing:
+        print(missing, file=sys.stderr)
         return 2
+    from kvpolicy.lsp.server import serve
+
     return serve()

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import kvpolicy
-from kvpolicy.cli import FORMAT_EXEMPT, build_parser
+from kvpolicy.cli import COMMANDS as REGISTERED
+from kvpolicy.cli import FORMAT_EXEMPT, NO_COLOR_OPTION, ONE_DOCUMENT, build_parser
 from kvpolicy.commands import subcommands
 from tests.support.terminal import in_a_terminal
 
@@ -49,6 +50,15 @@ def test_a_mistyped_option_gets_a_did_you_mean(tmp_path):
 
 PARSER = build_parser()
 COMMANDS = subcommands(PARSER)
+
+
+def test_every_command_module_is_registered_and_nothing_else():
+    """A module in kvpolicy/commands/ with ``add_parser`` is a command only once cli.COMMANDS names it;
+    the lists of exceptions name registered commands (a renamed command cannot keep a stale entry)."""
+    folder = Path(kvpolicy.__file__).parent / "commands"
+    modules = {p.stem for p in folder.glob("*.py") if "\ndef add_parser(" in p.read_text(encoding="utf-8")}
+    assert modules == set(REGISTERED) == set(COMMANDS)
+    assert set(FORMAT_EXEMPT) | set(NO_COLOR_OPTION) | set(ONE_DOCUMENT) <= set(REGISTERED)
 
 
 @pytest.mark.parametrize("name", COMMANDS)

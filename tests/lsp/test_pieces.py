@@ -185,4 +185,5 @@ sys.exit(kvpolicy.cli.main(["lsp"]))
 def test_lsp_without_the_extra_says_which_extra_and_exits_2() -> None:
     done = subprocess.run([sys.executable, "-c", BLOCK_PYGLS], capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 2, done.stderr
-    assert done.stderr.strip().splitlines() == ["kvpolicy lsp: needs pygls, which the 'lsp' extra installs: pip install 'kvpolicy[lsp]'"]
+    assert done.stderr.strip().splitlines() == [
+        "kvpolicy lsp: needs the lsp extra (pygls not installed); install it with: pip install 'kvpolicy[lsp]'"]
