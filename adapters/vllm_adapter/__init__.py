@@ -14,9 +14,10 @@ Its parts, in the order data flows:
 - ``static/``: a runtime-owned KV cache — the model's ``reserve`` (``reserve``), and
   vLLM sized from its admission in the ledger (``sizing``).
 - ``elastic/``: a KV cache on kvpolicy's allocator — what the policy says (``policy``),
-  the limit of the rank's session with the pinned null block (``limits``),
-  the worker's buffer (``buffer``), the scheduler's block pool (``pool``), and the
-  steps that tie them to vLLM's start and steps (``lifecycle``).
+  which layout it runs in (``layouts``), the worker's buffer with the pinned null block
+  (``buffer``), the scheduler's block pool (``pool``), the steps that tie them to vLLM's
+  start and steps (``lifecycle``), and with tensor parallelism the engine core's books of
+  its ranks (``group``, ``books``), a rank's side (``rank``) and what they say (``wire``).
 - ``reports``: the live split, from the engine core to each worker to the ledger.
 - ``versions``: the validated vLLM versions, what differs between them, and the installed one.
 - ``hooks``: what each patched vLLM method runs; ``plugin``: the entry point that

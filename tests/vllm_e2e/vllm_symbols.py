@@ -37,7 +37,7 @@ SYMBOLS: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager.__init__"),
     ("vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots"),
     ("vllm.v1.core.kv_cache_coordinator", "KVCacheCoordinator.get_num_blocks_to_allocate"),
-    # elastic block pool (adapters/vllm_adapter/elastic_pool.py)
+    # elastic block pool (adapters/vllm_adapter/elastic/pool.py)
     ("vllm.v1.core.block_pool", "BlockPool.__init__"),
     ("vllm.v1.core.block_pool", "BlockPool.get_new_blocks"),
     ("vllm.v1.core.block_pool", "BlockPool.free_blocks"),
@@ -51,7 +51,7 @@ SYMBOLS: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.kv_cache_utils", "FreeKVCacheBlockQueue.remove"),
     ("vllm.v1.core.kv_cache_utils", "FreeKVCacheBlockQueue.get_all_free_blocks"),
     ("vllm.v1.core.kv_cache_utils", "KVCacheBlock"),
-    # elastic allocation (adapters/vllm_adapter/elastic_hooks.py)
+    # elastic allocation (adapters/vllm_adapter/elastic/lifecycle.py, hooks.py)
     ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner.initialize_kv_cache"),
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner.initialize_kv_cache"),
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner.initialize_kv_cache"),
@@ -59,7 +59,7 @@ SYMBOLS: tuple[tuple[str, str], ...] = (
     ("vllm.v1.worker.gpu.attn_utils", "init_kv_cache"),
     ("vllm.config.cache", "CacheConfig.get_resolved_kv_cache_layout"),
     ("vllm.v1.kv_cache_layout", "KVCacheLayout"),
-    # planning (tests/vllm/real_vllm.py; adapters/vllm_adapter/planning.py mirrors it)
+    # planning (tests/vllm/real_vllm.py; adapters/vllm_adapter/planning/ mirrors it)
     ("vllm.v1.core.kv_cache_planning", "get_kv_cache_groups"),
     ("vllm.v1.core.kv_cache_planning", "get_global_kv_cache_groups"),
     ("vllm.v1.core.kv_cache_planning", "get_kv_cache_configs"),
