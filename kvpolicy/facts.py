@@ -9,7 +9,8 @@ Field docstrings are the descriptions of the published JSON Schema
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, WithJsonSchema, model_validator
 
@@ -18,6 +19,20 @@ from kvpolicy.units import MAX_SIZE, SIZE_UNITS, parse_size
 FACTS_SCHEMA: Final = 1
 
 Owner = Literal["runtime", "elastic"]
+
+
+class OwnedPool(Protocol):
+    """A pool as the facts, the ledger and the status file each describe it."""
+
+    @property
+    def owner(self) -> str: ...
+    @property
+    def bytes(self) -> int: ...
+
+
+def runtime_pool_bytes(pools: Iterable[OwnedPool]) -> int:
+    """The bytes of the runtime-owned pools among ``pools``: what the engine reserved itself."""
+    return sum(p.bytes for p in pools if p.owner == "runtime")
 
 SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*(" + "|".join(SIZE_UNITS) + r")\s*$"
 
@@ -127,7 +142,7 @@ class InstanceFacts(_Frozen):
 
     @property
     def runtime_bytes(self) -> int:
-        return sum(p.bytes for p in self.pools.values() if p.owner == "runtime")
+        return runtime_pool_bytes(self.pools.values())
 
     @property
     def reports_runtime_pools(self) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvpolicy.facts import PoolFacts
+from kvpolicy.facts import PoolFacts, runtime_pool_bytes
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.errors import CorruptSegment, LedgerError
 from kvpolicy.runtime.records import SlotValues, value_type
@@ -172,7 +172,7 @@ def decode_pools(res: Any, where: str) -> dict[str, PoolFacts]:
 
 def runtime_reserved(res: Any, where: str) -> int:
     """R_i of a reservation record: its static admission plus its runtime-owned pools."""
-    return res.static_admitted + sum(p.bytes for p in decode_pools(res, where).values() if p.owner == "runtime")
+    return res.static_admitted + runtime_pool_bytes(decode_pools(res, where).values())
 
 
 def decode_reserve(res: Any) -> int | None:

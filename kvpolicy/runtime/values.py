@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvpolicy.facts import ElasticFacts, InstanceFacts, PoolFacts
+from kvpolicy.facts import ElasticFacts, InstanceFacts, PoolFacts, runtime_pool_bytes
 from kvpolicy.runtime.errors import LedgerError
 
 
@@ -88,10 +88,6 @@ class SlotView:
     limit: int
     target: int
     guarantee: int
-
-    def __post_init__(self) -> None:
-        for name in ("limit", "target", "guarantee"):
-            check_bytes(f"the instance's {name}", getattr(self, name))
     published_at: float
     used: int
     mapped: int
@@ -106,15 +102,19 @@ class SlotView:
     pools: dict[str, PoolFacts]
     last_activity: float
 
+    def __post_init__(self) -> None:
+        for name in ("limit", "target", "guarantee"):
+            check_bytes(f"the instance's {name}", getattr(self, name))
+
     @property
     def runtime_reserved(self) -> int:
         """R_i: the admission not yet replaced by a report, plus reported runtime-owned pool bytes."""
-        return self.static_admitted + sum(p.bytes for p in self.pools.values() if p.owner == "runtime")
+        return self.static_admitted + runtime_pool_bytes(self.pools.values())
 
     @property
     def accounted(self) -> int:
         """Bytes of the instance the ledger knows to be on the GPU now: reported runtime-owned pools and elastic mapped."""
-        return sum(p.bytes for p in self.pools.values() if p.owner == "runtime") + self.mapped
+        return runtime_pool_bytes(self.pools.values()) + self.mapped
 
     def idle_seconds(self, now: float) -> float:
         return max(0.0, now - self.last_activity)

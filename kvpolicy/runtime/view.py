@@ -9,6 +9,7 @@ from kvpolicy.evaluate.explain import rule_state_text
 from kvpolicy.runtime.directory import LedgerDir
 from kvpolicy.runtime.status import STALE_AFTER, InstanceStatus, Status, live_status, read_status
 from kvpolicy import gpu_bar
+from kvpolicy.facts import runtime_pool_bytes
 from kvpolicy.terminal import PLAIN, Style
 from kvpolicy.units import format_bytes
 
@@ -102,10 +103,6 @@ def render_status(status: Status, width: int | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _runtime_pools(i: InstanceStatus) -> int:
-    return sum(p.bytes for p in i.pools.values() if p.owner == "runtime")
-
-
 def engine_groups(instances: list[InstanceStatus]) -> list[tuple[str, list[InstanceStatus]]]:
     """Instances by engine (ranks sharing an engine id, in rank order), engines in the order first seen."""
     groups: dict[str, list[InstanceStatus]] = {}
@@ -123,7 +120,7 @@ def _rows(status: Status) -> list[tuple[str | None, str, InstanceStatus | None]]
             rows.append((None, ranks[0].id, ranks[0]))
             continue
         gpus = ", ".join(dict.fromkeys(i.gpu for i in ranks))
-        total = sum(_runtime_pools(i) for i in ranks)
+        total = sum(runtime_pool_bytes(i.pools.values()) for i in ranks)
         rows.append((f"engine {key}: {len(ranks)} ranks on {gpus}, runtime pools {_b(total)}", "", None))
         rows += [(None, f"  {i.id}", i) for i in ranks]
     return rows
@@ -145,7 +142,7 @@ def _compact_instances(status: Status, labels: dict[str, str]) -> list[str]:
             continue
         used = _b(i.elastic.used) if i.elastic else "-"
         state = (i.ack or "-") + (" STUCK" if i.stuck else "")
-        lines.append(f"{shown:<20}{labels[i.gpu]:<8}{_b(_runtime_pools(i)):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
+        lines.append(f"{shown:<20}{labels[i.gpu]:<8}{_b(runtime_pool_bytes(i.pools.values())):>10}{used:>11}{_b(i.limit):>11}{_b(i.target):>11}  {state}")
     return lines
 
 
@@ -160,7 +157,7 @@ def _instances(status: Status, labels: dict[str, str]) -> list[str]:
         mapped = _b(i.elastic.mapped) if i.elastic else "-"
         state = (i.ack or "-") + (" STUCK" if i.stuck else "")
         lines.append(
-            f"{shown:<22}{i.engine:<8}{labels[i.gpu]:<8}{_b(_runtime_pools(i)):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
+            f"{shown:<22}{i.engine:<8}{labels[i.gpu]:<8}{_b(runtime_pool_bytes(i.pools.values())):>15}{used:>11}{mapped:>11}{_b(i.limit):>11}"
             f"{_b(i.target):>11}{i.revision:>5}{i.acked_revision:>5}  {state}"
         )
     return lines
