@@ -109,12 +109,3 @@ def format_bytes(n: int) -> str:
     return f"{sign}{n} B"
 
 
-def format_seconds(seconds: float) -> str:
-    """``90.0`` → ``'90s'``; ``0.25`` → ``'250ms'``; ``7200`` → ``'2h'``."""
-    for unit in ("h", "m", "s"):
-        scale = float(DURATION_UNITS[unit])
-        if seconds >= scale and seconds % scale == 0:
-            return f"{int(seconds // scale)}{unit}"
-    if seconds < 1 and (seconds * 1000).is_integer():
-        return f"{int(seconds * 1000)}ms"
-    return f"{seconds:g}s"

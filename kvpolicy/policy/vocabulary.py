@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from kvpolicy.units import DURATION_UNITS, SIZE_UNITS
-
 TOP_LEVEL = ("version", "defaults", "gpu", "model", "rule")
 RECOVERED = "_kvpolicy_recovered_"
 """The placeholder statement that recovery puts in place of a line with a syntax error
@@ -41,9 +39,6 @@ MODEL_ATTRIBUTES = {
 }
 ATTRIBUTES = {**GPU_ATTRIBUTES, **MODEL_ATTRIBUTES}
 ORDER_KEYS = {name.split(".", 1)[1]: kind for name, kind in MODEL_ATTRIBUTES.items()}
-
-SIZE_UNIT_NAMES = tuple(SIZE_UNITS)
-DURATION_UNIT_NAMES = tuple(DURATION_UNITS)
 
 # Units people write that kvpolicy spells differently.
 EXPONENT_HINT = "write the number out (`1000 MiB`), or use a larger unit (`1 GiB`)"

@@ -25,7 +25,6 @@ GpuValues = value_type(L.GPU_RECORD)
 TotalsValues = value_type(L.TOTALS_RECORD)
 IdentityValues = value_type(L.IDENTITY_RECORD)
 PublishedValues = value_type(L.PUBLISHED_RECORD)
-UsageValues = value_type(L.USAGE_RECORD)
 ReservationValues = value_type(L.RESERVATION_RECORD)
 
 SOURCES = {L.FIGURES_NONE: "none", L.FIGURES_PROVISIONAL: "provisional", L.FIGURES_PUBLISHED: "published"}

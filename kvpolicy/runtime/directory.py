@@ -214,7 +214,6 @@ class LedgerDir:
         elif _exists(self.path):
             check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access, others=OTHERS_DIR)
         self._open: dict[str, GpuLedger] = {}
-        self._failed: dict[str, str] = {}
         self._set_aside: list[str] = []
         """Segments moved aside since the last ``read()``, which reports them."""
 

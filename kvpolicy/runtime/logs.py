@@ -22,7 +22,6 @@ from datetime import datetime, timezone
 from typing import Literal, TextIO
 
 LogFormat = Literal["text", "json"]
-LOG_FORMATS: tuple[LogFormat, ...] = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 

@@ -40,7 +40,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kvpolicy.runtime import layout as L
 from kvpolicy.runtime.errors import CorruptSegment, TornSlot
-from kvpolicy.runtime.layout import CRC_SIZE, RecordSpec
+from kvpolicy.runtime.layout import CRC_FORMAT, CRC_SIZE, RecordSpec
 
 U64 = (1 << 64) - 1
 """Sequence words, epochs and counters wrap at 2⁶⁴ (a damaged word may hold any value)."""
@@ -68,7 +68,7 @@ else:  # pragma: no cover - exercised on AArch64 hosts only
         lock.acquire()
 
 
-_CRC = struct.Struct("<Q")
+_CRC = struct.Struct(CRC_FORMAT)
 
 
 # --- the crash test hook ----------------------------------------------------------------------------

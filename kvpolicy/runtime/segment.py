@@ -400,10 +400,6 @@ class Segment:
         finally:
             self.unlock()
 
-    @property
-    def held_by_this_thread(self) -> bool:
-        return self._holder == threading.get_ident()
-
     def try_hold_slot(self, index: int) -> bool:
         """Take slot ``index``'s owner lock; False if another open file holds it."""
         try:

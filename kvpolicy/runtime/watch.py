@@ -66,9 +66,6 @@ load, ``run --once``). ``close-write`` and ``moved`` (a rename into place, a sym
 or re-pointed): a final event, read after ``debounce``. The others: read once the file
 has been quiet for ``quiet`` seconds."""
 
-FINAL_TRIGGERS: frozenset[str] = frozenset({"check", "close-write", "moved"})
-
-
 @dataclass(frozen=True)
 class LoadedPolicy:
     """The policy in force and where it came from."""

@@ -86,6 +86,21 @@ def test_every_command_but_the_exempt_has_format_text_and_json(name):
         assert {"text", "json"} <= set(action.choices)
 
 
+def _choices(command: str, option: str) -> tuple[str, ...]:
+    return tuple(COMMANDS[command]._option_string_actions[option].choices)
+
+
+def test_choices_written_out_for_a_lean_start_are_the_types_that_take_them():
+    """The parser writes these choices out rather than import the modules that define them."""
+    from typing import get_args
+
+    from kvpolicy.adapters.vllm_adapter.planning.platform import Platform
+    from kvpolicy.runtime.logs import LogFormat
+
+    assert _choices("plan", "--platform") == get_args(Platform)
+    assert _choices("run", "--log-format") == get_args(LogFormat)
+
+
 def test_lint_colours_a_terminal_unless_no_color(tmp_path):
     policy = tmp_path / "bad.kvp"
     policy.write_text(BAD_POLICY)

@@ -23,7 +23,6 @@ from typing import Literal
 from .hf_config import Family
 
 Platform = Literal["cuda", "cpu"]
-PLATFORMS: tuple[Platform, ...] = ("cuda", "cpu")
 
 CUDA_BATCHED_TOKENS = 8192  # OPENAI_API_SERVER on GPUs of >= 70 GB (not A100)
 CPU_BATCHED_TOKENS = 2048  # OPENAI_API_SERVER on CPU, per TP rank
