@@ -2,7 +2,8 @@
 facts, limits and acknowledgements — from the controller's status file and the live ledger —
 then which rule acts on which instance (or waits out its grace, or cools down) and since
 when. Works from any process that can read the ledger. Exit 1 when something needs
-attention: no controller, a stopped or stale one, a rejected policy, a stuck deferral.
+attention: no controller, a stopped or stale one, a rejected policy, a stuck deferral, a GPU
+whose ledger segment cannot be used.
 Its JSON output can be given back as facts (``explain --facts``, ``diff --facts``).
 """
 

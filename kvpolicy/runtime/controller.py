@@ -109,6 +109,8 @@ class Controller:
         self._generations: dict[str, int] = {}
         self._last_step = 0.0
         self._last_beat = 0.0
+        self._refused: dict[str, str] = {}
+        """GPUs whose segment could not be used at the last look, and why (logged when it changes)."""
         self.watcher = PolicyWatcher(
             config.policy,
             on_change=self._policy_changed,
@@ -214,7 +216,7 @@ class Controller:
         if self.publishing:
             self._publish(view, decision, loaded, reason)
         elif self.decision is None or _limits_of(decision) != _limits_of(self.decision):
-            self._log_change(decision, reason, published=False)
+            self._log_change(decision, view, reason, published=False)
         self.decision = decision
         self._write_status(view, notes)
         return decision
@@ -233,9 +235,9 @@ class Controller:
         self._published_policy = loaded.revision
         if self.metrics:
             self.metrics.publishes.inc()
-        self._log_change(decision, reason, published=True)
+        self._log_change(decision, view, reason, published=True)
 
-    def _log_change(self, decision: Decision, reason: str, published: bool) -> None:
+    def _log_change(self, decision: Decision, view: LedgerView, reason: str, published: bool) -> None:
         before = {i.id: i for i in self.decision.instances} if self.decision else {}
         changes = {}
         for inst in decision.instances:
@@ -248,7 +250,10 @@ class Controller:
             if fields:
                 fields["rules"] = [a.rule for a in inst.actions]  # the rules holding it down, if any
                 changes[inst.id] = fields
-        gone = sorted(set(before) - {i.id for i in decision.instances})
+        left = set(before) - {i.id for i in decision.instances}
+        # an instance on a GPU whose segment cannot be read now has not left: it is out of reach
+        unreachable = sorted(i for i in left if before[i].gpu in view.refused)
+        gone = sorted(left - set(unreachable))
         record = {
             "event": "decision",
             "at": round(time.time(), 3),
@@ -258,6 +263,7 @@ class Controller:
             "policy_sha256": decision.policy.sha256[:12],
             "changes": changes,
             "gone": gone,
+            "unreachable": unreachable,
         }
         decisions_log.info(json.dumps(record, sort_keys=True), extra={"fields": record})
 
@@ -289,7 +295,17 @@ class Controller:
 
     # ---- status ------------------------------------------------------------------------------------
 
+    def _note_refused(self, refused: dict[str, str]) -> None:
+        """Log a GPU whose segment cannot be used once (again if the reason changes), and its recovery."""
+        for gpu, why in sorted(refused.items()):
+            if self._refused.get(gpu) != why:
+                log.warning("%s: its ledger segment cannot be used, so engines on it get no new limits: %s", gpu, why)
+        for gpu in sorted(set(self._refused) - set(refused)):
+            log.info("%s: its ledger segment can be used again", gpu)
+        self._refused = dict(refused)
+
     def _write_status(self, view: LedgerView, notes: list[str]) -> None:
+        self._note_refused(view.refused)
         now = time.time()
         self._last_beat = now
         self.ledger.heartbeat(now)
@@ -349,6 +365,7 @@ class Controller:
             instances=instances,
             rules=list(self.decision.rules) if self.decision else [],
             problems=problems,
+            refused_segments=dict(sorted(view.refused.items())),
         )
 
 

@@ -29,7 +29,7 @@ import os
 import struct
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -101,6 +101,10 @@ class LedgerView:
     now: float
     gpus: dict[str, GpuState]
     problems: tuple[str, ...] = ()
+    """Notes on the directory: segments moved aside since the last read."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """GPUs whose segment is there but cannot be used now (damaged, another layout, not the owner's),
+    and why: their engines are out of reach, neither read nor given limits."""
 
     @property
     def generations(self) -> dict[str, int]:
@@ -141,7 +145,7 @@ class LedgerView:
         ledger accounts for, else the figures' U.
         """
         samples = samples or {}
-        notes = list(self.problems)
+        notes = list(self.problems) + [f"{gpu}: {why}" for gpu, why in sorted(self.refused.items())]
         gpus: list[GpuFacts] = []
         instances: list[InstanceFacts] = []
         seen: dict[str, str] = {}
@@ -229,14 +233,14 @@ class LedgerDir:
             self._open[gpu] = led
         return led
 
-    def _ledgers(self) -> tuple[dict[str, GpuLedger], list[str]]:
-        """Every GPU's open ledger, size-checked, and a problem per GPU that cannot be used now.
+    def _ledgers(self) -> tuple[dict[str, GpuLedger], dict[str, str]]:
+        """Every GPU's open ledger, size-checked, and why each GPU that cannot be used now cannot.
 
         A segment that went bad since it was opened (truncated under its mapping) is closed and
         opened again, which moves it aside when nobody holds a slot in it.
         """
         ledgers: dict[str, GpuLedger] = {}
-        problems: list[str] = []
+        refused: dict[str, str] = {}
         for g in self.gpus():
             try:
                 led = self._open.get(g)
@@ -250,8 +254,8 @@ class LedgerDir:
             except SegmentSetAside as exc:
                 self._set_aside.append(f"{g}: {exc}")  # happens once: kept for the next read()
             except (LedgerError, OSError) as exc:
-                problems.append(f"{g}: {exc}")  # a refused or damaged segment is reported, never trusted
-        return ledgers, problems
+                refused[g] = str(exc)  # a refused or damaged segment is reported, never trusted
+        return ledgers, refused
 
     def _forget(self, gpu: str) -> None:
         led = self._open.pop(gpu, None)
@@ -278,9 +282,8 @@ class LedgerDir:
     def read(self, now: float | None = None) -> LedgerView:
         """Every GPU's figures, totals and instances (live ones; dead ones apart) at one moment."""
         now = time.time() if now is None else now
-        ledgers, problems = self._ledgers()
-        problems = self._set_aside + problems
-        self._set_aside = []
+        ledgers, refused = self._ledgers()
+        problems, self._set_aside = self._set_aside, []
         states: dict[str, GpuState] = {}
         for g, led in ledgers.items():
             try:
@@ -301,10 +304,10 @@ class LedgerDir:
                     pressure=led.pressure(),
                 )
             except (LedgerError, OSError) as exc:
-                problems.append(f"{g}: {exc}")
+                refused[g] = str(exc)
                 if isinstance(exc, SegmentTruncated):
                     self._forget(g)
-        return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems))
+        return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems), refused=refused)
 
     def reclaim_dead(self) -> list[SlotView]:
         """Free the slots of dead engines on every GPU; what was reclaimed."""

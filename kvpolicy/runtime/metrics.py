@@ -156,6 +156,14 @@ def _ledger_families(view: LedgerView, stuck_after: float) -> Iterator[Metric]:
     for gpu, state in view.gpus.items():
         refusals.add_metric([gpu], state.pressure)
     yield refusals
+    refused = GaugeMetricFamily(
+        "kvpolicy_ledger_segment_refused",
+        "1 for a GPU whose ledger segment cannot be used (damaged, another layout): its engines get no new limits.",
+        labels=["gpu"],
+    )
+    for gpu in sorted({*view.gpus, *view.refused}):
+        refused.add_metric([gpu], int(gpu in view.refused))
+    yield refused
 
 
 class ControllerMetrics:

@@ -285,7 +285,7 @@ class Segment:
         if st.st_size < L.HEADER_SIZE:
             raise SegmentTruncated(
                 f"kvpolicy ledger: {path} is {st.st_size} bytes, shorter than a ledger header "
-                f"({L.HEADER_SIZE} B): not a kvpolicy ledger segment. Remove it if nothing uses it."
+                f"({L.HEADER_SIZE} B): not a kvpolicy ledger segment"
             )
         head = os.pread(fd, L.HEADER_STATIC_SIZE + 4, 0)
         slot_count = check_header(head, path, gpu, st.st_size)
@@ -504,7 +504,7 @@ def check_header(head: bytes, path: Path | str, gpu: str, file_size: int) -> int
     if magic != L.MAGIC:
         raise CorruptSegment(
             f"kvpolicy ledger: {path} is not a kvpolicy ledger segment (it starts with {magic!r}, not "
-            f"{L.MAGIC!r}). Refusing to use it; remove it if nothing else uses it."
+            f"{L.MAGIC!r}); refusing to use it"
         )
     (crc,) = struct.unpack_from("<I", head, L.HEADER_CRC_OFFSET)
     if zlib.crc32(head[: L.HEADER_STATIC_SIZE]) != crc:

@@ -130,6 +130,9 @@ class Status(_Model):
     """Every complete rule of the policy in force and where it stands on each instance
     (``explain``'s ``rules``), as of the controller's last evaluation."""
     problems: list[str] = Field(default_factory=list)
+    refused_segments: dict[str, str] = Field(default_factory=dict)
+    """GPUs whose ledger segment is there but cannot be used (damaged, another layout, another
+    owner), and why: engines on them get no new limits until it can."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
@@ -220,6 +223,7 @@ def live_status(view: LedgerView, base: Status | None = None, *, stuck_after: fl
     status = base.model_copy(deep=True) if base is not None else Status()
     status.gpus, status.instances = gpus, instances
     status.problems = list(view.problems) + [p for s in view.gpus.values() for p in s.problems]
+    status.refused_segments = dict(sorted(view.refused.items()))
     if status.controller is not None:
         hb = view.heartbeat if view.heartbeat is not None else status.controller.heartbeat_at
         status.controller.heartbeat_at = hb

@@ -36,7 +36,8 @@ def current_status(ledger: LedgerDir, stale_after: float = STALE_AFTER, stuck_af
 
 
 def problems(status: Status) -> list[str]:
-    """What an operator must look at: a stale controller, a rejected policy, stuck deferrals."""
+    """What an operator must look at: a stale controller, a rejected policy, stuck deferrals, a GPU
+    whose segment cannot be used."""
     found = []
     if status.controller is None:
         found.append("no controller has written a status here")
@@ -48,6 +49,8 @@ def problems(status: Status) -> list[str]:
     if status.last_reload is not None and not status.last_reload.ok:
         found.append("the last policy reload failed: the previous policy stays in force")
     found += [f"{i.id}: deferral stuck since {_ago(i.deferred_since)}" for i in status.instances if i.stuck]
+    found += [f"{gpu}: its ledger segment cannot be used, so engines on it get no new limits: {why}"
+              for gpu, why in status.refused_segments.items()]
     return found
 
 

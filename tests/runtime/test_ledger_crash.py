@@ -130,7 +130,7 @@ def _assert_whole(ld: LedgerDir, what: str) -> None:
     ld.reclaim_dead()
     view = ld.read()
     state = view.gpus[GPU]
-    assert view.problems == () and state.problems == (), f"{what}: {view.problems} {state.problems}"
+    assert view.problems == () and view.refused == {} and state.problems == (), f"{what}: {view.problems} {view.refused} {state.problems}"
     assert state.instances == () and state.dead == (), f"{what}: {state.instances} {state.dead}"
     led = ld.gpu(GPU)
     with led.change():  # the repair, if one is due, runs on the way in
@@ -527,7 +527,8 @@ def test_an_old_engine_beside_a_new_controller_says_upgrade_the_engines(ledger_d
     assert os.read(r1, 1) == b"x"
     ld = LedgerDir(ledger_dir)
     view = ld.read()
-    (problem,) = view.problems
+    assert view.problems == () and list(view.refused) == ["cuda:0"]
+    problem = view.refused["cuda:0"]
     assert f"layout version {old}, older than this kvpolicy" in problem and "upgrade the engines" in problem
     assert "cuda:1" in view.gpus  # the other GPU goes on
     with pytest.raises(LayoutVersionMismatch, match="upgrade the engines still attached"):
@@ -551,7 +552,9 @@ def test_a_new_engine_beside_an_old_controller_says_upgrade_this_one(ledger_dir:
                                                     "process's kvpolicy"):
         attach(model="m", id="old", gpu=GPU, ledger_dir=ledger_dir, slots=4, handle_signals=False)
     with LedgerDir(ledger_dir) as ld:
-        (problem,) = ld.read().problems
+        view = ld.read()
+        assert view.problems == () and list(view.refused) == [GPU]
+        problem = view.refused[GPU]
         assert "newer than this kvpolicy" in problem and "upgrade this process" in problem
         assert ld.reclaim_dead() == []
     assert path.exists() and [q for q in ledger_dir.iterdir() if ".ledger." in q.name] == []
