@@ -23,13 +23,15 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
-from kvpolicy.runtime.directory import LedgerDir, LedgerView
-from kvpolicy.runtime.errors import LedgerError
+from kvpolicy.runtime.directory import ControllerLock, LedgerDir, LedgerView
+from kvpolicy.runtime.errors import ControllerRunning, LedgerError
 from kvpolicy.runtime.gpus import GpuSampler, mixed_ids_note
 from kvpolicy.runtime.metrics import ControllerMetrics
 from kvpolicy.runtime.rulestate import read_rule_state, write_rule_state
@@ -111,6 +113,8 @@ class Controller:
         self._last_beat = 0.0
         self._refused: dict[str, str] = {}
         """GPUs whose segment could not be used at the last look, and why (logged when it changes)."""
+        self._lock: ControllerLock | None = None
+        """The directory's controller lock, while ``run`` or ``once`` holds it."""
         self.watcher = PolicyWatcher(
             config.policy,
             on_change=self._policy_changed,
@@ -131,8 +135,9 @@ class Controller:
     # ---- the loop ---------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        """Run until ``stop`` is set; holds the directory's controller lock throughout."""
-        with self.ledger.claim_controller():
+        """Run until ``stop`` is set; holds the directory's controller lock throughout (``LedgerError``
+        when another controller takes the directory over: see ``_hold_lock``)."""
+        with self._locked():
             self.revision = self.ledger.read().revision  # a restart continues above what engines hold
             self._restore_state()
             self.watcher.start()
@@ -164,12 +169,39 @@ class Controller:
 
     def once(self) -> Decision | None:
         """Load, evaluate and publish once (``--once``)."""
-        with self.ledger.claim_controller():
+        with self._locked():
             self.revision = self.ledger.read().revision
             self._restore_state()
             self.watcher.check_now()
             self.step("once")
         return self.decision
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._lock = self.ledger.claim_controller()
+        try:
+            yield
+        finally:
+            self._lock.release()
+            self._lock = None
+
+    def _hold_lock(self) -> None:
+        """Stay the directory's one controller. Its lock file removed (or the whole directory), a second
+        controller could lock a new one and both would publish: lock the new file first, or, if another
+        controller already has, stop (``LedgerError``) so that one alone decides."""
+        if self._lock is None or self._lock.still_named():
+            return
+        try:
+            fresh = self.ledger.claim_controller()
+        except ControllerRunning as exc:
+            raise LedgerError(
+                f"kvpolicy ledger: {self._lock.path} was removed under this controller and another controller "
+                f"(pid {exc.holder}) has locked it since; this one stops so that one alone publishes"
+            ) from None
+        self._lock.release()
+        self._lock = fresh
+        log.warning("%s was removed while this controller ran; it locked a new one (one controller per ledger "
+                    "directory: do not remove the lock file)", fresh.path)
 
     def _policy_changed(self, loaded: LoadedPolicy) -> None:
         if self.metrics:
@@ -188,6 +220,7 @@ class Controller:
 
     def step(self, reason: str) -> Decision | None:
         """Reclaim, read, evaluate, publish if anything changed, write status."""
+        self._hold_lock()  # before anything is written
         self._last_step = time.monotonic()
         reclaimed = self.ledger.reclaim_dead()
         for slot in reclaimed:
@@ -291,6 +324,7 @@ class Controller:
             log.warning("cannot write the rule state: %s (a restart would start grace periods again)", exc)
 
     def _beat(self) -> None:
+        self._hold_lock()
         self._write_status(self.ledger.read(), [])
 
     # ---- status ------------------------------------------------------------------------------------

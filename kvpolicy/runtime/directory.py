@@ -36,7 +36,7 @@ from typing import TypeVar
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts
 from kvpolicy.paths import reason
 from kvpolicy.runtime.client import resolve_access, resolve_ledger_dir
-from kvpolicy.runtime.errors import LedgerError, SegmentSetAside, SegmentTruncated
+from kvpolicy.runtime.errors import ControllerRunning, LedgerError, SegmentSetAside, SegmentTruncated
 from kvpolicy.runtime.layout import DEFAULT_SLOTS
 from kvpolicy.runtime.ledger import GpuLedger
 from kvpolicy.runtime.liveness import this_process
@@ -191,6 +191,18 @@ class ControllerLock:
         if self.fd is not None:
             os.close(self.fd)  # closing the only descriptor drops the OFD lock
             self.fd = None
+
+    def still_named(self) -> bool:
+        """Whether the lock file's name still leads to the file this lock is on. Removing it (or the
+        whole directory) would let a second controller lock a new file of that name beside this one."""
+        if self.fd is None:
+            return False
+        try:
+            named = os.stat(self.path)
+        except OSError:
+            return False
+        held = os.fstat(self.fd)
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
     def __enter__(self) -> ControllerLock:
         return self
@@ -366,9 +378,10 @@ class LedgerDir:
                 if exc.errno not in (errno.EAGAIN, errno.EACCES):
                     raise
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-                raise LedgerError(
+                raise ControllerRunning(
                     f"kvpolicy ledger: another controller (pid {holder}) is running on {self.path}; "
-                    "stop it first, or use another --ledger-dir"
+                    "stop it first, or use another --ledger-dir",
+                    holder,
                 ) from None
             os.ftruncate(fd, 0)
             try:

@@ -78,6 +78,15 @@ class LayoutVersionMismatch(CorruptSegment):
         return cls(msg, found, ours)
 
 
+class ControllerRunning(LedgerError):
+    """Another controller holds the ledger directory's controller lock."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
+        """Its pid, as it wrote it in the lock file ("unknown" if unreadable)."""
+
+
 class SlotsFull(LedgerError):
     """Every slot of the GPU's segment belongs to a live instance."""
 

@@ -194,3 +194,41 @@ def test_top_and_status_show_the_live_ledger(site, capsys):
     (inst,) = status["instances"]
     assert (inst["id"], inst["limit"], inst["elastic"]["used"]) == ("chat/0", 48 * GiB, 0)
     assert status["gpus"][0]["elastic_budget"] == 78 * GiB
+
+
+def test_a_removed_lock_file_is_locked_again_and_a_second_controller_still_refused(site):
+    first, log = site.run_process()
+    lock = site.ledger_dir / "controller.lock"
+    assert wait_for(lambda: read_status(site.ledger_dir) is not None)
+    lock.unlink()
+    assert wait_for(lambda: "was removed while this controller ran; it locked a new one" in log.read_text()), log.read_text()
+    second, second_log = site.run_process()
+    assert second.wait(120) == 1
+    assert "another controller (pid" in second_log.read_text()
+    assert first.poll() is None, "the first controller goes on"
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(120) == 0
+
+
+def test_a_controller_whose_lock_was_taken_over_stops(site):
+    first, log = site.run_process()
+    lock = site.ledger_dir / "controller.lock"
+    assert wait_for(lambda: read_status(site.ledger_dir) is not None)
+    ledger = LedgerDir(site.ledger_dir)
+
+    def take_over():  # remove the lock and lock a new file before the first controller does
+        from kvpolicy.runtime.errors import ControllerRunning
+
+        lock.unlink(missing_ok=True)
+        try:
+            return ledger.claim_controller()
+        except ControllerRunning:
+            return None  # it locked the new file first: remove that one too
+
+    mine = wait_for(take_over)
+    try:
+        assert first.wait(120) == 1
+        text = log.read_text()
+        assert "was removed under this controller and another controller" in text and f"(pid {os.getpid()})" in text
+    finally:
+        mine.release()
