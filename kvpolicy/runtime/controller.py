@@ -113,6 +113,8 @@ class Controller:
         self._last_beat = 0.0
         self._refused: dict[str, str] = {}
         """GPUs whose segment could not be used at the last look, and why (logged when it changes)."""
+        self._status_failure: str | None = None
+        """Why the status file could not be written last time (logged once, not at every step)."""
         self._lock: ControllerLock | None = None
         """The directory's controller lock, while ``run`` or ``once`` holds it."""
         self.watcher = PolicyWatcher(
@@ -143,6 +145,8 @@ class Controller:
             self.watcher.start()
             try:
                 if self.config.require_policy and self.watcher.current is None:
+                    self.stopped_at = time.time()
+                    self._beat()  # status says this start failed, not what the run before did
                     raise PolicyRefused(self.watcher.last_reload)
                 self.step("start")
                 next_tick = time.monotonic() + self.config.tick
@@ -347,7 +351,13 @@ class Controller:
         try:
             write_status(self.ledger.path, status, self.ledger.access)
         except (LedgerError, OSError) as exc:
-            log.warning("cannot write the status file: %s", exc)
+            if str(exc) != self._status_failure:
+                log.warning("cannot write the status file: %s (kvpolicy status shows an old state until it can)", exc)
+            self._status_failure = str(exc)
+        else:
+            if self._status_failure is not None:
+                log.info("the status file is written again")
+            self._status_failure = None
         if self.metrics:
             self.metrics.update(
                 decision=self.decision, view=view, policy_revision=self.watcher.current.revision if self.watcher.current else 0,
@@ -390,7 +400,7 @@ class Controller:
             policy=PolicyStatus(
                 file=str(self.config.policy), sha256=loaded.sha256, revision=loaded.revision, loaded_at=loaded.loaded_at,
             ) if loaded else None,
-            last_reload=_last_reload(last) if last else None,
+            last_reload=_last_reload(last, self.config.policy) if last else None,
             controller=ControllerStatus(
                 pid=os.getpid(), started_at=self.started_at, heartbeat_at=now, tick_seconds=self.config.tick,
                 observe=not self.publishing, stopped_at=self.stopped_at,
@@ -430,11 +440,11 @@ def _limits_of(decision: Decision) -> tuple[dict, dict]:
     return instances, gpus
 
 
-def _last_reload(result: ReloadResult) -> LastReload:
+def _last_reload(result: ReloadResult, policy: Path) -> LastReload:
     error = None
     if result.error is not None:
         d = result.error
-        error = ReloadError(file=d.file, line=d.line, col=d.col, code=d.code, message=d.message)
-    elif result.message is not None:
-        error = ReloadError(file="", line=0, col=0, code="", message=result.message)
+        error = ReloadError(file=d.file, line=d.line, col=d.col, code=d.code, message=d.message, hint=d.hint)
+    elif result.message is not None:  # the file itself could not be read: no position, no code
+        error = ReloadError(file=str(policy), line=0, col=0, code="", message=result.message)
     return LastReload(ok=result.ok, at=result.at, sha256=result.sha256, error=error)

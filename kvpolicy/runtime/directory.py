@@ -396,6 +396,21 @@ class LedgerDir:
             raise
         return ControllerLock(fd, path)
 
+    def controller_running(self) -> bool | None:
+        """Whether a controller holds the directory's lock now; None when there is no lock file or it
+        cannot be read. Unlike the heartbeat, this knows at once that a controller died."""
+        try:
+            fd = os.open(self.path / CONTROLLER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            probe = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 1, 0))
+            return _FLOCK.unpack(probe)[0] != fcntl.F_UNLCK
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
     def close(self) -> None:
         for led in self._open.values():
             led.close()

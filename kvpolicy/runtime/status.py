@@ -48,9 +48,11 @@ class PolicyStatus(_Model):
 class ReloadError(_Model):
     file: str
     line: int
+    """0 (with ``col`` and ``code`` empty) for a file that could not be read at all."""
     col: int
     code: str
     message: str
+    hint: str | None = None
 
 
 class LastReload(_Model):
@@ -114,6 +116,9 @@ class ControllerStatus(_Model):
     stale: bool = False
     stopped_at: float | None = None
     """When the controller stopped cleanly (SIGTERM, SIGINT); null while it runs or after a crash."""
+    running: bool | None = None
+    """Whether a controller holds the directory's lock as ``kvpolicy status`` reads it: false for one
+    that died without a clean stop, at once rather than once its heartbeat is stale (null: not known)."""
 
 
 class Status(_Model):

@@ -25,6 +25,8 @@ def current_status(ledger: LedgerDir, stale_after: float = STALE_AFTER, stuck_af
     """
     base = read_status(ledger.path)
     status = live_status(ledger.read(), base, stuck_after=stuck_after, stale_after=stale_after)
+    if status.controller is not None:
+        status.controller.running = ledger.controller_running()
     if base is not None and base.controller is not None and base.controller.observe:
         decided = {i.id: i for i in base.instances}
         for inst in status.instances:
@@ -44,6 +46,9 @@ def problems(status: Status) -> list[str]:
     elif status.controller.stopped_at is not None:
         found.append(f"controller pid {status.controller.pid} stopped {_ago(status.controller.stopped_at)}: "
                      "nothing enforces the policy (engines keep their last limits)")
+    elif status.controller.running is False:
+        found.append(f"controller pid {status.controller.pid} is not running: it ended without a clean stop "
+                     f"(last heartbeat {_ago(status.controller.heartbeat_at)}); engines keep their last limits")
     elif status.controller.stale:
         found.append(f"controller pid {status.controller.pid} is stale (last heartbeat {_ago(status.controller.heartbeat_at)})")
     if status.last_reload is not None and not status.last_reload.ok:
@@ -74,15 +79,17 @@ def render_status(status: Status, width: int | None = None) -> str:
             lines.append(f"last reload: ok {_ago(r.at)}")
         else:
             e = r.error
-            where = f"{e.file}:{e.line}:{e.col}: {e.code} " if e is not None and e.line else ""
+            where = "" if e is None else f"{e.file}:{e.line}:{e.col}: {e.code} " if e.line else f"{e.file}: " if e.file else ""
             lines.append(f"last reload: FAILED {_ago(r.at)}: {where}{e.message if e else ''}")
+            if e is not None and e.hint:
+                lines.append(f"  hint: {e.hint}")
     if status.controller is not None:
         c = status.controller
         mode = ", observing (not publishing)" if c.observe else ""
         if c.stopped_at is not None:
             lines.append(f"controller: pid {c.pid}, stopped {_ago(c.stopped_at)} (a clean stop){mode}")
         else:
-            state = "STALE" if c.stale else "ok"
+            state = "NOT RUNNING" if c.running is False else "STALE" if c.stale else "ok"
             lines.append(f"controller: pid {c.pid}, heartbeat {_ago(c.heartbeat_at)} ({state}){mode}")
     lines.append("")
     labels = gpu_labels(status)

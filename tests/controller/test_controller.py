@@ -75,12 +75,17 @@ def test_a_rejected_policy_keeps_the_limits_and_status_names_the_error(site, cap
     status = read_status(site.ledger_dir)
     error = status.last_reload.error
     assert (error.line, error.col, error.code) == (3, 49, "KV001") and "GiBB" in error.message
+    assert error.hint == "did you mean 'GiB'?"
     assert status.policy.revision == 1
     site.after_steps(controller)
     assert site.slot("chat/0").limit == 48 * GiB and site.slot("chat/0").revision == revision
     assert main(["status", "--ledger-dir", str(site.ledger_dir)]) == 1  # needs attention
     out = capsys.readouterr().out
-    assert "last reload: FAILED" in out and ":3:49: KV001" in out
+    assert "last reload: FAILED" in out and ":3:49: KV001" in out and "\n  hint: did you mean 'GiB'?\n" in out
+    site.policy.unlink()
+    assert wait_for(lambda: (s := read_status(site.ledger_dir)) and s.last_reload.error.line == 0)
+    assert main(["status", "--ledger-dir", str(site.ledger_dir)]) == 1
+    assert "last reload: FAILED" in (out := capsys.readouterr().out) and f": {site.policy}: " in out, out
 
 
 def test_a_killed_engine_is_reclaimed_within_one_tick(site):
@@ -232,3 +237,49 @@ def test_a_controller_whose_lock_was_taken_over_stops(site):
         assert "was removed under this controller and another controller" in text and f"(pid {os.getpid()})" in text
     finally:
         mine.release()
+
+
+def test_a_start_refused_for_its_policy_is_what_status_shows(site, capsys):
+    first, _ = site.run_process()
+    assert wait_for(lambda: read_status(site.ledger_dir) is not None)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(120) == 0
+    site.policy.write_text("version 1\nmodel \"a\" { min 4 GiBB }\n")
+    second, _ = site.run_process()
+    assert second.wait(120) == 1
+    assert main(["status", "--ledger-dir", str(site.ledger_dir)]) == 1
+    out = capsys.readouterr().out
+    assert f"controller: pid {second.pid}, stopped" in out, "the refused start, not the clean stop before it"
+    assert "last reload: FAILED" in out and "policy.kvp:2:19: KV001" in out
+
+
+def test_status_knows_at_once_that_a_controller_died(site, capsys):
+    controller, _ = site.run_process()
+    assert wait_for(lambda: (s := read_status(site.ledger_dir)) and s.controller.pid == controller.pid)
+    assert main(["status", "--ledger-dir", str(site.ledger_dir), "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["controller"]["running"] is True
+    controller.kill()
+    controller.wait()
+    # a long --stale-after: the heartbeat alone would say it is fine for an hour
+    assert main(["status", "--ledger-dir", str(site.ledger_dir), "--stale-after", "3600"]) == 1
+    out = capsys.readouterr().out
+    assert f"controller: pid {controller.pid}, heartbeat" in out and "(NOT RUNNING)" in out
+    assert f"ATTENTION: controller pid {controller.pid} is not running: it ended without a clean stop" in out
+
+
+def test_a_status_file_that_cannot_be_written_is_logged_once(site, caplog, monkeypatch):
+    import logging
+
+    from kvpolicy.runtime import controller as controller_module
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    caplog.set_level(logging.INFO, logger="kvpolicy.controller")
+    monkeypatch.setattr(controller_module, "write_status", refuse)
+    controller = site.controller()
+    site.after_steps(controller, 4)
+    failures = [r for r in caplog.records if r.getMessage().startswith("cannot write the status file")]
+    assert len(failures) == 1 and "No space left on device" in failures[0].getMessage()
+    monkeypatch.undo()
+    assert wait_for(lambda: any(r.getMessage() == "the status file is written again" for r in caplog.records))
