@@ -238,7 +238,7 @@ class Controller:
             self.decision = None
             self._write_status(view, [])
             return None
-        samples = self.sampler.sample(view.gpus) if self.sampler is not None else {}
+        samples = self.sampler.sample(view.gpus) if self.sampler is not None else None
         facts, notes = view.facts(samples)
         mixed = mixed_ids_note(view.gpus)
         if mixed:

@@ -140,10 +140,12 @@ class LedgerView:
     def facts(self, samples: Mapping[str, GpuSample] | None = None) -> tuple[Facts, list[str]]:
         """The ledger as ``Facts`` (schema 1), and what had to be left out and why.
 
-        A GPU's capacity comes from ``samples``, else from published or provisional figures; a GPU
-        with none is left out with its instances. ``other_used`` is ``sample.used`` minus what the
+        A GPU's capacity comes from ``samples``, else from published or provisional figures (said in
+        a note where there are samples: the source of figures does not know that GPU); a GPU with
+        none is left out with its instances. ``other_used`` is ``sample.used`` minus what the
         ledger accounts for, else the figures' U.
         """
+        sampled = samples is not None
         samples = samples or {}
         notes = list(self.problems) + [f"{gpu}: {why}" for gpu, why in sorted(self.refused.items())]
         gpus: list[GpuFacts] = []
@@ -162,6 +164,9 @@ class LedgerView:
                     other = state.figures.other_used
             elif state.figures.known:
                 capacity, other = state.figures.capacity, state.figures.other_used
+                if sampled:
+                    notes.append(f"{gpu}: the source of GPU figures does not know it: using the figures the "
+                                 f"ledger holds ({state.figures.source})")
             else:
                 if state.instances:
                     notes.append(

@@ -15,7 +15,9 @@ from typing import Any, Protocol
 from kvpolicy.facts import Facts
 from kvpolicy.runtime.directory import GpuSample
 from kvpolicy.runtime.gpu_identity import index_of, is_uuid, ledger_devices, load_nvml, local_gpu, nvml_gpus
+from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.values import check_bytes
+from kvpolicy.units import format_bytes
 
 
 class GpuSampler(Protocol):
@@ -84,6 +86,12 @@ class FactsSampler:
         for g in facts.gpus:
             check_bytes(f"GPU {g.id!r}'s capacity", g.capacity)
             check_bytes(f"GPU {g.id!r}'s other_used", g.other_used)
+            if g.other_used > g.capacity:
+                raise LedgerError(
+                    f"kvpolicy run: GPU {g.id!r}'s other_used ({format_bytes(g.other_used)}) is more than its "
+                    f"capacity ({format_bytes(g.capacity)}): every instance on it would get nothing; check the "
+                    "figures and their units"
+                )
         self.gpus = {g.id: g for g in facts.gpus}
 
     @property

@@ -154,4 +154,7 @@ def test_an_invalid_or_missing_policy_at_start_exits_1_with_the_diagnostic(site)
     assert proc.wait(timeout=HANG) == 1
     err = log.read_text()
     assert "Traceback" not in err and "the policy file does not exist" in err
-    assert read_status(site.ledger_dir) is None  # it never ran: no status claims a controller
+    status = read_status(site.ledger_dir)  # the refused start, as it was: stopped, its reload failed
+    assert status.controller.pid == proc.pid and status.controller.stopped_at is not None
+    assert not status.last_reload.ok and "does not exist" in status.last_reload.error.message
+    assert status.policy is None and status.instances == []
