@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Annotated, Any, Final, Literal, Protocol
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt, WithJsonSchema, model_validator
 
 from kvpolicy.units import MAX_SIZE, SIZE_UNITS, parse_size
 
@@ -127,7 +127,7 @@ class InstanceFacts(_Frozen):
     """The id of the GPU it runs on (one of gpus)."""
     rank: NonNegativeInt = 0
     """Its tensor-parallel rank."""
-    pid: int | None = None
+    pid: PositiveInt | None = None
     """Its process id, if known (informational)."""
     pools: dict[str, PoolFacts] = Field(default_factory=dict)
     """Its KV pools by name (swa, c4, full, ...)."""

@@ -13,9 +13,8 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvpolicy.facts import Facts
-from kvpolicy.json_text import JsonInvalid, parse_json
+from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
 from kvpolicy.paths import FACTS_SUFFIX, POLICY_SUFFIX, InputTooLarge, read_input, reason
-from kvpolicy.validation import describe
 
 
 def sample_facts_path(policy: Path) -> Path:
@@ -36,12 +35,13 @@ def parse_facts(text: str, source: str = "<facts>") -> Facts:
         data = parse_json(text)
     except JsonInvalid as exc:
         raise FactsError(exc.in_file(source, "valid facts")) from None
-    if is_status_document(data):
+    written = not is_status_document(data)
+    if not written:
         data = facts_from_status(data, source)
     try:
         return Facts.model_validate(data)
     except ValidationError as exc:
-        raise FactsError(f"{source}: invalid facts: {describe(exc, Facts)}") from None
+        raise FactsError(invalid_document(exc, Facts, text if written else None, source, "facts")) from None
     except RecursionError:
         raise FactsError(f"{source}: not valid facts: nested too deeply") from None
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
 
 class JsonInvalid(ValueError):
@@ -38,3 +41,19 @@ def parse_json(text: str) -> Any:
         raise JsonInvalid("nested too deeply") from None
     except ValueError:  # json's one other ValueError: an integer past Python's digit limit
         raise JsonInvalid(f"a number with more than {sys.get_int_max_str_digits()} digits") from None
+
+
+def invalid_document(exc: ValidationError, model: type[BaseModel], text: str | None, source: object, what: str) -> str:
+    """``source:LINE:COL: invalid WHAT: PROBLEMS``: the document ``text`` (the JSON that ``exc`` was
+    raised validating as ``model``) with the place of its first problem; without ``text`` (the data
+    was made from another document) no place."""
+    from kvpolicy.json_positions import line_col, parse
+    from kvpolicy.validation import describe, first_place
+
+    document = parse(text) if text is not None else None
+    place = ""
+    if document is not None:
+        path, is_key = first_place(exc, model)
+        line, col = line_col(text or "", document.offset_of(path, key=is_key))
+        place = f":{line}:{col}"
+    return f"{source}{place}: invalid {what}: {describe(exc, model)}"

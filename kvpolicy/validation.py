@@ -8,6 +8,8 @@ say what to write instead.
 
 from __future__ import annotations
 
+import json
+import re
 import types
 import typing
 from typing import Any, Union
@@ -17,6 +19,18 @@ from pydantic import BaseModel, ValidationError
 from kvpolicy.suggest import closest
 
 _PREFIXES = ("Value error, ", "Assertion failed, ")
+
+_KINDS = {
+    "int_type": "a whole number", "int_parsing": "a whole number", "int_from_float": "a whole number",
+    "float_type": "a number", "float_parsing": "a number", "string_type": "a string", "bool_type": "true or false",
+    "bool_parsing": "true or false", "model_type": "an object ({...})", "dict_type": "an object ({...})",
+    "model_attributes_type": "an object ({...})", "list_type": "a list ([...])", "tuple_type": "a list ([...])",
+    "finite_number": "a finite number",
+}
+"""Pydantic's error types that say only what kind of value was expected, in the words of JSON."""
+_PYTHON_QUOTED = re.compile(r"'([^']*)'")
+_BOUNDS = {"greater_than_equal": ("ge", "or more"), "less_than_equal": ("le", "or less"),
+           "greater_than": ("gt", None), "less_than": ("lt", None)}
 
 
 def describe(exc: ValidationError, model: type[BaseModel], limit: int = 5) -> str:
@@ -41,10 +55,45 @@ def problem(error: Any, model: type[BaseModel]) -> str:
         return f"{path}: unknown field {key!r}{known}"
     if error["type"] == "missing":
         return f"{'.'.join(where)}: required, not given"
+    return f"{'.'.join(where) or '(top level)'}: {_message(error)}"
+
+
+def first_place(exc: ValidationError, model: type[BaseModel]) -> tuple[tuple[str, ...], bool]:
+    """Where the first problem of ``exc`` is, as the path the user wrote (``("gpus", "0",
+    "capacity")``), and whether it is an unknown key (its place is the key's, not a value's)."""
+    error = exc.errors()[0]
+    loc = tuple(error["loc"])
+    unknown_key = error["type"] == "extra_forbidden"
+    where, _ = _walk(model, loc[:-1] if unknown_key else loc)
+    return (*where, str(loc[-1])) if unknown_key else tuple(where), unknown_key
+
+
+def _message(error: Any) -> str:
+    """What is wrong with the value, with the value as it was written."""
+    kind, ctx = error["type"], error.get("ctx") or {}
+    given = f", not {_shown(error['input'])}" if "input" in error else ""
+    if kind in _KINDS:
+        return f"must be {_KINDS[kind]}{given}"
+    if kind in _BOUNDS:
+        name, words = _BOUNDS[kind]
+        bound = _shown(ctx[name])
+        return f"must be {bound} {words}{given}" if words else f"must be {kind.split('_')[0]} than {bound}{given}"
+    if kind == "literal_error":  # pydantic quotes the choices as Python does; people wrote them as JSON
+        choices = _PYTHON_QUOTED.sub(r'"\1"', str(ctx["expected"]))
+        return f"must be {choices}{given}"
     message = error["msg"]
     for prefix in _PREFIXES:
         message = message.removeprefix(prefix)
-    return f"{'.'.join(where) or '(top level)'}: {message}"
+    return message
+
+
+def _shown(value: Any, width: int = 40) -> str:
+    """``value`` as JSON writes it, shortened to ``width`` characters."""
+    try:
+        text = json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], list[str]]:

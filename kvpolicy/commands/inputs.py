@@ -122,18 +122,25 @@ def _live(command: str, args: argparse.Namespace) -> tuple[Facts, State | None, 
 def _state_file(command: str, path: Path) -> State:
     from pydantic import ValidationError
 
-    from kvpolicy.validation import describe
+    from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
 
     try:
-        text = read_input(path)
+        data = read_input(path)
     except OSError as exc:
         _fail(command, f"{path}: cannot read it: {reason(exc)}", 2)
     except InputTooLarge as exc:
         _fail(command, str(exc), 1)
     try:
-        return State.model_validate_json(text)
+        text = data.decode("utf-8")
+        return State.model_validate(parse_json(text))
+    except UnicodeDecodeError as exc:
+        _fail(command, f"{path}: not a valid state: not UTF-8 (byte {exc.start}: {data[exc.start]:#04x})", 1)
+    except JsonInvalid as exc:
+        _fail(command, exc.in_file(path, "a valid state"), 1)
     except ValidationError as exc:
-        _fail(command, f"{path}: invalid state: {describe(exc, State)}", 1)
+        _fail(command, invalid_document(exc, State, text, path, "state"), 1)
+    except RecursionError:
+        _fail(command, f"{path}: not a valid state: nested too deeply", 1)
 
 
 def _fail(command: str, message: str, code: int) -> NoReturn:

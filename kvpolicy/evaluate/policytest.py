@@ -31,6 +31,7 @@ from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
+from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
 from kvpolicy.lint.load import load_policy
 from kvpolicy.paths import InputTooLarge, read_input, reason
 from kvpolicy.units import format_bytes
@@ -197,13 +198,11 @@ class CaseResult(BaseModel):
 def run_test_file(path: Path) -> list[CaseResult]:
     """Run every case of one ``.kvtest.json`` file."""
     try:
-        spec = PolicyTestFile.model_validate_json(read_input(path))
+        spec = _read_spec(path, read_input(path))
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
     except InputTooLarge as exc:
         raise TestFileError(str(exc)) from None
-    except ValidationError as exc:
-        raise TestFileError(f"{path}: {_invalid(exc)}") from None
     policy_path = path.parent / spec.policy
     try:
         policy = load_policy(policy_path)
@@ -222,12 +221,20 @@ def run_test_file(path: Path) -> list[CaseResult]:
     return results
 
 
-def _invalid(exc: ValidationError) -> str:
-    """A test file's validation errors; JSON that does not parse says where."""
-    errors = exc.errors()
-    if errors and errors[0]["type"] == "json_invalid":
-        return f"not valid JSON: {errors[0]['ctx'].get('error', errors[0]['msg'])}"
-    return describe(exc, PolicyTestFile)
+def _read_spec(path: Path, data: bytes) -> PolicyTestFile:
+    """The test file ``path`` holding ``data``; TestFileError saying where it is not one."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TestFileError(f"{path}: not valid JSON: not UTF-8 (byte {exc.start}: {data[exc.start]:#04x})") from None
+    try:
+        return PolicyTestFile.model_validate(parse_json(text))
+    except JsonInvalid as exc:
+        raise TestFileError(exc.in_file(path, "valid JSON")) from None
+    except ValidationError as exc:
+        raise TestFileError(invalid_document(exc, PolicyTestFile, text, path, "test file")) from None
+    except RecursionError:
+        raise TestFileError(f"{path}: not a valid test file: nested too deeply") from None
 
 
 def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:

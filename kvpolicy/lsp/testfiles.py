@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvpolicy.lsp.jsonpos import JsonDocument, JsonString, parse
+from kvpolicy.json_positions import JsonDocument, JsonString, parse
 from kvpolicy.lsp.language import ModelBlock, Policy, Rule, Span, binding_block
 from kvpolicy.lsp.positions import Pos, Region
 from kvpolicy.paths import TEST_SUFFIX

@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from kvpolicy.evaluate.decision import STATE_SCHEMA, State
+from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 from kvpolicy.runtime.stores import read_document, write_document
@@ -40,8 +41,11 @@ def read_rule_state(ledger_dir: Path | str) -> State | None:
     if text is None:
         return None
     try:
-        return State.model_validate_json(text)
+        return State.model_validate(parse_json(text))
+    except JsonInvalid as exc:
+        raise LedgerError(f"kvpolicy ledger: {exc.in_file(path, 'a rule state file')}") from None
     except ValidationError as exc:
-        raise LedgerError(
-            f"kvpolicy ledger: {path} is not a valid rule state file (schema {STATE_SCHEMA}): {exc}"
-        ) from None
+        what = f"rule state file (schema {STATE_SCHEMA})"
+        raise LedgerError(f"kvpolicy ledger: {invalid_document(exc, State, text, path, what)}") from None
+    except RecursionError:
+        raise LedgerError(f"kvpolicy ledger: {path} is not a rule state file: nested too deeply") from None

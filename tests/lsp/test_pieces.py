@@ -16,7 +16,7 @@ from lark import Lark
 from kvpolicy.lsp import reference
 from kvpolicy.lsp.actions import apply
 from kvpolicy.lsp.formatting import line_edits
-from kvpolicy.lsp.jsonpos import parse
+from kvpolicy.json_positions import parse
 from kvpolicy.lsp.positions import Codec, Pos
 from kvpolicy.lsp.scan import scan
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS
