@@ -95,13 +95,14 @@ class ModelGeometry(BaseModel):
         SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config
         has, times the RoPE scaling factor unless the scaling keeps its own
         ``original_max_position_embeddings`` or is ``llama3``. transformers 5 fills
-        ``original_max_position_embeddings`` into every ``yarn`` scaling, so a yarn
-        factor never applies either (checked against the real resolution in the tests).
+        ``original_max_position_embeddings`` into every ``llama3``, ``yarn`` and ``longrope``
+        scaling, so their factor never applies (checked against the real resolution over random
+        configs in the tests).
         """
         length = next(getattr(self, key) for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
         rope = self.rope_scaling or {}
         kind = rope.get("rope_type") or rope.get("type")
-        if not rope or "original_max_position_embeddings" in rope or kind in ("llama3", "yarn"):
+        if not rope or "original_max_position_embeddings" in rope or kind in ("llama3", "yarn", "longrope"):
             return int(length)
         return int(rope.get("factor", 1) * length)
 

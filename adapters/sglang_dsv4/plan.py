@@ -227,15 +227,20 @@ class _Configurator:
         state_rows = ceil_div(state_rows, 128) * 128
         return state_rows * 2 * self.attn_head_dim * STATE_DTYPE_BYTES * self.L128
 
-    def full_tokens_for_budget(self, available_bytes: int) -> int:
-        """``calculate_pool_sizes`` up to the full-token count (before its ``_compute_dsv4_sizes``)."""
+    def _check_sizable(self) -> None:
+        """SGLang sizes every launch from a profiled budget first (``--max-total-tokens`` only caps what
+        that gives), dividing by the bytes per full token: with none, it cannot start."""
         if self.bytes_per_full_token == 0:
             raise PlanError(
-                "SGLang 0.5.23 cannot size this pool from a budget: no layer has storage that grows with "
-                "the full tokens (no ratio-4 or ratio-128 layer) and SWA is sized by the request cap, so "
-                "its configurator divides by zero bytes per full token. Give --swa-ratio, or --full-tokens",
+                "SGLang 0.5.23 cannot size this pool: no layer has storage that grows with the full tokens "
+                "(no ratio-4 or ratio-128 layer) and SWA is sized by the request cap, so its configurator "
+                "divides by zero bytes per full token, with or without --max-total-tokens. Give --swa-ratio",
                 kind="no_per_token_pool",
             )
+
+    def full_tokens_for_budget(self, available_bytes: int) -> int:
+        """``calculate_pool_sizes`` up to the full-token count (before its ``_compute_dsv4_sizes``)."""
+        self._check_sizable()
         c128_fixed = self._c128_state_fixed_bytes(self._requests_estimate(available_bytes))
         swa_fixed = 0 + (0 if self.swa_cap_tokens is None else self.swa_cap_tokens * self.bytes_per_swa_token)
         fixed = c128_fixed + 0 + swa_fixed + 0 + 0
@@ -286,6 +291,7 @@ class _Configurator:
 
     def sizes_for_full_tokens(self, full: int) -> Sizes:
         """``calculate_pool_sizes_from_max_tokens``: sizes for a pinned full-token count."""
+        self._check_sizable()
         cap = self.s.max_total_tokens
         full, swa = self._pool_tokens(full if cap is None else min(full, cap))
         return self._finalized(full, swa, None)

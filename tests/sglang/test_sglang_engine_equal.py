@@ -222,3 +222,56 @@ def test_flash_40_gib_total_is_over_the_budget_as_sglang_builds_it(sglang_env, c
     main(["plan", "--engine", "sglang", "--model-config", str(flash), "--budget", "40 GiB"])
     text = capsys.readouterr().out
     assert "total vs budget: +1.01 GiB = req_to_token 1.00 GiB (outside the budget) + 10.89 MiB of V4 pools over" in text
+
+
+def real_engine_for_tokens(case: Case, full_tokens: int):
+    """What SGLang builds for ``--max-total-tokens full_tokens`` on a GPU with room to spare (its
+    profiled budget is ample, so the cap decides), or its refusal."""
+    flags = {**case.flags, "max_total_tokens": full_tokens}
+    with published_server_args(**flags) as args:
+        kvc = kv_cache_configurator(case.geometry, args)
+        kvc.device, kvc.attn_dp_size = "meta", case.attn_dp_size
+        try:
+            config = real_sizes(kvc, 1 << 50)
+        except (ValueError, RuntimeError, ZeroDivisionError) as exc:
+            return exc
+        return config, real_tensors(kvc, config)
+
+
+def test_plan_for_full_tokens_equals_the_engine_with_that_token_cap(sglang_env):
+    """``plan --full-tokens N`` is what SGLang builds for ``--max-total-tokens N``: token counts, state pools,
+    running requests and every tensor; and it refuses where SGLang does (a pool it cannot size at all)."""
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES // 2, derandomize=False, print_blob=True, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=cases(), full_tokens=spread(8, 24))
+    def check(case: Case, full_tokens: int) -> None:
+        case = Case(case.geometry, case.budget, {**case.flags, "max_total_tokens": None}, case.attn_dp_size, case.pattern)
+        real = real_engine_for_tokens(case, full_tokens)
+        try:
+            sizes = closed.size_from_full_tokens(case.geometry, case.settings, full_tokens)
+        except closed.PlanError as exc:
+            assert isinstance(real, BaseException), f"plan refuses ({exc}) what SGLang builds"
+            kind, _ = engine_refusal(real)
+            assert exc.kind == kind, (str(exc), str(real))
+            event(f"refused: {kind}")
+            seen["refused"] += 1
+            seen[kind] += 1
+            return
+        assert not isinstance(real, BaseException), f"SGLang refuses ({real!r}), plan builds {sizes.tokens}"
+        config, tensors = real
+        seen["built"] += 1
+        assert (sizes.tokens.full, sizes.tokens.swa, sizes.tokens.c4, sizes.tokens.c128) == (
+            config.max_total_num_tokens, config.swa_max_total_num_tokens,
+            config.c4_max_total_num_tokens, config.c128_max_total_num_tokens,
+        )
+        assert (sizes.c4_state_pool_size, sizes.c128_state_pool_size, sizes.max_running_requests) == (
+            config.c4_state_pool_size, config.c128_state_pool_size, config.max_running_requests,
+        )
+        planned = closed.pool_tensors(case.geometry, case.settings, sizes)
+        assert [(t.pool, t.nbytes) for t in planned] == tensors
+
+    with single_process_parallel():
+        check()
+    assert seen["built"] and seen["no_per_token_pool"], seen  # a cap does not spare SGLang's division

@@ -163,6 +163,62 @@ def test_the_mirror_resolves_what_sglang_resolves(model_dirs):
     assert seen["resolved"] and seen["refused"], seen
 
 
+LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length")
+
+
+@st.composite
+def context_configs(draw) -> dict:
+    """V4-Flash with any context length, rope scaling of each kind and the other length keys HF configs carry."""
+    config = {k: v for k, v in FLASH.items() if k != "rope_scaling"}
+    config["max_position_embeddings"] = draw(st.integers(1024, 1 << 20))
+    kind = draw(st.sampled_from([None, "linear", "dynamic", "yarn", "llama3", "longrope", "default"]))
+    if kind is not None:
+        scaling: dict = {draw(st.sampled_from(["type", "rope_type"])): kind}
+        if kind != "default" or draw(st.booleans()):
+            scaling["factor"] = draw(st.sampled_from([2, 4, 2.5, 1.7, 8.0, 16]))
+        if kind == "llama3" or draw(st.booleans()):
+            scaling["original_max_position_embeddings"] = draw(st.integers(512, 65536))
+        if kind == "llama3":
+            scaling |= {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        if kind == "longrope":
+            half = FLASH["qk_rope_head_dim"] // 2
+            scaling |= {"short_factor": [1.0] * half, "long_factor": [1.0] * half}
+        if kind == "yarn":
+            scaling |= {"beta_fast": 32, "beta_slow": 1}
+        config["rope_scaling"] = scaling
+    for key in LENGTH_KEYS:
+        if draw(st.integers(0, 4)) == 0:
+            config[key] = draw(st.integers(1024, 1 << 20))
+    return config
+
+
+def test_the_context_length_is_sglangs_over_random_configs(tmp_path_factory, sglang_env):
+    """The context length a default launch derives from any config: rope scaling (each kind, with and
+    without its original length) and the other length keys, against SGLang's own resolution."""
+    root = tmp_path_factory.mktemp("contexts")
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES // 2, derandomize=False, print_blob=True, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow])
+    @given(config=context_configs())
+    def check(config: dict) -> None:
+        model_dir = root / str(len(seen))
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config))
+        seen[str(len(seen))] += 1
+        ours = resolve_launch(load_geometry(model_dir / "config.json")).settings.context_length
+        real = resolve_for_real(model_dir, Hardware(), [])
+        with published_resolution(real):
+            live, _dtype, _kvc = engine_reading(model_dir, real)
+        assert ours == live.context_length, config
+        scaling = config.get("rope_scaling") or {}
+        event(f"rope {scaling.get('type') or scaling.get('rope_type') or 'none'}")
+        event("scaled" if ours != config["max_position_embeddings"] else "as max_position_embeddings")
+
+    with single_process_parallel():
+        check()
+
+
 @pytest.mark.parametrize("model", ["flash", "pro", "v41"])
 def test_a_default_launch_on_an_h200(model_dirs, model, capsys):
     """What SGLang resolves for ``sglang serve --model-path M`` on one H200, and plan's defaults."""
