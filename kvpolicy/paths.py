@@ -128,6 +128,48 @@ def read_stream(stream: BinaryIO, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+class NotRegularFile(OSError):
+    """A path that is something other than a regular file (a FIFO, a device, a socket, a
+    directory) where a file that can be read again and again is needed; ``kind`` says what."""
+
+    def __init__(self, path: Path | str, kind: str) -> None:
+        super().__init__(errno.EISDIR if kind == "a directory" else errno.EINVAL, f"{kind}, not a regular file",
+                         str(path))
+        self.kind = kind
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``mode`` (``st_mode``) is, in words: "a FIFO (named pipe)", "a directory"..."""
+    kinds = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+    return next((words for test, words in kinds if test(mode)), "not a regular file")
+
+
+def open_regular(path: Path | str) -> BinaryIO:
+    """``path`` opened for reading if it is a regular file (links followed); ``NotRegularFile``
+    for anything else, ``OSError`` as ``open`` raises it.
+
+    It never blocks and never opens what is not a regular file: a FIFO's open waits for a
+    writer (and would wake one waiting for a reader), a device's may act. So the kind is
+    checked before the open, and again on the open file (the name may have been replaced
+    in between), which is opened with O_NONBLOCK (a FIFO's open returns at once) and
+    O_NOCTTY (a terminal does not become this process's controlling one)."""
+    _check_name(Path(path))
+    _require_regular(path, os.stat(path).st_mode)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _require_regular(path, os.fstat(fd).st_mode)
+        return open(fd, "rb")  # O_NONBLOCK changes nothing for a regular file's reads
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _require_regular(path: Path | str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(path, file_kind(mode))
+
+
 def _check_name(path: Path) -> None:
     if "\0" in str(path):  # the system would raise ValueError: say it as the OSError it is
         raise OSError(errno.EINVAL, "a file name cannot contain a NUL character", str(path))

@@ -6,7 +6,9 @@ or ``--facts``; with none of them it validates and reports only. ``--observe``
 computes and reports decisions without publishing. ``--once`` evaluates once and
 exits. A policy that is missing or does not lint clean at start is an error (exit 1,
 with the diagnostic): a crash loop is visible, a controller running on nothing is not;
-later edits that fail keep the last good policy in force. SIGTERM or SIGINT stop it
+later edits that fail keep the last good policy in force. The policy must be a regular
+file, or a symlink to one (it is read again at every change): a FIFO or a device is a
+usage error (exit 2). SIGHUP reads the policy again now; SIGTERM or SIGINT stop it
 cleanly, and the stop is recorded (``kvpolicy status`` says "stopped"); engines keep
 their last limits. ``--log-format json`` writes one JSON object per log line.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -27,13 +30,14 @@ from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
-from kvpolicy.paths import path_kind, reason
+from kvpolicy.paths import NotRegularFile, open_regular, path_kind, reason
 
 if TYPE_CHECKING:
-    from kvpolicy.runtime.controller import Controller, PolicyRefused
+    from kvpolicy.runtime.controller import Controller
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.gpus import GpuSampler
     from kvpolicy.runtime.metrics import ControllerMetrics
+    from kvpolicy.runtime.watch import ReloadResult
 
 DEFAULT_METRICS_ADDRESS = ("127.0.0.1", 9464)
 _UNSET = object()  # --metrics-address not given
@@ -53,7 +57,7 @@ def add_parser(sub: Subcommands) -> None:
     parser.add_argument("--observe", action="store_true", help="compute and report decisions without publishing")
     parser.add_argument("--once", action="store_true", help="evaluate once, publish, print the decision and exit")
     parser.add_argument("--gpu-capacity", type=parse_size, metavar="SIZE", help="without NVML: every GPU has this capacity")
-    parser.add_argument("--facts", metavar="FILE", help="without NVML: GPU capacity and other use from these facts")
+    parser.add_argument("--facts", metavar="FILE", help="without NVML: GPU capacity and other use from these facts (read once, at start)")
     parser.add_argument("--tick", type=parse_seconds, default=1.0, metavar="SECONDS", help="evaluate at least this often (default 1)")
     parser.add_argument("--reload-quiet", type=_quiet_seconds, metavar="SECONDS",
                         help="a policy change seen without a close-write or rename event must hold still this long "
@@ -101,6 +105,14 @@ def _listen_address(args: argparse.Namespace) -> tuple[str, int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.once and args.format == "json":  # one document, a failure's too (docs/json.md); a running one streams
+        from kvpolicy.commands.json_failure import one_document
+
+        return one_document(_logged_run, args)
+    return _logged_run(args)
+
+
+def _logged_run(args: argparse.Namespace) -> int:
     missing = missing_extra("run", "runtime")
     if missing:
         print(missing, file=sys.stderr)
@@ -144,6 +156,10 @@ def _run(args: argparse.Namespace) -> int:
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
+        # SIGHUP, a daemon's "read your configuration again" (and what a closed terminal sends), would
+        # otherwise end the controller without a word. The watcher's thread reads and logs: a handler
+        # that logged could re-enter a stderr write it interrupted.
+        signal.signal(signal.SIGHUP, lambda *_: controller.watcher.reread())
         controller.run(stop)
         log.info("stopped; engines keep revision %d", controller.revision)
         return 0
@@ -151,7 +167,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"kvpolicy run: {exc}", file=sys.stderr)
         return exc.status
     except PolicyRefused as exc:
-        _refused(policy, exc)
+        _refused(policy, exc.result, "at start, so not starting")
         return 1
     except LedgerError as exc:
         print(f"kvpolicy run: {exc}", file=sys.stderr)
@@ -162,16 +178,30 @@ def _run(args: argparse.Namespace) -> int:
 
 def _check_policy_path(policy: Path) -> None:
     """A policy that is missing is the controller's to report (a refused start); a directory that
-    is missing, or a file that cannot be read, is a usage error."""
+    is missing, a file that cannot be read, or a path that is not a regular file, is a usage error."""
     try:
         kind = path_kind(policy.parent)
     except OSError as exc:
         raise _NotStarted(2, f"{policy.parent}: cannot read it: {reason(exc)}") from None
     if kind != "dir":
         raise _NotStarted(2, f"{policy.parent}: no such directory")
-    unreadable = _unreadable(policy)
-    if unreadable:
-        raise _NotStarted(2, f"{policy}: cannot read it: {unreadable}")
+    try:
+        with open_regular(policy):  # never blocks, even on a FIFO no one writes to
+            pass
+    except FileNotFoundError:
+        pass
+    except NotRegularFile as exc:
+        raise _NotStarted(2, _not_regular(policy, exc)) from None
+    except OSError as exc:
+        raise _NotStarted(2, f"{policy}: cannot read it: {reason(exc)}") from None
+
+
+def _not_regular(policy: Path, exc: NotRegularFile) -> str:
+    """Why a policy path that is a FIFO, a device... cannot be watched, naming where a symlink leads."""
+    target = os.path.realpath(policy)  # for <(...) a name no path opens ("pipe:[...]"): not worth naming
+    what = f"leads to {target}, {reason(exc)}" if policy.is_symlink() and os.path.exists(target) else f"is {reason(exc)}"
+    return (f"{policy} {what}: the controller reads its policy again at every change, so it must be a regular "
+            "file or a symlink to one (kvpolicy lint and explain read a pipe once)")
 
 
 def _sampler(args: argparse.Namespace) -> GpuSampler | None:
@@ -200,8 +230,20 @@ def _open_ledger(args: argparse.Namespace) -> LedgerDir:
 
     try:
         return LedgerDir(args.ledger_dir, group=args.group, allow_foreign_owner=args.allow_foreign_owner or None, create=True)
-    except (LedgerError, OSError) as exc:
+    except LedgerError as exc:
         raise _NotStarted(1, str(exc)) from exc
+    except OSError as exc:  # creating it, or looking at it: say which path and why, without the errno
+        raise _NotStarted(1, _ledger_path_problem(exc)) from exc
+
+
+def _ledger_path_problem(exc: OSError) -> str:
+    """Why the ledger directory could not be created or looked at, worded as the other path errors."""
+    if exc.filename is None:
+        return f"cannot use the ledger directory: {reason(exc)}"
+    path = Path(exc.filename)
+    if isinstance(exc, FileNotFoundError) and not path.parent.is_dir():
+        return f"{path}: cannot create the ledger directory: {path.parent} does not exist (only the last name is created)"
+    return f"{path}: cannot use it as the ledger directory: {reason(exc)}"
 
 
 def _serve_endpoints(listen: tuple[str, int], metrics: ControllerMetrics, controller: Controller,
@@ -222,11 +264,7 @@ def _once(controller: Controller, policy: Path, output: str, where: str) -> int:
     """``--once``: decide, publish and print the decision (1: no valid policy to decide with)."""
     decision = controller.once()
     if decision is None:
-        failed = controller.watcher.last_reload
-        if failed is not None and failed.error is not None:
-            print(failed.error.render(), file=sys.stderr)
-        elif failed is not None:
-            print(f"kvpolicy run: {policy}: {failed.message}", file=sys.stderr)
+        _refused(policy, controller.watcher.last_reload, "to decide with")
         return 1
     if output == "json":
         print(decision.to_json())
@@ -239,29 +277,15 @@ def _once(controller: Controller, policy: Path, output: str, where: str) -> int:
     return 0
 
 
-def _refused(policy: Path, exc: PolicyRefused) -> None:
-    """Why the controller did not start: the policy's first error with its caret, or why it
-    could not be read. A supervisor restarts it, and the restarts are visible."""
-    result = exc.result
-    if result is not None and result.error is not None:
-        print(result.error.render(), file=sys.stderr)
-        hint = f" (kvpolicy lint {policy} lists every finding)"
-    else:
-        print(f"kvpolicy run: {policy}: {exc}", file=sys.stderr)
-        hint = ""
-    print(f"kvpolicy run: no valid policy at start, so not starting{hint}", file=sys.stderr)
-
-
-def _unreadable(policy: Path) -> str | None:
-    """Why a policy that exists cannot be read (None: it can, or it does not exist, which the
-    controller reports as a refused start): a directory in its place, or no permission."""
-    try:
-        with open(policy, "rb"):
-            return None
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        return exc.strerror or str(exc)
+def _refused(policy: Path, result: ReloadResult | None, what: str) -> None:
+    """The last words of a controller that has no valid policy (``what``: for what). Why is in the
+    watcher's log just above, once: the first error with its source line and caret, or why the
+    file could not be read (an error, shown at any --log-level). A supervisor restarts it, and the
+    restarts are visible."""
+    if result is None:  # nothing recorded: the one read found the file moving
+        print(f"kvpolicy run: {policy}: the file changed while it was read (a save under way?)", file=sys.stderr)
+    hint = f" (kvpolicy lint {policy} lists every finding)" if result is not None and result.error is not None else ""
+    print(f"kvpolicy run: no valid policy {what}{hint}", file=sys.stderr)
 
 
 def _show(host: str, port: int) -> str:

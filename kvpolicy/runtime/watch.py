@@ -22,6 +22,14 @@ check, so a re-pointed link moves the watches with it. New content is parsed and
 linted; only a policy without errors replaces the running one. A failure is kept
 as ``last_reload`` (with file:line:col), and the running policy stays.
 
+The policy must be a regular file (or a symlink to one): the watcher reads it again at
+every change, which a FIFO or a device cannot give (a FIFO's open blocks until a
+writer comes, ``/dev/zero`` never ends). Anything else is refused before it is opened,
+and again on the open file, opened so that it cannot block (``paths.open_regular``),
+and recorded like a missing file; the running policy stays, and a regular file put back
+is read as usual. ``reread()`` (``kvpolicy run``'s SIGHUP) asks for a read now, as a
+close-write would.
+
 What events cannot tell: a writer that closes the file in the middle of a save
 and reopens it, or one that pauses for longer than ``quiet`` without closing. And
 one race is only narrowed: a save that starts before the previous save's final
@@ -45,8 +53,9 @@ from typing import TYPE_CHECKING, Literal
 from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.lint.budget import RELOAD_WORK_BUDGET
 from kvpolicy.lint.engine import lint_bytes
+from kvpolicy.lint.report import render_diagnostic
 from kvpolicy.lint.source import read_policy_stream
-from kvpolicy.paths import reason
+from kvpolicy.paths import NotRegularFile, open_regular, reason
 from kvpolicy.policy.model import Policy
 from kvpolicy.runtime.links import Chain, resolve_chain
 
@@ -60,11 +69,15 @@ DEFAULT_DEBOUNCE = 0.02
 DEFAULT_QUIET = 0.3
 DEFAULT_POLL_INTERVAL = 1.0
 
-Trigger = Literal["check", "close-write", "moved", "modified", "created", "deleted", "poll"]
+MAX_LOGGED_LINE = 500
+"""A rejected policy's log line shows the source line of its error, with a caret, up to this many
+characters (a longer one, such as a 1 MiB policy on one line, is left out: file:line:col says where)."""
+
+Trigger = Literal["check", "sighup", "close-write", "moved", "modified", "created", "deleted", "poll"]
 """What made the watcher read the file. ``check``: an explicit ``check_now()`` (the first
 load, ``run --once``). ``close-write`` and ``moved`` (a rename into place, a symlink created
-or re-pointed): a final event, read after ``debounce``. The others: read once the file
-has been quiet for ``quiet`` seconds."""
+or re-pointed), and ``sighup`` (``reread()``: the operator says the file is saved): final,
+read after ``debounce``. The others: read once the file has been quiet for ``quiet`` seconds."""
 
 @dataclass(frozen=True)
 class LoadedPolicy:
@@ -208,6 +221,8 @@ class PolicyWatcher:
             snapshot = self._read()
             if snapshot is None or snapshot.sha256 == self._seen_sha:
                 self._candidate = None
+                if trigger == "sighup":  # nothing new to log otherwise: say what the signal found
+                    log.info("policy %s read again on SIGHUP: %s", self.display_name, self._standing(snapshot))
                 return False
             if identity is not None and snapshot.identity != identity:
                 settle = True  # written again since the close-write: wait for quiet
@@ -248,8 +263,9 @@ class PolicyWatcher:
             error = result.errors[0]
             self.failures += 1
             self._record(ReloadResult(ok=False, at=now, sha256=sha, error=error, trigger=trigger))
-            log.warning("policy %s rejected (sha256 %s, %s), keeping revision %s: %s", self.display_name, sha, trigger,
-                        self.current.revision if self.current else "none", error.render())
+            text = result.text if result.text is not None else snapshot.data.decode("utf-8", errors="replace")
+            log.log(self._failure_level(), "policy %s rejected (sha256 %s, %s), %s:\n%s", self.display_name, sha,
+                    trigger, self._keeping(), _shown(error, text))
             return None
         revision = self.current.revision + 1 if self.current else 1
         loaded = LoadedPolicy(policy=result.policy, sha256=sha, revision=revision, loaded_at=now, trigger=trigger)
@@ -268,19 +284,20 @@ class PolicyWatcher:
         return True
 
     def _read(self) -> _Snapshot | None:
-        """The file's bytes if they held still while read; None if missing, unreadable or moving."""
+        """The file's bytes if they held still while read; None if missing, unreadable, not a
+        regular file, or moving."""
         self.chain = resolve_chain(self.path)
         self._reconcile_watches()  # before reading: a write after this read is seen by an event
         try:
-            with open(self.path, "rb") as f:
+            with open_regular(self.path) as f:  # never blocks: a FIFO or a device is refused unopened
                 before = os.fstat(f.fileno())
                 data = read_policy_stream(f)  # at most the size cap + 1 byte (then KV026)
                 after = os.fstat(f.fileno())
         except FileNotFoundError:
             self._missing("the policy file does not exist")
             return None
-        except IsADirectoryError:
-            self._missing("the policy path is a directory, not a file")
+        except NotRegularFile as exc:
+            self._missing(self._not_regular(exc))
             return None
         except OSError as exc:
             self._missing(f"cannot read the policy file: {reason(exc)}")
@@ -291,14 +308,41 @@ class PolicyWatcher:
             return None
         return _Snapshot(data, hashlib.sha256(data).hexdigest(), _identity(after))
 
+    def _not_regular(self, exc: NotRegularFile) -> str:
+        """Why the policy path cannot be watched, naming where its symlinks lead."""
+        if self.chain.links:
+            return f"the policy path leads to {self.chain.target}, {exc.kind}, not a regular file"
+        return f"the policy path is {exc.kind}, not a regular file"
+
     def _missing(self, message: str) -> None:
+        """Record a file that cannot be read, once for each reason (the poll finds it again and again)."""
         self._candidate = None
-        if self._seen_sha != "missing":
-            self._seen_sha = "missing"
+        marker = f"unreadable: {message}"  # never a SHA-256: a file that comes back is read as new
+        if self._seen_sha != marker:
+            self._seen_sha = marker
             self.failures += 1
             self._record(ReloadResult(ok=False, at=self.clock(), sha256=None, message=message))
-            log.warning("policy %s: %s; keeping revision %s", self.display_name, message,
-                        self.current.revision if self.current else "none")
+            log.log(self._failure_level(), "policy %s: %s; %s", self.display_name, message, self._keeping())
+
+    def _failure_level(self) -> int:
+        """A failure with a policy kept is a warning; with none in force nothing is enforced: an error
+        (which ``kvpolicy run`` shows at any ``--log-level``, as its reason for not starting)."""
+        return logging.WARNING if self.current is not None else logging.ERROR
+
+    def _keeping(self) -> str:
+        return f"keeping revision {self.current.revision}" if self.current else "no policy in force"
+
+    def _standing(self, snapshot: _Snapshot | None) -> str:
+        """What a re-read that swapped nothing found: ``snapshot`` None for a file it could not take."""
+        last = self.last_reload
+        refused = last is not None and not last.ok
+        if snapshot is None and not refused:  # _read records what it cannot read: this one was moving
+            return "it is being written, and is read once it holds still"
+        kept = self._keeping()
+        if not refused or last is None:
+            return f"unchanged; {kept}"
+        why = last.error.render().splitlines()[0] if last.error is not None else last.message
+        return f"{'unchanged and ' if snapshot is not None else ''}still refused ({why}); {kept}"
 
     def _record(self, result: ReloadResult) -> None:
         self.last_reload = result
@@ -381,6 +425,12 @@ class PolicyWatcher:
                 self._settle_trigger = trigger
             self._wake.notify()
 
+    def reread(self) -> None:
+        """Read the file again, as after a close-write: at once if it is unchanged since this call,
+        after the quiet period if it is being written (``kvpolicy run``'s SIGHUP). Safe in a signal
+        handler: it opens nothing, and takes only the schedule's lock, a re-entrant one."""
+        self._final("sighup")
+
     def poke(self) -> None:
         """Something may have changed: look after ``debounce``, take it after ``quiet``."""
         self._settle("poll", downgrade=False)
@@ -448,3 +498,10 @@ class PolicyWatcher:
             except Exception:  # the watcher must outlive any bad file; the error is logged
                 log.exception("policy check failed; keeping the running policy")
 
+
+def _shown(error: Diagnostic, text: str) -> str:
+    """``error`` as ``kvpolicy lint`` shows it: with its source line and a caret under it (a line
+    too long for a log is left out)."""
+    lines = text.split("\n")
+    too_long = 1 <= error.line <= len(lines) and len(lines[error.line - 1]) > MAX_LOGGED_LINE
+    return "\n".join(render_diagnostic(error, None if too_long else lines))

@@ -120,3 +120,10 @@ def test_sysusers_and_tmpfiles_make_a_directory_the_ledger_accepts(node):
                               capture_output=True, text=True, timeout=60, **as_user(user, user))
         assert (done.returncode == 0) == ok, done.stderr
     assert "is owned by uid" in done.stderr
+
+
+def test_systemctl_reload_sends_the_signal_that_rereads_the_policy():
+    """`systemctl reload kvpolicy` sends SIGHUP, which `kvpolicy run` handles as "read the policy now"
+    (tests/controller/test_run_policy_path.py checks a real controller lives on and re-reads)."""
+    (reload,) = values("ExecReload")
+    assert shlex.split(reload) == ["/bin/kill", "-HUP", "$MAINPID"]
