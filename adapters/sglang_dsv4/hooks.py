@@ -163,7 +163,7 @@ def _budget_hook(
     geometry, settings = live_geometry(kvc), live_settings(kvc)
     model = state.model_name or _served_model_name()
     reserve = state.reserve_source(model)
-    swa_policy = elastic_swa_policy(reserve, gpu_id(kvc.gpu_id)) if reserve.swa_elastic else None
+    swa_policy = _resolved_swa_policy(reserve, gpu_id(kvc.gpu_id)) if reserve.swa_elastic else None
     if not reserve.bytes:
         raise AdapterError(
             f"kvpolicy: model {model!r} has no `reserve` in {reserve.where}. DeepSeek-V4's pools are "
@@ -207,7 +207,7 @@ def _budget_hook(
     return chosen.budget
 
 
-def elastic_swa_policy(reserve: Reserve, gpu: str) -> closed.SWAElasticPolicy:
+def _resolved_swa_policy(reserve: Reserve, gpu: str) -> closed.SWAElasticPolicy:
     """The policy's elastic SWA pool on ``gpu``; TP > 1 is refused loudly (each rank would map its pages on its
     own while one scheduler admits requests for all)."""
     check_tensor_parallel(_tp_size())
