@@ -46,6 +46,8 @@ ENV_GIVE_BACK_CHUNKS = "KVPOLICY_ELASTIC_GIVE_BACK_CHUNKS"
 ENV_FIGURES_WAIT = "KVPOLICY_FIGURES_WAIT"
 
 DEFAULT_LEDGER_DIR = Path("/dev/shm/kvpolicy")
+"""The ledger's own default (``kvpolicy.runtime.client``), written out here: a disabled plugin imports
+this module alone, not the ledger (a test keeps the two equal)."""
 DEFAULT_REPORT_INTERVAL = 1.0
 DEFAULT_GIVE_BACK_INTERVAL = 1.0
 DEFAULT_YIELD_ABOVE_TARGET = 0.0

@@ -32,7 +32,7 @@ from kvpolicy.diagnostics import Diagnostic, Span
 from kvpolicy.policy import model as m
 from kvpolicy.policy import vocabulary as v
 from kvpolicy.policy.lark_parser import Token
-from kvpolicy.policy.suggest import closest, did_you_mean
+from kvpolicy.suggest import closest, did_you_mean
 from kvpolicy.units import DURATION_UNITS, SIZE_UNITS, duration_seconds, size_bytes
 
 _QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))[ \t]*(%|[A-Za-z_][A-Za-z0-9_]*)?")

@@ -87,6 +87,12 @@ def test_the_report_interval_is_one_setting_for_both_of_its_readers(monkeypatch:
         EngineReporter.from_environ()
 
 
+def test_the_ledger_directory_is_the_ledgers_own_setting() -> None:
+    from kvpolicy.runtime import client
+
+    assert (settings.ENV_LEDGER_DIR, settings.DEFAULT_LEDGER_DIR) == (client.ENV_LEDGER_DIR, client.DEFAULT_LEDGER_DIR)
+
+
 def _kvpolicy_reads(tree: ast.AST) -> list[tuple[int, str]]:
     """(line, key) of each lookup that may read a KVPOLICY_ variable: on the environment (``os.environ``,
     ``os.getenv``, a mapping named ``environ``) any key but a literal other name; on any mapping a key

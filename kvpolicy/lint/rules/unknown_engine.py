@@ -10,7 +10,7 @@ from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.engines import ANY_ENGINE, ENGINES
 from kvpolicy.lint.context import LintContext
 from kvpolicy.lint.registry import Check, register
-from kvpolicy.policy.suggest import did_you_mean
+from kvpolicy.suggest import did_you_mean
 
 
 @register
