@@ -20,7 +20,11 @@ class EngineVocabulary:
         return bool(self.elastic_pools)
 
 
-DEEPSEEK_V4_POOLS = frozenset({"swa", "c4", "c128", "indexer", "compressor_state"})
+DEEPSEEK_V4_POOL_NAMES = ("swa", "c4", "c128", "indexer", "compressor_state")
+"""DeepSeek-V4's five pools, in the order both adapters report them."""
+DEEPSEEK_V4_POOLS = frozenset(DEEPSEEK_V4_POOL_NAMES)
+VLLM_ELASTIC_POOL_NAMES = ("full", "mla", "sliding_window")
+"""The pools the vLLM adapter can back with the elastic allocator, in the order its messages name them."""
 
 ENGINES: dict[str, EngineVocabulary] = {
     "sglang": EngineVocabulary(
@@ -44,8 +48,8 @@ ENGINES: dict[str, EngineVocabulary] = {
         | {"other", "padding", "free_blocks"},
         # Standard attention caches run on the allocator (adapters/vllm_adapter/elastic/);
         # DeepSeek-V4's pools stay runtime-owned (its indexer aliases compressed entries on
-        # the decode hot path). Mirrors kvpolicy.adapters.vllm_adapter.pools.VLLM_ELASTIC_POOLS.
-        elastic_pools=frozenset({"full", "mla", "sliding_window"}),
+        # the decode hot path).
+        elastic_pools=frozenset(VLLM_ELASTIC_POOL_NAMES),
     ),
 }
 

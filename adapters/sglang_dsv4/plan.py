@@ -27,11 +27,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
+from kvpolicy.engines import DEEPSEEK_V4_POOL_NAMES
+
 from . import footprint as fp
 from .geometry import ModelGeometry
 
 VALIDATED_SGLANG = "0.5.23"
-V4_POOL_NAMES = ("swa", "c4", "c128", "indexer", "compressor_state")
+V4_POOL_NAMES = DEEPSEEK_V4_POOL_NAMES
 """The pools of ``DeepSeekV4TokenToKVPool``."""
 REQ_TO_TOKEN = "req_to_token"
 """SGLang's request-to-token table (``ReqToTokenPool.req_to_token``): runtime-owned memory

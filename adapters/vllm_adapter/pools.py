@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpolicy.engines import DEEPSEEK_V4_POOL_NAMES, VLLM_ELASTIC_POOL_NAMES
 from kvpolicy.facts import PoolFacts
 from kvpolicy.units import MiB
 
-# The pool names the vLLM adapter reports (the linter's vLLM vocabulary mirrors these).
-DEEPSEEK_V4_POOLS = ("swa", "c4", "c128", "indexer", "compressor_state")
+# The pool names the vLLM adapter reports (the linter's vLLM vocabulary, kvpolicy.engines, has them all).
+DEEPSEEK_V4_POOLS = DEEPSEEK_V4_POOL_NAMES
 """DeepSeek-V4's five policy pools (the same names as the SGLang adapter's)."""
 STANDARD_POOLS = (
     "full",  # FullAttentionSpec (and its subclasses other than MLA)
@@ -39,7 +40,7 @@ FREE_POOL = "free_blocks"
 ACCOUNTING_POOLS = (PADDING_POOL, FREE_POOL)
 """Bytes of the buffer that hold no KV: block tails, the null block, rounding; unheld blocks."""
 VLLM_POOLS = DEEPSEEK_V4_POOLS + STANDARD_POOLS + ACCOUNTING_POOLS
-VLLM_ELASTIC_POOLS: tuple[str, ...] = ("full", "mla", "sliding_window")
+VLLM_ELASTIC_POOLS = VLLM_ELASTIC_POOL_NAMES
 """Pools the vLLM adapter can back with the elastic allocator (standard attention; not DeepSeek-V4)."""
 
 ALLOCATOR_GRANULE = 2 * MiB
