@@ -134,6 +134,19 @@ def real_engine(case: Case):
         return config, real_tensors(kvc, config), hooks.live_settings(kvc)
 
 
+def assert_built_alike(case: Case, sizes: closed.Sizes, config, tensors: list[tuple[str, int]]) -> None:
+    """The closed forms' sizes are SGLang's config, and their tensors SGLang's, one by one in allocation order."""
+    assert (sizes.tokens.full, sizes.tokens.swa, sizes.tokens.c4, sizes.tokens.c128) == (
+        config.max_total_num_tokens, config.swa_max_total_num_tokens,
+        config.c4_max_total_num_tokens, config.c128_max_total_num_tokens,
+    )
+    assert (sizes.c4_state_pool_size, sizes.c128_state_pool_size, sizes.max_running_requests) == (
+        config.c4_state_pool_size, config.c128_state_pool_size, config.max_running_requests,
+    )
+    planned = closed.pool_tensors(case.geometry, case.settings, sizes)
+    assert [(t.pool, t.nbytes) for t in planned] == tensors
+
+
 def test_plan_equals_the_engine_over_random_configs(sglang_env):
     seen: Counter[str] = Counter()
 
@@ -165,15 +178,7 @@ def test_plan_equals_the_engine_over_random_configs(sglang_env):
         seen["built"] += 1
         event(f"built: {ours.mode} mode")
         assert live == case.settings  # what the adapter reads from SGLang is what plan computes with
-        assert (sizes.tokens.full, sizes.tokens.swa, sizes.tokens.c4, sizes.tokens.c128) == (
-            config.max_total_num_tokens, config.swa_max_total_num_tokens,
-            config.c4_max_total_num_tokens, config.c128_max_total_num_tokens,
-        )
-        assert (sizes.c4_state_pool_size, sizes.c128_state_pool_size, sizes.max_running_requests) == (
-            config.c4_state_pool_size, config.c128_state_pool_size, config.max_running_requests,
-        )
-        planned = closed.pool_tensors(case.geometry, case.settings, sizes)
-        assert [(t.pool, t.nbytes) for t in planned] == tensors  # tensor by tensor, in allocation order
+        assert_built_alike(case, sizes, config, tensors)
         per_pool = Counter()
         for name, nbytes in tensors:
             per_pool[name] += nbytes
@@ -262,16 +267,24 @@ def test_plan_for_full_tokens_equals_the_engine_with_that_token_cap(sglang_env):
         assert not isinstance(real, BaseException), f"SGLang refuses ({real!r}), plan builds {sizes.tokens}"
         config, tensors = real
         seen["built"] += 1
-        assert (sizes.tokens.full, sizes.tokens.swa, sizes.tokens.c4, sizes.tokens.c128) == (
-            config.max_total_num_tokens, config.swa_max_total_num_tokens,
-            config.c4_max_total_num_tokens, config.c128_max_total_num_tokens,
-        )
-        assert (sizes.c4_state_pool_size, sizes.c128_state_pool_size, sizes.max_running_requests) == (
-            config.c4_state_pool_size, config.c128_state_pool_size, config.max_running_requests,
-        )
-        planned = closed.pool_tensors(case.geometry, case.settings, sizes)
-        assert [(t.pool, t.nbytes) for t in planned] == tensors
+        assert_built_alike(case, sizes, config, tensors)
 
     with single_process_parallel():
         check()
-    assert seen["built"] and seen["no_per_token_pool"], seen  # a cap does not spare SGLang's division
+    assert seen["built"] and seen["refused"], seen
+
+
+def test_a_token_cap_does_not_spare_sglangs_division(sglang_env):
+    """Sliding-only layers with SWA sized by the request cap: SGLang profiles a budget before it applies
+    ``--max-total-tokens`` and divides by zero bytes per full token there, so no cap makes it start."""
+    geometry = ModelGeometry(num_hidden_layers=4, compress_ratios=(0, 0, 0, 0), max_position_embeddings=65536)
+    flags = dict(max_running_requests=64, swa_full_tokens_ratio=0.1, _swa_full_tokens_ratio_explicitly_set=False,
+                 chunked_prefill_size=8192, max_total_tokens=None, disable_radix_cache=False,
+                 disable_overlap_schedule=False, swa_prefix_tails=None)
+    case = Case(geometry, budget=0, flags=flags, attn_dp_size=1, pattern="sliding only")
+    with single_process_parallel():
+        real = real_engine_for_tokens(case, 1 << 20)
+    assert isinstance(real, ZeroDivisionError), real
+    with pytest.raises(closed.PlanError, match="divides by zero bytes per full token") as refused:
+        closed.size_from_full_tokens(case.geometry, case.settings, 1 << 20)
+    assert refused.value.kind == "no_per_token_pool"
