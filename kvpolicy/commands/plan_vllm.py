@@ -5,15 +5,17 @@ and, for ``--engine vllm``, ``run_vllm(args)``. Options the SGLang part may defi
 too (``--model-config``, ``--budget``, ``--max-model-len``, ``--format``) are added
 only if the parser lacks them. Imports neither torch nor vllm. Every default a flag
 left to vLLM is stated in the plan (``assumed``): the vLLM version (the installed one,
-else the newest validated), max_model_len (the config's ``max_position_embeddings``, as
-vLLM derives it), the platform (``--platform``, default cuda) and what it decides — block
-size and the scheduler's batch figures (``planning/platform.py``) — KV dtype and layout.
+else the newest validated), max_model_len (as vLLM derives it from the config's length keys and
+RoPE scaling, ``planning/max_len.py``), the platform (``--platform``, default cuda, and the GPU class
+it assumes) and what it decides — block size and the scheduler's batch figures
+(``planning/platform.py``) — KV dtype and layout. Launches vLLM refuses are refused (exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 from kvpolicy.commands.common import parse_positive_count, parse_size
@@ -44,17 +46,19 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(_amount_group(parser), "--num-blocks", type=parse_positive_count, metavar="N",
          help="vLLM: a block count instead of a budget")
     _add(parser, "--max-model-len", type=parse_positive_count, metavar="L",
-         help="--max-model-len of vLLM (default, as vLLM: the config's max_position_embeddings)")
+         help="--max-model-len of vLLM (default, as vLLM: the config's max_position_embeddings or other "
+              "length key, times its RoPE scaling factor)")
     _add(parser, "--vllm-version", metavar="X.Y",
          help="the vLLM release to plan for: 0.32 or 0.33 (default: the installed vLLM, else 0.33)")
     _add(parser, "--format", choices=("text", "json"), default="text", help="output format (default: text)")
     group = parser.add_argument_group("vLLM options (names as vLLM's flags)")
     _add(group, "--platform", choices=("cuda", "cpu"), default="cuda",
-         help="the platform whose defaults to plan with (default: cuda, a GPU of 70 GB or more)")
+         help="the platform whose defaults to plan with (default: cuda, a Hopper GPU of 70 to 160 GiB)")
     _add(group, "--cpu-amx", action="store_true",
          help="--platform cpu: the CPU has AMX (vLLM then keeps chunked prefill on for MLA models)")
     _add(group, "--block-size", type=int,
-         help="default: the platform's (CUDA: 16, MLA 64, DeepSeek-V4 256; CPU: 128, MLA 16, DeepSeek-V4 256)")
+         help="default: the platform's (CUDA: 16, MLA with an fp8 cache 64, DeepSeek-V4 256; "
+              "CPU: 128, MLA 16, DeepSeek-V4 256)")
     _add(group, "--sliding-window-block-size", type=int, help="default: --block-size")
     _add(group, "--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, fp8 (default: auto)")
     _add(group, "--indexer-kv-dtype", choices=("fp8", "mxfp4"), default="fp8", help="DeepSeek-V4 indexer cache")
@@ -76,6 +80,7 @@ def run_vllm(args: argparse.Namespace) -> int:
         load_config,
         model_family,
     )
+    from kvpolicy.adapters.vllm_adapter.planning.max_len import model_length
     from kvpolicy.adapters.vllm_adapter.planning.plan import (
         PlanError,
         PlanSettings,
@@ -99,23 +104,28 @@ def run_vllm(args: argparse.Namespace) -> int:
     except ModelSpecError as exc:  # its message names the file
         print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigUnreadable) else 1
-    # Only an absent flag takes the config's value (the parser refuses 0).
-    max_model_len = args.max_model_len if args.max_model_len is not None else default_max_model_len(config)
-    if max_model_len is None:
-        print(f"kvpolicy plan --engine vllm: --max-model-len is required: {args.model_config} has no "
-              "max_position_embeddings to derive it from", file=sys.stderr)
-        return 2
+    platform: pf.Platform = getattr(args, "platform", "cuda")
     try:
+        length = model_length(config)
         family = model_family(config)
     except ModelSpecError as exc:
         print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
         return 1
-    platform: pf.Platform = getattr(args, "platform", "cuda")
+    # Only an absent flag takes the config's value (the parser refuses 0).
+    if args.max_model_len is not None:
+        max_model_len = args.max_model_len
+    else:
+        max_model_len = length.default if length and length.known else 0
+    if not max_model_len:
+        print(f"kvpolicy plan --engine vllm: --max-model-len is required: {args.model_config} has no "
+              "max_position_embeddings (nor model_max_length) to derive it from", file=sys.stderr)
+        return 2
     amx = bool(getattr(args, "cpu_amx", False))
+    gpu = pf.cuda_gpu(args.indexer_kv_dtype if family == "deepseek_v4" else "fp8")
     resolved = {
         "block_size": pf.block_size(platform, family, args.block_size, amx),
         "max_num_batched_tokens": pf.batched_tokens(
-            platform, family, args.max_num_batched_tokens, amx, max_model_len, args.tensor_parallel_size or 1),
+            platform, family, args.max_num_batched_tokens, amx, max_model_len, args.tensor_parallel_size or 1, gpu),
         "max_concurrent_batches": pf.concurrent_batches(platform, args.max_concurrent_batches),
     }
     try:
@@ -135,11 +145,13 @@ def run_vllm(args: argparse.Namespace) -> int:
         print(f"kvpolicy plan --engine vllm: {problems}", file=sys.stderr)
         return 2
     try:
-        plan = make_plan(config, settings, budget=budget, num_blocks=args.num_blocks, engine_version=version)
+        plan = make_plan(config, settings, budget=budget, num_blocks=args.num_blocks, engine_version=version,
+                         platform=platform)
     except (ModelSpecError, PlanError) as exc:
         print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
         return 1
-    assumed = assumed_defaults(args, plan, version_why, max_model_len, platform, amx, resolved)
+    launch = Launch(platform, amx, gpu.name, length.why if length else "", auto_kv_dtype(config, family))
+    assumed = assumed_defaults(args, plan, version_why, max_model_len, launch, resolved)
     plan = plan.model_copy(update={"assumed": assumed})
     if args.format == "json":
         print(plan.to_json())
@@ -180,31 +192,56 @@ def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:
 
 
 def default_max_model_len(config: dict[str, Any]) -> int | None:
-    """vLLM's default --max-model-len: the config's ``max_position_embeddings`` (``load_config`` merged a
-    multimodal wrapper's ``text_config``), or None without one."""
-    value = config.get("max_position_embeddings")
-    return value if isinstance(value, int) and value > 0 else None
+    """vLLM's default --max-model-len for this config (``planning/max_len.py``), or None when config.json
+    does not say enough to derive it. Raises ModelSpecError for a length vLLM cannot read."""
+    from kvpolicy.adapters.vllm_adapter.planning.max_len import model_length
+
+    length = model_length(config)
+    return length.default if length and length.known else None
+
+
+def auto_kv_dtype(config: dict[str, Any], family: str) -> str:
+    """What ``--kv-cache-dtype auto`` stores for this model, in words."""
+    from kvpolicy.adapters.vllm_adapter.planning.hf_config import auto_dtype
+
+    if family == "deepseek_v4":
+        return "fp8_ds_mla, DeepSeek-V4's packed cache"
+    return f"{auto_dtype(config)}, the model's dtype as vLLM's --dtype auto resolves it"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the plan assumed of the machine and the model where no flag said (for ``assumed``)."""
+
+    platform: str
+    amx: bool
+    gpu: str
+    """The CUDA GPU class assumed."""
+    max_model_len_why: str
+    kv_dtype: str
 
 
 def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | None, max_model_len: int,
-                     platform: str, amx: bool, resolved: dict[str, Any]) -> dict[str, str]:
+                     launch: Launch, resolved: dict[str, Any]) -> dict[str, str]:
     """Each figure a flag left to its default (or the platform overrode), with where it comes from."""
     assumed: dict[str, str] = {}
     if version_why is not None:
         assumed["vllm_version"] = f"{plan.engine_version} ({version_why})"
-    if platform == "cuda":
-        assumed["platform"] = "cuda (a GPU of 70 GB or more, not an A100; --platform cpu plans vLLM's CPU build)"
+    if launch.platform == "cuda":
+        assumed["platform"] = f"cuda ({launch.gpu}; --platform cpu plans vLLM's CPU build)"
+    elif launch.amx:
+        assumed["platform"] = "cpu with AMX (--cpu-amx)"
     else:
-        assumed["platform"] = "cpu with AMX (--cpu-amx)" if amx else "cpu without AMX (pass --cpu-amx if it has AMX)"
+        assumed["platform"] = "cpu without AMX (pass --cpu-amx if it has AMX)"
     if args.max_model_len is None:
-        assumed["max_model_len"] = f"{max_model_len} (the config's max_position_embeddings, as vLLM derives it)"
+        assumed["max_model_len"] = f"{max_model_len} ({launch.max_model_len_why})"
     block = resolved["block_size"]
     if args.block_size is None or block.forced:
         sizes = sorted({g.block_size for g in plan.groups})
         over = f", over --block-size {args.block_size}" if args.block_size is not None and block.forced else ""
         assumed["block_size"] = f"{', '.join(map(str, sizes))} ({block.why}{over})"
     if args.kv_cache_dtype == "auto":
-        assumed["kv_cache_dtype"] = "auto (the model's dtype)"
+        assumed["kv_cache_dtype"] = f"auto ({launch.kv_dtype})"
     if args.kv_cache_layout is None:
         assumed["kv_cache_layout"] = f"{plan.kv_cache_layout} (vLLM's default for this model's attention backends)"
     elif getattr(args, "kv_cache_layout_source", None):  # chosen by the policy's adapter, not by a flag

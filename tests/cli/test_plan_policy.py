@@ -169,10 +169,10 @@ def test_a_loose_block_plans_with_the_engine_given(capsys, policy_path):
     assert code == 0 and json.loads(out)["total_footprint"] <= 8 * GiB
 
 
-def test_vllm_policy_plans_default_max_model_len_as_vllm_and_say_what_they_assume(capsys, policy_path):
-    """Without --max-model-len, vLLM serves the config's max_position_embeddings: so does the plan, and its
-    ``assumed`` names that and the layout it assumed (static: vLLM's default for the model's backends;
-    elastic: the adapter's block-outermost one)."""
+def test_vllm_policy_plans_default_max_model_len_as_vllm_and_say_what_they_assume(capsys, policy_path, tmp_path):
+    """Without --max-model-len, vLLM serves the length it derives from the config (its length keys times the
+    RoPE scaling factor): so does the plan, and its ``assumed`` names that and the layout it assumed (static:
+    vLLM's default for the model's backends; elastic: the adapter's block-outermost one)."""
     code, out, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--model-config", str(QWEN),
                           "--format", "json")
     assert code == 0, err
@@ -180,6 +180,16 @@ def test_vllm_policy_plans_default_max_model_len_as_vllm_and_say_what_they_assum
     positions = json.loads(QWEN.read_text())["max_position_embeddings"]
     assert doc["max_model_len"] == positions == 40960
     assert doc["assumed"]["max_model_len"].startswith(f"{positions} (the config's max_position_embeddings")
+    # A linear RoPE scaling of 2: vLLM 0.33 serves 2 × 40960 (tests/vllm/test_vllm_max_model_len.py checks the
+    # derivation against vLLM's over random configs).
+    scaled = tmp_path / "config.json"
+    scaled.write_text(json.dumps({**json.loads(QWEN.read_text()), "rope_scaling": {"rope_type": "linear", "factor": 2}}))
+    code, out, err = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--model-config", str(scaled),
+                          "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["max_model_len"] == 81920
+    assert json.loads(out)["assumed"]["max_model_len"] == (
+        "81920 (the config's max_position_embeddings × RoPE factor 2, as vLLM derives it)")
     assert doc["kv_cache_layout"] == "LBNHC" and doc["assumed"]["kv_cache_layout"].startswith("LBNHC (")
     code, same, _ = plan(capsys, "--policy", str(policy_path), "--model", "qwen3-8b", "--model-config", str(QWEN),
                          "--max-model-len", str(positions), "--format", "json")

@@ -8,9 +8,11 @@ real model class on the ``meta`` device so that its attention modules run their 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ class Case:
     sliding_window_block_size: int | None = None
     """What vLLM's CPU attention backend picks for sliding-window layers (MultipleOf(32))."""
     max_num_batched_tokens: int = 8192
+    tensor_parallel_size: int = 1
+    """The specs are one rank's of this many (``layer_specs`` builds the model as rank 0)."""
 
     @property
     def config_dir(self) -> Path:
@@ -42,7 +46,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{self.name}-b{self.block_size}-{self.layout}-{self.kv_cache_dtype}-{self.indexer_kv_dtype}"
+        return (f"{self.name}-b{self.block_size}-{self.layout}-{self.kv_cache_dtype}-{self.indexer_kv_dtype}"
+                f"-tp{self.tensor_parallel_size}")
 
 
 class _CpuEvent:
@@ -60,6 +65,8 @@ def vllm_config(case: Case) -> Any:
     kwargs: dict[str, Any] = {}
     if case.indexer_kv_dtype != "fp8":
         kwargs["attention_config"] = {"indexer_kv_dtype": case.indexer_kv_dtype}
+    if case.tensor_parallel_size > 1:  # config only: no worker is started
+        kwargs |= {"tensor_parallel_size": case.tensor_parallel_size, "distributed_executor_backend": "mp"}
     args = EngineArgs(
         model=str(case.config_dir),
         skip_tokenizer_init=True,
@@ -123,7 +130,7 @@ def layer_specs(case: Case) -> dict[str, Any]:
         # The MXFP4 indexer cache needs a Blackwell datacenter GPU (sm_10x): say this is one.
         platform_cls.is_device_capability_family = classmethod(lambda cls, family, device_id=0: family == 100)
     try:
-        with set_current_vllm_config(cfg):
+        with set_current_vllm_config(cfg), _tensor_parallel_rank(case.tensor_parallel_size):
             model_cls, _ = get_model_architecture(cfg.model_config)
             with torch.device("meta"):
                 model_cls(vllm_config=cfg, prefix="")
@@ -137,6 +144,22 @@ def layer_specs(case: Case) -> dict[str, Any]:
             else:
                 platform_cls.is_device_capability_family = saved_family
     return {name: spec for name, spec in specs.items() if spec is not None}
+
+
+@contextlib.contextmanager
+def _tensor_parallel_rank(size: int) -> Iterator[None]:
+    """Let the model classes see rank 0 of a tensor-parallel group of ``size`` while they build (on the meta
+    device nothing is communicated: only the sizes they split by change). test_vllm_tensor_parallel.py checks
+    the same split with two real ranks in a gloo world."""
+    from vllm.distributed import parallel_state
+
+    group = parallel_state.get_tp_group()
+    saved = group.world_size, group.rank_in_group
+    group.world_size, group.rank_in_group = size, 0
+    try:
+        yield
+    finally:
+        group.world_size, group.rank_in_group = saved
 
 
 @dataclass

@@ -110,10 +110,15 @@ def test_standard_full_attention() -> None:
 
 
 def test_mla_default_block_and_latent() -> None:
-    plan = make_plan(load_config(CONFIGS / "deepseek-v2-lite" / "config.json"), PlanSettings(max_model_len=8192), budget=GiB)
-    assert plan.groups[0].block_size == 64  # FlashMLA's block
-    assert plan.bytes_per_block == 27 * 64 * (512 + 64) * 2
+    # On Hopper vLLM runs a 16-bit MLA cache on FlashAttention's MLA (block 16), an fp8 one on FlashMLA (64):
+    # tests/vllm/test_vllm_cuda_defaults.py checks both against vLLM's backend selection.
+    config = load_config(CONFIGS / "deepseek-v2-lite" / "config.json")
+    plan = make_plan(config, PlanSettings(max_model_len=8192), budget=GiB)
+    assert plan.groups[0].block_size == 16
+    assert plan.bytes_per_block == 27 * 16 * (512 + 64) * 2
     assert list(plan.pools) == ["mla"]
+    fp8 = make_plan(config, PlanSettings(max_model_len=8192, kv_cache_dtype="fp8"), budget=GiB)
+    assert fp8.groups[0].block_size == 64 and fp8.bytes_per_block == 27 * 64 * (512 + 64)
 
 
 def test_sliding_window_hybrid_groups() -> None:
@@ -297,15 +302,15 @@ def test_the_default_version_is_the_installed_vllm_or_the_newest_validated() -> 
         assert (version, why) == (found.version, f"installed ({found.distribution})")
 
 
-def test_max_model_len_defaults_to_the_configs_and_every_default_is_stated() -> None:
+def test_max_model_len_defaults_to_vllms_and_every_default_is_stated() -> None:
     config = load_config(QWEN3)
     doc = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--format", "json")))
-    assert doc["max_model_len"] == config["max_position_embeddings"]
+    assert doc["max_model_len"] == config["max_position_embeddings"] == 40960  # no RoPE scaling, no other key
     explicit = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--max-model-len",
                                          str(config["max_position_embeddings"]), "--format", "json")))
     assert doc["num_blocks"] == explicit["num_blocks"] and doc["per_request"] == explicit["per_request"]
     assumed = doc["assumed"]
-    assert assumed["max_model_len"].startswith(f"{config['max_position_embeddings']} (the config's")
+    assert assumed["max_model_len"] == "40960 (the config's max_position_embeddings, as vLLM derives it)"
     assert assumed["block_size"].startswith("16 (") and assumed["kv_cache_layout"].startswith("LBNHC (")
     assert set(assumed) >= {"vllm_version", "kv_cache_dtype", "tensor_parallel_size", "max_num_batched_tokens"}
     assert "max_model_len" not in explicit["assumed"]
@@ -368,5 +373,142 @@ def test_the_cpu_platform_plans_vllms_cpu_defaults_and_says_so(tmp_path: Path) -
     assert {g["block_size"] for g in mla["groups"]} == {16}  # forced for the reference CPU MLA kernel
     assert mla["assumed"]["block_size"].endswith("forces it for MLA without AMX, over --block-size 64)")
     cuda = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--format", "json")))
-    assert cuda["assumed"]["platform"].startswith("cuda (a GPU of 70 GB or more")
+    assert cuda["assumed"]["platform"].startswith("cuda (a Hopper GPU of 70 to 160 GiB (H100, H200)")
     assert cuda["assumed"]["max_concurrent_batches"].startswith("2 (")
+
+
+# Qwen3-8B's config with other length keys and RoPE scalings, and the max_model_len vLLM 0.33 serves it with
+# (tests/vllm/test_vllm_max_model_len.py compares the derivation with vLLM's over random configs).
+QWEN3_LENGTHS = [
+    ({"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, 163840, "max_position_embeddings × RoPE factor 4"),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.5}}, 102400, "max_position_embeddings × RoPE factor 2.5"),
+    ({"rope_parameters": {"rope_type": "linear", "factor": 3.0}}, 122880, "max_position_embeddings × RoPE factor 3"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}, 40960,
+     "max_position_embeddings,"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8192}}, 40960, "max_position_embeddings,"),
+    ({"seq_length": 8192}, 8192, "seq_length,"),
+    ({"model_max_length": 65536}, 65536, "model_max_length,"),
+    ({"model_max_length": 1000, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, 2000,
+     "model_max_length × RoPE factor 2"),
+    ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 64, "long_factor": [2.0] * 64, "factor": 4.0},
+      "original_max_position_embeddings": 4096}, 4096, "original_max_position_embeddings"),
+    ({"rope_scaling": {"type": "su", "short_factor": [1.0] * 64, "long_factor": [2.0] * 64},
+      "original_max_position_embeddings": 4096}, 4096, "original_max_position_embeddings"),
+]
+
+
+@pytest.mark.parametrize(("extra", "length", "why"), QWEN3_LENGTHS, ids=[str(i) for i in range(len(QWEN3_LENGTHS))])
+def test_the_default_max_model_len_is_vllms_derivation(tmp_path: Path, extra: dict, length: int, why: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**load_config(QWEN3), **extra}))
+    doc = json.loads(_run(plan_args("--model-config", str(path), "--budget", "64GiB", "--format", "json")))
+    assert doc["max_model_len"] == length
+    assert doc["assumed"]["max_model_len"].startswith(f"{length} (the config's {why}")
+
+
+def test_a_max_model_len_above_vllms_is_refused_unless_vllm_is_told_to_allow_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    assert run_vllm(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--max-model-len", "40961")) == 1
+    err = capsys.readouterr().err
+    assert "--max-model-len 40961 is more than the 40960 vLLM derives from the config (max_position_embeddings)" in err
+    assert "set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1" in err
+    _run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--max-model-len", "40960"))
+    # vLLM lets model_max_length admit a longer one, and the variable any.
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**load_config(QWEN3), "seq_length": 4096, "model_max_length": 50000}))
+    assert json.loads(_run(plan_args("--model-config", str(path), "--budget", "8GiB", "--max-model-len", "50000",
+                                     "--format", "json")))["max_model_len"] == 50000
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    assert json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "64GiB", "--max-model-len", "100000",
+                                     "--format", "json")))["max_model_len"] == 100000
+
+
+def test_without_max_position_embeddings_the_other_keys_still_bound_max_model_len(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """transformers' class default may lower vLLM's length below the keys present, never raise it."""
+    config = {k: v for k, v in load_config(QWEN3).items() if k != "max_position_embeddings"}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "seq_length": 8192}))
+    assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB")) == 2
+    assert "--max-model-len is required" in capsys.readouterr().err
+    assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB", "--max-model-len", "8193")) == 1
+    assert "more than the 8192 vLLM derives" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("dtype", "page"), [("float32", 2), ("float16", 2), ("bfloat16", 2), (None, 2)])
+def test_the_auto_kv_dtype_is_the_dtype_vllm_serves_the_model_in(tmp_path: Path, dtype: str | None, page: int) -> None:
+    """vLLM downcasts float32 (and a config without a dtype, read as float32) to bfloat16."""
+    config = {k: v for k, v in load_config(QWEN3).items() if k not in ("torch_dtype", "dtype")}
+    if dtype is not None:
+        config["torch_dtype"] = dtype
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    doc = json.loads(_run(plan_args("--model-config", str(path), "--budget", "8GiB", "--format", "json")))
+    assert doc["bytes_per_block"] == 36 * 16 * 8 * 256 * page
+    served = "float16" if dtype == "float16" else "bfloat16"
+    assert doc["assumed"]["kv_cache_dtype"].startswith(f"auto ({served}, the model's dtype")
+
+
+@pytest.mark.parametrize(
+    ("config", "argv", "message"),
+    [
+        ("qwen3-8b", ["--tensor-parallel-size", "3"], "does not divide the model's 32 attention heads"),
+        ("deepseek-v2-lite", ["--tensor-parallel-size", "3"], "does not divide the model's 16 attention heads"),
+        ("deepseek-v2-lite", ["--platform", "cpu", "--kv-cache-dtype", "fp8"],
+         "vLLM 0.33.0's MLA attention on CPU takes auto, bfloat16 or float16 only"),
+        ("deepseek-v2-lite", ["--kv-cache-dtype", "fp8_e5m2"], "none of vLLM's MLA backends for Hopper"),
+    ],
+)
+def test_launches_vllm_refuses_are_refused(config: str, argv: list[str], message: str,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    args = plan_args("--model-config", str(CONFIGS / config / "config.json"), "--budget", "8GiB",
+                     "--max-model-len", "4096", "--vllm-version", "0.33", *argv)
+    assert run_vllm(args) == 1
+    assert message in capsys.readouterr().err
+
+
+def test_kv_heads_that_tensor_parallel_cannot_split_are_refused(tmp_path: Path) -> None:
+    config = {**load_config(QWEN3), "num_attention_heads": 24, "num_key_value_heads": 6}
+    with pytest.raises(ModelSpecError, match="neither divides the model's 6 KV heads nor is a multiple"):
+        model_specs(config, SpecSettings(tensor_parallel_size=4))
+    # Fewer KV heads than ranks: each rank keeps a copy of one.
+    assert {s.num_kv_heads for s in model_specs(config, SpecSettings(tensor_parallel_size=12)).layers.values()} == {1}
+
+
+def test_vllm_032_starts_mla_with_an_fp8_cache_on_cpu() -> None:
+    """0.32's CPU platform does not check the MLA cache dtype (0.33 refuses): the plan follows the version."""
+    args = plan_args("--model-config", str(CONFIGS / "deepseek-v2-lite" / "config.json"), "--budget", "8GiB",
+                     "--max-model-len", "4096", "--vllm-version", "0.32", "--platform", "cpu", "--kv-cache-dtype",
+                     "fp8", "--format", "json")
+    assert json.loads(_run(args))["bytes_per_block"] == 27 * 16 * (512 + 64)
+
+
+@pytest.mark.parametrize(
+    ("extra", "indexer", "message"),
+    [
+        ({"index_head_dim": 64}, "fp8", "index_head_dim 64: vLLM's DeepSeek-V4 compressor caches only"),
+        ({"head_dim": 256}, "fp8", "head_dim 256: vLLM's DeepSeek-V4 compressor caches only"),
+        ({"index_head_dim": 512}, "mxfp4", "takes index_head_dim 128 only"),
+    ],
+)
+def test_v4_head_sizes_vllm_cannot_cache_are_refused(extra: dict, indexer: str, message: str) -> None:
+    with pytest.raises(ModelSpecError, match=message):
+        model_specs({**load_config(V4_FLASH), **extra}, SpecSettings(indexer_kv_dtype=indexer))
+    # A sliding-only pattern builds no compressor, so vLLM starts it.
+    sliding = {**load_config(V4_FLASH), **extra, "num_hidden_layers": 2, "compress_ratios": [0, 0, 0]}
+    assert len(model_specs(sliding, SpecSettings(indexer_kv_dtype=indexer)).layers) == 2
+
+
+def test_an_mxfp4_indexer_plans_for_the_blackwell_gpus_vllm_runs_it_on() -> None:
+    doc = json.loads(_run(plan_args("--model-config", str(V4_FLASH), "--budget", "60GiB", "--max-model-len", "65536",
+                                    "--indexer-kv-dtype", "mxfp4", "--format", "json")))
+    assert doc["assumed"]["platform"].startswith("cuda (a Blackwell datacenter GPU of 160 GiB or more")
+    assert doc["assumed"]["max_num_batched_tokens"].startswith("16384 (vLLM's server default on a Blackwell")
+
+
+def test_a_short_model_caps_the_default_batch_as_vllm_does() -> None:
+    doc = json.loads(_run(plan_args("--model-config", str(QWEN3), "--budget", "8GiB", "--max-model-len", "4",
+                                    "--format", "json")))
+    assert doc["assumed"]["max_num_batched_tokens"].startswith("4096 (")  # 1024 sequences × 4 tokens

@@ -1,21 +1,23 @@
-"""``kvpolicy plan --engine vllm`` equals vLLM 0.33's own planning for random standard-attention configs.
+"""``kvpolicy plan --engine vllm`` equals vLLM 0.33's own planning for random standard-attention and MLA configs.
 
-Each example writes a Qwen3-shaped config.json (random layer count, heads, KV heads,
-head size, dtype, max_model_len), or a Gemma-3-shaped one whose layers are a random mix of
-sliding-window and full attention (random window, one group per kind or several), and a
-random budget and layout; vLLM's real model class gives
-the layer specs on the meta device and vLLM's ``get_global_kv_cache_groups`` /
-``get_kv_cache_configs`` plan them. The plan must agree on blocks, bytes per block, total
-bytes and concurrency, or refuse where vLLM refuses, for vLLM's reason and with its figures.
-vLLM's ``allocate_kv_cache`` then builds the plan on the ``meta`` device (no memory, so
-budgets need no cap), and its views must be the plan's buffer and per-pool bytes
-(tests/vllm/allocation_check.py).
+Each example writes a config.json — Qwen3-shaped (random layer count, heads, KV heads, head size), Gemma-3-shaped
+(layers a random mix of sliding-window and full attention, random window) or DeepSeek-V2-shaped (MLA: random
+latent and RoPE sizes, heads, dense and MoE layers) — with a random checkpoint dtype (bfloat16, float16, float32,
+or none), and draws a launch: max_model_len, KV cache dtype (auto, 16-bit or fp8 variants), tensor parallel size
+(one that divides the heads, or any), batched tokens, async scheduling (one or two batches in flight), block size,
+layout and budget. vLLM's real model class gives the layer specs on the meta device (as rank 0 of the tensor
+parallel size), and vLLM's ``get_global_kv_cache_groups`` / ``get_kv_cache_configs`` plan them. The plan must agree
+on blocks, bytes per block, total bytes, groups and concurrency, or refuse where vLLM refuses, for vLLM's reason
+(a budget with vLLM's figures; a tensor parallel size, a KV cache dtype). vLLM's ``allocate_kv_cache`` then builds
+the plan on the ``meta`` device (no memory, so budgets need no cap), and its views must be the plan's buffer and
+per-pool bytes (tests/vllm/allocation_check.py).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -24,7 +26,7 @@ from tests.vllm.allocation_check import check_allocation
 from tests.vllm.refusals import assert_same_refusal
 from tests.vllm.vllm_paths import CONFIGS
 
-from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config, model_specs
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
 pytestmark = pytest.mark.vllm
@@ -32,6 +34,41 @@ pytestmark = pytest.mark.vllm
 EXAMPLES = int(os.environ.get("KVPOLICY_PLAN_RANDOM_EXAMPLES", "40"))
 """Examples per run and test: each builds a real vLLM model on the meta device (tens of milliseconds once
 vLLM is imported; the first one of a process takes seconds)."""
+
+MODEL_DTYPES = ["bfloat16", "float16", "float32", None]
+"""None: the config gives no dtype (vLLM reads it as float32)."""
+STANDARD_KV_DTYPES = ["auto", "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+MLA_KV_DTYPES = ["auto", "auto", "auto", "bfloat16", "float16", "fp8", "fp8_e4m3"]
+TP_SIZES = [1, 2, 3, 4, 6, 8, 16]
+MLP_SIZE, VOCAB = 96, 3072
+"""MLP width and vocabulary of the drawn models: multiples of every size in TP_SIZES (the vocabulary once vLLM
+pads it to 64)."""
+
+REFUSALS = {  # vLLM's start-up refusal → the plan's words for it
+    "must be divisible by tensor parallel size": "does not divide the model's",
+    "is not supported by MLA attention on CPU": "MLA attention on CPU takes auto, bfloat16 or float16 only",
+    "AssertionError": "neither divides the model's",  # the attention classes' KV head split
+    "is incompatible with dtype": "refuses a 16-bit KV cache of another dtype",
+}
+HOST_REFUSAL = "is not supported by the CPU attention backend on this host"
+"""vLLM's CPU attention takes an fp8 cache only on a CPU with AMX or AVX-512: the host, not the plan, decides."""
+
+
+@st.composite
+def spread(draw: st.DrawFn, low_bits: int, high_bits: int) -> int:
+    """Log-uniform in [2**low_bits, 2**high_bits): every scale equally often, no round numbers."""
+    bits = draw(st.integers(low_bits, high_bits - 1))
+    return draw(st.integers(1 << bits, (2 << bits) - 1))
+
+
+def with_dtype(draw: st.DrawFn, config: dict) -> dict:
+    """``config`` with a random checkpoint dtype, under transformers' new name or its old one, or none."""
+    for key in ("torch_dtype", "dtype"):
+        config.pop(key, None)
+    dtype = draw(st.sampled_from(MODEL_DTYPES))
+    if dtype is not None:
+        config[draw(st.sampled_from(["torch_dtype", "dtype"]))] = dtype
+    return config
 
 
 @st.composite
@@ -42,15 +79,16 @@ def attention(draw: st.DrawFn, base: str) -> dict:
     config |= {
         "num_hidden_layers": draw(st.integers(2, 64)),
         "num_key_value_heads": kv_heads,
-        "num_attention_heads": kv_heads * draw(st.sampled_from([1, 2, 4])),
+        "num_attention_heads": kv_heads * draw(st.sampled_from([1, 2, 3, 4])),
         "head_dim": draw(st.sampled_from([64, 128, 256])),  # head sizes vLLM's CPU backend takes
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "vocab_size": 512,
-        "torch_dtype": draw(st.sampled_from(["bfloat16", "float16"])),
+        # Multiples of every head count and tensor parallel size drawn: transformers' Gemma-3 config checks the
+        # first, vLLM's MLP and vocabulary split by the second (kvpolicy plans neither: no KV cache there).
+        "hidden_size": 384,
+        "intermediate_size": MLP_SIZE,
+        "vocab_size": VOCAB,
         "max_position_embeddings": draw(st.integers(128, 1 << 20)),
     }
-    return config
+    return with_dtype(draw, config)
 
 
 @st.composite
@@ -65,64 +103,148 @@ def hybrid(draw: st.DrawFn) -> dict:
     return config
 
 
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+@st.composite
+def mla(draw: st.DrawFn) -> dict:
+    """DeepSeek-V2-shaped: random latent and RoPE sizes and heads, dense and MoE layers, shrunk experts."""
+    config = json.loads((CONFIGS / "deepseek-v2-lite" / "config.json").read_text())
+    layers = draw(st.integers(2, 32))
+    config |= {
+        "num_hidden_layers": layers,
+        "first_k_dense_replace": draw(st.integers(0, layers)),
+        "num_attention_heads": draw(st.sampled_from([4, 8, 12, 16, 32])),
+        "kv_lora_rank": draw(st.sampled_from([128, 256, 512])),
+        "qk_rope_head_dim": draw(st.sampled_from([32, 64])),
+        "hidden_size": 384, "intermediate_size": MLP_SIZE, "moe_intermediate_size": MLP_SIZE, "n_routed_experts": 8,
+        "num_experts_per_tok": 2, "vocab_size": VOCAB,
+        "max_position_embeddings": draw(st.integers(128, 1 << 20)),
+    }
+    return with_dtype(draw, config)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A random launch: vLLM's flags (and the scheduler's async switch) for one example."""
+
+    max_model_len: int
+    block_size: int
+    layout: str
+    kv_cache_dtype: str
+    tensor_parallel_size: int
+    max_num_batched_tokens: int
+    async_scheduling: bool
+
+
+@st.composite
+def launches(draw: st.DrawFn, config: dict, block_sizes: list[int], kv_dtypes: list[str]) -> Launch:
+    heads = config["num_attention_heads"]
+    fitting = [tp for tp in TP_SIZES if heads % tp == 0]
+    positions = config["max_position_embeddings"]
+    return Launch(
+        max_model_len=draw(st.one_of(st.just(positions), st.integers(16, positions))),
+        block_size=draw(st.sampled_from(block_sizes)),
+        layout=draw(st.sampled_from(["LBNHC", "BLHNC"])),
+        kv_cache_dtype=draw(st.sampled_from(kv_dtypes)),
+        # Mostly a size vLLM takes; one in four any (the refusal's parity).
+        tensor_parallel_size=draw(st.sampled_from(TP_SIZES) if draw(st.integers(0, 3)) == 0 else st.sampled_from(fitting)),
+        max_num_batched_tokens=draw(st.one_of(st.just(8192), spread(4, 17))),
+        async_scheduling=draw(st.booleans()),
+    )
+
+
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 
 @SETTINGS
-@given(config=attention("qwen3-8b"), budget=st.integers(1 << 20, 64 << 30), block_size=st.sampled_from([16, 32, 64]),
-       layout=st.sampled_from(["LBNHC", "BLHNC"]))
-def test_random_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int,
-                                          block_size: int, layout: str) -> None:
-    plan_and_compare(tmp_path_factory, config, budget, block_size, layout)
+@given(data=st.data(), config=attention("qwen3-8b"), budget=st.integers(1 << 20, 64 << 30))
+def test_random_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject,
+                                          config: dict, budget: int) -> None:
+    launch = data.draw(launches(config, [16, 32, 64], STANDARD_KV_DTYPES))
+    plan_and_compare(tmp_path_factory, config, budget, launch)
 
 
 @SETTINGS
-@given(config=hybrid(), budget=st.integers(1 << 20, 64 << 30), block_size=st.sampled_from([32, 64, 128]),
-       layout=st.sampled_from(["LBNHC", "BLHNC"]))
-def test_random_sliding_window_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory, config: dict,
-                                                         budget: int, block_size: int, layout: str) -> None:
+@given(data=st.data(), config=hybrid(), budget=st.integers(1 << 20, 64 << 30))
+def test_random_sliding_window_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory,
+                                                         data: st.DataObject, config: dict, budget: int) -> None:
     """Block sizes of 32 and up: what vLLM's CPU backend keeps for sliding-window layers too (MultipleOf(32))."""
     kinds = set(config["layer_types"])
     event("sliding and full layers" if len(kinds) == 2 else f"{kinds.pop()} only")
-    plan_and_compare(tmp_path_factory, config, budget, block_size, layout)
+    launch = data.draw(launches(config, [32, 64, 128], STANDARD_KV_DTYPES))
+    plan_and_compare(tmp_path_factory, config, budget, launch)
 
 
-def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int, block_size: int,
-                     layout: str) -> None:
-    from tests.vllm.real_vllm import Case, allocated_views, real_plan, vllm_config
+@SETTINGS
+@given(data=st.data(), config=mla(), budget=st.integers(1 << 20, 64 << 30))
+def test_random_mla_configs_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject,
+                                              config: dict, budget: int) -> None:
+    """Block 16: what vLLM's reference CPU MLA kernel takes (the CPU platform forces it without AMX)."""
+    launch = data.draw(launches(config, [16], MLA_KV_DTYPES))
+    plan_and_compare(tmp_path_factory, config, budget, launch)
+
+
+def ours_refuse(config: dict, settings: PlanSettings, budget: int) -> str:
+    """The plan's refusal of this launch on vLLM 0.33's CPU platform (what vLLM ran), as a message."""
+    with pytest.raises((ModelSpecError, PlanError)) as refused:
+        make_plan(config, settings, budget=budget, platform="cpu")
+    return str(refused.value)
+
+
+def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int, launch: Launch) -> None:
+    from tests.vllm.real_vllm import Case, allocated_views, layer_specs, real_plan, vllm_config
 
     folder = tmp_path_factory.mktemp("random-config")
     (folder / "config.json").write_text(json.dumps(config))
-    max_len = config["max_position_embeddings"]
-    case = Case(str(folder), block_size, max_model_len=max_len, layout=layout)  # an absolute name: config_dir is the folder
+    mine = load_config(folder / "config.json")
+    case = Case(str(folder), launch.block_size, max_model_len=launch.max_model_len, layout=launch.layout,
+                kv_cache_dtype=launch.kv_cache_dtype, max_num_batched_tokens=launch.max_num_batched_tokens,
+                tensor_parallel_size=launch.tensor_parallel_size)  # an absolute name: config_dir is the folder
     assert case.config_dir == folder
-    real_config = vllm_config(case)
-    ours = PlanSettings(
-        max_model_len=max_len,
-        block_size=block_size,
-        kv_cache_layout=case.layout,
-        max_num_batched_tokens=real_config.scheduler_config.max_num_batched_tokens,
-        max_concurrent_batches=real_config.max_concurrent_batches,
-    )
-    try:
-        real = real_plan(case, budget)
-    except ValueError as exc:  # vLLM refuses the budget: so must the plan, for vLLM's reason
-        with pytest.raises(PlanError) as refused:
-            make_plan(load_config(folder / "config.json"), ours, budget=budget)
-        event(f"refused: {assert_same_refusal(str(refused.value), str(exc))}")
+    ours = PlanSettings(max_model_len=launch.max_model_len, block_size=launch.block_size,
+                        kv_cache_layout=launch.layout, kv_cache_dtype=launch.kv_cache_dtype,
+                        tensor_parallel_size=launch.tensor_parallel_size)
+    try:  # vLLM's start-up: its config, then the model's attention layers
+        real_config = vllm_config(case)
+        layer_specs(case)
+    except (ValueError, AssertionError) as exc:
+        theirs = f"{type(exc).__name__}: {exc}"
+        if HOST_REFUSAL in theirs:
+            event("not compared: this CPU runs no fp8 cache")
+            return
+        reason = next((r for r in REFUSALS if r in theirs), None)
+        assert reason is not None, theirs  # a refusal the plan does not know of
+        assert REFUSALS[reason] in ours_refuse(mine, ours, budget), theirs
+        event(f"refused at start-up: {reason}")
         return
-    event(f"planned: {len(real.kv_cache_config.kv_cache_groups)} groups" if len(
-        real.kv_cache_config.kv_cache_groups) > 1 else "planned: 1 group")
-    plan = make_plan(load_config(folder / "config.json"), ours, budget=budget)
+    sched = real_config.scheduler_config
+    saved = sched.async_scheduling
+    sched.async_scheduling = launch.async_scheduling  # 2 batches in flight as on a GPU, or 1
+    try:
+        ours = ours.model_copy(update={"max_num_batched_tokens": sched.max_num_batched_tokens,
+                                       "max_concurrent_batches": real_config.max_concurrent_batches})
+        try:
+            real = real_plan(case, budget)
+        except ValueError as exc:  # vLLM refuses the budget: so must the plan, for vLLM's reason
+            with pytest.raises(PlanError) as refused:
+                make_plan(mine, ours, budget=budget, platform="cpu")
+            event(f"refused: {assert_same_refusal(str(refused.value), str(exc))}")
+            return
+        concurrency = real.max_concurrency
+        allocated = allocated_views(real.kv_cache_config, case.layout)
+    finally:
+        sched.async_scheduling = saved
+    groups = real.kv_cache_config.kv_cache_groups
+    event(f"planned: {len(groups)} groups" if len(groups) > 1 else "planned: 1 group")
+    event(f"planned: kv {launch.kv_cache_dtype}, model dtype {mine.get('dtype') or mine.get('torch_dtype')}")
+    event(f"planned: tp {launch.tensor_parallel_size}")
+    plan = make_plan(mine, ours, budget=budget, platform="cpu")
     assert plan.num_blocks == real.kv_cache_config.num_blocks
     assert plan.bytes_per_block == real.bytes_per_block
     assert {t.size for t in real.kv_cache_config.kv_cache_tensors} == {plan.total_bytes}  # the one backing buffer
-    assert plan.max_concurrency == pytest.approx(real.max_concurrency, rel=1e-12)
+    assert plan.max_concurrency == pytest.approx(concurrency, rel=1e-12)
     assert [(g.layers, g.block_size) for g in plan.groups] == [
-        (len(g.layer_names), g.kv_cache_spec.block_size) for g in real.kv_cache_config.kv_cache_groups]
+        (len(g.layer_names), g.kv_cache_spec.block_size) for g in groups]
     # What vLLM allocates for it: the plan names layers by index (model.layers.N), vLLM by module.
-    mine = model_specs(load_config(folder / "config.json"), ours).layers
-    allocated = allocated_views(real.kv_cache_config, case.layout)
-    pools = {name: (mine[".".join(name.split(".")[:3])].pool, "") for name in allocated["layers"]}
+    layers = model_specs(mine, ours).layers
+    pools = {name: (layers[".".join(name.split(".")[:3])].pool, "") for name in allocated["layers"]}
     check_allocation(plan, pools, allocated)

@@ -2,8 +2,10 @@
 
 vLLM 0.32.0 has DeepSeek-V4 (``vllm/models/deepseek_v4``) and plans it in ``v1/core/kv_cache_utils.py``.
 Hypothesis draws the cases here (the same kinds as tests/vllm/test_vllm_plan_v4_random.py, which runs
-0.33.0 in-process); ``v4_plan_probe.py`` plans them all under the e2e venv's vLLM 0.32.0 in one process
-(one template model built on the meta device), and every figure must equal the plan's, refusals included;
+0.33.0 in-process), for DeepSeek-V4-Flash's config and for one randomly drawn shape per run (head_dim and
+index_head_dim of 128 or 512, any sliding window); ``v4_plan_probe.py`` plans each config's cases under the
+e2e venv's vLLM 0.32.0 in one process (one template model built on the meta device), and every figure must
+equal the plan's, refusals included;
 0.32.0's ``allocate_kv_cache`` builds each plan on the ``meta`` device, and its views must be the plan's
 buffer, groups and per-pool bytes (tests/vllm/allocation_check.py).
 """
@@ -45,10 +47,24 @@ def spread(draw: st.DrawFn, low_bits: int, high_bits: int) -> int:
     return draw(st.integers(1 << bits, (2 << bits) - 1))
 
 
-def drawn_cases() -> list[dict]:
+def drawn_shape() -> dict:
+    """Config fields a DeepSeek-V4 model's specs depend on, drawn once per run (vLLM builds any pattern)."""
+    shape: dict = {}
+
+    @settings(max_examples=1, deadline=None, database=None)
+    @given(head_dim=st.sampled_from([128, 512]), index_head_dim=st.sampled_from([128, 512]),
+           sliding_window=st.one_of(st.sampled_from([64, 128, 256, 512]), st.integers(8, 2048)))
+    def draw(head_dim: int, index_head_dim: int, sliding_window: int) -> None:
+        shape.update(head_dim=head_dim, index_head_dim=index_head_dim, sliding_window=sliding_window)
+
+    draw()
+    return shape
+
+
+def drawn_cases(examples: int) -> list[dict]:
     cases: list[dict] = []
 
-    @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None)
+    @settings(max_examples=examples, deadline=None, database=None)
     @given(kind=st.sampled_from(sorted(RATIO_CHOICES)), data=st.data(),
            max_len=st.one_of(spread(7, 20), st.just(1 << 20)), budget=st.one_of(spread(20, 38), spread(28, 36)),
            batched=st.one_of(st.none(), spread(8, 17)), async_scheduling=st.booleans())
@@ -66,15 +82,26 @@ def drawn_cases() -> list[dict]:
     return cases
 
 
-def test_random_v4_patterns_plan_as_vllm_032_does(e2e_python: Path) -> None:
-    cases = drawn_cases()
-    out = subprocess.run([str(e2e_python), str(HERE / "v4_plan_probe.py"), str(FLASH)], input=json.dumps(cases),
+def probe(python: Path, config: Path, cases: list[dict]) -> list[dict]:
+    """vLLM 0.32's figures for each case of the V4 model ``config`` (v4_plan_probe.py, one process)."""
+    out = subprocess.run([str(python), str(HERE / "v4_plan_probe.py"), str(config)], input=json.dumps(cases),
                          capture_output=True, text=True, timeout=1200, check=False,
                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
     assert out.returncode == 0, out.stderr[-4000:]
     results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     assert len(results) == len(cases)
-    base = json.loads(FLASH.read_text())
+    return results
+
+
+@pytest.mark.parametrize("shape", ["flash", "drawn"])
+def test_random_v4_patterns_plan_as_vllm_032_does(e2e_python: Path, tmp_path: Path, shape: str) -> None:
+    config_path = FLASH
+    if shape == "drawn":
+        config_path = tmp_path / "config.json"
+        config_path.write_text(json.dumps({**json.loads(FLASH.read_text()), **drawn_shape()}))
+    cases = drawn_cases(EXAMPLES if shape == "flash" else max(EXAMPLES // 2, 10))
+    results = probe(e2e_python, config_path, cases)
+    base = json.loads(config_path.read_text())
     seen: Counter[str] = Counter()
     for case, real in zip(cases, results):
         ratios = case["ratios"]

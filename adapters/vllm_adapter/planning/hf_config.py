@@ -38,6 +38,13 @@ from .layer_specs import LayerSpec, SpecKind
 Family = Literal["deepseek_v4", "mla", "standard"]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "float": 4}
+TORCH_DTYPE_NAMES = frozenset({
+    *DTYPE_BYTES, "float64", "double", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+    "float8_e8m0fnu", "float4_e2m1fn_x2", "int8", "uint8", "int16", "short", "int32", "int", "int64", "long", "bool",
+})
+"""Dtype names a config.json may give (torch's); transformers refuses a name torch lacks."""
+FLOAT16_REFUSED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
+"""Model types vLLM serves in bfloat16 when the checkpoint says float16 (numerical instability)."""
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 
 # DeepSeek-V4 on vLLM's FlashMLA path (vllm/models/deepseek_v4, v1/attention/backends/mla).
@@ -66,11 +73,13 @@ class SpecSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     block_size: PositiveInt | None = None
-    """--block-size; default: what vLLM's CUDA backends pick (16; FlashMLA 64; DeepSeek-V4 256)."""
+    """--block-size; default: what vLLM's CUDA backends pick on Hopper (16; MLA with an fp8 cache 64, FlashMLA's;
+    DeepSeek-V4 256)."""
     sliding_window_block_size: PositiveInt | None = None
     """Block size of sliding-window layers; default: --block-size (FlashAttention keeps it)."""
     kv_cache_dtype: str = "auto"
-    """--kv-cache-dtype: auto (the model's dtype), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2."""
+    """--kv-cache-dtype: auto (the model's dtype as vLLM resolves it, ``auto_dtype``), bfloat16, float16, fp8,
+    fp8_e4m3, fp8_e5m2."""
     indexer_kv_dtype: Literal["fp8", "mxfp4"] = "fp8"
     """DeepSeek-V4 indexer cache format (vLLM's attention_config.indexer_kv_dtype)."""
     tensor_parallel_size: PositiveInt = 1
@@ -122,6 +131,7 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None)
     settings = settings or SpecSettings()
     family = model_family(config)
     try:
+        _check_tensor_parallel(family, config, settings.tensor_parallel_size)
         layers, block = _layers_of(family, config, settings)
     except TypeError as exc:  # a value of a kind no check above expected (a list where a name goes)
         raise ModelSpecError(f"a value of the wrong type in the model config: {exc}") from None
@@ -130,12 +140,41 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None)
     return ModelSpecs(family=family, block_size=block, layers=layers)
 
 
+def _check_tensor_parallel(family: Family, config: Mapping[str, Any], tp: int) -> None:
+    """Refuse a tensor parallel size vLLM refuses: one that does not divide the attention heads
+    (``ModelConfig.verify_with_parallel_config``), or, where the KV heads are split, one that neither
+    divides the KV heads nor is a multiple of them (the model classes' attention asserts it)."""
+    if tp == 1:
+        return
+    heads = _int(config, "num_attention_heads")
+    if heads % tp:
+        fits = ", ".join(str(d) for d in range(1, 17) if heads % d == 0)
+        raise ModelSpecError(
+            f"--tensor-parallel-size {tp} does not divide the model's {heads} attention heads, and vLLM refuses "
+            f"it at start-up; use a size that divides {heads} (up to 16: {fits})"
+        )
+    if family != "standard":
+        return  # MLA and DeepSeek-V4 keep a full KV replica on every rank
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    if kv_heads and (kv_heads % tp if kv_heads >= tp else tp % kv_heads):
+        raise ModelSpecError(
+            f"--tensor-parallel-size {tp} neither divides the model's {kv_heads} KV heads nor is a multiple of "
+            f"them, and vLLM's attention layers refuse it; use a divisor or a multiple of {kv_heads}"
+        )
+
+
+def mla_cuda_block_size(kv_cache_dtype: str) -> int:
+    """The block size vLLM's MLA backend takes on a Hopper GPU without --block-size: FlashAttention's MLA
+    (first choice, any multiple of 16, so vLLM's default 16) for a 16-bit cache, FlashMLA (64 only) for fp8."""
+    return 64 if kv_cache_dtype in ("fp8", "fp8_e4m3") else 16
+
+
 def _layers_of(family: Family, config: Mapping[str, Any], settings: SpecSettings) -> tuple[dict[str, LayerSpec], int]:
     if family == "deepseek_v4":
         block = settings.block_size or 256
         layers = _deepseek_v4_layers(config, settings, block)
     elif family == "mla":
-        block = settings.block_size or 64
+        block = settings.block_size or mla_cuda_block_size(settings.kv_cache_dtype)
         layers = _mla_layers(config, settings, block)
     else:
         block = settings.block_size or 16
@@ -170,11 +209,28 @@ def _shown(value: object, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
+def auto_dtype(config: Mapping[str, Any]) -> str:
+    """The model dtype vLLM's ``--dtype auto`` picks on CUDA (compute capability 8.0 and up) and x86/Arm CPUs.
+
+    vLLM keeps a float16 or bfloat16 checkpoint as it is and serves anything else in the platform's
+    preferred dtype, bfloat16: float32 (vLLM downcasts it), a config without a dtype (read as float32
+    when no weights say otherwise, and every mix of weight dtypes resolves to one of these too), and
+    float16 for the models vLLM refuses it for (Gemma-2/3, GLM-4). transformers reads ``dtype`` before
+    the older ``torch_dtype``."""
+    key = "dtype" if config.get("dtype") is not None else "torch_dtype"
+    name = config.get(key)
+    if name is not None and (not isinstance(name, str) or name not in TORCH_DTYPE_NAMES):
+        raise ModelSpecError(
+            f"{key} {_shown(name)} is not a torch dtype (transformers cannot load the config); "
+            "give e.g. bfloat16, float16 or float32"
+        )
+    if name in ("float16", "half") and config.get("model_type") not in FLOAT16_REFUSED_MODEL_TYPES:
+        return "float16"
+    return "bfloat16"
+
+
 def _model_dtype_bytes(config: Mapping[str, Any]) -> int:
-    name = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
-    if not isinstance(name, str) or name not in DTYPE_BYTES:
-        raise ModelSpecError(f"torch_dtype {_shown(name)} is not one of {sorted(DTYPE_BYTES)}")
-    return DTYPE_BYTES[name]
+    return DTYPE_BYTES[auto_dtype(config)]
 
 
 def _kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
@@ -294,6 +350,8 @@ def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) 
     head_dim = _int(config, "head_dim", 512)
     window = _int(config, "sliding_window", 128)
     index_head_dim = _int(config, "index_head_dim", 128)
+    ratios = deepseek_v4_ratios(config)
+    _check_v4_compressors(ratios, head_dim, index_head_dim, s.indexer_kv_dtype)
     if s.indexer_kv_dtype == "mxfp4":
         index_bytes = index_head_dim // 2 + index_head_dim // MXFP4_BLOCK
     else:
@@ -308,7 +366,7 @@ def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) 
         "cache_dtype": "fp8_ds_mla",
     }
     layers: dict[str, LayerSpec] = {}
-    for i, ratio in enumerate(deepseek_v4_ratios(config)):
+    for i, ratio in enumerate(ratios):
         prefix = f"model.layers.{i}.attn"
         # Insertion order is the order vLLM's modules register (DeepseekV4Attention
         # builds the indexer first, then its SWA cache, itself, then its compressor).
@@ -334,6 +392,33 @@ def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) 
         )
         layers[f"{prefix}.compressor.state_cache"] = _v4_state(ratio, head_dim, f"c{ratio}")
     return layers
+
+
+V4_COMPRESSOR_HEAD_DIMS = (128, 512)
+"""Head sizes vLLM's DeepSeek-V4 compressor quantizes and caches (its fused quant+cache kernels)."""
+
+
+def _check_v4_compressors(ratios: list[int], head_dim: int, index_head_dim: int, indexer_kv_dtype: str) -> None:
+    """Refuse head sizes vLLM's compressors refuse at start-up, in the order it builds them (layer by layer, a
+    ratio-4 layer's indexer before its attention): each must be 128 or 512, an MXFP4 indexer's 128."""
+    for ratio in ratios:
+        if ratio == 4:
+            _check_v4_compressor("index_head_dim", index_head_dim, indexer_kv_dtype == "mxfp4")
+        if ratio:
+            _check_v4_compressor("head_dim", head_dim, False)
+
+
+def _check_v4_compressor(key: str, size: int, mxfp4: bool) -> None:
+    if size == 512 and mxfp4:
+        raise ModelSpecError(
+            f"--indexer-kv-dtype mxfp4 with {key} 512: vLLM's MXFP4 indexer cache takes index_head_dim 128 only; "
+            "use --indexer-kv-dtype fp8"
+        )
+    if size not in V4_COMPRESSOR_HEAD_DIMS:
+        raise ModelSpecError(
+            f"{key} {size}: vLLM's DeepSeek-V4 compressor caches only head sizes 128 and 512 "
+            f"(\"Unsupported head_dim for fused quant+cache\"); this config cannot start"
+        )
 
 
 def _v4_state(ratio: int, head_dim: int, part: str) -> LayerSpec:

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
 from .hf_config import Family, ModelSpecs, SpecSettings, model_specs
+from .max_len import check_max_model_len, model_length
+from .platform import Platform, check_attention_backend, check_kv_cache_dtype
 from .kv_cache_planning import (
     Group,
     KVCacheLayout,
@@ -41,9 +43,12 @@ class PlanSettings(SpecSettings):
     kv_cache_layout: str | None = None
     """VLLM_KV_CACHE_LAYOUT; default: BLHNC for DeepSeek-V4 (its backends declare it), else LBNHC."""
     max_num_batched_tokens: PositiveInt = 8192
-    """--max-num-batched-tokens (vLLM's server default on 80 GB+ GPUs)."""
+    """--max-num-batched-tokens (vLLM's server default on Hopper GPUs of 70 to 160 GiB)."""
     max_concurrent_batches: PositiveInt = 2
     """Batches in flight: 2 with async scheduling (vLLM's default), else the PP size."""
+    allow_long_max_model_len: bool | None = None
+    """VLLM_ALLOW_LONG_MAX_MODEL_LEN: a max_model_len above the config's is refused unless set
+    (None: read the variable, as vLLM does)."""
 
     @property
     def max_in_flight_tokens(self) -> int:
@@ -126,12 +131,18 @@ def make_plan(
     budget: int | None = None,
     num_blocks: int | None = None,
     engine_version: str = NEWEST_VALIDATED_VLLM,
+    platform: Platform = "cuda",
 ) -> VllmPlan:
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
-    (``num_gpu_blocks_override``); exactly one of them. Raises PlanError when vLLM would refuse."""
+    (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
+    config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
+    max_model_len, the KV dtype, the tensor parallel size, the model's layers and attention backends, the budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
+    check_max_model_len(model_length(config), settings.max_model_len, settings.allow_long_max_model_len)
+    check_kv_cache_dtype(config, settings.kv_cache_dtype, engine_version)
     specs = model_specs(config, settings)
+    check_attention_backend(platform, specs.family, settings.kv_cache_dtype, engine_version)
     layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
     groups = kv_cache_groups(specs.layers, layout)
     validate_layout(groups, layout)

@@ -3,16 +3,22 @@
 ``kvpolicy plan --engine vllm --platform cuda|cpu`` plans what a default ``vllm serve`` resolves to
 on that platform (vLLM 0.32.0 and 0.33.0 agree on all of it):
 
-- **cuda** (the default; a GPU of 70 GB or more, not an A100, as vLLM's defaults distinguish them):
-  the attention backends' block size (16; FlashMLA 64; DeepSeek-V4 256), 8192 batched tokens
-  (the server's default on such GPUs), async scheduling on, so 2 batches in flight.
+- **cuda** (the default): a plan cannot see the GPU, so it assumes the class vLLM's defaults
+  single out: a Hopper GPU (compute capability 9.0) of 70 to 160 GiB, i.e. an H100 or H200 —
+  the attention backends' block size (16; MLA 16 on FlashAttention's MLA, 64 with an fp8 cache
+  on FlashMLA; DeepSeek-V4 256), 8192 batched tokens (the server's default on such GPUs), async
+  scheduling on, so 2 batches in flight. An MXFP4 DeepSeek-V4 indexer runs only on Blackwell
+  datacenter GPUs (vLLM refuses it elsewhere), all of 160 GiB or more (B200, GB200, B300), where
+  the server's default is 16384 batched tokens: so such a plan assumes one.
 - **cpu** (``vllm/platforms/cpu.py``): block size 128, 16 for MLA on the reference CPU kernel
   (no AMX), 256 for DeepSeek-V4 (both forced even over --block-size); 2048 × TP batched tokens
   (the server's CPU default); async scheduling off, so 1 batch in flight; and for MLA models
   without AMX (DeepSeek-V4 included) chunked prefill off, so a batch holds
   max(max_model_len, 2048) tokens, whatever --max-num-batched-tokens says.
 
-Pure (no torch, no vllm); tests/vllm_e2e checks the CPU figures against a real vLLM 0.32 resolution.
+A default batch is never more than the default number of sequences × max_model_len (vLLM's cap for
+short models). Pure (no torch, no vllm); tests/vllm_e2e checks the CPU figures against a real vLLM 0.32
+resolution, tests/vllm against 0.33's, and tests/vllm/test_vllm_cuda_defaults.py the CUDA backend choice.
 """
 
 from __future__ import annotations
@@ -20,14 +26,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .hf_config import Family
+from collections.abc import Mapping
+from typing import Any
+
+from .hf_config import Family, ModelSpecError, auto_dtype
 
 Platform = Literal["cuda", "cpu"]
 
-CUDA_BATCHED_TOKENS = 8192  # OPENAI_API_SERVER on GPUs of >= 70 GB (not A100)
 CPU_BATCHED_TOKENS = 2048  # OPENAI_API_SERVER on CPU, per TP rank
+CPU_MAX_NUM_SEQS = 128  # OPENAI_API_SERVER on CPU, per TP rank
 SCHEDULER_DEFAULT_BATCHED_TOKENS = 2048  # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS
 CPU_BLOCK_SIZE, CPU_MLA_BLOCK_SIZE, V4_BLOCK_SIZE = 128, 16, 256
+CPU_MLA_KV_DTYPES = ("auto", "bfloat16", "float16")
+"""What vLLM 0.33's CPU MLA attention takes (0.32 does not check, and its kernels take only auto)."""
+
+
+@dataclass(frozen=True)
+class CudaGpu:
+    """The GPU class a CUDA plan assumes, and the server defaults vLLM gives it."""
+
+    name: str
+    batched_tokens: int  # OPENAI_API_SERVER's max_num_batched_tokens
+    max_num_seqs: int  # OPENAI_API_SERVER's max_num_seqs
+
+
+HOPPER = CudaGpu("a Hopper GPU of 70 to 160 GiB (H100, H200)", 8192, 1024)
+BLACKWELL = CudaGpu("a Blackwell datacenter GPU of 160 GiB or more (B200, GB200, B300), the only GPUs on which "
+                    "vLLM runs the MXFP4 indexer", 16384, 1024)
+CUDA_BATCHED_TOKENS = HOPPER.batched_tokens
+
+
+def cuda_gpu(indexer_kv_dtype: str = "fp8") -> CudaGpu:
+    """The GPU class a CUDA plan assumes: Hopper, unless only Blackwell can run the launch."""
+    return BLACKWELL if indexer_kv_dtype == "mxfp4" else HOPPER
 
 
 @dataclass(frozen=True)
@@ -45,7 +76,7 @@ def block_size(platform: Platform, family: Family, asked: int | None, amx: bool)
     if platform == "cuda":
         if asked is not None:
             return Resolved(asked, "--block-size")
-        return Resolved(None, "what vLLM's CUDA attention backends pick for this model")
+        return Resolved(None, "what vLLM's CUDA attention backends pick for this model on Hopper")
     if family == "deepseek_v4":
         return Resolved(V4_BLOCK_SIZE, "vLLM's CPU platform forces it for DeepSeek-V4", forced=True)
     if family == "mla" and not amx:
@@ -61,7 +92,7 @@ def chunked_prefill_off(platform: Platform, family: Family, amx: bool) -> bool:
 
 
 def batched_tokens(platform: Platform, family: Family, asked: int | None, amx: bool, max_model_len: int,
-                   tensor_parallel_size: int) -> Resolved:
+                   tensor_parallel_size: int, gpu: CudaGpu = HOPPER) -> Resolved:
     if chunked_prefill_off(platform, family, amx):
         return Resolved(
             max(max_model_len, SCHEDULER_DEFAULT_BATCHED_TOKENS),
@@ -71,8 +102,14 @@ def batched_tokens(platform: Platform, family: Family, asked: int | None, amx: b
     if asked is not None:
         return Resolved(asked, "--max-num-batched-tokens")
     if platform == "cpu":
-        return Resolved(CPU_BATCHED_TOKENS * tensor_parallel_size, "vLLM's server default on CPU: 2048 x TP")
-    return Resolved(CUDA_BATCHED_TOKENS, "vLLM's server default on GPUs of 70 GB or more")
+        default, seqs = CPU_BATCHED_TOKENS * tensor_parallel_size, CPU_MAX_NUM_SEQS * tensor_parallel_size
+        why = "vLLM's server default on CPU: 2048 x TP"
+    else:
+        default, seqs = gpu.batched_tokens, gpu.max_num_seqs
+        why = f"vLLM's server default on {gpu.name}"
+    if seqs * max_model_len < default:  # vLLM caps a default batch at its sequences' whole length
+        return Resolved(seqs * max_model_len, f"{why}, capped at {seqs} sequences x max_model_len")
+    return Resolved(default, why)
 
 
 def concurrent_batches(platform: Platform, asked: int | None) -> Resolved:
@@ -81,3 +118,31 @@ def concurrent_batches(platform: Platform, asked: int | None) -> Resolved:
     if platform == "cpu":
         return Resolved(1, "vLLM's CPU platform turns async scheduling off")
     return Resolved(2, "vLLM's async scheduling (on by default)")
+
+
+def check_kv_cache_dtype(config: Mapping[str, Any], kv_cache_dtype: str, version: str) -> None:
+    """Refuse a 16-bit KV cache dtype other than the model's, as vLLM 0.33 does when it builds its config
+    (0.32 takes it); ModelSpecError."""
+    served = auto_dtype(config)
+    if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != served and not version.startswith("0.32."):
+        raise ModelSpecError(
+            f"--kv-cache-dtype {kv_cache_dtype}: vLLM {version} serves this model in {served} and refuses a "
+            f"16-bit KV cache of another dtype; use auto or {served}"
+        )
+
+
+def check_attention_backend(platform: Platform, family: Family, kv_cache_dtype: str, version: str) -> None:
+    """Refuse a KV cache dtype the platform's MLA attention backends do not take, as vLLM does when it
+    builds the model's attention layers; ModelSpecError."""
+    if family != "mla":
+        return
+    if platform == "cpu" and kv_cache_dtype not in CPU_MLA_KV_DTYPES and not version.startswith("0.32."):
+        raise ModelSpecError(
+            f"--kv-cache-dtype {kv_cache_dtype}: vLLM {version}'s MLA attention on CPU takes auto, bfloat16 or "
+            "float16 only, and refuses the launch; drop --kv-cache-dtype"
+        )
+    if platform == "cuda" and kv_cache_dtype == "fp8_e5m2":
+        raise ModelSpecError(
+            "--kv-cache-dtype fp8_e5m2: none of vLLM's MLA backends for Hopper (FlashAttention MLA, FlashMLA, "
+            "Triton MLA) takes it, so vLLM finds no attention backend; use fp8 (e4m3)"
+        )
