@@ -23,11 +23,9 @@ resolution, tests/vllm against 0.33's, and tests/vllm/test_vllm_cuda_defaults.py
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
-
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from .hf_config import Family, ModelSpecError, auto_dtype
 
