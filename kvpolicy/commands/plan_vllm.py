@@ -191,15 +191,6 @@ def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:
     return found.version, f"installed ({found.distribution})"
 
 
-def default_max_model_len(config: dict[str, Any]) -> int | None:
-    """vLLM's default --max-model-len for this config (``planning/max_len.py``), or None when config.json
-    does not say enough to derive it. Raises ModelSpecError for a length vLLM cannot read."""
-    from kvpolicy.adapters.vllm_adapter.planning.max_len import model_length
-
-    length = model_length(config)
-    return length.default if length and length.known else None
-
-
 def auto_kv_dtype(config: dict[str, Any], family: str) -> str:
     """What ``--kv-cache-dtype auto`` stores for this model, in words."""
     from kvpolicy.adapters.vllm_adapter.planning.hf_config import auto_dtype

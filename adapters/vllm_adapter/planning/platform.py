@@ -51,7 +51,6 @@ class CudaGpu:
 HOPPER = CudaGpu("a Hopper GPU of 70 to 160 GiB (H100, H200)", 8192, 1024)
 BLACKWELL = CudaGpu("a Blackwell datacenter GPU of 160 GiB or more (B200, GB200, B300), the only GPUs on which "
                     "vLLM runs the MXFP4 indexer", 16384, 1024)
-CUDA_BATCHED_TOKENS = HOPPER.batched_tokens
 
 
 def cuda_gpu(indexer_kv_dtype: str = "fp8") -> CudaGpu:
