@@ -133,9 +133,7 @@ def _length(config: Mapping[str, Any], key: str) -> float | None:
     value = config.get(key)
     if value is None:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ModelSpecError(f"{key!r} must be a positive number of tokens, got {_shown(value)}")
-    return value
+    return _positive(value, f"{key!r} must be a positive number of tokens")
 
 
 def _rope_parameters(config: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
@@ -178,9 +176,7 @@ def _scaling_factor(config: Mapping[str, Any], rope: list[dict[str, Any]]) -> fl
             factor = params.get("factor", factor)
     if factor is None:  # vLLM falls back to 1 for an explicit null
         return 1.0
-    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0:
-        raise ModelSpecError(f"the RoPE scaling factor must be a positive number, got {_shown(factor)}")
-    return factor
+    return _positive(factor, "the RoPE scaling factor must be a positive number")
 
 
 def _is_gemma3(config: Mapping[str, Any]) -> bool:
@@ -190,9 +186,14 @@ def _is_gemma3(config: Mapping[str, Any]) -> bool:
 
 def _original_length(config: Mapping[str, Any], derived: float) -> int:
     value = config.get("original_max_position_embeddings", derived)
+    return int(_positive(value, "'original_max_position_embeddings' must be a positive number"))
+
+
+def _positive(value: Any, must: str) -> float:
+    """``value`` if it is a number above 0 (not a bool); else ModelSpecError: ``must``, and what it was."""
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ModelSpecError(f"'original_max_position_embeddings' must be a positive number, got {_shown(value)}")
-    return int(value)
+        raise ModelSpecError(f"{must}, got {_shown(value)}")
+    return value
 
 
 def _number(value: float) -> str:
