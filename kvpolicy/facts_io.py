@@ -9,11 +9,10 @@ against a node's state saved earlier, or copied from another machine.
 from __future__ import annotations
 
 from pathlib import Path
-
-from pydantic import ValidationError
+from typing import TypeGuard
 
 from kvpolicy.facts import Facts
-from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
+from kvpolicy.json_text import DocumentInvalid, load_document
 from kvpolicy.paths import FACTS_SUFFIX, POLICY_SUFFIX, InputTooLarge, read_input, reason
 
 
@@ -31,19 +30,13 @@ class FactsUnreadable(FactsError):
 
 
 def parse_facts(text: str, source: str = "<facts>") -> Facts:
+    def as_facts(data: object) -> object:
+        return facts_from_status(data, source) if is_status_document(data) else data
+
     try:
-        data = parse_json(text)
-    except JsonInvalid as exc:
-        raise FactsError(exc.in_file(source, "valid facts")) from None
-    written = not is_status_document(data)
-    if not written:
-        data = facts_from_status(data, source)
-    try:
-        return Facts.model_validate(data)
-    except ValidationError as exc:
-        raise FactsError(invalid_document(exc, Facts, text if written else None, source, "facts")) from None
-    except RecursionError:
-        raise FactsError(f"{source}: not valid facts: nested too deeply") from None
+        return load_document(Facts, text, source, expected="valid facts", what="facts", convert=as_facts)
+    except DocumentInvalid as exc:
+        raise FactsError(str(exc)) from None
 
 
 STATUS_ONLY_KEYS = frozenset({"written_at", "controller", "last_reload", "problems"})
@@ -51,7 +44,7 @@ STATUS_ONLY_KEYS = frozenset({"written_at", "controller", "last_reload", "proble
 INSTANCE_FACT_KEYS = ("id", "model", "engine", "engine_id", "gpu", "rank", "pid", "pools", "elastic", "idle_seconds")
 
 
-def is_status_document(data: object) -> bool:
+def is_status_document(data: object) -> TypeGuard[dict]:
     return isinstance(data, dict) and bool(STATUS_ONLY_KEYS & data.keys())
 
 

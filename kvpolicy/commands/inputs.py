@@ -120,9 +120,7 @@ def _live(command: str, args: argparse.Namespace) -> tuple[Facts, State | None, 
 
 
 def _state_file(command: str, path: Path) -> State:
-    from pydantic import ValidationError
-
-    from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
+    from kvpolicy.json_text import DocumentInvalid, JsonInvalid, decode_json_text, load_document
 
     try:
         data = read_input(path)
@@ -131,16 +129,11 @@ def _state_file(command: str, path: Path) -> State:
     except InputTooLarge as exc:
         _fail(command, str(exc), 1)
     try:
-        text = data.decode("utf-8")
-        return State.model_validate(parse_json(text))
-    except UnicodeDecodeError as exc:
-        _fail(command, f"{path}: not a valid state: not UTF-8 (byte {exc.start}: {data[exc.start]:#04x})", 1)
-    except JsonInvalid as exc:
+        return load_document(State, decode_json_text(data), path, expected="a valid state", what="state")
+    except JsonInvalid as exc:  # not UTF-8
         _fail(command, exc.in_file(path, "a valid state"), 1)
-    except ValidationError as exc:
-        _fail(command, invalid_document(exc, State, text, path, "state"), 1)
-    except RecursionError:
-        _fail(command, f"{path}: not a valid state: nested too deeply", 1)
+    except DocumentInvalid as exc:
+        _fail(command, str(exc), 1)
 
 
 def _fail(command: str, message: str, code: int) -> NoReturn:

@@ -31,7 +31,7 @@ from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
-from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
+from kvpolicy.json_text import DocumentInvalid, JsonInvalid, decode_json_text, load_document
 from kvpolicy.lint.load import load_policy
 from kvpolicy.paths import InputTooLarge, read_input, reason
 from kvpolicy.units import format_bytes
@@ -224,17 +224,11 @@ def run_test_file(path: Path) -> list[CaseResult]:
 def _read_spec(path: Path, data: bytes) -> PolicyTestFile:
     """The test file ``path`` holding ``data``; TestFileError saying where it is not one."""
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise TestFileError(f"{path}: not valid JSON: not UTF-8 (byte {exc.start}: {data[exc.start]:#04x})") from None
-    try:
-        return PolicyTestFile.model_validate(parse_json(text))
-    except JsonInvalid as exc:
+        return load_document(PolicyTestFile, decode_json_text(data), path, expected="valid JSON", what="test file")
+    except JsonInvalid as exc:  # not UTF-8
         raise TestFileError(exc.in_file(path, "valid JSON")) from None
-    except ValidationError as exc:
-        raise TestFileError(invalid_document(exc, PolicyTestFile, text, path, "test file")) from None
-    except RecursionError:
-        raise TestFileError(f"{path}: not a valid test file: nested too deeply") from None
+    except DocumentInvalid as exc:
+        raise TestFileError(str(exc)) from None
 
 
 def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from kvpolicy.evaluate.decision import STATE_SCHEMA, State
-from kvpolicy.json_text import JsonInvalid, invalid_document, parse_json
+from kvpolicy.json_text import DocumentInvalid, load_document
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 from kvpolicy.runtime.stores import read_document, write_document
@@ -41,11 +39,6 @@ def read_rule_state(ledger_dir: Path | str) -> State | None:
     if text is None:
         return None
     try:
-        return State.model_validate(parse_json(text))
-    except JsonInvalid as exc:
-        raise LedgerError(f"kvpolicy ledger: {exc.in_file(path, 'a rule state file')}") from None
-    except ValidationError as exc:
-        what = f"rule state file (schema {STATE_SCHEMA})"
-        raise LedgerError(f"kvpolicy ledger: {invalid_document(exc, State, text, path, what)}") from None
-    except RecursionError:
-        raise LedgerError(f"kvpolicy ledger: {path} is not a rule state file: nested too deeply") from None
+        return load_document(State, text, path, expected="a rule state file", what=f"rule state file (schema {STATE_SCHEMA})")
+    except DocumentInvalid as exc:
+        raise LedgerError(f"kvpolicy ledger: {exc}") from None
