@@ -513,6 +513,19 @@ def _exponent(s: Situation) -> Failure:
     )
 
 
+def _is_json_document(s: Situation) -> bool:
+    """The file opens with '{': a JSON document (facts, a policy test) given where a policy goes."""
+    return s.token.type == "LBRACE" and all(token.type == "_SEP" for token in s.history)
+
+
+def _json_document(s: Situation) -> Failure:
+    return s.fail(
+        _span(s.token), "this looks like a JSON document, not a policy",
+        "a policy starts with `version 1`; a facts file goes after `--facts`, a policy test to `kvpolicy test`",
+        recover=False,  # every line after would be an error of its own
+    )
+
+
 def _two_statements(s: Situation) -> Failure:
     return s.fail(
         _span(s.token), f"expected the end of the statement after '{s.prev_word}', found {_found(s.token)}",
@@ -545,6 +558,7 @@ MATCHERS: tuple[Matcher, ...] = (
         ('version 1\nmodel "a\n',),
     ),
     Matcher("bad-character", UnexpectedCharacters, lambda s: True, _bad_character, ('version 1\nmodel "a" { reserve 40 @ }\n',)),
+    Matcher("json-document", UnexpectedToken, _is_json_document, _json_document, ('{\n  "gpus": []\n}\n',)),
     Matcher(
         "missing-close-paren", UnexpectedToken,
         lambda s: bool(s.trace.open_parens) and "RPAR" in s.expected and not s.expected & _VALUE_TYPES,
@@ -625,7 +639,11 @@ MATCHERS: tuple[Matcher, ...] = (
     Matcher("exponent", UnexpectedToken, _is_exponent, _exponent, ('version 1\nmodel "a" { min 1e3 MiB }\n',)),
     Matcher(
         "two-statements", UnexpectedToken,
-        lambda s: "_SEP" in s.expected and s.token.type not in _STATEMENT_END and s.previous is not None,
+        # after a separator a new statement starts: the refused token is no second statement
+        lambda s: (
+            "_SEP" in s.expected and s.token.type not in _STATEMENT_END
+            and s.previous is not None and s.previous.type != "_SEP"
+        ),
         _two_statements,
         ('version 1\nmodel "a" { priority 1 weight 2 }\n', 'version 1\nrule "r" { when gpu.free < 8 GiB gpu.used }\n'),
     ),
@@ -666,7 +684,9 @@ def describe(types: set[str], previous: Token | None) -> str:
     else:
         words.extend(f"'{k}'" for k in keywords)
     for t in sorted(types):
-        if t in _TOKEN_WORDS and not (t == "NAME" and len(keywords) > 3):
+        if t == "NAME" and len(keywords) > 3:
+            continue  # "a setting such as ..." says a name goes here
+        if t in _TOKEN_WORDS:
             words.append(_TOKEN_WORDS[t])
         elif t in terminals and not _WORD.fullmatch(str(terminals[t])):
             words.append(f"'{terminals[t]}'")

@@ -70,6 +70,9 @@ def check_diagnostics(result: LintResult, lines: list[str]) -> None:
         assert d.end_line <= len(lines), d
         for text in (d.message, d.hint or ""):
             assert not shows_terminal_name(text), text
+            # one line each, and no pattern from the grammar (`[A-Za-z_]...`) in place of words
+            assert "\n" not in text and "\r" not in text, text
+            assert "[A-Za-z" not in text, text
         assert d.message and d.message == d.message.strip()
 
 
