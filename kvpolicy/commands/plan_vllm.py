@@ -8,7 +8,8 @@ left to vLLM is stated in the plan (``assumed``): the vLLM version (the installe
 else the newest validated), max_model_len (as vLLM derives it from the config's length keys and
 RoPE scaling, ``planning/max_len.py``), the platform (``--platform``, default cuda, and the GPU class
 it assumes) and what it decides — block size and the scheduler's batch figures
-(``planning/platform.py``) — KV dtype and layout. Launches vLLM refuses are refused (exit 1).
+(``planning/platform.py``) — the model dtype (``--dtype auto``), KV dtype and layout. Launches vLLM refuses are
+refused (exit 1).
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
          help="default: the platform's (CUDA: 16, MLA with an fp8 cache 64, DeepSeek-V4 256; "
               "CPU: 128, MLA 16, DeepSeek-V4 256)")
     _add(group, "--sliding-window-block-size", type=int, help="default: --block-size")
+    _add(group, "--dtype", choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
+         help="the dtype vLLM serves the model in, and an auto KV cache's (default: auto, the checkpoint's, "
+              "float32 served as bfloat16)")
     _add(group, "--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, fp8 (default: auto)")
     _add(group, "--indexer-kv-dtype", choices=("fp8", "mxfp4"), default="fp8", help="DeepSeek-V4 indexer cache")
     _add(group, "--kv-cache-layout", help="VLLM_KV_CACHE_LAYOUT (default: BLHNC for DeepSeek-V4, else LBNHC)")
@@ -133,6 +137,7 @@ def run_vllm(args: argparse.Namespace) -> int:
             max_model_len=max_model_len,
             block_size=resolved["block_size"].value,
             sliding_window_block_size=args.sliding_window_block_size,
+            dtype=getattr(args, "dtype", None) or "auto",
             kv_cache_dtype=args.kv_cache_dtype,
             indexer_kv_dtype=args.indexer_kv_dtype,
             kv_cache_layout=args.kv_cache_layout,
@@ -150,7 +155,8 @@ def run_vllm(args: argparse.Namespace) -> int:
     except (ModelSpecError, PlanError) as exc:
         print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
         return 1
-    launch = Launch(platform, amx, gpu.name, length.why if length else "", auto_kv_dtype(config, family))
+    launch = Launch(platform, amx, gpu.name, length.why if length else "",
+                    auto_kv_dtype(config, family, settings.dtype), served_dtype(config))
     assumed = assumed_defaults(args, plan, version_why, max_model_len, launch, resolved)
     plan = plan.model_copy(update={"assumed": assumed})
     if args.format == "json":
@@ -191,13 +197,22 @@ def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:
     return found.version, f"installed ({found.distribution})"
 
 
-def auto_kv_dtype(config: dict[str, Any], family: str) -> str:
-    """What ``--kv-cache-dtype auto`` stores for this model, in words."""
-    from kvpolicy.adapters.vllm_adapter.planning.hf_config import auto_dtype
+def auto_kv_dtype(config: dict[str, Any], family: str, dtype: str = "auto") -> str:
+    """What ``--kv-cache-dtype auto`` stores for this model with ``--dtype dtype``, in words."""
+    from kvpolicy.adapters.vllm_adapter.planning.hf_config import model_dtype
 
     if family == "deepseek_v4":
         return "fp8_ds_mla, DeepSeek-V4's packed cache"
-    return f"{auto_dtype(config)}, the model's dtype as vLLM's --dtype auto resolves it"
+    if dtype == "auto":
+        return f"{model_dtype(config)}, the model's dtype as vLLM's --dtype auto resolves it"
+    return f"{model_dtype(config, dtype)}, the model's dtype (--dtype {dtype})"
+
+
+def served_dtype(config: dict[str, Any]) -> str:
+    """What ``--dtype auto`` serves this model in, and why, in words."""
+    from kvpolicy.adapters.vllm_adapter.planning.hf_config import auto_dtype, auto_dtype_reason
+
+    return f"{auto_dtype(config)}: {auto_dtype_reason(config)}"
 
 
 @dataclass(frozen=True)
@@ -210,6 +225,8 @@ class Launch:
     """The CUDA GPU class assumed."""
     max_model_len_why: str
     kv_dtype: str
+    dtype: str
+    """What --dtype auto serves the model in, and why."""
 
 
 def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | None, max_model_len: int,
@@ -231,6 +248,8 @@ def assumed_defaults(args: argparse.Namespace, plan: Any, version_why: str | Non
         sizes = sorted({g.block_size for g in plan.groups})
         over = f", over --block-size {args.block_size}" if args.block_size is not None and block.forced else ""
         assumed["block_size"] = f"{', '.join(map(str, sizes))} ({block.why}{over})"
+    if getattr(args, "dtype", None) is None:
+        assumed["dtype"] = f"auto ({launch.dtype})"
     if args.kv_cache_dtype == "auto":
         assumed["kv_cache_dtype"] = f"auto ({launch.kv_dtype})"
     if args.kv_cache_layout is None:

@@ -39,6 +39,8 @@ class Case:
     max_num_batched_tokens: int = 8192
     tensor_parallel_size: int = 1
     """The specs are one rank's of this many (``layer_specs`` builds the model as rank 0)."""
+    dtype: str = "auto"
+    """--dtype."""
 
     @property
     def config_dir(self) -> Path:
@@ -47,7 +49,7 @@ class Case:
     @property
     def id(self) -> str:
         return (f"{self.name}-b{self.block_size}-{self.layout}-{self.kv_cache_dtype}-{self.indexer_kv_dtype}"
-                f"-tp{self.tensor_parallel_size}")
+                f"-tp{self.tensor_parallel_size}" + (f"-{self.dtype}" if self.dtype != "auto" else ""))
 
 
 class _CpuEvent:
@@ -75,6 +77,7 @@ def vllm_config(case: Case) -> Any:
         kv_cache_dtype=case.kv_cache_dtype,
         block_size=case.block_size,
         max_num_batched_tokens=case.max_num_batched_tokens,
+        dtype=case.dtype,
         **kwargs,
     )
     return args.create_engine_config()

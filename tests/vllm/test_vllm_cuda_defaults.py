@@ -6,8 +6,9 @@ choice functions run here with the device faked:
 
 - the server's batch defaults: ``EngineArgs.get_batch_defaults`` with the platform's memory, name and compute
   capability stood in for an H100, an H200 and a B200;
-- the attention backend and its block size: ``CudaPlatform.get_valid_backends`` for compute capability 9.0,
-  each backend's own checks, then the chosen one's ``get_preferred_block_size`` from vLLM's default 16. What
+- the attention backend and its block size: ``CudaPlatform.get_valid_backends`` for compute capability 9.0 and
+  each model dtype (``--dtype``), each backend's own checks, then the chosen one's ``get_preferred_block_size``
+  from vLLM's default 16 (a float32 model runs on Triton; no MLA backend takes one). What
   needs the CUDA build's kernels is stood in for as vLLM's CUDA wheels have them on Hopper: the extension
   module the CUDA platform imports, FlashAttention 3's MLA support (``flash_attn_supports_mla``) and FlashMLA's
   dense kernels (``is_flashmla_dense_supported``). FlashInfer is not installed here: a backend that cannot be
@@ -20,6 +21,7 @@ import importlib
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,41 +85,71 @@ def _cuda_platform(monkeypatch: pytest.MonkeyPatch) -> Any:
     return cuda.CudaPlatform
 
 
-def hopper_choice(platform: Any, use_mla: bool, head_size: int, kv_cache_dtype: str) -> tuple[str, int] | None:
-    """(backend, block size) vLLM picks on compute capability 9.0 without --block-size, or None when none fits."""
+def hopper_choice(platform: Any, use_mla: bool, head_size: int, kv_cache_dtype: str,
+                  dtype: str = "bfloat16") -> tuple[str, int] | None:
+    """(backend, block size) vLLM picks on compute capability 9.0 without --block-size for a model served in
+    ``dtype``, or None when none fits."""
     import torch
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-    selector = AttentionSelectorConfig(head_size=head_size, dtype=torch.bfloat16, kv_cache_dtype=kv_cache_dtype,
+    selector = AttentionSelectorConfig(head_size=head_size, dtype=getattr(torch, dtype), kv_cache_dtype=kv_cache_dtype,
                                        block_size=None, use_mla=use_mla)
     valid, invalid = platform.get_valid_backends(DeviceCapability(9, 0), selector)
     best = min(valid, key=lambda c: c.priority) if valid else None
-    # A backend this machine cannot import must not outrank the choice; FlashInfer's MLA backend alone may
-    # (it declares compute capability 10.x only, so Hopper never takes it).
+    # A backend this machine cannot import must not outrank the choice, unless its class declares no support for
+    # the model's dtype (read from its source); FlashInfer's MLA backend alone may (it declares compute
+    # capability 10.x only, so Hopper never takes it).
     unknown = {b.name for b, (priority, reasons) in invalid.items()
                if any(r.startswith(("ImportError", "ModuleNotFoundError")) for r in reasons)
-               and (best is None or priority < best.priority)}
+               and (best is None or priority < best.priority) and dtype in declared_dtypes(b.value)}
     assert unknown <= {"FLASHINFER_MLA"}, (unknown, best)
     if best is None:
         return None
     return best.backend.name, best.backend_class.get_preferred_block_size(16)
 
 
+def declared_dtypes(class_path: str) -> set[str]:
+    """The model dtypes a backend class declares (its ``supported_dtypes``), read from its module's source without
+    importing it (what cannot be imported here: FlashInfer's backends); every dtype when it declares none."""
+    import ast
+    import importlib.util
+
+    module, name = class_path.rsplit(".", 1)
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, class_path
+    tree = ast.parse(Path(spec.origin).read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "supported_dtypes":
+            assert isinstance(node.value, ast.List), class_path
+            return {e.attr for e in node.value.elts if isinstance(e, ast.Attribute)}
+    return {"bfloat16", "float16", "float32"}
+
+
+MODEL_DTYPES = ["bfloat16", "float16", "float32"]
+"""What ``--dtype`` resolves to (``model_dtype``)."""
+
+
+@pytest.mark.parametrize("dtype", MODEL_DTYPES)
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"])
-def test_the_mla_block_size_is_the_hopper_backends(cuda_backends: Any, kv_cache_dtype: str) -> None:
-    choice = hopper_choice(cuda_backends, True, 576, kv_cache_dtype)  # DeepSeek-V2/V3's latent + RoPE
+def test_the_mla_block_size_is_the_hopper_backends(cuda_backends: Any, kv_cache_dtype: str, dtype: str) -> None:
+    choice = hopper_choice(cuda_backends, True, 576, kv_cache_dtype, dtype)  # DeepSeek-V2/V3's latent + RoPE
     if choice is None:  # vLLM finds no backend: the plan refuses the launch
         with pytest.raises(ModelSpecError, match="none of vLLM's MLA backends for Hopper"):
-            pf.check_attention_backend("cuda", "mla", kv_cache_dtype, "0.33.0")
+            pf.check_attention_backend("cuda", "mla", kv_cache_dtype, "0.33.0", dtype)
         return
-    pf.check_attention_backend("cuda", "mla", kv_cache_dtype, "0.33.0")
+    pf.check_attention_backend("cuda", "mla", kv_cache_dtype, "0.33.0", dtype)
     assert choice[1] == mla_cuda_block_size(kv_cache_dtype), choice
 
 
+@pytest.mark.parametrize("dtype", MODEL_DTYPES)
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "bfloat16", "float16"])
 @pytest.mark.parametrize("head_size", [64, 128, 256])
-def test_the_standard_block_size_is_the_hopper_backends(cuda_backends: Any, kv_cache_dtype: str,
-                                                        head_size: int) -> None:
-    """FlashAttention, vLLM's first choice for a 16-bit cache on Hopper: 16 (fp8 may go to FlashInfer, absent here)."""
-    assert hopper_choice(cuda_backends, False, head_size, kv_cache_dtype) == ("FLASH_ATTN", 16)
+def test_the_standard_block_size_is_the_hopper_backends(cuda_backends: Any, kv_cache_dtype: str, head_size: int,
+                                                        dtype: str) -> None:
+    """FlashAttention, vLLM's first choice for a 16-bit model and cache on Hopper: 16 (fp8 may go to FlashInfer,
+    absent here); a float32 model, which neither FlashAttention nor FlashInfer takes: Triton's, 16 too."""
+    pf.check_attention_backend("cuda", "standard", kv_cache_dtype, "0.33.0", dtype)
+    backend = "TRITON_ATTN" if dtype == "float32" else "FLASH_ATTN"
+    assert hopper_choice(cuda_backends, False, head_size, kv_cache_dtype, dtype) == (backend, 16)

@@ -6,9 +6,9 @@ RoPE scaling (type, factor, where it is given, ``original_max_position_embedding
 ``--max-model-len`` or none, and resolves it with vLLM's own ``EngineArgs.create_engine_config``
 (``ModelConfig`` → ``_get_and_verify_max_len``; milliseconds, no model is built). kvpolicy's
 ``model_length`` / ``check_max_model_len`` must give vLLM's ``max_model_len``, or refuse where vLLM
-refuses. The same resolution gives vLLM's model dtype for ``--dtype auto``, which ``auto_dtype`` must
-name (the KV cache's dtype under ``--kv-cache-dtype auto``). vLLM 0.32.0 has the same code
-(tests/vllm_e2e/test_vllm_versions.py pins what differs between them).
+refuses. The same resolution, with a random ``--dtype`` (vLLM's values, or none), gives vLLM's model dtype,
+which ``model_dtype`` must name (the KV cache's dtype under ``--kv-cache-dtype auto``), or refuse where vLLM
+refuses it. vLLM 0.32.0 has the same code (tests/vllm_e2e/test_vllm_versions.py pins what differs between them).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, auto_dtype, load_config
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import MODEL_DTYPES, ModelSpecError, load_config, model_dtype
 from kvpolicy.adapters.vllm_adapter.planning.max_len import (
     ALLOW_LONG_ENV,
     LENGTH_KEYS,
@@ -96,15 +96,16 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     return config
 
 
-def resolve(folder: Path, max_model_len: int | None) -> Any:
+def resolve(folder: Path, max_model_len: int | None, dtype: str | None = None) -> Any:
     """vLLM's own VllmConfig for the config in ``folder``, as ``vllm serve`` builds it."""
     from vllm.engine.arg_utils import EngineArgs
 
-    return EngineArgs(model=str(folder), skip_tokenizer_init=True, load_format="dummy",
-                      max_model_len=max_model_len).create_engine_config()
+    return EngineArgs(model=str(folder), skip_tokenizer_init=True, load_format="dummy", max_model_len=max_model_len,
+                      **({"dtype": dtype} if dtype is not None else {})).create_engine_config()
 
 
-REASONS = {"User-specified max_model_len": "vLLM refuses it at start-up", "Found conflicts": "refuses the conflict"}
+REASONS = {"User-specified max_model_len": "vLLM refuses it at start-up", "Found conflicts": "refuses the conflict",
+           "does not support float16": "vLLM refuses float16 for model_type"}
 """vLLM's refusal → the plan's words for the same reason."""
 
 
@@ -121,10 +122,11 @@ def refusal(theirs: Exception | None, ours: Exception | None) -> str | None:
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(config=configs(), ask=st.one_of(st.none(), st.floats(0.25, 4.0), lengths()))
+@given(config=configs(), ask=st.one_of(st.none(), st.floats(0.25, 4.0), lengths()),
+       dtype=st.one_of(st.none(), st.none(), st.sampled_from(MODEL_DTYPES)))
 def test_max_model_len_and_dtype_resolve_as_vllms(tmp_path_factory: pytest.TempPathFactory,
                                                   monkeypatch: pytest.MonkeyPatch, config: dict[str, Any],
-                                                  ask: float | int | None) -> None:
+                                                  ask: float | int | None, dtype: str | None) -> None:
     monkeypatch.delenv(ALLOW_LONG_ENV, raising=False)
     folder = tmp_path_factory.mktemp("max-len")
     (folder / "config.json").write_text(json.dumps(config))
@@ -134,11 +136,12 @@ def test_max_model_len_and_dtype_resolve_as_vllms(tmp_path_factory: pytest.TempP
     theirs: Exception | None = None
     ours: Exception | None = None
     try:
-        real = resolve(folder, asked)
+        real = resolve(folder, asked, dtype)
     except ValueError as exc:  # vLLM refuses the launch: so must the plan, for its reason
         theirs = exc
     plan_config = load_config(folder / "config.json")
-    try:
+    try:  # in vLLM's order: the model's dtype, then its length
+        served = model_dtype(plan_config, dtype or "auto")
         length = model_length(plan_config)
         assert length is not None and length.known
         if asked is not None:
@@ -151,8 +154,9 @@ def test_max_model_len_and_dtype_resolve_as_vllms(tmp_path_factory: pytest.TempP
         return
     rope = config.get("rope_scaling") or config.get("rope_parameters") or {}
     event(f"{'asked' if asked is not None else 'default'}, rope {rope.get('rope_type') or rope.get('type')}")
+    event(f"--dtype {dtype or 'unset'}: {served}")
     assert real.model_config.max_model_len == (length.default if asked is None else asked)
-    assert auto_dtype(plan_config) == str(real.model_config.dtype).removeprefix("torch.")
+    assert served == str(real.model_config.dtype).removeprefix("torch.")
 
 
 @settings(max_examples=max(EXAMPLES // 5, 10), deadline=None, database=None,

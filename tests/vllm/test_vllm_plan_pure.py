@@ -451,9 +451,36 @@ def test_the_auto_kv_dtype_is_the_dtype_vllm_serves_the_model_in(tmp_path: Path,
     assert doc["assumed"]["kv_cache_dtype"].startswith(f"auto ({served}, the model's dtype")
 
 
+@pytest.mark.parametrize(("checkpoint", "flag", "served", "page"), [
+    ("bfloat16", "float32", "float32", 4), ("bfloat16", "float", "float32", 4), ("float32", "float32", "float32", 4),
+    ("bfloat16", "half", "float16", 2), ("float32", "float16", "float16", 2), (None, "bfloat16", "bfloat16", 2),
+    ("float16", "auto", "float16", 2),
+])
+def test_dtype_is_the_model_dtype_and_an_auto_kv_caches(tmp_path: Path, checkpoint: str | None, flag: str, served: str,
+                                                        page: int) -> None:
+    """--dtype as vLLM takes it: an explicit dtype is served as it is (4 bytes an element for float32), auto as
+    vLLM resolves the checkpoint's; the plan says which, and where it comes from when no flag said."""
+    config = {k: v for k, v in load_config(QWEN3).items() if k not in ("torch_dtype", "dtype")}
+    if checkpoint is not None:
+        config["dtype"] = checkpoint
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    doc = json.loads(_run(plan_args("--model-config", str(path), "--budget", "16GiB", "--dtype", flag,
+                                    "--format", "json")))
+    assert doc["bytes_per_block"] == 36 * 16 * 8 * 256 * page
+    assert doc["assumed"]["kv_cache_dtype"].startswith(f"auto ({served}, the model's dtype")
+    assert "dtype" not in doc["assumed"]
+    unset = json.loads(_run(plan_args("--model-config", str(path), "--budget", "8GiB", "--format", "json")))
+    assert unset["assumed"]["dtype"].startswith(f"auto ({'float16' if checkpoint == 'float16' else 'bfloat16'}: ")
+
+
 @pytest.mark.parametrize(
     ("config", "argv", "message"),
     [
+        ("gemma-3-1b", ["--dtype", "float16"], "vLLM refuses float16 for model_type 'gemma3_text'"),
+        ("gemma-3-1b", ["--dtype", "half"], "vLLM refuses float16 for model_type 'gemma3_text'"),
+        ("deepseek-v2-lite", ["--dtype", "float32"], "none of vLLM's MLA backends for Hopper"),
+        ("qwen3-8b", ["--dtype", "float32", "--kv-cache-dtype", "bfloat16"], "serves this model in float32"),
         ("qwen3-8b", ["--tensor-parallel-size", "3"], "does not divide the model's 32 attention heads"),
         ("deepseek-v2-lite", ["--tensor-parallel-size", "3"], "does not divide the model's 16 attention heads"),
         ("deepseek-v2-lite", ["--platform", "cpu", "--kv-cache-dtype", "fp8"],

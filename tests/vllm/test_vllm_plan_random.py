@@ -3,13 +3,14 @@
 Each example writes a config.json — Qwen3-shaped (random layer count, heads, KV heads, head size), Gemma-3-shaped
 (layers a random mix of sliding-window and full attention, random window) or DeepSeek-V2-shaped (MLA: random
 latent and RoPE sizes, heads, dense and MoE layers) — with a random checkpoint dtype (bfloat16, float16, float32,
-or none), and draws a launch: max_model_len, KV cache dtype (auto, 16-bit or fp8 variants), tensor parallel size
+or none), and draws a launch: max_model_len, --dtype (mostly auto; any of vLLM's), KV cache dtype (auto, 16-bit or fp8
+variants), tensor parallel size
 (one that divides the heads, or any), batched tokens, async scheduling (one or two batches in flight), block size,
 layout and budget. vLLM's real model class gives the layer specs on the meta device (as rank 0 of the tensor
 parallel size), and vLLM's ``get_global_kv_cache_groups`` / ``get_kv_cache_configs`` plan them. The plan must agree
 on blocks, bytes per block, total bytes, groups and concurrency, or refuse where vLLM refuses, for vLLM's reason
-(a budget with vLLM's figures; a tensor parallel size, a KV cache dtype). vLLM's ``allocate_kv_cache`` then builds
-the plan on the ``meta`` device (no memory, so budgets need no cap), and its views must be the plan's buffer and
+(a budget with vLLM's figures; a tensor parallel size, a model or KV cache dtype). vLLM's ``allocate_kv_cache`` then
+builds the plan on the ``meta`` device (no memory, so budgets need no cap), and its views must be the plan's buffer and
 per-pool bytes (tests/vllm/allocation_check.py).
 """
 
@@ -27,6 +28,7 @@ from tests.vllm.refusals import assert_same_refusal
 from tests.vllm.vllm_paths import CONFIGS
 
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config, model_specs
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import MODEL_DTYPES as DTYPE_FLAGS
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 
 pytestmark = pytest.mark.vllm
@@ -49,6 +51,7 @@ REFUSALS = {  # vLLM's start-up refusal → the plan's words for it
     "is not supported by MLA attention on CPU": "MLA attention on CPU takes auto, bfloat16 or float16 only",
     "AssertionError": "neither divides the model's",  # the attention classes' KV head split
     "is incompatible with dtype": "refuses a 16-bit KV cache of another dtype",
+    "does not support float16": "vLLM refuses float16 for model_type",
 }
 HOST_REFUSAL = "is not supported by the CPU attention backend on this host"
 """vLLM's CPU attention takes an fp8 cache only on a CPU with AMX or AVX-512: the host, not the plan, decides."""
@@ -126,6 +129,7 @@ class Launch:
     """A random launch: vLLM's flags (and the scheduler's async switch) for one example."""
 
     max_model_len: int
+    dtype: str
     block_size: int
     layout: str
     kv_cache_dtype: str
@@ -141,6 +145,7 @@ def launches(draw: st.DrawFn, config: dict, block_sizes: list[int], kv_dtypes: l
     positions = config["max_position_embeddings"]
     return Launch(
         max_model_len=draw(st.one_of(st.just(positions), st.integers(16, positions))),
+        dtype=draw(st.sampled_from(["auto"]) | st.sampled_from(DTYPE_FLAGS)),  # half of them auto
         block_size=draw(st.sampled_from(block_sizes)),
         layout=draw(st.sampled_from(["LBNHC", "BLHNC"])),
         kv_cache_dtype=draw(st.sampled_from(kv_dtypes)),
@@ -198,9 +203,9 @@ def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, bud
     mine = load_config(folder / "config.json")
     case = Case(str(folder), launch.block_size, max_model_len=launch.max_model_len, layout=launch.layout,
                 kv_cache_dtype=launch.kv_cache_dtype, max_num_batched_tokens=launch.max_num_batched_tokens,
-                tensor_parallel_size=launch.tensor_parallel_size)  # an absolute name: config_dir is the folder
+                tensor_parallel_size=launch.tensor_parallel_size, dtype=launch.dtype)  # absolute: config_dir is it
     assert case.config_dir == folder
-    ours = PlanSettings(max_model_len=launch.max_model_len, block_size=launch.block_size,
+    ours = PlanSettings(max_model_len=launch.max_model_len, block_size=launch.block_size, dtype=launch.dtype,
                         kv_cache_layout=launch.layout, kv_cache_dtype=launch.kv_cache_dtype,
                         tensor_parallel_size=launch.tensor_parallel_size)
     try:  # vLLM's start-up: its config, then the model's attention layers
@@ -235,7 +240,8 @@ def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, bud
         sched.async_scheduling = saved
     groups = real.kv_cache_config.kv_cache_groups
     event(f"planned: {len(groups)} groups" if len(groups) > 1 else "planned: 1 group")
-    event(f"planned: kv {launch.kv_cache_dtype}, model dtype {mine.get('dtype') or mine.get('torch_dtype')}")
+    event(f"planned: kv {launch.kv_cache_dtype}, model dtype {mine.get('dtype') or mine.get('torch_dtype')}, "
+          f"--dtype {launch.dtype}")
     event(f"planned: tp {launch.tensor_parallel_size}")
     plan = make_plan(mine, ours, budget=budget, platform="cpu")
     assert plan.num_blocks == real.kv_cache_config.num_blocks

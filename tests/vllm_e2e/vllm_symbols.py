@@ -71,6 +71,12 @@ SYMBOLS: tuple[tuple[str, str], ...] = (
     ("vllm.v1.core.kv_cache_utils", "get_max_concurrency_for_kv_cache_config"),
     ("vllm.v1.core.kv_cache_utils", "get_request_block_hasher"),
     ("vllm.v1.core.kv_cache_utils", "init_none_hash"),
+    # the model dtype (planning/hf_config.py: model_dtype; tests/vllm/test_vllm_max_model_len.py runs 0.33's)
+    ("vllm.config.model", "_get_and_verify_dtype"),
+    ("vllm.config.model", "_resolve_auto_dtype"),
+    ("vllm.config.model", "_is_valid_dtype"),
+    ("vllm.config.model", "_check_valid_dtype"),
+    ("vllm.transformers_utils.model_arch_config_convertor", "ModelArchConfigConvertorBase.get_torch_dtype"),
 )
 
 # Instance attributes the adapter reads, set in __init__ (not visible on the class).

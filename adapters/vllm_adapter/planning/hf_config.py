@@ -44,7 +44,12 @@ TORCH_DTYPE_NAMES = frozenset({
 })
 """Dtype names a config.json may give (torch's); transformers refuses a name torch lacks."""
 FLOAT16_REFUSED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
-"""Model types vLLM serves in bfloat16 when the checkpoint says float16 (numerical instability)."""
+"""Model types vLLM refuses float16 for (numerical instability): ``--dtype auto`` serves a float16 checkpoint of
+theirs in bfloat16, an explicit ``--dtype float16`` is a start-up error."""
+ModelDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+MODEL_DTYPES: tuple[ModelDtype, ...] = ("auto", "half", "float16", "bfloat16", "float", "float32")
+"""``--dtype``'s values, vLLM's ``ModelDType``; half is float16, float is float32."""
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_ds_mla")
 
 # DeepSeek-V4 on vLLM's FlashMLA path (vllm/models/deepseek_v4, v1/attention/backends/mla).
@@ -77,9 +82,11 @@ class SpecSettings(BaseModel):
     DeepSeek-V4 256)."""
     sliding_window_block_size: PositiveInt | None = None
     """Block size of sliding-window layers; default: --block-size (FlashAttention keeps it)."""
+    dtype: ModelDtype = "auto"
+    """--dtype, the dtype vLLM serves the model in (``model_dtype``): auto (the checkpoint's, as vLLM resolves it,
+    ``auto_dtype``), half or float16, bfloat16, float or float32."""
     kv_cache_dtype: str = "auto"
-    """--kv-cache-dtype: auto (the model's dtype as vLLM resolves it, ``auto_dtype``), bfloat16, float16, fp8,
-    fp8_e4m3, fp8_e5m2."""
+    """--kv-cache-dtype: auto (the model's dtype, ``model_dtype``), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2."""
     indexer_kv_dtype: Literal["fp8", "mxfp4"] = "fp8"
     """DeepSeek-V4 indexer cache format (vLLM's attention_config.indexer_kv_dtype)."""
     tensor_parallel_size: PositiveInt = 1
@@ -212,11 +219,20 @@ def _shown(value: object, limit: int = 200) -> str:
 def auto_dtype(config: Mapping[str, Any]) -> str:
     """The model dtype vLLM's ``--dtype auto`` picks on CUDA (compute capability 8.0 and up) and x86/Arm CPUs.
 
-    vLLM keeps a float16 or bfloat16 checkpoint as it is and serves anything else in the platform's
-    preferred dtype, bfloat16: float32 (vLLM downcasts it), a config without a dtype (read as float32
-    when no weights say otherwise, and every mix of weight dtypes resolves to one of these too), and
-    float16 for the models vLLM refuses it for (Gemma-2/3, GLM-4). transformers reads ``dtype`` before
-    the older ``torch_dtype``."""
+    vLLM (``_get_and_verify_dtype`` → ``_resolve_auto_dtype``) keeps a float16 or bfloat16 checkpoint as it is and
+    serves anything else in the platform's preferred dtype, the first of its ``supported_dtypes``, bfloat16 on
+    both: float32 (vLLM downcasts it), a config without a dtype (read as float32 when no weights say otherwise,
+    and every mix of weight dtypes resolves to one of these too), and float16 for the models vLLM refuses it for
+    (Gemma-2/3, GLM-4). transformers reads ``dtype`` before the older ``torch_dtype``."""
+    return _auto_dtype(config)[0]
+
+
+def auto_dtype_reason(config: Mapping[str, Any]) -> str:
+    """Why ``--dtype auto`` serves this model in ``auto_dtype(config)``, in the plan's ``assumed`` words."""
+    return _auto_dtype(config)[1]
+
+
+def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
     key = "dtype" if config.get("dtype") is not None else "torch_dtype"
     name = config.get(key)
     if name is not None and (not isinstance(name, str) or name not in TORCH_DTYPE_NAMES):
@@ -224,24 +240,47 @@ def auto_dtype(config: Mapping[str, Any]) -> str:
             f"{key} {_shown(name)} is not a torch dtype (transformers cannot load the config); "
             "give e.g. bfloat16, float16 or float32"
         )
-    if name in ("float16", "half") and config.get("model_type") not in FLOAT16_REFUSED_MODEL_TYPES:
-        return "float16"
-    return "bfloat16"
+    if name is None:
+        return "bfloat16", "the config gives no dtype: float32, which vLLM serves in bfloat16"
+    if name in ("float16", "half") and config.get("model_type") in FLOAT16_REFUSED_MODEL_TYPES:
+        return "bfloat16", f"the checkpoint's float16, which vLLM refuses for {config.get('model_type')}: bfloat16"
+    if name in ("float16", "half", "bfloat16"):
+        return DTYPE_ALIASES.get(name, name), "the checkpoint's"
+    if name in ("float32", "float"):
+        return "bfloat16", "the checkpoint's float32, which vLLM serves in bfloat16"
+    return "bfloat16", f"the checkpoint's {name}, which vLLM serves in bfloat16"
 
 
-def _model_dtype_bytes(config: Mapping[str, Any]) -> int:
-    return DTYPE_BYTES[auto_dtype(config)]
+def model_dtype(config: Mapping[str, Any], dtype: str = "auto") -> str:
+    """The dtype vLLM serves the model in for ``--dtype dtype``: bfloat16, float16 or float32.
+
+    ``auto`` is ``auto_dtype``; an explicit dtype is taken as it is (half is float16, float is float32), but
+    float16 is refused for the model types vLLM refuses it for (``_check_valid_dtype``), and a config whose
+    own dtype transformers cannot read is refused whatever ``--dtype`` says (ModelSpecError)."""
+    served = auto_dtype(config)  # vLLM reads the checkpoint's dtype whatever --dtype says
+    if dtype == "auto":
+        return served
+    name = DTYPE_ALIASES.get(dtype, dtype)
+    if name not in DTYPE_BYTES or dtype not in MODEL_DTYPES:
+        raise ModelSpecError(f"--dtype {_shown(dtype)} is not one of vLLM's: {', '.join(MODEL_DTYPES)}")
+    model_type = config.get("model_type")
+    if name == "float16" and model_type in FLOAT16_REFUSED_MODEL_TYPES:
+        raise ModelSpecError(
+            f"--dtype {dtype}: vLLM refuses float16 for model_type {model_type!r} (numerical instability) at "
+            "start-up; use bfloat16 or float32"
+        )
+    return name
 
 
-def _kv_dtype_bytes(config: Mapping[str, Any], kv_cache_dtype: str) -> int:
-    if kv_cache_dtype == "auto":
-        return _model_dtype_bytes(config)
-    if kv_cache_dtype in FP8_KV_DTYPES:
+def _kv_dtype_bytes(config: Mapping[str, Any], s: SpecSettings) -> int:
+    if s.kv_cache_dtype == "auto":
+        return DTYPE_BYTES[model_dtype(config, s.dtype)]
+    if s.kv_cache_dtype in FP8_KV_DTYPES:
         return 1
-    if kv_cache_dtype in DTYPE_BYTES:
-        return DTYPE_BYTES[kv_cache_dtype]
+    if s.kv_cache_dtype in DTYPE_BYTES:
+        return DTYPE_BYTES[s.kv_cache_dtype]
     raise ModelSpecError(
-        f"--kv-cache-dtype {kv_cache_dtype!r} is not planned (known: auto, bfloat16, float16, "
+        f"--kv-cache-dtype {s.kv_cache_dtype!r} is not planned (known: auto, bfloat16, float16, "
         f"{', '.join(FP8_KV_DTYPES)})"
     )
 
@@ -252,7 +291,7 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
     kv_heads = _int(config, "num_key_value_heads", heads)
     # vLLM's `head_dim or hidden_size // heads`: an absent or zero head_dim is derived.
     head_dim = _int(config, "head_dim") if config.get("head_dim") else _int(config, "hidden_size") // max(heads, 1)
-    dtype_bytes = _kv_dtype_bytes(config, s.kv_cache_dtype)
+    dtype_bytes = _kv_dtype_bytes(config, s)
     # vLLM's attention layers: max(1, total_kv_heads // tp) heads per rank (replicated
     # when there are fewer KV heads than ranks).
     kv_heads_per_rank = max(1, kv_heads // s.tensor_parallel_size)
@@ -302,7 +341,7 @@ def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["fu
 def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
     n = _layers(config)
     latent = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
-    dtype_bytes = _kv_dtype_bytes(config, s.kv_cache_dtype)
+    dtype_bytes = _kv_dtype_bytes(config, s)
     spec = LayerSpec(
         SpecKind.MLA,
         block,

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .hf_config import Family, ModelSpecError, auto_dtype
+from .hf_config import Family, ModelSpecError, model_dtype
 
 Platform = Literal["cuda", "cpu"]
 
@@ -117,20 +117,28 @@ def concurrent_batches(platform: Platform, asked: int | None) -> Resolved:
     return Resolved(2, "vLLM's async scheduling (on by default)")
 
 
-def check_kv_cache_dtype(config: Mapping[str, Any], kv_cache_dtype: str, version: str) -> None:
-    """Refuse a 16-bit KV cache dtype other than the model's, as vLLM 0.33 does when it builds its config
-    (0.32 takes it); ModelSpecError."""
-    served = auto_dtype(config)
+def check_kv_cache_dtype(config: Mapping[str, Any], kv_cache_dtype: str, version: str, dtype: str = "auto") -> None:
+    """Refuse a 16-bit KV cache dtype other than the model's (``--dtype``, as vLLM resolves it), as vLLM 0.33 does
+    when it builds its config (``VllmConfig._reject_mismatched_float_kv_cache``; 0.32 takes it); ModelSpecError."""
+    served = model_dtype(config, dtype)
     if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != served and not version.startswith("0.32."):
+        use = f"auto or {served}" if served in ("float16", "bfloat16") else "auto"
         raise ModelSpecError(
             f"--kv-cache-dtype {kv_cache_dtype}: vLLM {version} serves this model in {served} and refuses a "
-            f"16-bit KV cache of another dtype; use auto or {served}"
+            f"16-bit KV cache of another dtype; use {use}"
         )
 
 
-def check_attention_backend(platform: Platform, family: Family, kv_cache_dtype: str, version: str) -> None:
-    """Refuse a KV cache dtype the platform's MLA attention backends do not take, as vLLM does when it
-    builds the model's attention layers; ModelSpecError."""
+HOPPER_MLA_BACKENDS = "FlashAttention MLA, FlashMLA, Triton MLA"
+"""vLLM's MLA backends that run on compute capability 9.0, in its order of preference (``CudaPlatform``; FlashInfer's
+MLA backend, listed between FlashMLA and Triton, takes compute capability 10.x only)."""
+
+
+def check_attention_backend(platform: Platform, family: Family, kv_cache_dtype: str, version: str,
+                            dtype: str = "bfloat16") -> None:
+    """Refuse a launch none of the platform's MLA attention backends takes, as vLLM does when it builds the model's
+    attention layers (``get_attn_backend``: no valid backend); ``dtype`` is the model's as vLLM serves it
+    (``model_dtype``); ModelSpecError."""
     if family != "mla":
         return
     if platform == "cpu" and kv_cache_dtype not in CPU_MLA_KV_DTYPES and not version.startswith("0.32."):
@@ -138,8 +146,15 @@ def check_attention_backend(platform: Platform, family: Family, kv_cache_dtype: 
             f"--kv-cache-dtype {kv_cache_dtype}: vLLM {version}'s MLA attention on CPU takes auto, bfloat16 or "
             "float16 only, and refuses the launch; drop --kv-cache-dtype"
         )
-    if platform == "cuda" and kv_cache_dtype == "fp8_e5m2":
+    if platform != "cuda":
+        return
+    if dtype == "float32":
         raise ModelSpecError(
-            "--kv-cache-dtype fp8_e5m2: none of vLLM's MLA backends for Hopper (FlashAttention MLA, FlashMLA, "
-            "Triton MLA) takes it, so vLLM finds no attention backend; use fp8 (e4m3)"
+            f"--dtype {dtype}: none of vLLM's MLA backends for Hopper ({HOPPER_MLA_BACKENDS}) takes a float32 "
+            "model, so vLLM finds no attention backend; use --dtype bfloat16, float16 or auto"
+        )
+    if kv_cache_dtype == "fp8_e5m2":
+        raise ModelSpecError(
+            f"--kv-cache-dtype fp8_e5m2: none of vLLM's MLA backends for Hopper ({HOPPER_MLA_BACKENDS}) takes it, "
+            "so vLLM finds no attention backend; use fp8 (e4m3)"
         )
