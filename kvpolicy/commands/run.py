@@ -6,7 +6,10 @@ or ``--facts``; with none of them it validates and reports only. ``--observe``
 computes and reports decisions without publishing. ``--once`` evaluates once and
 exits. A policy that is missing or does not lint clean at start is an error (exit 1,
 with the diagnostic): a crash loop is visible, a controller running on nothing is not;
-later edits that fail keep the last good policy in force. The policy must be a regular
+later edits that fail keep the last good policy in force. A start that finds the policy
+mid-save (empty, half-written, not yet renamed into place) watches it for up to
+``--start-wait`` seconds (default 2) and starts as soon as the save completes it; a policy
+still refused then is refused as above (``--once`` reads it once, with no wait). The policy must be a regular
 file, or a symlink to one (it is read again at every change): a FIFO or a device is a
 usage error (exit 2). SIGHUP reads the policy again now; SIGTERM or SIGINT stop it
 cleanly, and the stop is recorded (``kvpolicy status`` says "stopped"); engines keep
@@ -62,6 +65,9 @@ def add_parser(sub: Subcommands) -> None:
     parser.add_argument("--reload-quiet", type=_quiet_seconds, metavar="SECONDS",
                         help="a policy change seen without a close-write or rename event must hold still this long "
                              "before it is read (default 0.3)")
+    parser.add_argument("--start-wait", type=_start_wait_seconds, metavar="SECONDS",
+                        help="a policy that cannot be loaded at start (a save under way) is watched this long for a "
+                             "save that completes it before the start is refused (default 2; 0: refuse at once)")
     parser.add_argument("--stuck-after", type=parse_seconds, default=60.0, metavar="SECONDS",
                         help="report deferrals older than this (default 60)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -80,6 +86,16 @@ def _quiet_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not 0.01 <= value <= 3600:  # the debounce is 0.01 s; NaN fails both comparisons
         raise argparse.ArgumentTypeError(f"must be between 0.01 and 3600 seconds, not {text}")
+    return value
+
+
+def _start_wait_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 <= value <= 3600:  # as --reload-quiet's bound; NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"must be between 0 and 3600 seconds, not {text}")
     return value
 
 
@@ -146,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
     metrics = ControllerMetrics(stuck_after=args.stuck_after)
     config = ControllerConfig(policy=policy, observe=args.observe, tick=args.tick, stuck_after=args.stuck_after,
                               require_policy=True,
-                              **({} if args.reload_quiet is None else {"quiet": args.reload_quiet}))
+                              **({} if args.reload_quiet is None else {"quiet": args.reload_quiet}),
+                              **({} if args.start_wait is None else {"start_wait": args.start_wait}))
     controller = Controller(config, ledger, sampler, metrics)
     try:
         if listen is not None:

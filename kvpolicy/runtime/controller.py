@@ -48,7 +48,7 @@ from kvpolicy.runtime.status import (
     write_status,
 )
 from kvpolicy.runtime.values import GpuLimits, InstanceLimits
-from kvpolicy.runtime.watch import DEFAULT_QUIET, LoadedPolicy, PolicyWatcher, ReloadResult
+from kvpolicy.runtime.watch import DEFAULT_QUIET, DEFAULT_START_WAIT, LoadedPolicy, PolicyWatcher, ReloadResult
 
 log = logging.getLogger("kvpolicy.controller")
 decisions_log = logging.getLogger("kvpolicy.decisions")
@@ -74,6 +74,9 @@ class ControllerConfig:
     require_policy: bool = False
     """Refuse to start (``PolicyRefused``) when the policy cannot be loaded at start; else run on
     nothing and wait for a good one (the probes say so)."""
+    start_wait: float = DEFAULT_START_WAIT
+    """With ``require_policy``: a policy that cannot be loaded at start (a save caught half-way) is
+    watched this long for a save that completes it before the start is refused (0: at once)."""
 
 
 class PolicyRefused(Exception):
@@ -142,9 +145,9 @@ class Controller:
         with self._locked():
             self.revision = self.ledger.read().revision  # a restart continues above what engines hold
             self._restore_state()
-            self.watcher.start()
+            in_force = self.watcher.start(wait=self.config.start_wait if self.config.require_policy else 0.0, stop=stop)
             try:
-                if self.config.require_policy and self.watcher.current is None:
+                if self.config.require_policy and not in_force:
                     self.stopped_at = time.time()
                     self._beat()  # status says this start failed, not what the run before did
                     raise PolicyRefused(self.watcher.last_reload)

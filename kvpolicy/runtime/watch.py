@@ -30,6 +30,11 @@ and recorded like a missing file; the running policy stays, and a regular file p
 is read as usual. ``reread()`` (``kvpolicy run``'s SIGHUP) asks for a read now, as a
 close-write would.
 
+At start the first read is taken as final, but a file that cannot be loaded then may be
+a save caught half-way: ``start(wait=...)`` watches it, as above, for up to ``wait``
+seconds more and returns as soon as a policy loads. The refusals it meets meanwhile are
+logged as information, and only the last one, if no policy loaded, as the error it is.
+
 What events cannot tell: a writer that closes the file in the middle of a save
 and reopens it, or one that pauses for longer than ``quiet`` without closing. And
 one race is only narrowed: a save that starts before the previous save's final
@@ -68,6 +73,11 @@ log = logging.getLogger("kvpolicy.watch")
 DEFAULT_DEBOUNCE = 0.02
 DEFAULT_QUIET = 0.3
 DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_START_WAIT = 2.0
+"""``kvpolicy run``'s ``--start-wait``: how long a policy that cannot be loaded at start is watched for
+a save that completes it, before the start is refused."""
+_STOP_CHECK = 0.1
+"""While ``start`` waits, how often it looks at the caller's stop event."""
 
 MAX_LOGGED_LINE = 500
 """A rejected policy's log line shows the source line of its error, with a caret, up to this many
@@ -202,6 +212,12 @@ class PolicyWatcher:
         self._observer: BaseObserver | None = None
         self._watches: dict[str, ObservedWatch] = {}
         self._handler: FileSystemEventHandler | None = None
+        self._in_force = threading.Event()
+        """Set once a policy is in force."""
+        self._holding: float | None = None
+        """While ``start`` waits for a first policy: its wait, and refusals are held (``_held``)."""
+        self._held: str | None = None
+        """The last refusal met while ``start`` waited, logged as an error if no policy loads."""
 
     # ---- checking ------------------------------------------------------------------
 
@@ -264,8 +280,8 @@ class PolicyWatcher:
             self.failures += 1
             self._record(ReloadResult(ok=False, at=now, sha256=sha, error=error, trigger=trigger))
             text = result.text if result.text is not None else snapshot.data.decode("utf-8", errors="replace")
-            log.log(self._failure_level(), "policy %s rejected (sha256 %s, %s), %s:\n%s", self.display_name, sha,
-                    trigger, self._keeping(), _shown(error, text))
+            self._log_failure(f"policy {self.display_name} rejected (sha256 {sha}, {trigger}), {self._keeping()}:\n"
+                              f"{_shown(error, text)}", f"{error.code} at {error.line}:{error.col}")
             return None
         revision = self.current.revision + 1 if self.current else 1
         loaded = LoadedPolicy(policy=result.policy, sha256=sha, revision=revision, loaded_at=now, trigger=trigger)
@@ -273,6 +289,7 @@ class PolicyWatcher:
         self._record(ReloadResult(ok=True, at=now, sha256=sha, trigger=trigger))
         self.reloads += 1
         self.current = loaded
+        self._in_force.set()
         log.info("policy %s revision %d loaded (sha256 %s, %s)", self.display_name, revision, sha, trigger)
         return loaded
 
@@ -322,7 +339,17 @@ class PolicyWatcher:
             self._seen_sha = marker
             self.failures += 1
             self._record(ReloadResult(ok=False, at=self.clock(), sha256=None, message=message))
-            log.log(self._failure_level(), "policy %s: %s; %s", self.display_name, message, self._keeping())
+            self._log_failure(f"policy {self.display_name}: {message}; {self._keeping()}", message)
+
+    def _log_failure(self, message: str, brief: str) -> None:
+        """Log a refused read: as its level says, or, while ``start`` waits for a first policy, held
+        (``brief`` says why as information meanwhile): a save under way may still complete it."""
+        if self._holding is not None and self.current is None:
+            self._held = message
+            log.info("policy %s cannot be loaded as it is now (%s); watching it up to %gs for a save that "
+                     "completes it", self.display_name, brief, self._holding)
+            return
+        log.log(self._failure_level(), "%s", message)
 
     def _failure_level(self) -> int:
         """A failure with a policy kept is a warning; with none in force nothing is enforced: an error
@@ -351,8 +378,15 @@ class PolicyWatcher:
 
     # ---- events ----------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Load the file now and watch the directories of its chain from now on."""
+    def start(self, *, wait: float = 0.0, stop: threading.Event | None = None) -> bool:
+        """Load the file now and watch the directories of its chain from now on; whether a policy is
+        in force when it returns.
+
+        With ``wait``, a file that cannot be loaded now (empty, half-written, not renamed into place
+        yet) is watched as any save is, for up to ``wait`` seconds or until ``stop`` is set, and
+        ``start`` returns as soon as a policy loads. Refusals meanwhile are logged as information;
+        if none loads, the last of them is then logged as the error it is (``kvpolicy run``'s
+        reason for not starting, as without a wait)."""
         from watchdog.events import FileSystemEventHandler
         from watchdog.observers import Observer
 
@@ -373,9 +407,24 @@ class PolicyWatcher:
         self._observer = Observer()
         self._reconcile_watches()  # watch first: a save during the first read is not missed
         self._observer.start()
+        self._holding = wait if wait > 0 else None
         self.check_now()
         self._thread = threading.Thread(target=self._loop, name="kvpolicy-watch", daemon=True)
         self._thread.start()
+        if self._holding is None:
+            return self.current is not None
+        deadline = time.monotonic() + wait
+        while not self._in_force.is_set() and not (stop is not None and stop.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._in_force.wait(min(left, _STOP_CHECK))
+        with self._lock:  # no read is under way: what is in force now is the answer
+            held, self._held, self._holding = self._held, None, None
+            in_force = self.current is not None
+        if held is not None and not in_force:
+            log.error("%s", held)
+        return in_force
 
     def on_event(self, event: FileSystemEvent) -> None:
         """A watchdog event in a watched directory (on the observer's thread)."""
