@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 import threading
@@ -214,11 +213,12 @@ def _check_policy_path(policy: Path) -> None:
 
 
 def _not_regular(policy: Path, exc: NotRegularFile) -> str:
-    """Why a policy path that is a FIFO, a device... cannot be watched, naming where a symlink leads."""
-    target = os.path.realpath(policy)  # for <(...) a name no path opens ("pipe:[...]"): not worth naming
-    what = f"leads to {target}, {reason(exc)}" if policy.is_symlink() and os.path.exists(target) else f"is {reason(exc)}"
-    return (f"{policy} {what}: the controller reads its policy again at every change, so it must be a regular "
-            "file or a symlink to one (kvpolicy lint and explain read a pipe once)")
+    """Why a policy path that is a FIFO, a device... cannot be watched, in the watcher's words."""
+    from kvpolicy.runtime.links import resolve_chain
+    from kvpolicy.runtime.watch import not_regular_file
+
+    return (f"{not_regular_file(str(policy), resolve_chain(policy), exc)}: the controller reads its policy again at "
+            "every change, so it must be a regular file or a symlink to one (kvpolicy lint and explain read a pipe once)")
 
 
 def _sampler(args: argparse.Namespace) -> GpuSampler | None:

@@ -327,9 +327,7 @@ class PolicyWatcher:
 
     def _not_regular(self, exc: NotRegularFile) -> str:
         """Why the policy path cannot be watched, naming where its symlinks lead."""
-        if self.chain.links:
-            return f"the policy path leads to {self.chain.target}, {exc.kind}, not a regular file"
-        return f"the policy path is {exc.kind}, not a regular file"
+        return not_regular_file("the policy path", self.chain, exc)
 
     def _missing(self, message: str) -> None:
         """Record a file that cannot be read, once for each reason (the poll finds it again and again)."""
@@ -546,6 +544,15 @@ class PolicyWatcher:
                     self._settle_check(work[1])
             except Exception:  # the watcher must outlive any bad file; the error is logged
                 log.exception("policy check failed; keeping the running policy")
+
+
+def not_regular_file(subject: str, chain: Chain, exc: NotRegularFile) -> str:
+    """Why ``subject`` (a policy path, with its ``chain`` of symlinks) cannot be watched: ``SUBJECT is a
+    FIFO (named pipe), not a regular file``, or ``SUBJECT leads to TARGET, ...`` when symlinks lead to a
+    target that exists (``<(...)``'s leads to a name no path opens: not worth naming)."""
+    if chain.links and os.path.lexists(chain.target):
+        return f"{subject} leads to {chain.target}, {exc.kind}, not a regular file"
+    return f"{subject} is {exc.kind}, not a regular file"
 
 
 def _shown(error: Diagnostic, text: str) -> str:

@@ -42,20 +42,27 @@ def release_a_blocked_reader(fifo: Path) -> None:
         pass
 
 
-@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "link to /dev/zero"])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "link to /dev/zero", "fifo in a linked directory"])
 def test_a_policy_that_is_not_a_regular_file_is_refused_at_start_with_exit_2(tmp_path, kind):
-    """It used to hang for good (a FIFO, silently) or say only "the policy was refused" (/dev/zero)."""
+    """It used to hang for good (a FIFO, silently) or say only "the policy was refused" (/dev/zero).
+    Where symlinks lead is named as the running controller's watcher names it."""
     if kind == "fifo":
         policy, said = tmp_path / "f.kvp", f"kvpolicy run: f.kvp {FIFO}"
         os.mkfifo(policy)
     elif kind == "/dev/zero":
         policy, said = Path("/dev/zero"), "kvpolicy run: /dev/zero is a character device, not a regular file"
-    else:
+    elif kind == "link to /dev/zero":
         policy, said = tmp_path / "f.kvp", "kvpolicy run: f.kvp leads to /dev/zero, a character device, not a regular file"
         policy.symlink_to("/dev/zero")
+    else:  # the link is a directory on the way, not the file's own name
+        real = tmp_path.resolve() / "real"
+        real.mkdir()
+        os.mkfifo(real / "f.kvp")
+        (tmp_path / "linked").symlink_to(real)
+        policy, said = tmp_path / "linked" / "f.kvp", f"kvpolicy run: linked/f.kvp leads to {real / 'f.kvp'}, a FIFO"
     try:
-        done = kvpolicy_run(policy.name if kind != "/dev/zero" else str(policy), "--gpu-capacity", "80GiB",
-                            "--ledger-dir", str(tmp_path / "ledger"), "--metrics-address", "off", cwd=tmp_path)
+        done = kvpolicy_run(str(policy.relative_to(tmp_path)) if kind != "/dev/zero" else str(policy), "--gpu-capacity",
+                            "80GiB", "--ledger-dir", str(tmp_path / "ledger"), "--metrics-address", "off", cwd=tmp_path)
     except subprocess.TimeoutExpired:
         release_a_blocked_reader(policy)
         pytest.fail(f"kvpolicy run on a {kind} did not end in {HANG:.0f} s")
