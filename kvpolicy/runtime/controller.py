@@ -120,6 +120,8 @@ class Controller:
         """Why the status file could not be written last time (logged once, not at every step)."""
         self._lock: ControllerLock | None = None
         """The directory's controller lock, while ``run`` or ``once`` holds it."""
+        self._directory: tuple[int, int] | None = None
+        """The identity of the ledger directory the last step read (``LedgerView.directory``)."""
         self.watcher = PolicyWatcher(
             config.policy,
             on_change=self._policy_changed,
@@ -236,6 +238,7 @@ class Controller:
             self.metrics.reclaimed.inc(len(reclaimed))
         view = self.ledger.read()
         self._generations = view.generations
+        self._same_directory(view)
         loaded = self.watcher.current
         if loaded is None:
             self.decision = None
@@ -260,6 +263,16 @@ class Controller:
         self.decision = decision
         self._write_status(view, notes)
         return decision
+
+    def _same_directory(self, view: LedgerView) -> None:
+        """A ledger directory removed (and made again) since the last step has none of what this controller
+        wrote there: publish to the new one's segments even if the decision is the same, and write the
+        rules' memory there again."""
+        if view.directory != self._directory:
+            if self._directory is not None:
+                self._published = None
+                self._saved_state = None
+            self._directory = view.directory
 
     def _publish(self, view: LedgerView, decision: Decision, loaded: LoadedPolicy, reason: str) -> None:
         instances, gpus = _limits_of(decision)

@@ -18,6 +18,13 @@ The controller is meant to be a thin loop over this class::
 
 Nothing here knows the policy or the evaluator: it reads slots as ``Facts`` and
 publishes numbers keyed by instance id.
+
+The directory itself may be removed and made again under a running controller (``rm -rf``
+of the ledger, a tmpfs remounted). Its segments' files go with it, but not this process's
+mappings of them: every look at the directory compares its identity (device, inode) with
+the one the open segments came from (while they are open, the old directory's inode cannot
+be reused), and on a change lets go of them all — closed and unmapped, logged once — and
+opens what the directory at that path holds now.
 """
 
 from __future__ import annotations
@@ -105,6 +112,9 @@ class LedgerView:
     refused: dict[str, str] = field(default_factory=dict)
     """GPUs whose segment is there but cannot be used now (damaged, another layout, not the owner's),
     and why: their engines are out of reach, neither read nor given limits."""
+    directory: tuple[int, int] | None = None
+    """The identity (device, inode) of the directory the segments were read from; None when there was
+    none. Another one at the next read means the directory was removed and made again."""
 
     @property
     def generations(self) -> dict[str, int]:
@@ -235,8 +245,30 @@ class LedgerDir:
         elif _exists(self.path):
             check_owner(os.lstat(self.path), f"the ledger directory {self.path}", self.access, others=OTHERS_DIR)
         self._open: dict[str, GpuLedger] = {}
+        self._directory = _identity(self.path)  # looked at above, or made
+        """The identity of the directory the segments in ``_open`` are in (None: there is none)."""
         self._set_aside: list[str] = []
         """Segments moved aside since the last ``read()``, which reports them."""
+
+    def _same_directory(self) -> tuple[int, int] | None:
+        """The directory's identity now; if it is not the one the open segments are in (it was removed,
+        or removed and made again), they are closed and unmapped first: their files are gone with it,
+        and a segment of the same name in a new directory is another segment."""
+        try:
+            now = _identity(self.path)
+        except OSError:  # cannot be told now (a directory on the way that cannot be entered): as it was
+            return self._directory
+        if now != self._directory:
+            dropped = sorted(self._open)
+            self.close()
+            self._directory = now
+            if dropped:
+                log.warning(
+                    "the ledger directory %s was removed%s: closed the %d segment(s) opened in the old one (%s) and "
+                    "reads the segments at that path afresh; engines still attached to the removed segments are "
+                    "out of reach (restart them to join the new directory)",
+                    self.path, "" if now is None else " and made again", len(dropped), ", ".join(dropped))
+        return now
 
     def gpus(self) -> list[str]:
         """GPU ids with a segment in the directory."""
@@ -256,6 +288,7 @@ class LedgerDir:
         A segment that went bad since it was opened (truncated under its mapping) is closed and
         opened again, which moves it aside when nobody holds a slot in it.
         """
+        self._same_directory()
         ledgers: dict[str, GpuLedger] = {}
         refused: dict[str, str] = {}
         for g in self.gpus():
@@ -324,7 +357,8 @@ class LedgerDir:
                 refused[g] = str(exc)
                 if isinstance(exc, SegmentTruncated):
                     self._forget(g)
-        return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems), refused=refused)
+        return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems),
+                          refused=refused, directory=self._directory)
 
     def reclaim_dead(self) -> list[SlotView]:
         """Free the slots of dead engines on every GPU; what was reclaimed."""
@@ -342,8 +376,11 @@ class LedgerDir:
         """Publish ``revision``: per GPU its figures and budget, per instance id its limits.
 
         Instances are matched to the slots ``view`` read them from; one whose slot changed hands
-        since, or that the view does not know, is skipped and named in the result.
+        since, or that the view does not know, is skipped and named in the result. Nothing is
+        published when the directory was replaced since ``view`` was read: its slots are not these.
         """
+        if self._same_directory() != view.directory:
+            return [f"{self.path}: the ledger directory was removed or replaced since it was read; nothing published"]
         skipped: list[str] = []
         by_gpu: dict[str, dict[tuple[int, int], InstanceLimits]] = {g: {} for g in view.gpus}
         for inst_id, lim in instances.items():
@@ -426,6 +463,15 @@ class LedgerDir:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The directory's (device, inode), None if nothing is there; OSError if that cannot be told."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _exists(path: Path) -> bool:

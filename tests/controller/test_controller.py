@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -213,6 +215,41 @@ def test_a_removed_lock_file_is_locked_again_and_a_second_controller_still_refus
     assert first.poll() is None, "the first controller goes on"
     first.send_signal(signal.SIGTERM)
     assert first.wait(120) == 0
+
+
+def test_a_ledger_directory_made_again_is_read_afresh_and_the_old_segments_let_go_of(site):
+    """``rm -rf`` of the ledger under a running controller: it kept the removed segments mapped, and
+    went on reading the removed ``cuda:0.ledger`` in place of the new directory's file of that name,
+    so an engine attached there got no limits."""
+    controller, log = site.run_process()
+    old = site.engine("chat")
+    assert wait_for(lambda: (v := site.slot("chat/0")) and v.pid == old.pid and v.limit == 48 * GiB)
+    segment = site.ledger_dir / "cuda:0.ledger"
+    maps = Path(f"/proc/{controller.pid}/maps")
+    assert str(segment) in maps.read_text()
+
+    first = os.stat(site.ledger_dir).st_ino
+
+    def removed():  # the controller may write its status there while it goes: until that directory is gone
+        shutil.rmtree(site.ledger_dir, ignore_errors=True)
+        try:
+            return os.stat(site.ledger_dir).st_ino != first  # the controller made it again already
+        except FileNotFoundError:
+            return True
+
+    assert wait_for(removed)
+    new = site.engine("chat")  # the same instance id on the same GPU, in a new segment of the same name
+    assert wait_for(lambda: (v := site.slot("chat/0")) and v.pid == new.pid and v.limit == 48 * GiB), log.read_text()
+    assert f"{segment} (deleted)" not in maps.read_text(), "the controller still maps the removed segment"
+    assert not any(os.readlink(f) == f"{segment} (deleted)" for f in Path(f"/proc/{controller.pid}/fd").iterdir()
+                   if f.is_symlink())
+    status = wait_for(lambda: (s := read_status(site.ledger_dir)) and s.instances and s)
+    assert [(i.id, i.pid) for i in status.instances] == [("chat/0", new.pid)]
+    assert wait_for(lambda: (site.ledger_dir / "state.json").exists()), "the rules' memory is written there again"
+    assert controller.poll() is None
+    controller.send_signal(signal.SIGTERM)
+    assert controller.wait(120) == 0
+    assert log.read_text().count(f"the ledger directory {site.ledger_dir} was removed") == 1, log.read_text()
 
 
 def test_a_controller_whose_lock_was_taken_over_stops(site):
