@@ -425,7 +425,7 @@ class Controller:
             instances=instances,
             rules=list(self.decision.rules) if self.decision else [],
             problems=problems,
-            refused_segments=dict(sorted(view.refused.items())),
+            refused_segments=dict(view.refused),
         )
 
 

@@ -111,7 +111,7 @@ class LedgerView:
     """Notes on the directory: segments moved aside since the last read."""
     refused: dict[str, str] = field(default_factory=dict)
     """GPUs whose segment is there but cannot be used now (damaged, another layout, not the owner's),
-    and why: their engines are out of reach, neither read nor given limits."""
+    and why, in GPU order: their engines are out of reach, neither read nor given limits."""
     directory: tuple[int, int] | None = None
     """The identity (device, inode) of the directory the segments were read from; None when there was
     none. Another one at the next read means the directory was removed and made again."""
@@ -358,7 +358,7 @@ class LedgerDir:
                 if isinstance(exc, SegmentTruncated):
                     self._forget(g)
         return LedgerView(path=self.path, now=now, gpus=states, problems=tuple(problems),
-                          refused=refused, directory=self._directory)
+                          refused=dict(sorted(refused.items())), directory=self._directory)
 
     def reclaim_dead(self) -> list[SlotView]:
         """Free the slots of dead engines on every GPU; what was reclaimed."""

@@ -228,7 +228,7 @@ def live_status(view: LedgerView, base: Status | None = None, *, stuck_after: fl
     status = base.model_copy(deep=True) if base is not None else Status()
     status.gpus, status.instances = gpus, instances
     status.problems = list(view.problems) + [p for s in view.gpus.values() for p in s.problems]
-    status.refused_segments = dict(sorted(view.refused.items()))
+    status.refused_segments = dict(view.refused)
     if status.controller is not None:
         hb = view.heartbeat if view.heartbeat is not None else status.controller.heartbeat_at
         status.controller.heartbeat_at = hb
