@@ -11,9 +11,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeGuard
 
+from kvpolicy.diagnostics import Diagnostic
+from kvpolicy.document_codes import MISSING_FIELD, WRONG_TYPE
 from kvpolicy.facts import Facts
-from kvpolicy.json_text import DocumentInvalid, load_document
-from kvpolicy.paths import FACTS_SUFFIX, POLICY_SUFFIX, InputTooLarge, read_input, reason
+from kvpolicy.json_text import FACTS, DocumentInvalid, DocumentProblem, load_document, read_document_text
+from kvpolicy.paths import FACTS_SUFFIX, POLICY_SUFFIX, reason
 
 
 def sample_facts_path(policy: Path) -> Path:
@@ -22,7 +24,16 @@ def sample_facts_path(policy: Path) -> Path:
 
 
 class FactsError(Exception):
-    """Facts that cannot be used: the message names the file and the field."""
+    """Facts that cannot be used: the message names the file and the field. ``diagnostics`` are the
+    problems of the document (``kvpolicy.document_codes``), ``more`` how many others it has."""
+
+    def __init__(self, message: str, diagnostics: tuple[Diagnostic, ...] = (), more: int = 0) -> None:
+        super().__init__(message)
+        self.diagnostics, self.more = diagnostics, more
+
+    @classmethod
+    def of(cls, exc: DocumentInvalid) -> FactsError:
+        return cls(str(exc), exc.diagnostics, exc.more)
 
 
 class FactsUnreadable(FactsError):
@@ -30,13 +41,19 @@ class FactsUnreadable(FactsError):
 
 
 def parse_facts(text: str, source: str = "<facts>") -> Facts:
+    """``text`` as facts (or a status document's facts); ``FactsError`` with its problems in ``source``."""
     def as_facts(data: object) -> object:
-        return facts_from_status(data, source) if is_status_document(data) else data
+        return facts_from_status(data) if is_status_document(data) else data
 
     try:
-        return load_document(Facts, text, source, expected="valid facts", what="facts", convert=as_facts)
+        return load_document(Facts, text, source, kind=FACTS, convert=as_facts, locate=_in_status)
     except DocumentInvalid as exc:
-        raise FactsError(str(exc)) from None
+        raise FactsError.of(exc) from None
+
+
+def _in_status(path: tuple[str, ...]) -> tuple[str, ...]:
+    """Where the value of the facts at ``path`` came from in the status document they were made of."""
+    return ("written_at",) if path == ("now",) else path
 
 
 STATUS_ONLY_KEYS = frozenset({"written_at", "controller", "last_reload", "problems"})
@@ -48,26 +65,27 @@ def is_status_document(data: object) -> TypeGuard[dict]:
     return isinstance(data, dict) and bool(STATUS_ONLY_KEYS & data.keys())
 
 
-def facts_from_status(data: dict, source: str) -> dict:
+def facts_from_status(data: dict) -> dict:
     """The facts a status document describes (plain data, validated as facts by the caller).
 
     A GPU without published figures (no controller gave them) cannot be decided for: it is
-    an error naming it, as the budgets would be unknown.
+    an error naming it, as the budgets would be unknown. ``DocumentProblem`` at the entry at fault.
     """
     gpus = []
-    for gpu in data.get("gpus") or []:
+    for index, gpu in enumerate(data.get("gpus") or []):
         if not isinstance(gpu, dict):
-            raise FactsError(f"{source}: not a valid status document: a GPU entry is not an object")
+            raise DocumentProblem(WRONG_TYPE, ("gpus", index), f"gpus.{index}: a GPU entry must be an object ({{...}})")
         if gpu.get("capacity") is None:
-            raise FactsError(
-                f"{source}: GPU {gpu.get('id')!r} has no capacity in this status (no controller published its "
-                "figures): run the controller with a source of GPU figures, or write facts by hand"
-            )
+            raise DocumentProblem(
+                MISSING_FIELD, ("gpus", index, "capacity") if "capacity" in gpu else ("gpus", index),
+                f"gpus.{index}.capacity: GPU {gpu.get('id')!r} has no capacity in this status (no controller published "
+                "its figures)", "run the controller with a source of GPU figures, or write facts by hand")
         gpus.append({"id": gpu.get("id"), "capacity": gpu["capacity"], "other_used": gpu.get("other_used") or 0})
     instances = []
-    for inst in data.get("instances") or []:
+    for index, inst in enumerate(data.get("instances") or []):
         if not isinstance(inst, dict):
-            raise FactsError(f"{source}: not a valid status document: an instance entry is not an object")
+            raise DocumentProblem(WRONG_TYPE, ("instances", index),
+                                  f"instances.{index}: an instance entry must be an object ({{...}})")
         facts = {k: inst[k] for k in INSTANCE_FACT_KEYS if inst.get(k) is not None}
         facts["pools"] = {n: {"owner": p.get("owner", "runtime"), "bytes": p.get("bytes")}
                           for n, p in (inst.get("pools") or {}).items() if isinstance(p, dict)}
@@ -76,15 +94,12 @@ def facts_from_status(data: dict, source: str) -> dict:
 
 
 def read_facts(path: Path | str) -> Facts:
+    """The facts file ``path``; ``FactsUnreadable`` if it cannot be read, ``FactsError`` with its problems."""
     path = Path(path)
     try:
-        data = read_input(path)
+        text = read_document_text(path)
     except OSError as exc:
         raise FactsUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
-    except InputTooLarge as exc:
-        raise FactsError(str(exc)) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise FactsError(f"{path}: not valid UTF-8 (byte {exc.start}: {data[exc.start]:#04x}); facts are UTF-8 JSON") from None
+    except DocumentInvalid as exc:
+        raise FactsError.of(exc) from None
     return parse_facts(text, str(path))

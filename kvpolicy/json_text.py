@@ -1,31 +1,66 @@
-"""JSON text a person or another program wrote, parsed with what went wrong in words.
+"""JSON text a person or another program wrote, parsed with what went wrong in words, and where.
 
 ``json.loads`` fails three ways on such text: a syntax error (with its place), arrays or
 objects nested deeper than the interpreter's stack (``RecursionError``), and an integer past
 Python's digit limit (a ``ValueError`` whose message advises calling into ``sys``). Every
-reader of such files (facts, model configs, the controller's status) reports them alike, and
-a document validated as a model (``load_document``) names the place of its first problem.
+reader of such files (facts, model configs, the controller's status) reports them alike.
+
+The documents people write (facts, policy tests, saved states: ``load_document``) are refused
+with a diagnostic per problem, each with its code (``kvpolicy.document_codes``, KVD001...), its
+``file:line:col``, the user's words and a hint: the problems of validation each at the value, key
+or object it is about, a document of another kind as that kind.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from kvpolicy.diagnostics import Diagnostic
+from kvpolicy.document_codes import (
+    DOCUMENT_TOO_LARGE,
+    VALUE_NOT_ALLOWED,
+    JSON_SYNTAX,
+    MAX_DEPTH,
+    MAX_SHOWN,
+    MISSING_FIELD,
+    NESTED_TOO_DEEPLY,
+    NOT_UTF8,
+    NUMBER_TOO_LONG,
+    UNKNOWN_KEY,
+    WRONG_DOCUMENT,
+    WRONG_TYPE,
+    DocumentCode,
+)
+from kvpolicy.paths import MAX_INPUT_BYTES, read_bounded
+from kvpolicy.units import MiB
 
 if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
+    from kvpolicy.json_positions import JsonDocument
+
 M = TypeVar("M", bound="BaseModel")
+
+Place = tuple[tuple[int, int], tuple[int, int]]
+"""Where a problem is: its start and end (exclusive), each a 1-based (line, column)."""
 
 
 class JsonInvalid(ValueError):
-    """``problem`` in words; ``line`` and ``col`` (1-based) for a syntax error, else None."""
+    """``problem`` in words, of ``code`` (``JSON_SYNTAX``, ``NESTED_TOO_DEEPLY``, ...); ``line`` and ``col``
+    (1-based) for a syntax error, else None; ``start`` and ``end`` where any problem is, if the text says."""
 
-    def __init__(self, problem: str, line: int | None = None, col: int | None = None) -> None:
+    def __init__(self, problem: str, line: int | None = None, col: int | None = None, *, code: DocumentCode = JSON_SYNTAX,
+                 start: tuple[int, int] | None = None, end: tuple[int, int] | None = None, hint: str | None = None) -> None:
         super().__init__(problem)
-        self.problem, self.line, self.col = problem, line, col
+        self.problem, self.line, self.col, self.code, self.hint = problem, line, col, code, hint
+        self.start = start if start is not None else (line, col) if line is not None and col is not None else None
+        self.end = end
 
     def in_file(self, source: object, expected: str) -> str:
         """The message for the file ``source``: ``source:LINE:COL: not valid JSON: ...`` for a syntax
@@ -34,62 +69,290 @@ class JsonInvalid(ValueError):
             return f"{source}:{self.line}:{self.col}: not valid JSON: {self.problem}"
         return f"{source}: not {expected}: {self.problem}"
 
+    def diagnostic(self, source: object) -> Diagnostic:
+        """This problem as a diagnostic of ``source`` (at 1:1 where the text does not say where)."""
+        start = self.start or (1, 1)
+        message = f"not valid JSON: {self.problem}" if self.code is JSON_SYNTAX else self.problem
+        return self.code.at(str(source), start, self.end or (start[0], start[1] + 1), message, self.hint)
+
 
 def parse_json(text: str) -> Any:
-    """``json.loads(text)``; ``JsonInvalid`` for each way it can fail."""
+    """``json.loads(text)``; ``JsonInvalid`` for each way it can fail, at its place."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise JsonInvalid(exc.msg, exc.lineno, exc.colno) from None
+        raise JsonInvalid(exc.msg, exc.lineno, exc.colno, hint=_syntax_hint(exc, text)) from None
     except RecursionError:
-        raise JsonInvalid("nested too deeply") from None
+        raise JsonInvalid("nested too deeply", code=NESTED_TOO_DEEPLY, start=_line_col(text, _too_deep_at(text)),
+                          hint=_DEEP_HINT) from None
     except ValueError:  # json's one other ValueError: an integer past Python's digit limit
-        raise JsonInvalid(f"a number with more than {sys.get_int_max_str_digits()} digits") from None
+        raise _number_too_long(text) from None
 
 
 def decode_json_text(data: bytes) -> str:
-    """``data`` as UTF-8 text; ``JsonInvalid`` (no place) where it is not."""
+    """``data`` as UTF-8 text; ``JsonInvalid`` (of ``NOT_UTF8``, at the first byte that is not) where it is not."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise JsonInvalid(f"not UTF-8 (byte {exc.start}: {data[exc.start]:#04x})") from None
+        before = data[: exc.start].decode("utf-8")  # valid up to the first byte that is not
+        raise JsonInvalid(f"not UTF-8 (byte {data[exc.start]:#04x})", code=NOT_UTF8, start=_line_col(before, len(before)),
+                          hint="save the file as UTF-8") from None
+
+
+def read_document_text(path: Path | str) -> str:
+    """The text of a document file people write (facts, a policy test, a state): ``OSError`` as
+    ``open`` raises it; ``DocumentInvalid`` over ``MAX_INPUT_BYTES`` (KVD003) or not UTF-8 (KVD001)."""
+    data = read_bounded(path, MAX_INPUT_BYTES)
+    if len(data) > MAX_INPUT_BYTES:
+        kept = data[:MAX_INPUT_BYTES]
+        line_start = kept.rfind(b"\n") + 1
+        start = (kept.count(b"\n") + 1, len(kept[line_start:].decode("utf-8", errors="replace")) + 1)
+        raise DocumentInvalid([DOCUMENT_TOO_LARGE.at(
+            str(path), start, (start[0], start[1] + 1), f"over {MAX_INPUT_BYTES // MiB} MiB: not read further",
+            "no facts, policy test or state file is near this size: is it the right file?")])
+    try:
+        return decode_json_text(data)
+    except JsonInvalid as exc:
+        raise DocumentInvalid([exc.diagnostic(path)]) from None
 
 
 class DocumentInvalid(ValueError):
-    """A JSON document that is not the one expected; the message names the file and the place."""
+    """A JSON document that is not the one expected: ``diagnostics`` (the first ``MAX_SHOWN`` of its
+    problems, in the order of the text) and ``more``, how many others it has. ``str()`` is them as
+    ``kvpolicy lint`` prints diagnostics, and a last line that counts the others."""
+
+    def __init__(self, diagnostics: Iterable[Diagnostic], more: int = 0) -> None:
+        self.diagnostics = tuple(diagnostics)
+        self.more = more
+        super().__init__(self.render())
+
+    def render(self, *, hints: bool = True) -> str:
+        return render_problems(self.diagnostics, self.more, hints=hints)
 
 
-def load_document(model: type[M], text: str, source: object, *, expected: str, what: str,
-                  convert: Callable[[Any], Any] | None = None) -> M:
-    """``text`` parsed and validated as ``model``; ``DocumentInvalid`` with the message for ``source``:
-    a syntax error as ``JsonInvalid.in_file(source, expected)`` says it, a validation error as
-    ``invalid_document(..., what)`` does. ``convert`` reshapes the parsed data first (a status document
-    into facts); what it made has no place in ``text``, so its problems are named without one."""
+def render_problems(diagnostics: Sequence[Diagnostic], more: int = 0, *, hints: bool = True) -> str:
+    """Each diagnostic as ``kvpolicy lint`` prints it (with its hint; without ``hints`` on one line
+    each), and a last line that counts the ``more`` problems not shown."""
+    lines = [d.render() if hints else d.render().split("\n")[0] for d in diagnostics]
+    if more:
+        lines.append(f"{diagnostics[0].file if diagnostics else ''}: and {more} more problem{'s' if more != 1 else ''}")
+    return "\n".join(lines)
+
+
+class DocumentProblem(ValueError):
+    """A problem that a reader's ``convert`` finds in the data of a document (``load_document``), at
+    ``path`` of its text (as the user wrote it: ``("gpus", "0")``)."""
+
+    def __init__(self, code: DocumentCode, path: Sequence[object], message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.code, self.path, self.message, self.hint = code, tuple(str(p) for p in path), message, hint
+
+
+@dataclass(frozen=True)
+class DocumentKind:
+    """A document a reader expects: its name in messages, its schema's name (``kvpolicy schema NAME``)
+    and what the reader takes, in words."""
+
+    ids: frozenset[str]
+    """The recognised kinds (``_RECOGNISED``) it takes."""
+    name: str
+    schema: str
+    takes: str
+
+
+FACTS = DocumentKind(frozenset({"facts", "status"}), "facts", "facts",
+                     "facts (kvpolicy schema facts) or a 'kvpolicy status --format json' document")
+POLICY_TEST = DocumentKind(frozenset({"kvtest"}), "a policy test", "kvtest", "a policy test (kvpolicy schema kvtest)")
+STATE = DocumentKind(frozenset({"state"}), "a rule state", "state",
+                     "a rule state (kvpolicy schema state), as the controller's state.json holds")
+
+_RECOGNISED: tuple[tuple[str, str, Callable[[set[str]], bool]], ...] = (
+    ("status", "a 'kvpolicy status --format json' document", lambda keys: bool(
+        keys & {"written_at", "controller", "last_reload", "problems"})),
+    ("kvtest", "a policy test (a .kvtest.json file)", lambda keys: "cases" in keys),
+    ("decision", "a decision (what 'kvpolicy explain --format json' prints)", lambda keys: {"policy", "rules"} <= keys
+        and bool(keys & {"gpus", "instances"})),
+    ("lint", "findings (what 'kvpolicy lint --format json' prints)", lambda keys: "diagnostics" in keys),
+    ("error", "an error document (what a command prints with --format json when it fails)", lambda keys: "error" in keys),
+    ("facts", "facts", lambda keys: bool(keys & {"gpus", "instances"})),
+    ("state", "a rule state (what explain --state and the controller's state.json hold)", lambda keys: "rules" in keys),
+)
+"""kvpolicy's documents, each by the top-level keys that tell it from the others (in this order)."""
+
+
+def load_document(model: type[M], text: str, source: object, *, kind: DocumentKind,
+                  convert: Callable[[Any], Any] | None = None, locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None = None) -> M:
+    """``text`` parsed and validated as ``model`` (a document of ``kind``); ``DocumentInvalid`` with the
+    diagnostics of its problems in ``source``. ``convert`` reshapes the parsed data first (a status
+    document into facts), and may raise ``DocumentProblem``; ``locate`` maps a path in what it made to
+    the path in ``text`` its value came from (by default the same path, or its nearest ancestor)."""
     from pydantic import ValidationError
 
+    file = str(source)
     try:
         data = parse_json(text)
+    except JsonInvalid as exc:  # one nested too deeply for Python is deeper than MAX_DEPTH too: said so
+        raise (_too_deep(text, file) if exc.code is NESTED_TOO_DEEPLY else DocumentInvalid([exc.diagnostic(file)])) from None
+    if _deeper_than(data, MAX_DEPTH):
+        raise _too_deep(text, file) from None
+    try:
         shaped = convert(data) if convert is not None else data
         return model.model_validate(shaped)
-    except JsonInvalid as exc:
-        raise DocumentInvalid(exc.in_file(source, expected)) from None
+    except DocumentProblem as exc:
+        place = _Places(text).of(exc.path)
+        raise DocumentInvalid([exc.code.at(file, *place, exc.message, exc.hint)]) from None
     except ValidationError as exc:
-        raise DocumentInvalid(invalid_document(exc, model, text if shaped is data else None, source, what)) from None
+        diagnostics = _refusals(exc, model, data, text, file, kind, locate if shaped is not data else None)
     except RecursionError:  # validating a document nested deeper than parsing it
-        raise DocumentInvalid(JsonInvalid("nested too deeply").in_file(source, expected)) from None
+        raise _too_deep(text, file) from None
+    shown = sorted(dict.fromkeys(diagnostics), key=Diagnostic.sort_key)
+    raise DocumentInvalid(shown[:MAX_SHOWN], len(shown) - MAX_SHOWN if len(shown) > MAX_SHOWN else 0)
 
 
-def invalid_document(exc: ValidationError, model: type[BaseModel], text: str | None, source: object, what: str) -> str:
-    """``source:LINE:COL: invalid WHAT: PROBLEMS``: the document ``text`` (the JSON that ``exc`` was
-    raised validating as ``model``) with the place of its first problem; without ``text`` (the data
-    was made from another document) no place."""
-    from kvpolicy.json_positions import line_col, parse
-    from kvpolicy.validation import describe, first_place
+def _refusals(exc: ValidationError, model: type[BaseModel], data: Any, text: str, file: str, kind: DocumentKind,
+              locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None) -> list[Diagnostic]:
+    """The diagnostics of ``exc``: one for a document of another kind or schema, else one per problem."""
+    from kvpolicy.validation import problems
 
-    document = parse(text) if text is not None else None
-    place = ""
-    if document is not None:
-        path, is_key = first_place(exc, model)
-        line, col = line_col(text or "", document.offset_of(path, key=is_key))
-        place = f":{line}:{col}"
-    return f"{source}{place}: invalid {what}: {describe(exc, model)}"
+    places = _Places(text)
+    wrong = _wrong_document(exc, data, kind)
+    if wrong is not None:
+        path, message, hint = wrong
+        return [WRONG_DOCUMENT.at(file, *places.of(path), message, hint)]
+    codes = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED, "missing-field": MISSING_FIELD,
+             "unknown-key": UNKNOWN_KEY}
+    schema_hint = f"kvpolicy schema {kind.schema} describes every field"
+    found = []
+    for problem in problems(exc, model):
+        path = locate(problem.path) if locate is not None else problem.path
+        if problem.kind == "missing-field":  # its place: the object it is missing from, at its "{"
+            start, _ = places.of(path[:-1])
+            place = (start, (start[0], start[1] + 1))
+        else:
+            place = places.of(path, key=problem.is_key)
+        found.append(codes[problem.kind].at(file, *place, problem.message, problem.hint or schema_hint))
+    return found
+
+
+def _wrong_document(exc: ValidationError, data: Any, kind: DocumentKind) -> tuple[tuple[str, ...], str, str] | None:
+    """(where, message, hint) for a document of another kind than ``kind``, or of a schema version
+    ``exc`` says is not this one's; None for a document of ``kind`` with problems."""
+    if not isinstance(data, dict):
+        return None
+    for error in exc.errors():
+        given = error.get("input")
+        if tuple(error["loc"]) == ("schema",) and error["type"] == "literal_error" and type(given) is int:
+            wanted = str((error.get("ctx") or {}).get("expected", "")).strip("'")
+            return (("schema",), f"{kind.schema} schema {given} is not supported: this kvpolicy reads schema {wanted}",
+                    f"a newer kvpolicy wrote it? use that one, or write schema {wanted} (kvpolicy schema {kind.schema})")
+    keys = {str(k) for k in data}
+    recognised = next(((ident, words) for ident, words, test in _RECOGNISED if test(keys)), None)
+    if recognised is None or recognised[0] in kind.ids:
+        return None
+    return (), f"this is {recognised[1]}, not {kind.name}", f"expected {kind.takes}"
+
+
+class _Places:
+    """Where paths of a document are in its text, read once."""
+
+    def __init__(self, text: str) -> None:
+        from kvpolicy.json_positions import parse
+
+        self._text = text
+        self._document: JsonDocument | None = parse(text)
+
+    def of(self, path: tuple[str, ...], *, key: bool = False) -> Place:
+        """The place of the value at ``path`` (with ``key``: its key's), or of its nearest ancestor."""
+        if self._document is None:  # cannot be: the text parsed as JSON; then the start of it
+            return (1, 1), (1, 2)
+        start, end = self._document.span_of(path, key=key)
+        return _line_col(self._text, start), _line_col(self._text, end)
+
+
+def _deeper_than(data: Any, depth: int) -> bool:
+    """Whether ``data`` nests lists and objects more than ``depth`` levels deep (a walk of its containers)."""
+    level = [data] if isinstance(data, (dict, list)) else []
+    for _ in range(depth):
+        below: list[Any] = []
+        for container in level:
+            values = container.values() if isinstance(container, dict) else container
+            below.extend(v for v in values if isinstance(v, (dict, list)))
+        if not below:
+            return False
+        level = below
+    return True
+
+
+_DEEP_HINT = "no kvpolicy document nests more than a dozen levels: is it the right file?"
+_TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"|[\[\]{}]')
+
+
+def _too_deep_at(text: str, depth: int = MAX_DEPTH) -> int:
+    """The offset of the ``[`` or ``{`` that opens level ``depth + 1`` (0 if none does)."""
+    level = 0
+    for token in _TOKENS.finditer(text):
+        char = token.group()[0]
+        if char in "[{":
+            level += 1
+            if level > depth:
+                return token.start()
+        elif char in "]}":
+            level -= 1
+    return 0
+
+
+def _too_deep(text: str, file: str) -> DocumentInvalid:
+    start = _line_col(text, _too_deep_at(text))
+    return DocumentInvalid([NESTED_TOO_DEEPLY.at(file, start, (start[0], start[1] + 1),
+                                                 f"nested more than {MAX_DEPTH} levels deep", _DEEP_HINT)])
+
+
+def _number_too_long(text: str) -> JsonInvalid:
+    """The problem of ``text`` that ``json.loads`` refused for an integer of too many digits, at the integer."""
+    limit = sys.get_int_max_str_digits()
+    # an integer: not a fraction's or an exponent's digits (a float has no limit)
+    numbers = re.compile(r'"(?:[^"\\]+|\\.)*"|(?<![\d.eE+-])-?\d{' + str(limit + 1) + r',}(?![.\deE])')
+    found = next((m for m in numbers.finditer(text) if not m.group().startswith('"')), None)
+    problem = f"a number with more than {limit} digits"
+    hint = 'sizes are bytes (at most 2^60) or a string with a unit, such as "40 GiB"'
+    if found is None:
+        return JsonInvalid(problem, code=NUMBER_TOO_LONG, hint=hint)
+    return JsonInvalid(problem, code=NUMBER_TOO_LONG, start=_line_col(text, found.start()), end=_line_col(text, found.end()),
+                       hint=hint)
+
+
+def _syntax_hint(exc: json.JSONDecodeError, text: str) -> str | None:
+    """What the common causes of JSON's syntax errors look like, named where one is the cause."""
+    at = text[exc.pos:exc.pos + 1]
+    before = text[:exc.pos].rstrip()
+    if not text.strip():
+        return "the file is empty: write a JSON object, {...}"
+    if exc.msg.startswith("Unexpected UTF-8 BOM"):
+        return "save the file as UTF-8 without a byte order mark"
+    if exc.msg == "Extra data":
+        return "the document ended before this: a file holds one JSON value"
+    if exc.msg.startswith("Invalid control character"):
+        return "a string cannot hold a line break or a tab as it is: write \\n or \\t"
+    if exc.msg.startswith("Unterminated string"):
+        return 'the string has no closing "'
+    if at == "'":
+        return 'JSON writes strings and keys in double quotes: "..."'
+    if at in ("/", "#"):
+        return "JSON has no comments"
+    if at in ("]", "}") and before.endswith(","):
+        return "JSON allows no comma before ] or }"
+    if exc.msg == "Expecting value" and text.startswith(("True", "False", "None"), exc.pos):
+        return "JSON writes true, false and null in lower case"
+    if exc.msg == "Expecting value" and exc.pos >= len(before) and not text[exc.pos:].strip():
+        return "the document ends early: is a value or a closing ] or } missing?"
+    if exc.msg.startswith("Expecting property name") and (at.isalpha() or at == "_"):
+        return 'JSON writes keys in double quotes: "name"'
+    if exc.msg == "Expecting ',' delimiter":
+        return "a comma is missing before this, or a closing ] or } before it"
+    return None
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    from kvpolicy.json_positions import line_col
+
+    return line_col(text, offset)

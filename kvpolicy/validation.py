@@ -12,9 +12,11 @@ import json
 import re
 import types
 import typing
-from typing import Any, Union
+from dataclasses import dataclass
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from kvpolicy.suggest import closest
 
@@ -33,39 +35,77 @@ _BOUNDS = {"greater_than_equal": ("ge", "or more"), "less_than_equal": ("le", "o
            "greater_than": ("gt", None), "less_than": ("lt", None)}
 
 
+ProblemKind = Literal["wrong-type", "value-not-allowed", "missing-field", "unknown-key"]
+
+_WRONG_TYPES = frozenset(_KINDS) - {"finite_number"}
+"""Pydantic's error types for a value of the wrong kind (``finite_number``: the right kind, out of range)."""
+MAX_HINT_CHARS = 160
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem of a document, in the user's words, with where it is."""
+
+    kind: ProblemKind
+    path: tuple[str, ...]
+    """Where, as the user wrote it (``("gpus", "0", "capacity")``); an unknown key's ends with the key,
+    a missing field's with the field (its place is its object's)."""
+    message: str
+    """``gpus.0.capacity: must be 0 or more, not -5``."""
+    hint: str | None
+    """What to write instead (the field meant), or what the field is (its description)."""
+    inline: str
+    """The message with what an unknown key was probably meant to be, for text with no room for a hint."""
+
+    @property
+    def is_key(self) -> bool:
+        """Whether its place is a key's (an unknown key) rather than a value's."""
+        return self.kind == "unknown-key"
+
+
 def describe(exc: ValidationError, model: type[BaseModel], limit: int = 5) -> str:
     """The first ``limit`` problems of ``exc`` (raised validating ``model``), ``; ``-separated."""
-    problems = [problem(error, model) for error in exc.errors()]
-    unique = list(dict.fromkeys(problems))
+    unique = list(dict.fromkeys(p.inline for p in problems(exc, model)))
     shown = "; ".join(unique[:limit])
     return shown + (f"; and {len(unique) - limit} more" if len(unique) > limit else "")
 
 
-def problem(error: Any, model: type[BaseModel]) -> str:
-    """``loc: message`` for one error of ``ValidationError.errors()``."""
+def problems(exc: ValidationError, model: type[BaseModel]) -> list[Problem]:
+    """Every error of ``exc`` (raised validating ``model``) as a ``Problem``, in pydantic's order."""
+    return [problem(error, model) for error in exc.errors()]
+
+
+def problem(error: Any, model: type[BaseModel]) -> Problem:
+    """One error of ``ValidationError.errors()``."""
     loc = tuple(error["loc"])
-    where, fields = _walk(model, loc[:-1] if error["type"] == "extra_forbidden" else loc)
-    if error["type"] == "extra_forbidden":
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        where, fields, _ = _walk(model, loc[:-1])
         key = str(loc[-1])
-        path = ".".join([*where, key])
+        path = (*where, key)
+        message = f"{'.'.join(path)}: unknown field {key!r}"
         guess = closest(key, fields) if fields else None
         if guess:
-            return f"{path}: unknown field {key!r}; did you mean {guess!r}?"
-        known = f" (fields: {', '.join(fields)})" if fields else ""
-        return f"{path}: unknown field {key!r}{known}"
-    if error["type"] == "missing":
-        return f"{'.'.join(where)}: required, not given"
-    return f"{'.'.join(where) or '(top level)'}: {_message(error)}"
+            return Problem("unknown-key", path, message, f"did you mean {guess!r}?", f"{message}; did you mean {guess!r}?")
+        if not fields:
+            return Problem("unknown-key", path, message, None, message)
+        return Problem("unknown-key", path, message, f"fields here: {', '.join(fields)}",
+                       f"{message} (fields: {', '.join(fields)})")
+    where, _, described = _walk(model, loc)
+    hint = _described(where[-1], described) if where and described is not None else None
+    if kind == "missing":
+        message = f"{'.'.join(where)}: required, not given"
+        return Problem("missing-field", tuple(where), message, hint, message)
+    message = f"{'.'.join(where) or '(top level)'}: {_message(error)}"
+    return Problem("wrong-type" if kind in _WRONG_TYPES else "value-not-allowed", tuple(where), message, hint, message)
 
 
-def first_place(exc: ValidationError, model: type[BaseModel]) -> tuple[tuple[str, ...], bool]:
-    """Where the first problem of ``exc`` is, as the path the user wrote (``("gpus", "0",
-    "capacity")``), and whether it is an unknown key (its place is the key's, not a value's)."""
-    error = exc.errors()[0]
-    loc = tuple(error["loc"])
-    unknown_key = error["type"] == "extra_forbidden"
-    where, _ = _walk(model, loc[:-1] if unknown_key else loc)
-    return (*where, str(loc[-1])) if unknown_key else tuple(where), unknown_key
+def _described(key: str, field: FieldInfo) -> str | None:
+    """``key: DESCRIPTION`` of a field, on one line and shortened, or None without a description."""
+    if not field.description:
+        return None
+    text = f"{key}: {' '.join(field.description.split())}"
+    return text if len(text) <= MAX_HINT_CHARS else text[: MAX_HINT_CHARS].rsplit(" ", 1)[0] + " …"
 
 
 def _message(error: Any) -> str:
@@ -96,18 +136,22 @@ def _shown(value: Any, width: int = 40) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], list[str]]:
-    """The path of ``loc`` as the user wrote it (union tags dropped), and the keys the object
-    at its end may have (empty when that is not a model)."""
+def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], list[str], FieldInfo | None]:
+    """The path of ``loc`` as the user wrote it (union tags dropped), the keys the object at its
+    end may have (empty when that is not a model), and the field it ends at (None: it ends at an
+    item of a list or a dict, or at a key no model has)."""
     where: list[str] = []
     current: Any = model
+    described: FieldInfo | None = None
     for part in loc:
         current = _unwrap(current)
         if _is_model(current):
             field = _field(current, part)
             where.append(str(part))
             current = field.annotation if field is not None else None
+            described = field
             continue
+        described = None
         members = _union_members(current)
         if members:
             chosen = next((m for m in members if _tag(m) == part), None)
@@ -131,7 +175,7 @@ def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[list[str], list
         models = [m for m in _union_members(current) if _is_model(_unwrap(m))]
         current = _unwrap(models[0]) if len(models) == 1 else None
     fields = [f.alias or name for name, f in current.model_fields.items()] if _is_model(current) else []
-    return where, fields
+    return where, fields, described
 
 
 def _unwrap(tp: Any) -> Any:
@@ -167,7 +211,7 @@ def _is_model(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
-def _field(model: type[BaseModel], key: Any) -> Any:
+def _field(model: type[BaseModel], key: Any) -> FieldInfo | None:
     for name, field in model.model_fields.items():
         if key in (name, field.alias):
             return field

@@ -4,7 +4,9 @@ live ledger (``--live``: the facts ``kvpolicy status`` shows, and the rules' mem
 controller keeps beside the ledger); and the rules' state (``--state``).
 
 Each reader prints its own error and raises ``InputFailed`` with the exit code: 1 for
-input that is invalid, 2 for a file that is missing or cannot be read.
+input that is invalid (a document's problems as diagnostics with their codes,
+``kvpolicy.document_codes``, reported for ``--format json``'s error document too), 2 for a
+file that is missing or cannot be read.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ from pathlib import Path
 from typing import NoReturn
 
 from kvpolicy.commands.common import UsageError, check_readable
+from kvpolicy.commands.json_failure import Problems, refuse_document, report
 from kvpolicy.evaluate.decision import State
 from kvpolicy.facts import Facts
-from kvpolicy.paths import InputTooLarge, path_kind, read_input, reason
+from kvpolicy.paths import path_kind, reason
 from kvpolicy.policy.model import Policy
 
 class InputFailed(Exception):
@@ -68,6 +71,7 @@ def load(command: str, path: Path) -> Policy:
     except PolicyError as exc:
         for d in exc.errors:
             print(d.render(), file=sys.stderr)
+        report(exc.errors)
         raise InputFailed(1) from None
 
 
@@ -97,13 +101,13 @@ def _facts_file(command: str, args: argparse.Namespace, beside: Path) -> tuple[F
     except FactsUnreadable as exc:
         _fail(command, str(exc), 2)
     except FactsError as exc:
-        _fail(command, str(exc), 1)
+        _refuse(command, exc)
 
 
 def _live(command: str, args: argparse.Namespace) -> tuple[Facts, State | None, str]:
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.errors import LedgerError
-    from kvpolicy.runtime.rulestate import read_rule_state
+    from kvpolicy.runtime.rulestate import RuleStateInvalid, read_rule_state
 
     try:
         ledger = LedgerDir(args.ledger_dir, group=args.group)
@@ -112,6 +116,8 @@ def _live(command: str, args: argparse.Namespace) -> tuple[Facts, State | None, 
         with ledger:
             facts, notes = ledger.read().facts()
             state = read_rule_state(ledger.path)
+    except RuleStateInvalid as exc:
+        _refuse(command, exc)
     except (LedgerError, OSError) as exc:
         _fail(command, str(exc), 1)
     for note in notes:
@@ -120,20 +126,22 @@ def _live(command: str, args: argparse.Namespace) -> tuple[Facts, State | None, 
 
 
 def _state_file(command: str, path: Path) -> State:
-    from kvpolicy.json_text import DocumentInvalid, JsonInvalid, decode_json_text, load_document
+    from kvpolicy.json_text import STATE, DocumentInvalid, load_document, read_document_text
 
     try:
-        data = read_input(path)
+        return load_document(State, read_document_text(path), path, kind=STATE)
     except OSError as exc:
         _fail(command, f"{path}: cannot read it: {reason(exc)}", 2)
-    except InputTooLarge as exc:
-        _fail(command, str(exc), 1)
-    try:
-        return load_document(State, decode_json_text(data), path, expected="a valid state", what="state")
-    except JsonInvalid as exc:  # not UTF-8
-        _fail(command, exc.in_file(path, "a valid state"), 1)
     except DocumentInvalid as exc:
-        _fail(command, str(exc), 1)
+        _refuse(command, exc)
+
+
+def _refuse(command: str, problems: Problems) -> NoReturn:
+    """An input with problems: its diagnostics printed (and reported for the error document), exit 1."""
+    if not problems.diagnostics:
+        _fail(command, str(problems), 1)
+    refuse_document(problems)
+    raise InputFailed(1)
 
 
 def _fail(command: str, message: str, code: int) -> NoReturn:

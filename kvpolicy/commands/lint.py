@@ -53,7 +53,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
         return 2
     except FactsError as exc:
-        print(f"kvpolicy lint: {exc}", file=sys.stderr)
+        if not exc.diagnostics:
+            print(f"kvpolicy lint: {exc}", file=sys.stderr)
+            return 1
+        from kvpolicy.commands.json_failure import refuse_document
+
+        refuse_document(exc)
         return 1
     diagnostics: list[Diagnostic] = []
     sources: dict[str, list[str]] = {}

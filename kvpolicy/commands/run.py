@@ -35,6 +35,7 @@ from kvpolicy.commands.common import parse_listen_address, parse_port, parse_sec
 from kvpolicy.paths import NotRegularFile, open_regular, path_kind, reason
 
 if TYPE_CHECKING:
+    from kvpolicy.commands.json_failure import Problems
     from kvpolicy.runtime.controller import Controller
     from kvpolicy.runtime.directory import LedgerDir
     from kvpolicy.runtime.gpus import GpuSampler
@@ -103,11 +104,21 @@ def _metrics_address(text: str) -> tuple[str, int] | None:
 
 
 class _NotStarted(Exception):
-    """Why the controller does not start, for stderr, with the exit status (1: the input, 2: usage)."""
+    """Why the controller does not start, for stderr, with the exit status (1: the input, 2: usage);
+    ``problems``: an input's, as diagnostics (a facts file's)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, problems: Problems | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.problems = status, problems
+
+    def say(self) -> None:
+        """Print why on standard error: the input's diagnostics (reported for the error document), or the message."""
+        if self.problems is not None and self.problems.diagnostics:
+            from kvpolicy.commands.json_failure import refuse_document
+
+            refuse_document(self.problems)
+        else:
+            print(f"kvpolicy run: {self}", file=sys.stderr)
 
 
 def _listen_address(args: argparse.Namespace) -> tuple[str, int] | None:
@@ -154,7 +165,7 @@ def _run(args: argparse.Namespace) -> int:
         sampler = _sampler(args)
         ledger = _open_ledger(args)
     except _NotStarted as exc:
-        print(f"kvpolicy run: {exc}", file=sys.stderr)
+        exc.say()
         return exc.status
     log.info("ledger %s; GPU figures from %s%s", ledger.path, sampler.description if sampler else "nowhere (validate only)",
              "; observing, not publishing" if args.observe else "")
@@ -180,7 +191,7 @@ def _run(args: argparse.Namespace) -> int:
         log.info("stopped; engines keep revision %d", controller.revision)
         return 0
     except _NotStarted as exc:
-        print(f"kvpolicy run: {exc}", file=sys.stderr)
+        exc.say()
         return exc.status
     except PolicyRefused as exc:
         _refused(policy, exc.result, "at start, so not starting")
@@ -236,7 +247,7 @@ def _sampler(args: argparse.Namespace) -> GpuSampler | None:
     except FactsUnreadable as exc:
         raise _NotStarted(2, str(exc)) from exc
     except FactsError as exc:
-        raise _NotStarted(1, str(exc)) from exc
+        raise _NotStarted(1, str(exc), exc) from exc
     except LedgerError as exc:  # a figure the ledger cannot hold: a bad facts file (1) or flag (2)
         raise _NotStarted(1 if args.facts else 2, str(exc)) from exc
 

@@ -1,7 +1,8 @@
 """``kvpolicy test [PATH...]``: run policy unit tests (``*.kvtest.json``, see docs/policy-tests.md).
 
-Exit 0 when every case passes, 1 when a case fails or a test file is invalid, 2 when a
-test file or its policy cannot be read.
+Exit 0 when every case passes, 1 when a case fails or a test file is invalid (its problems
+are listed as file:line:col: CODE, docs/document-errors.md), 2 when a test file or its policy
+cannot be read.
 """
 
 from __future__ import annotations
@@ -24,27 +25,31 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.policytest import TestFileError, TestFileUnreadable, run_test_file
+    from kvpolicy.evaluate.policytest import CaseResult, TestFileError, TestFileUnreadable, run_test_file
 
     try:
         files = named_files(args.paths, TEST_SUFFIX)
     except UsageError as exc:
         print(f"kvpolicy test: {exc}", file=sys.stderr)
         return 2
-    results, errors = [], []
+    results: list[CaseResult] = []
+    refused: list[TestFileError] = []
     unreadable = False
     for path in files:
         try:
             results.extend(run_test_file(path))
         except TestFileError as exc:
-            errors.append(str(exc))
+            refused.append(exc)
             unreadable |= isinstance(exc, TestFileUnreadable)
+    errors = [str(error) for error in refused]
     failed = [r for r in results if not r.passed]
     if args.format == "json":
         print(json.dumps({
             "schema": 1,
             "results": [r.model_dump() for r in results],
             "errors": errors,
+            "diagnostics": [d.model_dump(mode="json") for error in refused for d in error.diagnostics],
+            "more": sum(error.more for error in refused),
             "summary": {"files": len(files), "cases": len(results), "passed": len(results) - len(failed), "failed": len(failed)},
         }, indent=2))
     else:
@@ -52,8 +57,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"{'PASS' if r.passed else 'FAIL'}  {r.file} :: {r.case}")
             for failure in r.failures:
                 print(f"      {failure}")
-        for error in errors:
-            print(f"ERROR {error}")
+        for error in refused:  # a malformed file's problems as diagnostics, file:line:col first
+            print(str(error) if error.diagnostics else f"ERROR {error}")
         print(f"{len(results) - len(failed)} passed, {len(failed)} failed, {len(errors)} file error(s) in {len(files)} file(s)")
     if unreadable:
         return 2

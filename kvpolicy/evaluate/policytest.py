@@ -26,14 +26,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from kvpolicy.diagnostics import PolicyError
+from kvpolicy.diagnostics import Diagnostic, PolicyError
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
-from kvpolicy.json_text import DocumentInvalid, JsonInvalid, decode_json_text, load_document
+from kvpolicy.json_text import POLICY_TEST, DocumentInvalid, load_document, read_document_text, render_problems
 from kvpolicy.lint.load import load_policy
-from kvpolicy.paths import InputTooLarge, read_input, reason
+from kvpolicy.paths import reason
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import describe
 
@@ -181,7 +181,12 @@ class PolicyTestFile(_Strict):
 
 
 class TestFileError(Exception):
-    """A test file that cannot be run (unreadable, malformed, or its policy is invalid)."""
+    """A test file that cannot be run (unreadable, malformed, or its policy is invalid). ``diagnostics``
+    are the problems of a malformed one (``kvpolicy.document_codes``), ``more`` how many others it has."""
+
+    def __init__(self, message: str, diagnostics: tuple[Diagnostic, ...] = (), more: int = 0) -> None:
+        super().__init__(message)
+        self.diagnostics, self.more = diagnostics, more
 
 
 class TestFileUnreadable(TestFileError):
@@ -198,11 +203,11 @@ class CaseResult(BaseModel):
 def run_test_file(path: Path) -> list[CaseResult]:
     """Run every case of one ``.kvtest.json`` file."""
     try:
-        spec = _read_spec(path, read_input(path))
+        spec = load_document(PolicyTestFile, read_document_text(path), path, kind=POLICY_TEST)
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
-    except InputTooLarge as exc:
-        raise TestFileError(str(exc)) from None
+    except DocumentInvalid as exc:
+        raise TestFileError(str(exc), exc.diagnostics, exc.more) from None
     policy_path = path.parent / spec.policy
     try:
         policy = load_policy(policy_path)
@@ -215,20 +220,17 @@ def run_test_file(path: Path) -> list[CaseResult]:
     for case in spec.cases:
         try:
             failures = _run_case(prepared, case, path.parent)
-        except (FactsError, ValueError) as exc:
+        except FactsError as exc:  # a facts file the case names: each problem on a line of its own
+            failures = [f"cannot run: {line}" for line in _first_lines(exc)]
+        except ValueError as exc:
             failures = [f"cannot run: {exc}"]
         results.append(CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures))
     return results
 
 
-def _read_spec(path: Path, data: bytes) -> PolicyTestFile:
-    """The test file ``path`` holding ``data``; TestFileError saying where it is not one."""
-    try:
-        return load_document(PolicyTestFile, decode_json_text(data), path, expected="valid JSON", what="test file")
-    except JsonInvalid as exc:  # not UTF-8
-        raise TestFileError(exc.in_file(path, "valid JSON")) from None
-    except DocumentInvalid as exc:
-        raise TestFileError(str(exc)) from None
+def _first_lines(exc: FactsError) -> list[str]:
+    """The first line of each of the diagnostics of ``exc`` (its message without them), and the count of the others."""
+    return render_problems(exc.diagnostics, exc.more, hints=False).split("\n") if exc.diagnostics else [str(exc)]
 
 
 def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:

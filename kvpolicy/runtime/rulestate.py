@@ -13,13 +13,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpolicy.evaluate.decision import STATE_SCHEMA, State
-from kvpolicy.json_text import DocumentInvalid, load_document
+from kvpolicy.diagnostics import Diagnostic
+from kvpolicy.evaluate.decision import State
+from kvpolicy.json_text import STATE, DocumentInvalid, JsonInvalid, decode_json_text, load_document
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
-from kvpolicy.runtime.stores import read_document, write_document
+from kvpolicy.runtime.stores import read_document_bytes, write_document
 
 STATE_FILE = "state.json"
+
+
+class RuleStateInvalid(LedgerError):
+    """A rule state file with problems: ``diagnostics`` (with their codes, ``kvpolicy.document_codes``)
+    and ``more``, how many others it has. The message is their first lines, after ``kvpolicy ledger:``."""
+
+    def __init__(self, problems: DocumentInvalid) -> None:
+        super().__init__(f"kvpolicy ledger: {problems.render(hints=False)}")
+        self.diagnostics: tuple[Diagnostic, ...] = problems.diagnostics
+        self.more = problems.more
 
 
 def state_path(ledger_dir: Path | str) -> Path:
@@ -32,13 +43,15 @@ def write_rule_state(ledger_dir: Path | str, state: State, access: Access | None
 
 
 def read_rule_state(ledger_dir: Path | str) -> State | None:
-    """The rules' last memory, or None if none was written; LedgerError if the file is not
-    to be trusted or not a state document."""
+    """The rules' last memory, or None if none was written; LedgerError if the file is not to be
+    trusted, RuleStateInvalid if it is not a state document."""
     path = state_path(ledger_dir)
-    text = read_document(path, "a rule state file")
-    if text is None:
+    data = read_document_bytes(path, "a rule state file")
+    if data is None:
         return None
     try:
-        return load_document(State, text, path, expected="a rule state file", what=f"rule state file (schema {STATE_SCHEMA})")
+        return load_document(State, decode_json_text(data), path, kind=STATE)
+    except JsonInvalid as exc:  # not UTF-8
+        raise RuleStateInvalid(DocumentInvalid([exc.diagnostic(path)])) from None
     except DocumentInvalid as exc:
-        raise LedgerError(f"kvpolicy ledger: {exc}") from None
+        raise RuleStateInvalid(exc) from None

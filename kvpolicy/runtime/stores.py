@@ -79,6 +79,17 @@ def _write_error(exc: OSError, path: Path) -> LedgerError:
 def read_document(path: Path, what: str) -> str | None:
     """The text of ``path`` (``what`` names it in errors: "a status file"), or None if it does not
     exist; LedgerError if it is not to be trusted or not UTF-8."""
+    raw = read_document_bytes(path, what)
+    if raw is None:
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise LedgerError(f"kvpolicy ledger: {path} is not UTF-8 ({exc}); not {what}") from None
+
+
+def read_document_bytes(path: Path, what: str) -> bytes | None:
+    """The bytes of ``path``, as ``read_document`` reads them (its caller decodes them)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -100,7 +111,4 @@ def read_document(path: Path, what: str) -> str | None:
         raw = f.read(MAX_DOCUMENT_BYTES + 1)
     if len(raw) > MAX_DOCUMENT_BYTES:
         raise LedgerError(f"kvpolicy ledger: {path} grew past {MAX_DOCUMENT_BYTES} B while read; refusing it")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise LedgerError(f"kvpolicy ledger: {path} is not UTF-8 ({exc}); not {what}") from None
+    return raw

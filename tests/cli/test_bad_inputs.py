@@ -83,15 +83,15 @@ def check(done: subprocess.CompletedProcess[str], code: int, *words: str) -> Non
 
 
 BAD_FACTS = [
-    ("utf8.json", "not valid UTF-8"),
-    ("deep.json", "nested too deeply"),
-    ("huge.json", "gpus.0.capacity"),
-    ("digits.json", "digits"),
-    ("bytes30.json", "instances.0.pools.c4.bytes"),
-    ("bool.json", "true is not a size"),
-    ("nan.json", "now"),
-    ("inf.json", "now"),
-    ("e400.json", "now"),
+    ("utf8.json", "utf8.json:1:37: KVD001 error: not UTF-8 (byte 0xff)"),
+    ("deep.json", "deep.json:1:33: KVD004 error: nested more than 32 levels deep"),
+    ("huge.json", "huge.json:1:53: KVD008 error: gpus.0.capacity: must be 1152921504606846976 or less"),
+    ("digits.json", "digits.json:1:9: KVD005 error: a number with more than 4300 digits"),
+    ("bytes30.json", "bytes30.json:1:156: KVD008 error: instances.0.pools.c4.bytes"),
+    ("bool.json", "bool.json:1:53: KVD008 error: gpus.0.capacity: true is not a size"),
+    ("nan.json", "nan.json:1:22: KVD008 error: now: must be a finite number, not NaN"),
+    ("inf.json", "inf.json:1:22: KVD008 error: now: must be a finite number, not Infinity"),
+    ("e400.json", "e400.json:1:22: KVD008 error: now: must be a finite number"),
 ]
 
 
@@ -112,7 +112,8 @@ def test_invalid_facts_are_an_error_in_the_input(inputs: Path, command: str, nam
     check(kvpolicy(inputs, *COMMANDS[command], name), 1, name, words)
 
 
-@pytest.mark.parametrize(("name", "words"), [("utf8.kvtest.json", "not valid JSON"), ("deep.kvtest.json", "not valid JSON")])
+@pytest.mark.parametrize(("name", "words"), [("utf8.kvtest.json", "utf8.kvtest.json:1:34: KVD001 error: not UTF-8"),
+                                             ("deep.kvtest.json", "deep.kvtest.json:1:33: KVD004 error: nested more")])
 def test_invalid_test_files_are_an_error_in_the_input(inputs: Path, name: str, words: str) -> None:
     done = kvpolicy(inputs, "test", name)
     check(done, 1)
@@ -240,7 +241,7 @@ def test_facts_and_test_files_are_read_to_a_limit(inputs: Path) -> None:
     zero.unlink(missing_ok=True)
     zero.symlink_to("/dev/zero")
     for args in (["explain", "good.kvp", "--facts", "zero.json"], ["lint", "good.kvp", "--facts", "zero.json"]):
-        check(kvpolicy(inputs, *args), 1, "zero.json: over 64 MiB")
+        check(kvpolicy(inputs, *args), 1, f"zero.json:1:{64 * (1 << 20) + 1}: KVD003 error: over 64 MiB: not read further")
 
 
 def test_a_high_size_limit_reads_only_what_is_there(inputs: Path) -> None:

@@ -72,9 +72,11 @@ def outputs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any
     (tmp_path / "p2.kvp").write_text(POLICY.replace("min 4 GiB", "min 8 GiB"))
     (tmp_path / "p.facts.json").write_text(json.dumps(FACTS))
     (tmp_path / "p.kvtest.json").write_text(json.dumps(KVTEST))
+    (tmp_path / "bad.json").write_text('{"schema": 1,\n "gpus": [{"id": "cuda:0", "capacity": -5}]}\n')
     ledger = tmp_path / "ledger"
     ledger.mkdir(mode=0o700)
     return {
+        "error": run_json(capsys, "explain", str(tmp_path / "p.kvp"), "--facts", str(tmp_path / "bad.json")),
         "lint": run_json(capsys, "lint", str(tmp_path / "bad.kvp")),
         "fmt": run_json(capsys, "fmt", "--check", str(POLICIES / "two-models.kvp")),
         "explain": run_json(capsys, "explain", str(POLICIES / "two-models.kvp")),
@@ -97,6 +99,8 @@ def test_every_example_is_a_command_s_output(tmp_path: Path, capsys: pytest.Capt
     gaps["status"] = [key for key in docs["status"] if key not in real["status"]]
     assert {name: found for name, found in gaps.items() if found} == {}
     assert real["lint"]["diagnostics"][0]["code"] == docs["lint"]["diagnostics"][0]["code"] == "KV001"
+    shown, error = docs["error"]["error"]["diagnostics"][0], real["error"]["error"]["diagnostics"][0]
+    assert {**shown, "file": error["file"]} == error, "the error document's example is explain's, on its facts"
     assert real["test"]["summary"]["passed"] == 1
     assert real["diff"]["changed"] == 1 and real["diff"]["instances"][0]["guarantee"]["new"] == 8 << 30
     # JSON status carries what the text output flags (here: no controller has written one)

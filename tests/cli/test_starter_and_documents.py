@@ -63,9 +63,9 @@ def test_facts_take_sizes_with_units_or_bytes():
 
 
 def test_unknown_keys_get_a_did_you_mean(tmp_path, capsys):
-    with pytest.raises(FactsError, match=r"gpus\.0\.capasity: unknown field 'capasity'; did you mean 'capacity'\?"):
+    with pytest.raises(FactsError, match=r"gpus\.0\.capasity: unknown field 'capasity'\n  hint: did you mean 'capacity'\?"):
         parse_facts(json.dumps({"gpus": [{"id": "cuda:0", "capasity": 1}]}))
-    with pytest.raises(FactsError, match=r"instances\.0\.elastic\.maped: unknown field 'maped'; did you mean 'mapped'\?"):
+    with pytest.raises(FactsError, match=r"instances\.0\.elastic\.maped: unknown field 'maped'\n  hint: did you mean 'mapped'\?"):
         parse_facts(json.dumps({"gpus": [{"id": "g", "capacity": 1}],
                                 "instances": [{"id": "a", "model": "a", "gpu": "g", "elastic": {"maped": 1}}]}))
     (tmp_path / "p.kvp").write_text("version 1\n")
@@ -74,7 +74,7 @@ def test_unknown_keys_get_a_did_you_mean(tmp_path, capsys):
         "cases": [{"name": "c", "facts": {"gpus": [{"id": "g", "capacity": "1 GiB"}]}, "expekt": {}}],
     }))
     assert main(["test", str(tmp_path)]) == 1
-    assert "cases.0.expekt: unknown field 'expekt'; did you mean 'expect'?" in capsys.readouterr().out
+    assert "KVD010 error: cases.0.expekt: unknown field 'expekt'\n  hint: did you mean 'expect'?" in capsys.readouterr().out
 
 
 def test_the_example_of_docs_policy_tests_is_the_shipped_file_and_passes(capsys):

@@ -25,6 +25,27 @@ def test_a_facts_file_with_more_other_use_than_capacity_is_refused_at_start(site
     assert "Traceback" not in done.stderr
 
 
+def test_a_facts_file_with_problems_is_refused_at_start_with_each_problem_at_its_place(site, tmp_path):
+    facts = tmp_path / "node.facts.json"
+    facts.write_text('{"schema": 1,\n "gpus": [{"id": "cuda:0", "capacity": "80"},\n          {"id": "cuda:1", "capasity": 1}]}\n')
+    done = subprocess.run([sys.executable, "-m", "kvpolicy.cli", "run", str(site.policy), "--ledger-dir",
+                           str(site.ledger_dir), "--facts", str(facts), "--once"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    capacity = "capacity: Bytes of memory the GPU has (cuMemGetInfo's total, or the policy's capacity)."
+    assert done.stderr.splitlines()[-6:] == [
+        f"{facts}:2:40: KVD008 error: gpus.0.capacity: '80': a size needs a unit, e.g. 80 GiB (units: B, KiB, MiB, "
+        "GiB, TiB, KB, MB, GB, TB)",
+        f"  hint: {capacity}",
+        f"{facts}:3:11: KVD009 error: gpus.1.capacity: required, not given",
+        f"  hint: {capacity}",
+        f"{facts}:3:28: KVD010 error: gpus.1.capasity: unknown field 'capasity'",
+        "  hint: did you mean 'capacity'?",
+    ]
+    rows = facts.read_text().split("\n")
+    assert (rows[1][39:43], rows[2][10], rows[2][27:37]) == ('"80"', "{", '"capasity"')  # the places named
+    assert not (site.ledger_dir / "status.json").exists(), "not started: nothing written beside the ledger"
+
+
 def test_a_gpu_the_facts_file_does_not_name_is_decided_on_the_ledgers_figures_with_a_note(site):
     site.controller()  # --gpu-capacity 80 GiB: publishes figures for cuda:0
     site.engine("chat")

@@ -8,9 +8,10 @@ import stat
 
 import pytest
 
+from kvpolicy.cli import main
 from kvpolicy.evaluate.decision import RuleMemory, State
 from kvpolicy.runtime.errors import LedgerError
-from kvpolicy.runtime.rulestate import STATE_FILE, read_rule_state, write_rule_state
+from kvpolicy.runtime.rulestate import STATE_FILE, RuleStateInvalid, read_rule_state, write_rule_state
 from tests.support.waiting import wait_for
 
 STATE = State(rules={"idle-reclaim": {"batch/0": RuleMemory(holding_since=10.0, shrink_to=1 << 30, acting_since=40.0)}})
@@ -29,8 +30,13 @@ def test_round_trip_private_and_no_temporary_left(tmp_path):
 @pytest.mark.parametrize("damage, message", [
     (lambda p: p.chmod(0o644), "open to every user"),
     (lambda p: (p.unlink(), p.symlink_to("/etc/hostname")), "is a symlink"),
-    (lambda p: p.write_text('{"schema": 1, "rules": {"r": {"i/0": {"shrink_to": "lots"}}}}'), r"state\.json:1:52: invalid rule state file \(schema 1\): rules\.r\.i/0\.shrink_to: must be a whole number, not \"lots\""),
-    (lambda p: p.write_bytes(b"\xff\xfe"), "not UTF-8"),
+    (lambda p: p.write_text('{"schema": 1, "rules": {"r": {"i/0": {"shrink_to": "lots"}}}}'),
+     r"kvpolicy ledger: \S+/state\.json:1:52: KVD007 error: rules\.r\.i/0\.shrink_to: must be a whole number, not \"lots\"$"),
+    (lambda p: p.write_bytes(b'{"schema": 1,\n "rules": {"\xff": {}}}'), r"state\.json:2:13: KVD001 error: not UTF-8 \(byte 0xff\)$"),
+    (lambda p: p.write_text('{"schema": 2, "rules": {}}'),
+     r"state\.json:1:12: KVD006 error: state schema 2 is not supported: this kvpolicy reads schema 1$"),
+    (lambda p: p.write_text('{"schema": 1, "gpus": [], "instances": []}'),
+     r"state\.json:1:1: KVD006 error: this is facts, not a rule state$"),
 ])
 def test_a_state_file_that_cannot_be_trusted_is_refused(tmp_path, damage, message):
     path = write_rule_state(tmp_path, STATE)
@@ -48,5 +54,38 @@ def test_the_controller_starts_fresh_on_a_damaged_state_file(site, caplog):
         assert wait_for(lambda: controller.decision is not None, 120.0)  # it runs, with no rule memory
     assert controller.state == State()  # the site's policy has no rules: nothing remembered
     assert wait_for(lambda: read_rule_state(site.ledger_dir) == State(), 120.0)  # and the damaged file is replaced
-    assert any("state.json:1:2: not valid JSON: Expecting property name" in r.getMessage() and "grace periods start again" in r.getMessage()
-               for r in caplog.records)
+    assert any("state.json:1:2: KVD002 error: not valid JSON: Expecting property name enclosed in double quotes; "
+               "starting with no rule memory (grace periods start again)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_state_file_with_problems_has_each_with_its_code_and_place(tmp_path):
+    """Every problem of the file, at the text it is about, with a hint; the message names them one a line."""
+    text = '{"schema": 1,\n "rules": {"r": {"i/0": {"shrink_to": "lots",\n                        "holding_sinse": 5}}}}\n'
+    (tmp_path / STATE_FILE).write_text(text)
+    (tmp_path / STATE_FILE).chmod(0o600)
+    with pytest.raises(RuleStateInvalid) as caught:
+        read_rule_state(tmp_path)
+    found = [(d.line, d.col, d.code, d.message, d.hint) for d in caught.value.diagnostics]
+    assert found == [
+        (2, 39, "KVD007", 'rules.r.i/0.shrink_to: must be a whole number, not "lots"',
+         "shrink_to: The shrink in force, in bytes (null: none)."),
+        (3, 25, "KVD010", "rules.r.i/0.holding_sinse: unknown field 'holding_sinse'", "did you mean 'holding_since'?"),
+    ]
+    rows = text.split("\n")
+    assert rows[1][38:].startswith('"lots"') and rows[2][24:].startswith('"holding_sinse"')
+    assert str(caught.value) == (f"kvpolicy ledger: {tmp_path / STATE_FILE}:2:39: KVD007 error: {found[0][3]}\n"
+                                 f"{tmp_path / STATE_FILE}:3:25: KVD010 error: {found[1][3]}")
+    assert isinstance(caught.value, LedgerError) and caught.value.more == 0
+
+
+def test_explain_live_shows_a_damaged_state_file_s_problems_with_their_hints(tmp_path, capsys):
+    """explain --live reads state.json as the controller does, and says its problems as diagnostics (exit 1)."""
+    ledger = tmp_path / "ledger"
+    ledger.mkdir(mode=0o700)
+    (ledger / STATE_FILE).write_text('{"schema": 1, "rules": {"r": {"i/0": {"shrink_to": "lots"}}}}')
+    (ledger / STATE_FILE).chmod(0o600)
+    (tmp_path / "p.kvp").write_text("version 1\n")
+    assert main(["explain", str(tmp_path / "p.kvp"), "--live", "--ledger-dir", str(ledger)]) == 1
+    assert capsys.readouterr().err == (f"{ledger / STATE_FILE}:1:52: KVD007 error: rules.r.i/0.shrink_to: must be a "
+                                       'whole number, not "lots"\n  hint: shrink_to: The shrink in force, in bytes '
+                                       "(null: none).\n")
