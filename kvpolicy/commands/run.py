@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option, missing_extra
 from kvpolicy.commands.common import parse_listen_address, parse_port, parse_seconds, parse_size
+from kvpolicy.commands.json_failure import report
 from kvpolicy.paths import NotRegularFile, open_regular, path_kind, reason
 
 if TYPE_CHECKING:
@@ -312,7 +313,10 @@ def _refused(policy: Path, result: ReloadResult | None, what: str) -> None:
     restarts are visible."""
     if result is None:  # nothing recorded: the one read found the file moving
         print(f"kvpolicy run: {policy}: the file changed while it was read (a save under way?)", file=sys.stderr)
-    hint = f" (kvpolicy lint {policy} lists every finding)" if result is not None and result.error is not None else ""
+    hint = ""
+    if result is not None and result.error is not None:
+        hint = f" (kvpolicy lint {policy} lists every finding)"
+        report((result.error,))  # --once --format json: the error document carries it
     print(f"kvpolicy run: no valid policy {what}{hint}", file=sys.stderr)
 
 

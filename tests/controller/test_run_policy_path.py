@@ -150,8 +150,13 @@ def test_run_once_format_json_prints_an_error_document_on_failure(site, make, st
         release_a_blocked_reader(site.policy)
     assert done.returncode == status, done.stderr
     document = json.loads(done.stdout)  # the whole of stdout: one document
-    assert document == {"schema": 1, "error": {"status": status, "message": document["error"]["message"]}}
-    assert said in document["error"]["message"] and said in done.stderr
+    error = document["error"]
+    assert document == {"schema": 1, "error": {"status": status, "message": error["message"],
+                                               "diagnostics": error["diagnostics"], "more": 0}}
+    assert said in error["message"] and said in done.stderr
+    # the policy's error with its place and code; a file that cannot be read has none
+    expected = [("KV001", 3, 49)] if status == 1 and "KV001" in said else []
+    assert [(d["code"], d["line"], d["col"]) for d in error["diagnostics"]] == expected
 
 
 def test_run_once_format_json_still_prints_the_decision(site):
