@@ -67,8 +67,9 @@ def test_a_segment_of_another_layout_is_reported_until_it_is_replaced(site, capl
 
     (site.ledger_dir / "cuda:1.ledger").unlink()  # the operator replaced it (upgraded the other side)
     assert wait_for(lambda: any(r.getMessage() == "cuda:1: its ledger segment can be used again" for r in caplog.records))
-    assert main(["status", "--ledger-dir", str(site.ledger_dir)]) == 0, capsys.readouterr().out
-    assert refused_metric(http_get(f"{base}/metrics")[1], "cuda:1") is None
+    # the log line comes first; the metric and the status file follow within the step
+    assert wait_for(lambda: refused_metric(http_get(f"{base}/metrics")[1], "cuda:1") is None)
+    assert wait_for(lambda: main(["status", "--ledger-dir", str(site.ledger_dir)]) == 0), capsys.readouterr().out
 
 
 def test_engines_on_a_truncated_segment_are_unreachable_not_gone(site, caplog):
