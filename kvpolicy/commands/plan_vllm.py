@@ -122,7 +122,8 @@ def run_vllm(args: argparse.Namespace) -> int:
         max_model_len = length.default if length and length.known else 0
     if not max_model_len:
         print(f"kvpolicy plan --engine vllm: --max-model-len is required: {args.model_config} has no "
-              "max_position_embeddings (nor model_max_length) to derive it from", file=sys.stderr)
+              "max_position_embeddings (nor model_max_length) to derive it from, and kvpolicy does not know the "
+              f"default of its config class (model_type {config.get('model_type')!r})", file=sys.stderr)
         return 2
     amx = bool(getattr(args, "cpu_amx", False))
     gpu = pf.cuda_gpu(args.indexer_kv_dtype if family == "deepseek_v4" else "fp8")
@@ -158,6 +159,9 @@ def run_vllm(args: argparse.Namespace) -> int:
     launch = Launch(platform, amx, gpu.name, length.why if length else "",
                     auto_kv_dtype(config, family, settings.dtype), served_dtype(config))
     assumed = assumed_defaults(args, plan, version_why, max_model_len, launch, resolved)
+    defaults = class_defaults_given(config)
+    if defaults:
+        assumed["config_defaults"] = defaults
     plan = plan.model_copy(update={"assumed": assumed})
     if args.format == "json":
         print(plan.to_json())
@@ -213,6 +217,21 @@ def served_dtype(config: dict[str, Any]) -> str:
     from kvpolicy.adapters.vllm_adapter.planning.hf_config import auto_dtype, auto_dtype_reason
 
     return f"{auto_dtype(config)}: {auto_dtype_reason(config)}"
+
+
+def class_defaults_given(config: dict[str, Any]) -> str:
+    """The keys config.json omits that its config class gave, with their values, in words ("" if none)."""
+    from kvpolicy.adapters.vllm_adapter.planning.class_defaults import FilledConfig
+
+    if not isinstance(config, FilledConfig) or not config.class_defaults:
+        return ""
+    classes = sorted(set(config.class_defaults.values()))
+    values = []
+    for key in config.class_defaults:
+        value = config.get(key)
+        shown = f"{len(value)} layers' kinds" if isinstance(value, list) else str(value)
+        values.append(f"{key} {shown}")
+    return f"{', '.join(values)} ({' and '.join(classes)}'s defaults for what config.json omits, as vLLM reads them)"
 
 
 @dataclass(frozen=True)

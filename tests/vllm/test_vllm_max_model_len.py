@@ -161,14 +161,21 @@ def test_max_model_len_and_dtype_resolve_as_vllms(tmp_path_factory: pytest.TempP
 
 @settings(max_examples=max(EXAMPLES // 5, 10), deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(config=configs(), asked=lengths())
-def test_without_max_position_embeddings_a_refusal_is_vllms(tmp_path_factory: pytest.TempPathFactory,
-                                                            monkeypatch: pytest.MonkeyPatch, config: dict[str, Any],
-                                                            asked: int) -> None:
-    """Without max_position_embeddings transformers' class default joins vLLM's smallest length, unseen by
-    the plan: no default is derived (unless model_max_length decides), and a refusal must still be vLLM's."""
+@given(config=configs(), asked=lengths(), known_type=st.booleans())
+def test_without_max_position_embeddings_the_class_default_is_vllms(tmp_path_factory: pytest.TempPathFactory,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   config: dict[str, Any], asked: int,
+                                                                   known_type: bool) -> None:
+    """Without max_position_embeddings the config class's default joins vLLM's smallest length: the plan takes it for
+    the model types it knows (class_defaults), and derives vLLM's default; for another (here: the same config under
+    a model type transformers has but kvpolicy does not know, Phi-3's, whose class default is 4096) it derives none
+    (unless model_max_length decides), and a refusal must still be vLLM's."""
     monkeypatch.delenv(ALLOW_LONG_ENV, raising=False)
     del config["max_position_embeddings"]
+    if not known_type:
+        config |= {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"]}
+        config.pop("rope_scaling", None)
+        config.pop("rope_parameters", None)
     folder = tmp_path_factory.mktemp("max-len")
     (folder / "config.json").write_text(json.dumps(config))
     try:
@@ -178,7 +185,7 @@ def test_without_max_position_embeddings_a_refusal_is_vllms(tmp_path_factory: py
             resolve(folder, asked)
         event(f"refused: {refusal(theirs.value, ours)}")
         return
-    assert (length is not None and length.known) == bool(config.get("model_max_length"))
+    assert (length is not None and length.known) == (known_type or bool(config.get("model_max_length")))
     try:
         check_max_model_len(length, asked)
     except ModelSpecError as ours:
@@ -186,6 +193,8 @@ def test_without_max_position_embeddings_a_refusal_is_vllms(tmp_path_factory: py
             resolve(folder, asked)
         event(f"refused: {refusal(theirs.value, ours)}")
         return
-    if length is not None and length.known:  # model_max_length decides, whatever the class says
+    if length is not None and length.known:  # the class default, or model_max_length, which decides alone
         assert length.default == resolve(folder, None).model_config.max_model_len
-    event("accepted")
+        event("known: the default is vLLM's")
+    else:
+        event("unknown: accepted as vLLM accepts it")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
     load_config,
     model_specs,
 )
+from kvpolicy.adapters.vllm_adapter.planning.model_build import ModelBuildRefused
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 from tests.vllm.vllm_paths import CONFIGS, POLICY_MODELS
 
@@ -318,11 +320,19 @@ def test_max_model_len_defaults_to_vllms_and_every_default_is_stated() -> None:
     assert "assumed (defaults no flag changed):" in text and "max_position_embeddings" in text
 
 
-def test_a_config_without_max_position_embeddings_needs_max_model_len(tmp_path: Path,
-                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    config = {k: v for k, v in load_config(QWEN3).items() if k != "max_position_embeddings"}
+def test_a_config_without_max_position_embeddings_takes_its_class_default(tmp_path: Path,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Qwen3Config's 32768; for a model type kvpolicy does not know, the default is unknown: asked for."""
+    config = {k: v for k, v in json.loads(QWEN3.read_text()).items() if k != "max_position_embeddings"}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
+    doc = json.loads(_run(plan_args("--model-config", str(path), "--budget", "8GiB", "--format", "json")))
+    assert doc["max_model_len"] == 32768
+    assert doc["assumed"]["max_model_len"] == "32768 (Qwen3Config's default max_position_embeddings, as vLLM derives it)"
+    assert doc["assumed"]["config_defaults"].startswith("max_position_embeddings 32768, max_window_layers 28, ")
+    assert doc["assumed"]["config_defaults"].endswith("(Qwen3Config's defaults for what config.json omits, as vLLM "
+                                                      "reads them)")
+    path.write_text(json.dumps({**config, "model_type": "unknown_llm"}))
     assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB")) == 2
     assert "--max-model-len is required" in capsys.readouterr().err
 
@@ -428,9 +438,9 @@ def test_a_max_model_len_above_vllms_is_refused_unless_vllm_is_told_to_allow_it(
 def test_without_max_position_embeddings_the_other_keys_still_bound_max_model_len(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """transformers' class default may lower vLLM's length below the keys present, never raise it."""
-    config = {k: v for k, v in load_config(QWEN3).items() if k != "max_position_embeddings"}
+    config = {k: v for k, v in json.loads(QWEN3.read_text()).items() if k != "max_position_embeddings"}
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**config, "seq_length": 8192}))
+    path.write_text(json.dumps({**config, "seq_length": 8192, "model_type": "unknown_llm"}))
     assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB")) == 2
     assert "--max-model-len is required" in capsys.readouterr().err
     assert run_vllm(plan_args("--model-config", str(path), "--budget", "8GiB", "--max-model-len", "8193")) == 1
@@ -497,11 +507,49 @@ def test_launches_vllm_refuses_are_refused(config: str, argv: list[str], message
 
 
 def test_kv_heads_that_tensor_parallel_cannot_split_are_refused(tmp_path: Path) -> None:
-    config = {**load_config(QWEN3), "num_attention_heads": 24, "num_key_value_heads": 6}
+    # A vocabulary (a multiple of 64 × 12) and an MLP that 12 ranks can split: Qwen3-8B's cannot.
+    config = {**load_config(QWEN3), "num_attention_heads": 24, "num_key_value_heads": 6, "vocab_size": 153600}
     with pytest.raises(ModelSpecError, match="neither divides the model's 6 KV heads nor is a multiple"):
         model_specs(config, SpecSettings(tensor_parallel_size=4))
     # Fewer KV heads than ranks: each rank keeps a copy of one.
     assert {s.num_kv_heads for s in model_specs(config, SpecSettings(tensor_parallel_size=12)).layers.values()} == {1}
+
+
+@pytest.mark.parametrize(("fields", "tp", "message", "module"), [
+    ({"num_attention_heads": 24, "vocab_size": 151936}, 3, "does not divide the vocabulary of 151,936 tokens as vLLM pads it (151,936",
+     "model.embed_tokens"),
+    ({"num_attention_heads": 24, "vocab_size": 151900}, 3, "vocabulary of 151,900 tokens as vLLM pads it (151,936", "model.embed_tokens"),
+    ({"num_attention_heads": 24, "num_key_value_heads": 3, "vocab_size": 3072, "intermediate_size": 1000}, 3, "does not divide intermediate_size 1,000 (layer 0's MLP)",
+     "model.layers.0.mlp"),
+    ({"vocab_size": 3072, "num_attention_heads": 12, "num_key_value_heads": 8}, 1,
+     "12 attention heads are not a multiple of its 8 KV heads", "model.layers.0.self_attn"),
+    ({"vocab_size": 3072, "num_attention_heads": 24, "num_key_value_heads": 2, "intermediate_size": 1000}, 3,
+     "neither divides the model's 2 KV heads", "model.layers.0.self_attn"),  # the attention before the MLP
+])
+def test_model_dimensions_vllm_cannot_split_are_refused(fields: dict, tp: int, message: str, module: str) -> None:
+    """What vLLM checks as it builds the model, in its order: the padded vocabulary, then layer 0's attention
+    (KV heads, heads per KV head), then its MLP."""
+    with pytest.raises(ModelBuildRefused, match=re.escape(message)) as refused:
+        model_specs({**load_config(QWEN3), **fields}, SpecSettings(tensor_parallel_size=tp))
+    assert refused.value.module == module
+
+
+def test_deepseek_moe_widths_are_checked_in_vllms_layer_order() -> None:
+    """DeepSeek-V2-Lite: layer 0 dense (intermediate_size 10944), then MoE layers (1408 × 2 shared, 1408 routed)."""
+    lite = {**load_config(CONFIGS / "deepseek-v2-lite" / "config.json"), "num_attention_heads": 80}
+    cases = [
+        ({}, "intermediate_size 10,944", "model.layers.0.mlp"),  # 5 divides the heads and vocabulary, not this
+        ({"intermediate_size": 9600, "moe_intermediate_size": 1001}, "moe_intermediate_size × n_shared_experts 2,002",
+         "model.layers.1.mlp.shared_experts"),
+        ({"intermediate_size": 9600, "moe_intermediate_size": 1001, "n_shared_experts": 5}, "moe_intermediate_size 1,001",
+         "model.layers.1.mlp.experts"),
+        ({"first_k_dense_replace": 0, "moe_intermediate_size": 1001}, "moe_intermediate_size × n_shared_experts 2,002",
+         "model.layers.0.mlp.shared_experts"),
+    ]
+    for fields, message, module in cases:
+        with pytest.raises(ModelBuildRefused, match=re.escape(message)) as refused:
+            model_specs({**lite, **fields}, SpecSettings(tensor_parallel_size=5))
+        assert refused.value.module == module
 
 
 def test_vllm_032_starts_mla_with_an_fp8_cache_on_cpu() -> None:

@@ -15,25 +15,33 @@ classes in tests/vllm:
   ``kv_lora_rank + qk_rope_head_dim`` per token. Fields read: ``num_hidden_layers``,
   ``kv_lora_rank``, ``qk_rope_head_dim``, ``torch_dtype``/``dtype``.
 - **Standard attention** (Llama, Qwen, Mistral, Gemma, gpt-oss, …): per layer full
-  attention, or sliding-window attention where ``layer_types`` says
-  ``sliding_attention``. Fields read: ``num_hidden_layers``, ``num_attention_heads``,
+  attention, or sliding-window attention where the model's class puts a window
+  (``_standard_layer_kinds``). Fields read: ``num_hidden_layers``, ``num_attention_heads``,
   ``num_key_value_heads``, ``head_dim`` (default ``hidden_size / num_attention_heads``),
-  ``layer_types``, ``sliding_window``, ``use_sliding_window``, ``torch_dtype``/``dtype``.
+  ``layer_types``, ``sliding_window``, ``use_sliding_window``, ``max_window_layers``,
+  ``torch_dtype``/``dtype``.
 
-Anything else (linear attention, Mamba, DeepSeek-V3.2's indexer, encoder-decoder) is
-refused with a message, never guessed.
+A key the file omits is its config class's default (``class_defaults``, for the model types
+kvpolicy knows), and a launch vLLM refuses as it builds the model is refused in vLLM's order
+(``model_build``). Anything else (linear attention, Mamba, DeepSeek-V3.2's indexer,
+encoder-decoder) is refused with a message, never guessed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
 from ...common import read_config_json
+from .class_defaults import MAX_LAYERS, FilledConfig, config_class, with_class_defaults
+from .config_values import ConfigUnreadable, ModelSpecError
+from .config_values import config_int as _int
+from .config_values import shown as _shown
 from .layer_specs import LayerSpec, SpecKind
+from .model_build import check_build, check_heads
 
 Family = Literal["deepseek_v4", "mla", "standard"]
 
@@ -62,14 +70,6 @@ V4_LAYER_TYPE_RATIO = {"sliding_attention": 0, "compressed_sparse_attention": 4,
 V4_DEFAULT_COMPRESS_RATES = {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128}
 MXFP4_BLOCK = 32
 FP8_INDEXER_QUANT_BLOCK = 128
-
-
-class ModelSpecError(ValueError):
-    """The config cannot be planned; the message names the field and what was expected."""
-
-
-class ConfigUnreadable(ModelSpecError):
-    """The model config file cannot be read at all (missing, a directory, no permission)."""
 
 
 class SpecSettings(BaseModel):
@@ -104,8 +104,9 @@ class ModelSpecs(BaseModel):
 
 
 def load_config(path: Path | str) -> dict[str, Any]:
-    """Read a ``config.json``; a file that cannot be read is ConfigUnreadable, a malformed one a
-    ModelSpecError, each naming it."""
+    """Read a ``config.json`` with what its config class adds to it (``class_defaults``: for a model type the
+    plan knows, every key it reads that the file omits); a file that cannot be read is ConfigUnreadable, a
+    malformed one a ModelSpecError, each naming it."""
     p = Path(path)
     try:
         data = read_config_json(p)
@@ -113,11 +114,13 @@ def load_config(path: Path | str) -> dict[str, Any]:
         raise ConfigUnreadable(f"{p}: cannot read the model config: {exc.strerror}") from None
     except ValueError as exc:
         raise ModelSpecError(str(exc)) from None
-    # Multimodal wrappers keep the language model's fields in text_config.
+    # Multimodal wrappers keep the language model's fields in text_config, filled by its own class (the
+    # wrapper's model type names it when the text config does not: Gemma-3's).
     text = data.get("text_config")
     if isinstance(text, dict) and "num_hidden_layers" not in data:
-        data = {**data, **text}
-    return data
+        text = with_class_defaults({"model_type": data.get("model_type"), **text})
+        return FilledConfig({**data, **text, "text_config": text}, text.class_defaults)
+    return with_class_defaults(data)
 
 
 def model_family(config: Mapping[str, Any]) -> Family:
@@ -133,41 +136,26 @@ def model_family(config: Mapping[str, Any]) -> Family:
     return "standard"
 
 
-def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None) -> ModelSpecs:
-    """The per-layer specs vLLM 0.33 builds for this config (one rank, CUDA backends)."""
+def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
+                on_attention: Callable[[], None] | None = None) -> ModelSpecs:
+    """The per-layer specs vLLM 0.33 builds for this config (one rank, CUDA backends), or the refusal of the
+    config or launch vLLM refuses first; ``on_attention`` runs where vLLM picks the attention backend."""
     settings = settings or SpecSettings()
     family = model_family(config)
+    tp = settings.tensor_parallel_size
     try:
-        _check_tensor_parallel(family, config, settings.tensor_parallel_size)
+        # In vLLM's order: its config (the heads), then as a worker builds the model: a Qwen2/3 model's layer
+        # kinds, the embedding, and layer by layer the attention and the MLP (model_build).
+        check_heads(config, tp)
+        if family == "standard":
+            _standard_layer_kinds(config, _layers(config))
+        check_build(config, tp, split_kv_heads=family == "standard", on_attention=on_attention)
         layers, block = _layers_of(family, config, settings)
     except TypeError as exc:  # a value of a kind no check above expected (a list where a name goes)
         raise ModelSpecError(f"a value of the wrong type in the model config: {exc}") from None
     if not layers:
         raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)")
     return ModelSpecs(family=family, block_size=block, layers=layers)
-
-
-def _check_tensor_parallel(family: Family, config: Mapping[str, Any], tp: int) -> None:
-    """Refuse a tensor parallel size vLLM refuses: one that does not divide the attention heads
-    (``ModelConfig.verify_with_parallel_config``), or, where the KV heads are split, one that neither
-    divides the KV heads nor is a multiple of them (the model classes' attention asserts it)."""
-    if tp == 1:
-        return
-    heads = _int(config, "num_attention_heads")
-    if heads % tp:
-        fits = ", ".join(str(d) for d in range(1, 17) if heads % d == 0)
-        raise ModelSpecError(
-            f"--tensor-parallel-size {tp} does not divide the model's {heads} attention heads, and vLLM refuses "
-            f"it at start-up; use a size that divides {heads} (up to 16: {fits})"
-        )
-    if family != "standard":
-        return  # MLA and DeepSeek-V4 keep a full KV replica on every rank
-    kv_heads = _int(config, "num_key_value_heads", heads)
-    if kv_heads and (kv_heads % tp if kv_heads >= tp else tp % kv_heads):
-        raise ModelSpecError(
-            f"--tensor-parallel-size {tp} neither divides the model's {kv_heads} KV heads nor is a multiple of "
-            f"them, and vLLM's attention layers refuse it; use a divisor or a multiple of {kv_heads}"
-        )
 
 
 def mla_cuda_block_size(kv_cache_dtype: str) -> int:
@@ -189,31 +177,11 @@ def _layers_of(family: Family, config: Mapping[str, Any], settings: SpecSettings
     return layers, block
 
 
-MAX_LAYERS = 100_000
-"""More layers than any model has (the largest have a few hundred): a config past it is refused
-before a spec is built for each layer (10**9 layers would take minutes, 10**20 overflow)."""
-
-
-def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
-    value = config.get(key, default)
-    if value is None:
-        raise ModelSpecError(f"the model config has no {key!r}, which sizes the KV cache")
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ModelSpecError(f"{key!r} must be a non-negative integer, got {_shown(value)}")
-    return value
-
-
 def _layers(config: Mapping[str, Any]) -> int:
     n = _int(config, "num_hidden_layers")
     if n > MAX_LAYERS:
         raise ModelSpecError(f"num_hidden_layers is {n}, more than any model has (at most {MAX_LAYERS:,} planned)")
     return n
-
-
-def _shown(value: object, limit: int = 200) -> str:
-    """``repr(value)``, cut to ``limit`` characters: a message names a value, it does not dump it."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"
 
 
 def auto_dtype(config: Mapping[str, Any]) -> str:
@@ -289,8 +257,12 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
     n = _layers(config)
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads", heads)
-    # vLLM's `head_dim or hidden_size // heads`: an absent or zero head_dim is derived.
-    head_dim = _int(config, "head_dim") if config.get("head_dim") else _int(config, "hidden_size") // max(heads, 1)
+    # vLLM's `head_dim or hidden_size // heads`: an absent or zero head_dim is derived (always, for Qwen2).
+    cls = config_class(config)
+    if config.get("head_dim") and not (cls is not None and cls.head_dim_from_hidden):
+        head_dim = _int(config, "head_dim")
+    else:
+        head_dim = _int(config, "hidden_size") // max(heads, 1)
     dtype_bytes = _kv_dtype_bytes(config, s)
     # vLLM's attention layers: max(1, total_kv_heads // tp) heads per rank (replicated
     # when there are fewer KV heads than ranks).
@@ -314,28 +286,61 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
 
 
 def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full", "sliding"]]:
+    """Which layers slide, as vLLM's model class for the config's model type decides (``class_defaults``: from
+    ``layer_types`` one by one, all alike from the model-level window, or every other layer); for a model type
+    the plan does not know, as ``layer_types`` says, and without it a window is refused (the class decides)."""
+    named = _named_layer_kinds(config, n)
+    cls = config_class(config)
+    window = config.get("sliding_window")
+    if cls is None:
+        if named is not None:
+            return named
+        if window and config.get("use_sliding_window", True):
+            raise ModelSpecError(
+                "the config sets sliding_window without layer_types, so which layers slide depends on "
+                "the model class; add a layer_types list (full_attention / sliding_attention per layer)"
+            )
+        return ["full"] * n
+    # vLLM turns a window of 0 off; the model-level window (CacheConfig.sliding_window) is set only when no
+    # layer_types are given or all of them slide.
+    slides = isinstance(window, int) and not isinstance(window, bool) and window > 0
+    model_level: Literal["full", "sliding"] = (
+        "sliding" if slides and (named is None or all(k == "sliding" for k in named)) else "full")
+    if cls.windows == "even_layers":  # the odd ones take the model-level window
+        return ["sliding" if i % 2 == 0 and slides else model_level for i in range(n)]
+    if cls.windows == "model_level":
+        layers = config.get("num_hidden_layers")
+        if named is not None and len(set(named)) > 1 and config.get("max_window_layers") != layers:
+            raise ModelSpecError(
+                f"layer_types mix sliding and full attention, which vLLM's {config.get('model_type')} model refuses "
+                f"at start-up unless max_window_layers ({_shown(config.get('max_window_layers'))}) is "
+                f"num_hidden_layers ({layers}); its layers all take the model's one window or none"
+            )
+        return [model_level] * n
+    if named is None:
+        return [model_level] * n
+    return ["sliding" if k == "sliding" and slides else "full" for k in named]
+
+
+def _named_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full", "sliding"]] | None:
+    """``layer_types`` as full/sliding per layer (the first ``n``), or None without it."""
     types = config.get("layer_types")
-    if types is not None:
-        if not isinstance(types, list) or len(types) < n:
-            raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {_shown(types)}")
-        kinds: list[Literal["full", "sliding"]] = []
-        for i, t in enumerate(types[:n]):
-            if t == "full_attention":
-                kinds.append("full")
-            elif t == "sliding_attention":
-                kinds.append("sliding")
-            else:
-                raise ModelSpecError(
-                    f"layer_types[{i}] is {t!r}: kvpolicy plans full_attention and sliding_attention "
-                    "layers only (no linear attention, Mamba or chunked-local layers)"
-                )
-        return kinds
-    if config.get("sliding_window") and config.get("use_sliding_window", True):
-        raise ModelSpecError(
-            "the config sets sliding_window without layer_types, so which layers slide depends on "
-            "the model class; add a layer_types list (full_attention / sliding_attention per layer)"
-        )
-    return ["full"] * n
+    if types is None:
+        return None
+    if not isinstance(types, list) or len(types) < n:
+        raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {_shown(types)}")
+    kinds: list[Literal["full", "sliding"]] = []
+    for i, t in enumerate(types[:n]):
+        if t == "full_attention":
+            kinds.append("full")
+        elif t == "sliding_attention":
+            kinds.append("sliding")
+        else:
+            raise ModelSpecError(
+                f"layer_types[{i}] is {_shown(t)}: kvpolicy plans full_attention and sliding_attention "
+                "layers only (no linear attention, Mamba or chunked-local layers)"
+            )
+    return kinds
 
 
 def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:

@@ -13,11 +13,12 @@ vLLM 0.32 and 0.33 derive it the same way from the (text) config (``ModelConfig`
 4. a ``--max-model-len`` above the derived length is refused unless it is at most
    ``model_max_length`` or ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set.
 
-Only what config.json says is read: a key it lacks is taken as absent, where transformers'
-config class may hold a default (Qwen3's 32768, Phi-3's original length). So without
-``max_position_embeddings`` (or a ``model_max_length``, which decides alone) the default is not
-derived and the plan asks for ``--max-model-len``; the keys present still bound it from above (a
-class default can only lower the smallest), so a ``--max-model-len`` above them is refused.
+The config is read with its class's defaults (``class_defaults``: Qwen3's 32768) for the model types the
+plan knows; for another, a key config.json lacks is taken as absent, where its config class may hold a
+default (Phi-3's original length). So without ``max_position_embeddings`` (or a ``model_max_length``, which
+decides alone) the default is then not derived and the plan asks for ``--max-model-len``; the keys present
+still bound it from above (a class default can only lower the smallest), so a ``--max-model-len`` above them
+is refused.
 Pure code; tests/vllm/test_vllm_max_model_len.py compares it with vLLM's own resolution over
 random configs.
 """
@@ -29,7 +30,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .hf_config import ModelSpecError, _shown
+from .class_defaults import class_default
+
+from .config_values import ModelSpecError
+from .config_values import shown as _shown
 
 LENGTH_KEYS = (
     "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -65,8 +69,10 @@ class ModelLength:
     longrope_original: bool = False
     """The default is longrope's original_max_position_embeddings."""
     known: bool = True
-    """config.json says enough for ``derived`` and ``default`` to be vLLM's; else ``derived`` only bounds
-    vLLM's from above (transformers' class default for max_position_embeddings may be smaller)."""
+    """The config says enough for ``derived`` and ``default`` to be vLLM's; else ``derived`` only bounds
+    vLLM's from above (the class default for max_position_embeddings, unknown here, may be smaller)."""
+    key_class: str | None = None
+    """The config class whose default ``key`` is (``class_defaults``); None: the file gave it."""
 
     @property
     def why(self) -> str:
@@ -74,7 +80,8 @@ class ModelLength:
         if self.longrope_original:
             return "the config's original_max_position_embeddings, as vLLM serves longrope models"
         scaled = f" × RoPE factor {_number(self.factor)}" if self.factor != 1 else ""
-        return f"the config's {self.key}{scaled}, as vLLM derives it"
+        given = f"{self.key_class}'s default {self.key}" if self.key_class else f"the config's {self.key}"
+        return f"{given}{scaled}, as vLLM derives it"
 
 
 def model_length(config: Mapping[str, Any]) -> ModelLength | None:
@@ -96,7 +103,7 @@ def model_length(config: Mapping[str, Any]) -> ModelLength | None:
     default = _original_length(text, derived) if longrope else int(derived)
     original = longrope and "original_max_position_embeddings" in text
     known = lengths["max_position_embeddings"] is not None or bool(model_max)
-    return ModelLength(derived, key, factor, default, model_max, original, known)
+    return ModelLength(derived, key, factor, default, model_max, original, known, class_default(text, key))
 
 
 def check_max_model_len(length: ModelLength | None, asked: int, allow_long: bool | None = None) -> None:
