@@ -77,6 +77,28 @@ SYMBOLS: tuple[tuple[str, str], ...] = (
     ("vllm.config.model", "_is_valid_dtype"),
     ("vllm.config.model", "_check_valid_dtype"),
     ("vllm.transformers_utils.model_arch_config_convertor", "ModelArchConfigConvertorBase.get_torch_dtype"),
+    # what a model refuses to build for a tensor parallel size (planning/model_build.py; tests/vllm runs 0.33's)
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "pad_vocab_size"),
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "vocab_range_from_global_vocab_size"),
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding.__init__"),
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding._get_indices"),
+    ("vllm.model_executor.layers.linear", "MergedColumnParallelLinear.__init__"),
+    ("vllm.model_executor.layers.linear", "QKVParallelLinear.__init__"),
+    ("vllm.model_executor.layers.fused_moe.config", "FusedMoEConfig.__post_init__"),
+    ("vllm.model_executor.models.llama", "LlamaMLP.__init__"),
+    ("vllm.model_executor.models.llama", "LlamaAttention.__init__"),
+    ("vllm.model_executor.models.mistral", "MistralMLP.__init__"),
+    ("vllm.model_executor.models.qwen2", "Qwen2MLP.__init__"),
+    ("vllm.model_executor.models.qwen3", "Qwen3Attention.__init__"),
+    ("vllm.model_executor.models.qwen3", "Qwen3DecoderLayer.__init__"),
+    ("vllm.model_executor.models.gemma2", "Gemma2MLP.__init__"),
+    ("vllm.model_executor.models.gemma3", "Gemma3MLP.__init__"),
+    ("vllm.model_executor.models.gemma3", "Gemma3Attention.__init__"),
+    ("vllm.model_executor.models.gemma3", "Gemma3DecoderLayer.__init__"),
+    ("vllm.model_executor.models.gpt_oss", "MLPBlock.__init__"),
+    ("vllm.model_executor.models.deepseek_v2", "DeepseekV2MLP.__init__"),
+    ("vllm.model_executor.models.deepseek_v2", "DeepseekV2MoE.__init__"),
+    ("vllm.model_executor.models.deepseek_v2", "DeepseekV2DecoderLayer.__init__"),
 )
 
 # Instance attributes the adapter reads, set in __init__ (not visible on the class).
