@@ -26,6 +26,7 @@ from kvpolicy.adapters.vllm_adapter.planning.max_len import (
     ALLOW_LONG_ENV,
     LENGTH_KEYS,
     check_max_model_len,
+    check_rope_parameters,
     model_length,
 )
 from tests.vllm.vllm_paths import CONFIGS
@@ -140,7 +141,8 @@ def test_max_model_len_and_dtype_resolve_as_vllms(tmp_path_factory: pytest.TempP
     except ValueError as exc:  # vLLM refuses the launch: so must the plan, for its reason
         theirs = exc
     plan_config = load_config(folder / "config.json")
-    try:  # in vLLM's order: the model's dtype, then its length
+    try:  # in vLLM's order: the config's RoPE parameters as it loads it, the model's dtype, then its length
+        check_rope_parameters(plan_config)
         served = model_dtype(plan_config, dtype or "auto")
         length = model_length(plan_config)
         assert length is not None and length.known
@@ -198,3 +200,22 @@ def test_without_max_position_embeddings_the_class_default_is_vllms(tmp_path_fac
         event("known: the default is vLLM's")
     else:
         event("unknown: accepted as vLLM accepts it")
+
+
+def test_a_rope_conflict_is_refused_before_the_dtype_as_vllm_loads_the_config(tmp_path: Path) -> None:
+    """Gemma-3 lays its legacy ``type`` over a ``rope_type`` "default": vLLM refuses the conflict as it loads
+    the config, before it looks at a float16 it also refuses for Gemma-3; the plan names the same reason."""
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+
+    config = {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 512, "hidden_size": 256,
+        "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+        "head_dim": 256, "sliding_window": 512, "layer_types": ["sliding_attention", "full_attention"],
+        "max_position_embeddings": 4096, "rope_scaling": {"type": "linear", "factor": 1},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="Found conflicts") as theirs:
+        resolve(tmp_path, None, "half")
+    with pytest.raises(ModelSpecError) as ours:
+        make_plan(load_config(tmp_path / "config.json"), PlanSettings(dtype="half", max_model_len=4096), num_blocks=16)
+    assert refusal(theirs.value, ours.value) == "Found conflicts"

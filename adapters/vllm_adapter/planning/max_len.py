@@ -106,6 +106,13 @@ def model_length(config: Mapping[str, Any]) -> ModelLength | None:
     return ModelLength(derived, key, factor, default, model_max, original, known, class_default(text, key))
 
 
+def check_rope_parameters(config: Mapping[str, Any]) -> None:
+    """Refuse the RoPE parameters vLLM refuses as it loads the config (a ``rope_type`` and a ``type`` that
+    conflict): ModelSpecError. vLLM loads the config before it checks the dtype or the length."""
+    for _ in _rope_parameters(_text_config(config)):
+        pass
+
+
 def check_max_model_len(length: ModelLength | None, asked: int, allow_long: bool | None = None) -> None:
     """Refuse an asked --max-model-len as vLLM does (ModelSpecError), unless the override is set."""
     if length is None or asked <= length.derived:
