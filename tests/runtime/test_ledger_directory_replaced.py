@@ -35,7 +35,7 @@ REPLACED = "was removed and made again"
 
 
 @pytest.fixture
-def engines() -> Iterator[list[subprocess.Popen[str]]]:
+def engine_processes() -> Iterator[list[subprocess.Popen[str]]]:
     started: list[subprocess.Popen[str]] = []
     yield started
     for proc in started:
@@ -66,9 +66,9 @@ def held_by_this_process(path: Path) -> list[str]:
     return maps + fds
 
 
-def test_a_replaced_directory_is_let_go_of_and_its_successor_read_afresh(ledger_dir, engines, caplog):
+def test_a_replaced_directory_is_let_go_of_and_its_successor_read_afresh(ledger_dir, engine_processes, caplog):
     caplog.set_level(logging.WARNING, logger="kvpolicy.ledger")
-    first = engine(ledger_dir, engines)
+    first = engine(ledger_dir, engine_processes)
     ledger = LedgerDir(ledger_dir)
     try:
         before = ledger.read()
@@ -77,7 +77,7 @@ def test_a_replaced_directory_is_let_go_of_and_its_successor_read_afresh(ledger_
         assert any(line.endswith(str(segment)) for line in Path("/proc/self/maps").read_text().splitlines())
 
         shutil.rmtree(ledger_dir)  # the first engine keeps its mapping of the removed segment, and runs on
-        second = engine(ledger_dir, engines)  # its attach makes the directory again, and a segment of the same name
+        second = engine(ledger_dir, engine_processes)  # its attach makes the directory again, and a segment of the same name
 
         view = ledger.read()
         assert view.directory != before.directory
@@ -101,9 +101,9 @@ def test_a_replaced_directory_is_let_go_of_and_its_successor_read_afresh(ledger_
                        "segments are out of reach (restart them to join the new directory)")
 
 
-def test_a_removed_directory_is_let_go_of_at_once(ledger_dir, engines, caplog):
+def test_a_removed_directory_is_let_go_of_at_once(ledger_dir, engine_processes, caplog):
     caplog.set_level(logging.WARNING, logger="kvpolicy.ledger")
-    engine(ledger_dir, engines)
+    engine(ledger_dir, engine_processes)
     with LedgerDir(ledger_dir) as ledger:
         assert len(ledger.read().instances()) == 1
         shutil.rmtree(ledger_dir)
