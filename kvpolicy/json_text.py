@@ -349,6 +349,8 @@ def _syntax_hint(exc: json.JSONDecodeError, text: str) -> str | None:
         return 'JSON writes keys in double quotes: "name"'
     if exc.msg == "Expecting ',' delimiter":
         return "a comma is missing before this, or a closing ] or } before it"
+    if exc.msg == "Expecting value":
+        return 'a value goes here: a number, "a string", true, false, null, [...] or {...}'
     return None
 
 

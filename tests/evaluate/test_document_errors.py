@@ -87,6 +87,7 @@ def test_bytes_that_are_not_utf8_are_named_at_the_first_of_them(tmp_path):
      "a string cannot hold a line break or a tab as it is: write \\n or \\t"),
     ('{"gpus": [', (1, 11), "Expecting value", "the document ends early: is a value or a closing ] or } missing?"),
     ("", (1, 1), "Expecting value", "the file is empty: write a JSON object, {...}"),
+    ('{"gpus": }', (1, 10), "Expecting value", 'a value goes here: a number, "a string", true, false, null, [...] or {...}'),
     ('\ufeff{"schema": 1}', (1, 1), "Unexpected UTF-8 BOM (decode using utf-8-sig)",
      "save the file as UTF-8 without a byte order mark"),
     ('{"a" 1}', (1, 6), "Expecting ':' delimiter", None),
