@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from kvpolicy.diagnostics import Diagnostic, Severity, Span
+from kvpolicy.diagnostics import Diagnostic, DocumentedCode, Severity, Span
 
 Phase = Literal["parse", "check", "suppression"]
 PARSE: Phase = "parse"
@@ -36,7 +36,7 @@ _NAME = re.compile(r"[a-z]+(-[a-z0-9]+)*")
 
 
 @dataclass(frozen=True)
-class Rule:
+class Rule(DocumentedCode):
     """One diagnostic kvpolicy can emit: its identity and its documentation."""
 
     code: str
@@ -69,19 +69,6 @@ class Rule:
             message=message,
             hint=hint,
         )
-
-    def summary(self) -> str:
-        """The documentation's first line: what the rule reports, in one sentence."""
-        return self.doc.splitlines()[0]
-
-    def sections(self) -> dict[str, str]:
-        """The documentation's sections by heading (``## What it does`` ...), stripped."""
-        parts = re.split(r"^## (.+)$", self.doc, flags=re.M)
-        return {parts[i].strip(): parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-
-    def anchor(self) -> str:
-        """The rule's anchor in docs/lint-rules.md: GitHub's for the heading ``KV001 unknown-unit``."""
-        return f"{self.code.lower()}-{self.name}"
 
 
 def index(rules: Iterable[Rule]) -> dict[str, Rule]:

@@ -28,6 +28,28 @@ def _escape(match: re.Match[str]) -> str:
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
+class DocumentedCode:
+    """A stable code with its reference documentation (a lint rule's, a document error's): ``doc`` is a
+    summary sentence, a blank line, then sections under ``## Heading`` lines."""
+
+    code: str
+    name: str
+    doc: str
+
+    def summary(self) -> str:
+        """The documentation's first line: what the code reports, in one sentence."""
+        return self.doc.splitlines()[0]
+
+    def sections(self) -> dict[str, str]:
+        """The documentation's sections by heading, stripped."""
+        parts = re.split(r"^## (.+)$", self.doc, flags=re.M)
+        return {parts[i].strip(): parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
+
+    def anchor(self) -> str:
+        """Its anchor in the generated reference: GitHub's for the heading ``KV001 unknown-unit``."""
+        return f"{self.code.lower()}-{self.name}"
+
+
 class Span(BaseModel):
     """A 1-based, end-exclusive region of the source: ``line:col`` to ``end_line:end_col``."""
 

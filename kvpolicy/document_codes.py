@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpolicy import generated
-from kvpolicy.diagnostics import Diagnostic, Severity
+from kvpolicy.diagnostics import Diagnostic, DocumentedCode, Severity
 from kvpolicy.paths import MAX_INPUT_BYTES
 from kvpolicy.units import MiB
 
@@ -38,7 +38,7 @@ _NAME = re.compile(r"[a-z]+(-[a-z0-9]+)*")
 
 
 @dataclass(frozen=True)
-class DocumentCode:
+class DocumentCode(DocumentedCode):
     """One kind of problem a document can have: its identity and its documentation."""
 
     code: str
@@ -63,18 +63,6 @@ class DocumentCode:
         """An error of this code in ``file`` from ``start`` to ``end`` (1-based line and column, end exclusive)."""
         return Diagnostic(file=file, line=start[0], col=start[1], end_line=end[0], end_col=end[1], code=self.code,
                           name=self.name, severity=Severity.ERROR, message=message, hint=hint)
-
-    def summary(self) -> str:
-        return self.doc.splitlines()[0]
-
-    def sections(self) -> dict[str, str]:
-        """The documentation's sections by heading, stripped."""
-        parts = re.split(r"^## (.+)$", self.doc, flags=re.M)
-        return {parts[i].strip(): parts[i + 1].strip() for i in range(1, len(parts) - 1, 2)}
-
-    def anchor(self) -> str:
-        """Its anchor in docs/document-errors.md: GitHub's for the heading ``KVD001 not-utf8``."""
-        return f"{self.code.lower()}-{self.name}"
 
 
 _DEFINED: list[DocumentCode] = []
