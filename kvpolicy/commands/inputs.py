@@ -138,9 +138,7 @@ def _state_file(command: str, path: Path) -> State:
 
 def _refuse(command: str, problems: Problems) -> NoReturn:
     """An input with problems: its diagnostics printed (and reported for the error document), exit 1."""
-    if not problems.diagnostics:
-        _fail(command, str(problems), 1)
-    refuse_document(problems)
+    refuse_document(problems, command)
     raise InputFailed(1)
 
 

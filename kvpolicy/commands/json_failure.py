@@ -86,9 +86,13 @@ class Problems(Protocol):
     def more(self) -> int: ...
 
 
-def refuse_document(problems: Problems) -> None:
+def refuse_document(problems: Problems, command: str) -> None:
     """Print the problems of a document to standard error, as ``kvpolicy lint`` prints diagnostics
-    (and the count of those not shown), and ``report`` them."""
+    (and the count of those not shown), and ``report`` them; problems without diagnostics as
+    ``kvpolicy COMMAND: MESSAGE``."""
+    if not problems.diagnostics:
+        print(f"kvpolicy {command}: {problems}", file=sys.stderr)
+        return
     print(render_problems(problems.diagnostics, problems.more), file=sys.stderr)
     report(problems.diagnostics, problems.more)
 

@@ -53,12 +53,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvpolicy lint: {exc}", file=sys.stderr)
         return 2
     except FactsError as exc:
-        if not exc.diagnostics:
-            print(f"kvpolicy lint: {exc}", file=sys.stderr)
-            return 1
         from kvpolicy.commands.json_failure import refuse_document
 
-        refuse_document(exc)
+        refuse_document(exc, "lint")
         return 1
     diagnostics: list[Diagnostic] = []
     sources: dict[str, list[str]] = {}

@@ -114,10 +114,10 @@ class _NotStarted(Exception):
 
     def say(self) -> None:
         """Print why on standard error: the input's diagnostics (reported for the error document), or the message."""
-        if self.problems is not None and self.problems.diagnostics:
+        if self.problems is not None:
             from kvpolicy.commands.json_failure import refuse_document
 
-            refuse_document(self.problems)
+            refuse_document(self.problems, "run")
         else:
             print(f"kvpolicy run: {self}", file=sys.stderr)
 
