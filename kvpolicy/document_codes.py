@@ -216,9 +216,10 @@ VALUE_NOT_ALLOWED = _define(
 
     ## What it covers
     A negative size, a size without a unit (`"80"`), a choice that is not one of the choices, a
-    number that is not finite (`NaN`, `1e400`), and what the document says as a whole (two GPUs of
-    one id, an instance on a GPU the facts do not list: placed at the start of the document). The
-    message shows what was written; the place is the value.
+    number that is not finite (`NaN`, `1e400`), and a value that disagrees with the rest of the
+    document: an id an earlier GPU or instance has (placed at the later one), an instance on a GPU
+    the facts do not list (placed at its `gpu`). The message shows what was written; the place is
+    the value.
 
     ## Fix
     Write a value in range: the message says which.

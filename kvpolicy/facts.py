@@ -9,12 +9,14 @@ Field docstrings are the descriptions of the published JSON Schema
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Annotated, Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, NonNegativeInt, PositiveInt, WithJsonSchema, model_validator
 
 from kvpolicy.units import MAX_SIZE, SIZE_UNITS, parse_size
+from kvpolicy.validation import Conflict, Conflicts
 
 FACTS_SCHEMA: Final = 1
 
@@ -149,6 +151,16 @@ class InstanceFacts(_Frozen):
         return any(p.owner == "runtime" for p in self.pools.values())
 
 
+def _repeated_ids(field: str, ids: list[str], hint: str) -> Iterable[Conflict]:
+    """A conflict at each id of ``field``'s entries that an earlier entry has already."""
+    first: dict[str, int] = {}
+    for index, id_ in enumerate(ids):
+        if id_ in first:
+            yield Conflict((field, index, "id"), f"{json.dumps(id_)} is {field}.{first[id_]}'s id too", hint)
+        else:
+            first[id_] = index
+
+
 class Facts(_Frozen):
     """What is true now, per GPU and per engine instance: the evaluator's input."""
 
@@ -165,20 +177,18 @@ class Facts(_Frozen):
 
     @model_validator(mode="after")
     def _consistent(self) -> Facts:
-        gpu_ids = [g.id for g in self.gpus]
-        if len(set(gpu_ids)) != len(gpu_ids):
-            raise ValueError(f"GPU ids are not unique: {sorted(gpu_ids)}")
-        ids = [i.id for i in self.instances]
-        if len(set(ids)) != len(ids):
-            dup = sorted({i for i in ids if ids.count(i) > 1})
-            raise ValueError(f"instance ids are not unique: {dup}")
-        known = set(gpu_ids)
-        for inst in self.instances:
+        """Ids that name one GPU or instance each, and instances on GPUs the facts list: every value that
+        disagrees is named at its own place (``Conflicts``)."""
+        conflicts = [*_repeated_ids("gpus", [g.id for g in self.gpus], "each GPU is listed once"),
+                     *_repeated_ids("instances", [i.id for i in self.instances],
+                                    "each engine process is listed once per GPU it uses, under an id of its own")]
+        known = [g.id for g in self.gpus]
+        for index, inst in enumerate(self.instances):
             if inst.gpu not in known:
-                raise ValueError(
-                    f"instance {inst.id!r} is on GPU {inst.gpu!r}, which the facts do not list "
-                    f"(known: {sorted(known) or 'none'})"
-                )
+                hint = f"the GPUs listed: {', '.join(map(json.dumps, dict.fromkeys(known)))}" if known else "list it under gpus"
+                conflicts.append(Conflict(("instances", index, "gpu"), f"{json.dumps(inst.gpu)} is not a GPU of these facts", hint))
+        if conflicts:
+            raise Conflicts(conflicts)
         return self
 
     def to_json(self) -> str:

@@ -12,6 +12,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -70,9 +71,43 @@ def describe(exc: ValidationError, model: type[BaseModel], limit: int = 5) -> st
     return shown + (f"; and {len(unique) - limit} more" if len(unique) > limit else "")
 
 
+@dataclass(frozen=True)
+class Conflict:
+    """One value that does not agree with the rest of its document (an id given twice), at ``path``
+    below the model whose validator found it."""
+
+    path: tuple[str | int, ...]
+    message: str
+    """What is wrong with the value there: ``"cuda:0" is also gpus.0's id``."""
+    hint: str | None = None
+
+
+class Conflicts(ValueError):
+    """What a model's validator raises for values that disagree with each other, each at its own place
+    (pydantic would place a validator's error at the model as a whole)."""
+
+    def __init__(self, conflicts: Sequence[Conflict]) -> None:
+        self.conflicts = tuple(conflicts)
+        super().__init__("; ".join(f"{'.'.join(map(str, c.path))}: {c.message}" for c in self.conflicts))
+
+
 def problems(exc: ValidationError, model: type[BaseModel]) -> list[Problem]:
-    """Every error of ``exc`` (raised validating ``model``) as a ``Problem``, in pydantic's order."""
-    return [problem(error, model) for error in exc.errors()]
+    """Every error of ``exc`` (raised validating ``model``) as ``Problem``s, in pydantic's order."""
+    found: list[Problem] = []
+    for error in exc.errors():
+        raised = (error.get("ctx") or {}).get("error")
+        if isinstance(raised, Conflicts):
+            found.extend(_conflict(error, model, c) for c in raised.conflicts)
+        else:
+            found.append(problem(error, model))
+    return found
+
+
+def _conflict(error: Any, model: type[BaseModel], conflict: Conflict) -> Problem:
+    where, _, _ = _walk(model, (*error["loc"], *conflict.path))
+    message = f"{'.'.join(where)}: {conflict.message}"
+    inline = f"{message} ({conflict.hint})" if conflict.hint else message
+    return Problem("value-not-allowed", tuple(where), message, conflict.hint, inline)
 
 
 def problem(error: Any, model: type[BaseModel]) -> Problem:

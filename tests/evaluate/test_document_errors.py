@@ -206,12 +206,32 @@ def test_a_value_out_of_range_is_named_where_it_is_with_what_was_written():
     assert at(text, d).startswith("-5}") and (d.end_line, d.end_col) == (2, 42)
 
 
-def test_choices_are_written_as_json_and_what_the_document_says_as_a_whole_is_at_its_start():
+def test_choices_are_written_as_json():
     text = ('{"schema": 1, "gpus": [{"id": "cuda:0", "capacity": 1}],\n "instances": [{"id": "a", "model": "m", '
             '"gpu": "cuda:0",\n  "pools": {"swa": {"owner": "rt", "bytes": 1}}}]}')
     assert found(text) == [(3, 30, "KVD008", 'instances.0.pools.swa.owner: must be "runtime" or "elastic", not "rt"')]
-    twice = '{"gpus": [{"id": "g", "capacity": 1}, {"id": "g", "capacity": 2}]}'
-    assert found(twice) == [(1, 1, "KVD008", "(top level): GPU ids are not unique: ['g', 'g']")]
+
+
+def test_values_that_disagree_are_each_named_at_the_later_or_the_referring_one():
+    text = ('{"gpus": [{"id": "g", "capacity": 1},\n          {"id": "g", "capacity": 2}],\n'
+            ' "instances": [{"id": "a", "model": "m", "gpu": "h"},\n               {"id": "a", "model": "m", "gpu": "g"}]}')
+    error = refusal(text)
+    assert found(text) == [(2, 18, "KVD008", "gpus.1.id: \"g\" is gpus.0's id too"),
+                           (3, 49, "KVD008", 'instances.0.gpu: "h" is not a GPU of these facts'),
+                           (4, 23, "KVD008", "instances.1.id: \"a\" is instances.0's id too")]
+    assert [at(text, d)[:3] for d in error.diagnostics] == ['"g"', '"h"', '"a"']
+    assert [d.hint for d in error.diagnostics] == [
+        "each GPU is listed once", 'the GPUs listed: "g"',
+        "each engine process is listed once per GPU it uses, under an id of its own"]
+    alone = refusal('{"instances": [{"id": "a", "model": "m", "gpu": "h"}]}')
+    assert alone.diagnostics[0].hint == "list it under gpus"
+
+
+def test_values_that_disagree_in_a_status_document_are_placed_in_it():
+    status = {"written_at": 5.0, "gpus": [{"id": "g", "capacity": 1, "guard": 0, "budget": 1},
+                                          {"id": "g", "capacity": 1, "guard": 0, "budget": 1}], "instances": []}
+    (d,) = refusal(json.dumps(status)).diagnostics
+    assert d.message == "gpus.1.id: \"g\" is gpus.0's id too" and at(json.dumps(status), d).startswith('"g", "capacity"')
 
 
 # ---- KVD009 missing-field, KVD010 unknown-key -----------------------------------------------

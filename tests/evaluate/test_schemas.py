@@ -44,5 +44,5 @@ def test_facts_schema_accepts_the_design_example():
     }
     facts = Facts.model_validate(example)
     assert json.loads(facts.to_json())["instances"][1]["engine_id"] == "qwen"
-    with pytest.raises(ValueError, match="not list"):
+    with pytest.raises(ValueError, match="is not a GPU of these facts"):
         Facts.model_validate({**example, "gpus": []})
