@@ -8,7 +8,9 @@ reader of such files (facts, model configs, the controller's status) reports the
 The documents people write (facts, policy tests, saved states: ``load_document``) are refused
 with a diagnostic per problem, each with its code (``kvpolicy.document_codes``, KVD001...), its
 ``file:line:col``, the user's words and a hint: the problems of validation each at the value, key
-or object it is about, a document of another kind as that kind.
+or object it is about, a document of another kind as that kind. A JSON object kvpolicy has no
+schema for (a model's ``config.json``: ``read_json_object``) is refused alike for its text, and
+keeps its text so that whoever reads its values can place the problems it finds in them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
     from kvpolicy.json_positions import JsonDocument
+    from kvpolicy.validation import Problem
 
 M = TypeVar("M", bound="BaseModel")
 
@@ -69,11 +73,12 @@ class JsonInvalid(ValueError):
             return f"{source}:{self.line}:{self.col}: not valid JSON: {self.problem}"
         return f"{source}: not {expected}: {self.problem}"
 
-    def diagnostic(self, source: object) -> Diagnostic:
-        """This problem as a diagnostic of ``source`` (at 1:1 where the text does not say where)."""
+    def diagnostic(self, source: object, hint: str | None = None) -> Diagnostic:
+        """This problem as a diagnostic of ``source`` (at 1:1 where the text does not say where), with
+        ``hint`` instead of its own if given."""
         start = self.start or (1, 1)
         message = f"not valid JSON: {self.problem}" if self.code is JSON_SYNTAX else self.problem
-        return self.code.at(str(source), start, self.end or (start[0], start[1] + 1), message, self.hint)
+        return self.code.at(str(source), start, self.end or (start[0], start[1] + 1), message, hint or self.hint)
 
 
 def parse_json(text: str) -> Any:
@@ -99,9 +104,10 @@ def decode_json_text(data: bytes) -> str:
                           hint="save the file as UTF-8") from None
 
 
-def read_document_text(path: Path | str) -> str:
-    """The text of a document file people write (facts, a policy test, a state): ``OSError`` as
-    ``open`` raises it; ``DocumentInvalid`` over ``MAX_INPUT_BYTES`` (KVD003) or not UTF-8 (KVD001)."""
+def read_document_text(path: Path | str, *, what: str = "facts, policy test or state file") -> str:
+    """The text of a document file people write (facts, a policy test, a state; ``what`` names the kind in a
+    hint): ``OSError`` as ``open`` raises it; ``DocumentInvalid`` over ``MAX_INPUT_BYTES`` (KVD003) or not
+    UTF-8 (KVD001)."""
     data = read_bounded(path, MAX_INPUT_BYTES)
     if len(data) > MAX_INPUT_BYTES:
         kept = data[:MAX_INPUT_BYTES]
@@ -109,7 +115,7 @@ def read_document_text(path: Path | str) -> str:
         start = (kept.count(b"\n") + 1, len(kept[line_start:].decode("utf-8", errors="replace")) + 1)
         raise DocumentInvalid([DOCUMENT_TOO_LARGE.at(
             str(path), start, (start[0], start[1] + 1), f"over {MAX_INPUT_BYTES // MiB} MiB: not read further",
-            "no facts, policy test or state file is near this size: is it the right file?")])
+            _unlike(what, "is near this size"))])
     try:
         return decode_json_text(data)
     except JsonInvalid as exc:
@@ -128,6 +134,12 @@ class DocumentInvalid(ValueError):
 
     def render(self, *, hints: bool = True) -> str:
         return render_problems(self.diagnostics, self.more, hints=hints)
+
+
+def refused(diagnostics: Iterable[Diagnostic]) -> DocumentInvalid:
+    """A document's ``diagnostics`` (each once) as its refusal: in the order of the text, past ``MAX_SHOWN`` counted."""
+    shown = sorted(dict.fromkeys(diagnostics), key=Diagnostic.sort_key)
+    return DocumentInvalid(shown[:MAX_SHOWN], max(len(shown) - MAX_SHOWN, 0))
 
 
 def render_problems(diagnostics: Sequence[Diagnostic], more: int = 0, *, hints: bool = True) -> str:
@@ -189,12 +201,7 @@ def load_document(model: type[M], text: str, source: object, *, kind: DocumentKi
     from pydantic import ValidationError
 
     file = str(source)
-    try:
-        data = parse_json(text)
-    except JsonInvalid as exc:  # one nested too deeply for Python is deeper than MAX_DEPTH too: said so
-        raise (_too_deep(text, file) if exc.code is NESTED_TOO_DEEPLY else DocumentInvalid([exc.diagnostic(file)])) from None
-    if _deeper_than(data, MAX_DEPTH):
-        raise _too_deep(text, file) from None
+    data = parse_document(text, file)
     try:
         shaped = convert(data) if convert is not None else data
         return model.model_validate(shaped)
@@ -205,8 +212,65 @@ def load_document(model: type[M], text: str, source: object, *, kind: DocumentKi
         diagnostics = _refusals(exc, model, data, text, file, kind, locate if shaped is not data else None)
     except RecursionError:  # validating a document nested deeper than parsing it
         raise _too_deep(text, file) from None
-    shown = sorted(dict.fromkeys(diagnostics), key=Diagnostic.sort_key)
-    raise DocumentInvalid(shown[:MAX_SHOWN], len(shown) - MAX_SHOWN if len(shown) > MAX_SHOWN else 0)
+    raise refused(diagnostics)
+
+
+def parse_document(text: str, source: object, *, what: str | None = None) -> Any:
+    """``text`` parsed as a document of ``source``; ``DocumentInvalid`` where it is not valid JSON (KVD002), holds
+    a number too long (KVD005) or nests past ``MAX_DEPTH`` (KVD004), at the place. ``what`` names the kind of
+    file in the hints of the last two ("model config"; None: kvpolicy's own documents)."""
+    file = str(source)
+    try:
+        data = parse_json(text)
+    except JsonInvalid as exc:  # one nested too deeply for Python is deeper than MAX_DEPTH too: said so
+        if exc.code is NESTED_TOO_DEEPLY:
+            raise _too_deep(text, file, what) from None
+        hint = _unlike(what, "holds a number this long") if what and exc.code is NUMBER_TOO_LONG else None
+        raise DocumentInvalid([exc.diagnostic(file, hint)]) from None
+    if _deeper_than(data, MAX_DEPTH):
+        raise _too_deep(text, file, what)
+    return data
+
+
+@dataclass(frozen=True)
+class JsonObjectFile:
+    """A JSON object read from a file people write that kvpolicy has no schema of (a model's ``config.json``),
+    with its text: whoever reads its values places the problems it finds at the values they are about."""
+
+    file: str
+    text: str
+    data: dict[str, Any]
+
+    def diagnostic(self, code: DocumentCode, path: Sequence[object], message: str, hint: str | None = None) -> Diagnostic:
+        """``code``'s diagnostic at the value at ``path`` (as the file nests it: ``("text_config", "head_dim")``)
+        or its nearest ancestor; for ``MISSING_FIELD`` (``path`` ending with the field) at the ``{`` of the object
+        that lacks it."""
+        return code.at(self.file, *self._places.place(tuple(path), missing=code is MISSING_FIELD), message, hint)
+
+    def refusal(self, exc: ValidationError, model: type[BaseModel], *, at: tuple[str, ...] = (),
+                hint: str | None = None) -> DocumentInvalid:
+        """The problems of ``exc`` (raised validating ``model`` on the object at ``at``), each at its place."""
+        from kvpolicy.validation import problems
+
+        return refused(_diagnostics(problems(exc, model), self._places, self.file, hint, lambda path: (*at, *path)))
+
+    @cached_property
+    def _places(self) -> _Places:
+        return _Places(self.text)
+
+
+def read_json_object(path: Path | str, *, what: str) -> JsonObjectFile:
+    """The file ``path``, which holds a JSON object (a ``what``: "model config"): ``OSError`` as ``open`` raises
+    it; ``DocumentInvalid`` for the problems of its text (KVD001 to KVD005) or a value that is no object (KVD007)."""
+    from kvpolicy.validation import shown
+
+    file = str(path)
+    text = read_document_text(path, what=what)
+    data = parse_document(text, file, what=what)
+    if not isinstance(data, dict):
+        raise DocumentInvalid([WRONG_TYPE.at(file, *_Places(text).of(()), f"(top level): must be an object ({{...}}), not "
+                                             f"{shown(data)}", f"a {what} is one JSON object, {{...}}")])
+    return JsonObjectFile(file, text, data)
 
 
 def _refusals(exc: ValidationError, model: type[BaseModel], data: Any, text: str, file: str, kind: DocumentKind,
@@ -219,18 +283,23 @@ def _refusals(exc: ValidationError, model: type[BaseModel], data: Any, text: str
     if wrong is not None:
         path, message, hint = wrong
         return [WRONG_DOCUMENT.at(file, *places.of(path), message, hint)]
-    codes = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED, "missing-field": MISSING_FIELD,
-             "unknown-key": UNKNOWN_KEY}
-    schema_hint = f"kvpolicy schema {kind.schema} describes every field"
+    return _diagnostics(problems(exc, model), places, file, f"kvpolicy schema {kind.schema} describes every field", locate)
+
+
+_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED,
+                                   "missing-field": MISSING_FIELD, "unknown-key": UNKNOWN_KEY}
+"""The code of each kind of problem validation finds (``kvpolicy.validation.ProblemKind``)."""
+
+
+def _diagnostics(problems: Iterable[Problem], places: _Places, file: str, hint: str | None,
+                 locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None) -> list[Diagnostic]:
+    """A diagnostic per problem, at its place (``locate``: the path in the text of a path in what was validated);
+    ``hint`` for those without their own."""
     found = []
-    for problem in problems(exc, model):
+    for problem in problems:
         path = locate(problem.path) if locate is not None else problem.path
-        if problem.kind == "missing-field":  # its place: the object it is missing from, at its "{"
-            start, _ = places.of(path[:-1])
-            place = (start, (start[0], start[1] + 1))
-        else:
-            place = places.of(path, key=problem.is_key)
-        found.append(codes[problem.kind].at(file, *place, problem.message, problem.hint or schema_hint))
+        place = places.place(path, key=problem.is_key, missing=problem.kind == "missing-field")
+        found.append(_CODES[problem.kind].at(file, *place, problem.message, problem.hint or hint))
     return found
 
 
@@ -261,12 +330,20 @@ class _Places:
         self._text = text
         self._document: JsonDocument | None = parse(text)
 
-    def of(self, path: tuple[str, ...], *, key: bool = False) -> Place:
+    def of(self, path: tuple[object, ...], *, key: bool = False) -> Place:
         """The place of the value at ``path`` (with ``key``: its key's), or of its nearest ancestor."""
         if self._document is None:  # cannot be: the text parsed as JSON; then the start of it
             return (1, 1), (1, 2)
         start, end = self._document.span_of(path, key=key)
         return _line_col(self._text, start), _line_col(self._text, end)
+
+    def place(self, path: tuple[object, ...], *, key: bool = False, missing: bool = False) -> Place:
+        """``of(path)``; with ``missing`` (``path`` ends with a field not given): the ``{`` of the object it
+        is missing from."""
+        if not missing:
+            return self.of(path, key=key)
+        start, _ = self.of(path[:-1])
+        return start, (start[0], start[1] + 1)
 
 
 def _deeper_than(data: Any, depth: int) -> bool:
@@ -284,6 +361,11 @@ def _deeper_than(data: Any, depth: int) -> bool:
 
 
 _DEEP_HINT = "no kvpolicy document nests more than a dozen levels: is it the right file?"
+
+
+def _unlike(what: str, how: str) -> str:
+    """The hint for a file unlike any ``what`` in how it ``how``: probably another file than the one meant."""
+    return f"no {what} {how}: is it the right file?"
 _TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"|[\[\]{}]')
 
 
@@ -301,10 +383,11 @@ def _too_deep_at(text: str, depth: int = MAX_DEPTH) -> int:
     return 0
 
 
-def _too_deep(text: str, file: str) -> DocumentInvalid:
+def _too_deep(text: str, file: str, what: str | None = None) -> DocumentInvalid:
     start = _line_col(text, _too_deep_at(text))
+    hint = _unlike(what, "nests more than a dozen levels") if what else _DEEP_HINT
     return DocumentInvalid([NESTED_TOO_DEEPLY.at(file, start, (start[0], start[1] + 1),
-                                                 f"nested more than {MAX_DEPTH} levels deep", _DEEP_HINT)])
+                                                 f"nested more than {MAX_DEPTH} levels deep", hint)])
 
 
 def _number_too_long(text: str) -> JsonInvalid:

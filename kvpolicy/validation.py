@@ -67,8 +67,8 @@ class Problem:
 def describe(exc: ValidationError, model: type[BaseModel], limit: int = 5) -> str:
     """The first ``limit`` problems of ``exc`` (raised validating ``model``), ``; ``-separated."""
     unique = list(dict.fromkeys(p.inline for p in problems(exc, model)))
-    shown = "; ".join(unique[:limit])
-    return shown + (f"; and {len(unique) - limit} more" if len(unique) > limit else "")
+    joined = "; ".join(unique[:limit])
+    return joined + (f"; and {len(unique) - limit} more" if len(unique) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -146,12 +146,12 @@ def _described(key: str, field: FieldInfo) -> str | None:
 def _message(error: Any) -> str:
     """What is wrong with the value, with the value as it was written."""
     kind, ctx = error["type"], error.get("ctx") or {}
-    given = f", not {_shown(error['input'])}" if "input" in error else ""
+    given = f", not {shown(error['input'])}" if "input" in error else ""
     if kind in _KINDS:
         return f"must be {_KINDS[kind]}{given}"
     if kind in _BOUNDS:
         name, words = _BOUNDS[kind]
-        bound = _shown(ctx[name])
+        bound = shown(ctx[name])
         return f"must be {bound} {words}{given}" if words else f"must be {kind.split('_')[0]} than {bound}{given}"
     if kind == "literal_error":  # pydantic quotes the choices as Python does; people wrote them as JSON
         choices = _PYTHON_QUOTED.sub(r'"\1"', str(ctx["expected"]))
@@ -162,8 +162,8 @@ def _message(error: Any) -> str:
     return message
 
 
-def _shown(value: Any, width: int = 40) -> str:
-    """``value`` as JSON writes it, shortened to ``width`` characters."""
+def shown(value: Any, width: int = 40) -> str:
+    """``value`` as JSON writes it, shortened to ``width`` characters (as a message shows what was written)."""
     try:
         text = json.dumps(value, default=str)
     except (TypeError, ValueError):
