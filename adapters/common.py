@@ -13,6 +13,7 @@ from kvpolicy.adapters.errors import AdapterError
 from kvpolicy.adapters.settings import ENV_ENABLE, ENV_POLICY
 
 if TYPE_CHECKING:
+    from kvpolicy.json_text import JsonObjectFile
     from kvpolicy.policy.model import Policy
 
 
@@ -39,24 +40,13 @@ def require_attr(owner: object, name: str, hook: str) -> Any:
         ) from None
 
 
-def read_config_json(path: Path) -> dict[str, Any]:
-    """A model's ``config.json`` as the JSON object it holds. ``OSError`` when the file cannot be
-    read; ``ValueError`` naming the file and what is wrong when it is not a JSON object."""
-    from kvpolicy.json_text import JsonInvalid, parse_json  # here: a disabled plugin imports only the settings
-    from kvpolicy.paths import read_input
+def read_config_json(path: Path) -> JsonObjectFile:
+    """A model's ``config.json``: the JSON object it holds, with its text (to place the problems its values
+    have). ``OSError`` when the file cannot be read; ``DocumentInvalid`` with the diagnostics of what is wrong
+    with it as a JSON object (``kvpolicy.document_codes``: not UTF-8, too large, not JSON, not an object)."""
+    from kvpolicy.json_text import read_json_object  # here: a disabled plugin imports only the settings
 
-    raw = read_input(path)  # OSError; InputTooLarge (a ValueError) past 64 MiB: /dev/zero is no config
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (at byte offset {exc.start}): a config.json is JSON") from None
-    try:
-        data = parse_json(text)
-    except JsonInvalid as exc:
-        raise ValueError(exc.in_file(path, "a model config")) from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object (a config.json), got {type(data).__name__}")
-    return data
+    return read_json_object(path, what="model config")  # /dev/zero is no config: read to a limit
 
 
 def read_policy(path: Path) -> Policy:

@@ -1,9 +1,10 @@
 """The error codes of the JSON documents people write (the base layer): facts files, policy tests
-(``*.kvtest.json``), ``--state`` files and the controller's ``state.json``.
+(``*.kvtest.json``), ``--state`` files, the controller's ``state.json``, and a model's ``config.json``
+as ``kvpolicy plan --model-config`` reads it.
 
 Each code is stable (``KVD001``), with a kebab-case name and its documentation: a one-sentence
 summary, then the sections *What it covers* and *Fix*, and an example document with what kvpolicy
-prints for it (the tests run every example), from which ``docs/document-errors.md`` is generated
+prints for it (the tests run every example, with the command it names), from which ``docs/document-errors.md`` is generated
 (``python -m kvpolicy.document_codes``; ``--check`` says whether it is stale). ``KVD`` keeps them
 apart from the policy language's ``KVnnn`` (``kvpolicy.catalogue``): a document error is always an
 error, and no comment can silence it. Codes are never reused: a code that goes stays retired.
@@ -33,6 +34,7 @@ _DIGITS: int = getattr(sys.int_info, "default_max_str_digits", 4300)  # 3.10 has
 reference says this one, whatever the limit where it is generated."""
 
 DOC_SECTIONS = ("What it covers", "Fix")
+DEFAULT_EXAMPLE_COMMAND = "kvpolicy explain POLICY --facts facts.json"
 _CODE = re.compile(r"KVD\d{3}")
 _NAME = re.compile(r"[a-z]+(-[a-z0-9]+)*")
 
@@ -46,9 +48,12 @@ class DocumentCode(DocumentedCode):
     doc: str
     """The summary sentence, a blank line, then ``## What it covers`` and ``## Fix``."""
     example: str | bytes | None = None
-    """A facts file, ``facts.json``, that has this problem (None: one too large to show)."""
+    """A document that has this problem, ``example_file`` (None: one too large to show)."""
     output: str | None = None
-    """What ``kvpolicy explain POLICY --facts facts.json`` prints for ``example`` (the tests check it)."""
+    """What ``example_command`` prints for ``example`` (the tests check it)."""
+    example_file: str = "facts.json"
+    example_command: str = DEFAULT_EXAMPLE_COMMAND
+    """The command that reports the example (``POLICY``: a policy of the repository's)."""
 
     def __post_init__(self) -> None:
         if not _CODE.fullmatch(self.code):
@@ -68,8 +73,11 @@ class DocumentCode(DocumentedCode):
 _DEFINED: list[DocumentCode] = []
 
 
-def _define(code: str, name: str, doc: str, example: str | bytes | None = None, output: str | None = None) -> DocumentCode:
-    defined = DocumentCode(code, name, inspect.cleandoc(doc), example, inspect.cleandoc(output) if output else None)
+def _define(code: str, name: str, doc: str, example: str | bytes | None = None, output: str | None = None,
+            **where: str) -> DocumentCode:
+    """A code, with ``where``: the ``example_file`` and ``example_command`` of an example that is not facts."""
+    defined = DocumentCode(code, name, inspect.cleandoc(doc), example, inspect.cleandoc(output) if output else None,
+                           **where)
     _DEFINED.append(defined)
     return defined
 
@@ -121,9 +129,9 @@ DOCUMENT_TOO_LARGE = _define(
     A document larger than {MAX_INPUT_BYTES // MiB} MiB.
 
     ## What it covers
-    Facts, policy tests and `--state` files are read to {MAX_INPUT_BYTES // MiB} MiB and no further: thousands of
-    instances fit in a few MiB, and reading without a bound (`--facts /dev/zero`) would exhaust
-    memory before any check could refuse it. The place is where the limit falls.
+    Facts, policy tests, `--state` files and model configs are read to {MAX_INPUT_BYTES // MiB} MiB and no further:
+    thousands of instances fit in a few MiB, and reading without a bound (`--facts /dev/zero`) would
+    exhaust memory before any check could refuse it. The place is where the limit falls.
 
     ## Fix
     Check that it is the right file. Facts for a whole node are far smaller.
@@ -271,6 +279,36 @@ UNKNOWN_KEY = _define(
     """,
 )
 
+
+# ---- a model config with the launch's flags -----------------------------------------------------
+
+LAUNCH_REFUSED = _define(
+    "KVD011", "launch-refused",
+    """
+    A value of a model config that the engine refuses with the flags of the launch.
+
+    ## What it covers
+    `kvpolicy plan --model-config` refuses what the engine would refuse at start-up, in the
+    engine's words, placed at the value of the config that the flags do not fit: a
+    `--tensor-parallel-size` that does not divide the attention heads, the KV heads, the vocabulary
+    or an MLP's width; a `--max-model-len` past the length the config gives; `--dtype float16` for
+    a model type vLLM refuses it for; a 16-bit `--kv-cache-dtype` other than the config's dtype; an
+    MXFP4 indexer with `index_head_dim` 512. A value the file does not set (its config class's
+    default) is placed at `model_type`, and the message says so. A value the engine refuses
+    whatever the flags (attention heads that are not a multiple of the KV heads) is KVD008; a flag
+    refused on its own is no problem of the config, and is reported without a place or code.
+
+    ## Fix
+    Change the flag as the message says, or the value of the config if it is the one that is wrong.
+    """,
+    '{"model_type": "qwen3",\n "num_attention_heads": 32, "num_key_value_heads": 8}\n',
+    """
+    config.json:2:25: KVD011 error: --tensor-parallel-size 3 does not divide the model's 32 attention heads, and vLLM refuses it at start-up; use a size that divides 32 (up to 16: 1, 2, 4, 8, 16)
+    """,
+    example_file="config.json",
+    example_command="kvpolicy plan --engine vllm --model-config config.json --budget 40GiB --tensor-parallel-size 3",
+)
+
 CODES: tuple[DocumentCode, ...] = tuple(_DEFINED)
 """Every document code, by code."""
 
@@ -303,10 +341,10 @@ def render() -> str:
         "",
         "The JSON documents people write are checked as they are read: facts (`kvpolicy explain",
         "--facts`, `diff`, `lint --facts`, `run --facts`, a policy test's facts files), policy tests",
-        "(`kvpolicy test`, `*.kvtest.json`), `explain --state`, and the rules' memory the controller",
-        "keeps beside the ledger (`state.json`, read at start and by `explain --live`). Each problem is",
-        "reported as the policy language's are ([lint-rules.md](lint-rules.md)), at the place of the",
-        "text it is about:",
+        "(`kvpolicy test`, `*.kvtest.json`), `explain --state`, the rules' memory the controller keeps",
+        "beside the ledger (`state.json`, read at start and by `explain --live`), and a model's",
+        "`config.json` as `kvpolicy plan --model-config` reads it. Each problem is reported as the",
+        "policy language's are ([lint-rules.md](lint-rules.md)), at the place of the text it is about:",
         "",
         "```text",
         "facts.json:2:40: KVD008 error: gpus.0.capacity: must be 0 or more, not -5",
@@ -321,9 +359,18 @@ def render() -> str:
         "start on `--facts` with problems, and starts with no rule memory, logging the problems, when",
         "its `state.json` has them.",
         "",
+        "A model config has no schema of kvpolicy's: its text is checked as any document's (KVD001 to",
+        "KVD005, and KVD007 for one that is not a JSON object), and each value `plan` cannot use is",
+        "placed at that value, in the plan's words (KVD007 to KVD009, KVD011): a key read from a",
+        "multimodal config's `text_config` inside it; a value the file does not set, its config class's",
+        "default, at `model_type` (the message says so). A vLLM plan stops at the first value it",
+        "cannot use, as vLLM would; an SGLang plan reports each field of the DeepSeek-V4 geometry it",
+        "cannot use.",
+        "",
         "The codes are `KVD` and three digits, apart from the policy language's `KV` codes; a code",
         "keeps its meaning, and one that goes is never reused. The examples are facts files, as",
-        "`kvpolicy explain POLICY --facts facts.json` reports them on standard error; the tests run them.",
+        "`kvpolicy explain POLICY --facts facts.json` reports them on standard error, but where an",
+        "example names another file and command; the tests run them.",
         "",
         "| Code | Name | What it reports |",
         "|---|---|---|",
@@ -342,8 +389,9 @@ def _section(code: DocumentCode) -> list[str]:
             shown, words = code.example.decode("utf-8", errors="backslashreplace"), " (bytes that are not UTF-8 as `\\xNN`)"
         else:
             shown, words = code.example, ""
-        lines += ["", "### Example", "", f"`facts.json`{words}:", "", "```json", shown.rstrip("\n"), "```", "",
-                  "is reported as", "", "```text", code.output, "```"]
+        by = "" if code.example_command == DEFAULT_EXAMPLE_COMMAND else f" by `{code.example_command}`"
+        lines += ["", "### Example", "", f"`{code.example_file}`{words}:", "", "```json", shown.rstrip("\n"), "```",
+                  "", f"is reported{by} as", "", "```text", code.output, "```"]
     lines += ["", "### Fix", "", sections["Fix"]]
     return lines
 

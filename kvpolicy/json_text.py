@@ -66,13 +66,6 @@ class JsonInvalid(ValueError):
         self.start = start if start is not None else (line, col) if line is not None and col is not None else None
         self.end = end
 
-    def in_file(self, source: object, expected: str) -> str:
-        """The message for the file ``source``: ``source:LINE:COL: not valid JSON: ...`` for a syntax
-        error, else ``source: not EXPECTED: ...`` (``expected``: "valid facts", "a model config")."""
-        if self.line is not None:
-            return f"{source}:{self.line}:{self.col}: not valid JSON: {self.problem}"
-        return f"{source}: not {expected}: {self.problem}"
-
     def diagnostic(self, source: object, hint: str | None = None) -> Diagnostic:
         """This problem as a diagnostic of ``source`` (at 1:1 where the text does not say where), with
         ``hint`` instead of its own if given."""

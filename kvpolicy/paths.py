@@ -93,20 +93,6 @@ def reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-class InputTooLarge(ValueError):
-    """An input file over ``MAX_INPUT_BYTES``: an error in the input."""
-
-
-def read_input(path: Path | str) -> bytes:
-    """A facts, state, test or model config file's bytes; ``InputTooLarge`` past ``MAX_INPUT_BYTES``,
-    ``OSError`` as ``read_bounded``."""
-    data = read_bounded(path, MAX_INPUT_BYTES)
-    if len(data) > MAX_INPUT_BYTES:
-        raise InputTooLarge(f"{path}: over {MAX_INPUT_BYTES // MiB} MiB, more than any such file holds "
-                            "(is it the right file?); not read further")
-    return data
-
-
 def read_bounded(path: Path | str, limit: int) -> bytes:
     """The file's bytes, never more than ``limit`` + 1 (enough to tell that it is over);
     ``OSError`` as ``open`` raises it, and for a name with a NUL character."""

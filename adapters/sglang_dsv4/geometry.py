@@ -6,8 +6,9 @@ or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (
     BaseModel,
@@ -17,7 +18,14 @@ from pydantic import (
     model_validator,
 )
 
+from kvpolicy.validation import Conflict, Conflicts
+
 from ..common import read_config_json
+
+if TYPE_CHECKING:
+    from kvpolicy.diagnostics import Diagnostic
+    from kvpolicy.document_codes import DocumentCode
+    from kvpolicy.json_text import DocumentInvalid, JsonObjectFile
 
 # What the V4 paged layout stores per token: 448 fp8 NoPE values, 64 bf16 RoPE
 # values, 7 fp8 scales and one pad byte (SGLang asserts this in the pool).
@@ -57,22 +65,21 @@ class ModelGeometry(BaseModel):
 
     @model_validator(mode="after")
     def _v4_shaped(self) -> ModelGeometry:
+        """The fields V4's pools need of each other, each refused at its own place (``Conflicts``)."""
         if len(self.compress_ratios) < self.num_hidden_layers:
-            raise ValueError(
-                f"compress_ratios has {len(self.compress_ratios)} entries, fewer than "
-                f"num_hidden_layers={self.num_hidden_layers}"
-            )
+            raise Conflicts([Conflict(("compress_ratios",), (
+                f"{len(self.compress_ratios)} entries, fewer than "
+                f"num_hidden_layers={self.num_hidden_layers}"))])
         unknown = sorted(set(self.stage_ratios) - SUPPORTED_RATIOS)
         if unknown:
-            raise ValueError(
+            first = next(i for i, r in enumerate(self.stage_ratios) if r not in SUPPORTED_RATIOS)
+            raise Conflicts([Conflict(("compress_ratios", first), (
                 f"compress ratios {unknown} are not DeepSeek-V4 ratios (0, 4, 128); "
-                "ratio-1/2 layers (V4.1) are not covered by these closed forms"
-            )
+                "ratio-1/2 layers (V4.1) are not covered by these closed forms"))])
         if (self.qk_nope_head_dim, self.qk_rope_head_dim) != (V4_NOPE_DIM, V4_ROPE_DIM):
-            raise ValueError(
+            raise Conflicts([Conflict(("qk_rope_head_dim",) if self.qk_rope_head_dim != V4_ROPE_DIM else ("head_dim",), (
                 f"head_dim={self.head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}: the V4 KV "
-                f"layout needs {V4_NOPE_DIM} NoPE + {V4_ROPE_DIM} RoPE dims (head_dim 512, rope 64)"
-            )
+                f"layout needs {V4_NOPE_DIM} NoPE + {V4_ROPE_DIM} RoPE dims (head_dim 512, rope 64)"))])
         return self
 
     @property
@@ -108,29 +115,58 @@ class ModelGeometry(BaseModel):
 
 
 class GeometryError(ValueError):
-    """A model config file that cannot describe a DeepSeek-V4 pool; the message names the file."""
+    """A model config file that cannot describe a DeepSeek-V4 pool; the message names the file. ``diagnostics``
+    place its problems in it (``kvpolicy.document_codes``), ``more`` counts those not shown."""
+
+    def __init__(self, message: str, problems: DocumentInvalid | None = None) -> None:
+        super().__init__(message)
+        self.diagnostics = problems.diagnostics if problems is not None else ()
+        self.more = problems.more if problems is not None else 0
 
 
 class ConfigUnreadable(GeometryError):
     """The model config file cannot be read at all (missing, a directory, no permission)."""
 
 
-def load_geometry(path: str | Path) -> ModelGeometry:
-    """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``."""
+@dataclass(frozen=True)
+class GeometryConfig:
+    """A ``config.json`` read for its DeepSeek-V4 geometry: the geometry, the file, and where its fields are in
+    it (``("text_config",)`` for a multimodal wrapper's)."""
+
+    geometry: ModelGeometry
+    document: JsonObjectFile
+    at: tuple[str, ...] = ()
+
+    def diagnostic(self, code: DocumentCode, key: tuple[str | int, ...], message: str) -> Diagnostic:
+        """``code``'s diagnostic at the geometry's field ``key`` in the file."""
+        return self.document.diagnostic(code, (*self.at, *key), message)
+
+
+def read_geometry(path: str | Path) -> GeometryConfig:
+    """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``, keeping the file to place the
+    problems found later; GeometryError with the diagnostics of each problem of the file."""
+    from kvpolicy.json_text import DocumentInvalid
+    from kvpolicy.validation import describe
+
     path = Path(path)
     try:
-        data = read_config_json(path)
+        document = read_config_json(path)
     except OSError as exc:
         raise ConfigUnreadable(f"{path}: cannot read the model config: {exc.strerror}") from None
-    except ValueError as exc:
-        raise GeometryError(str(exc)) from None
+    except DocumentInvalid as exc:
+        raise GeometryError(str(exc), exc) from None
+    data: dict[str, Any] = document.data
+    at: tuple[str, ...] = ()
     # Multimodal wrappers keep the language model's fields under text_config.
     if "compress_ratios" not in data and isinstance(data.get("text_config"), dict):
-        data = data["text_config"]
+        data, at = data["text_config"], ("text_config",)
     try:
-        return ModelGeometry.model_validate(data)
+        return GeometryConfig(ModelGeometry.model_validate(data), document, at)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
-        )
-        raise GeometryError(f"{path}: not a DeepSeek-V4 config: {problems}") from None
+        raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
+                            document.refusal(exc, ModelGeometry, at=at)) from None
+
+
+def load_geometry(path: str | Path) -> ModelGeometry:
+    """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``."""
+    return read_geometry(path).geometry

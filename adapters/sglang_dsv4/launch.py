@@ -99,12 +99,13 @@ class LaunchFlags(BaseModel):
 class LaunchError(ValueError):
     """SGLang refuses the launch while resolving its arguments; the message says why and what to change.
 
-    ``flag`` is the flag at fault (None when the model config is).
+    ``flag`` is the flag at fault (None when the model config is); ``key`` the config's value at fault, if one is
+    (its path among the geometry's fields: ``("architectures", 0)``).
     """
 
-    def __init__(self, message: str, flag: str | None = None) -> None:
+    def __init__(self, message: str, flag: str | None = None, key: tuple[str | int, ...] | None = None) -> None:
         super().__init__(message)
-        self.flag = flag
+        self.flag, self.key = flag, key
 
 
 class LaunchReport(BaseModel):
@@ -165,7 +166,8 @@ def resolve_launch(
     if not geometry.architectures or geometry.architectures[0] != V4_ARCHITECTURE:
         raise LaunchError(
             f"architecture {', '.join(geometry.architectures) or 'none'}: SGLang 0.5.23 builds DeepSeek-V4 "
-            f"pools for {V4_ARCHITECTURE} only"
+            f"pools for {V4_ARCHITECTURE} only",
+            key=("architectures", 0) if geometry.architectures else ("architectures",),
         )  # the config is at fault: no flag
     sources: dict[str, str] = {}
     v41 = geometry.model_type == V41_MODEL_TYPE

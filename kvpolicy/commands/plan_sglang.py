@@ -3,7 +3,8 @@
 The settings default to what a launch of the model resolves to on the stated
 hardware (``adapters/sglang_dsv4/launch.py``); the flags, named as SGLang's, change
 them. The dispatcher (``kvpolicy/commands/plan.py``) calls ``add_sglang_arguments``
-and ``run_sglang``. Imports neither torch nor sglang.
+and ``run_sglang``. Imports neither torch nor sglang. A problem of the model config is reported
+as the other documents' are, at its place with its code (``file:line:col: KVDnnn error: ...``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from kvpolicy.commands.common import parse_positive_count, parse_positive_size
 from kvpolicy.units import format_bytes
 
 if TYPE_CHECKING:
-    from kvpolicy.adapters.sglang_dsv4.launch import Hardware, LaunchFlags, LaunchPlan
+    from kvpolicy.adapters.sglang_dsv4.geometry import GeometryConfig
+    from kvpolicy.adapters.sglang_dsv4.launch import Hardware, LaunchError, LaunchFlags, LaunchPlan
     from kvpolicy.commands.plan_policy import PolicyTarget
+
+PROG = "kvpolicy plan --engine sglang"
 
 ALLOW_LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
 SWA_EVICTION_INTERVAL_ENV = "SGLANG_SWA_EVICTION_INTERVAL"
@@ -87,7 +91,7 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
 
     from kvpolicy.adapters.errors import AdapterError
     from kvpolicy.adapters.sglang_dsv4.elastic_policy import elastic_swa_policy
-    from kvpolicy.adapters.sglang_dsv4.geometry import ConfigUnreadable, GeometryError, load_geometry
+    from kvpolicy.adapters.sglang_dsv4.geometry import ConfigUnreadable, GeometryError, read_geometry
     from kvpolicy.adapters.sglang_dsv4.launch import (
         LaunchError,
         PolicyReserve,
@@ -95,11 +99,13 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
         resolve_launch,
     )
     from kvpolicy.adapters.sglang_dsv4.plan import PlanError
+    from kvpolicy.commands.json_failure import refuse_document
     from kvpolicy.commands.plan_policy import PolicyPlanError
 
-    prog = "kvpolicy plan --engine sglang"
+    config: GeometryConfig | None = None
     try:
-        geometry = load_geometry(args.model_config)
+        config = read_geometry(args.model_config)
+        geometry = config.geometry
         hardware = _hardware(args)
         launch = resolve_launch(geometry, hardware, launch_flags(args))
         policy = elastic = None
@@ -115,23 +121,39 @@ def run_sglang(args: argparse.Namespace, target: PolicyTarget | None = None) -> 
             geometry, launch, budget=args.budget, full_tokens=args.full_tokens, policy=policy, elastic_swa=elastic
         )
     except ConfigUnreadable as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 2  # a file that cannot be read is a usage error, as for every command
-    except (GeometryError, PlanError, AdapterError) as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+    except GeometryError as exc:  # its problems at their places (or its message)
+        refuse_document(exc, "plan --engine sglang")
+        return 1
+    except (PlanError, AdapterError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
     except LaunchError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 2 if exc.flag else 1
+        return _refuse_launch(exc, config)
     except PolicyPlanError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        print(f"{PROG}: {exc}", file=sys.stderr)
         return exc.code
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        print(f"{prog}: {problems}", file=sys.stderr)
+        print(f"{PROG}: {problems}", file=sys.stderr)
         return 2
     print(plan.to_json() if args.format == "json" else render_text(plan))
     return 0
+
+
+def _refuse_launch(exc: LaunchError, config: GeometryConfig | None) -> int:
+    """A launch SGLang refuses: at the config's value at fault if one is (KVD008), else as a message; exit 2 for a
+    flag at fault, else 1."""
+    from kvpolicy.commands.json_failure import refuse_document
+    from kvpolicy.document_codes import VALUE_NOT_ALLOWED
+    from kvpolicy.json_text import DocumentInvalid
+
+    if exc.key is not None and exc.flag is None and config is not None:
+        refuse_document(DocumentInvalid([config.diagnostic(VALUE_NOT_ALLOWED, exc.key, str(exc))]), "plan --engine sglang")
+        return 1
+    print(f"{PROG}: {exc}", file=sys.stderr)
+    return 2 if exc.flag else 1
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:

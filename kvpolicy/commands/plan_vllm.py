@@ -9,17 +9,25 @@ else the newest validated), max_model_len (as vLLM derives it from the config's 
 RoPE scaling, ``planning/max_len.py``), the platform (``--platform``, default cuda, and the GPU class
 it assumes) and what it decides — block size and the scheduler's batch figures
 (``planning/platform.py``) — the model dtype (``--dtype auto``), KV dtype and layout. Launches vLLM refuses are
-refused (exit 1).
+refused (exit 1): a problem of the config as the other documents' are, at its place with its code
+(``file:line:col: KVDnnn error: ...``, ``planning/config_places.py``), one of the flags alone as a message.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpolicy.commands.common import parse_positive_count, parse_size
+
+if TYPE_CHECKING:
+    from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
+
+PROG = "kvpolicy plan --engine vllm"
+
 
 def _add(parser: Any, *flags: str, **kwargs: Any) -> None:
     """Add an option unless another engine's part of ``kvpolicy plan`` added its flag already
@@ -79,7 +87,7 @@ def run_vllm(args: argparse.Namespace) -> int:
 
     from kvpolicy.adapters.vllm_adapter.planning import platform as pf
     from kvpolicy.adapters.vllm_adapter.planning.hf_config import (
-        ConfigUnreadable,
+        FilledConfig,
         ModelSpecError,
         load_config,
         model_family,
@@ -103,18 +111,14 @@ def run_vllm(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
         return 2 if getattr(args, "vllm_version", None) is not None else 1  # asked for: the flag is at fault
+    config: FilledConfig | None = None
     try:
         config = load_config(args.model_config)
-    except ModelSpecError as exc:  # its message names the file
-        print(f"kvpolicy plan --engine vllm: {exc}", file=sys.stderr)
-        return 2 if isinstance(exc, ConfigUnreadable) else 1
-    platform: pf.Platform = getattr(args, "platform", "cuda")
-    try:
         length = model_length(config)
         family = model_family(config)
     except ModelSpecError as exc:
-        print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
-        return 1
+        return refuse_config(exc, config, args.model_config)
+    platform: pf.Platform = getattr(args, "platform", "cuda")
     # Only an absent flag takes the config's value (the parser refuses 0).
     if args.max_model_len is not None:
         max_model_len = args.max_model_len
@@ -153,8 +157,10 @@ def run_vllm(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(config, settings, budget=budget, num_blocks=args.num_blocks, engine_version=version,
                          platform=platform)
-    except (ModelSpecError, PlanError) as exc:
-        print(f"kvpolicy plan --engine vllm: {args.model_config}: {exc}", file=sys.stderr)
+    except ModelSpecError as exc:
+        return refuse_config(exc, config, args.model_config)
+    except PlanError as exc:
+        print(f"{PROG}: {args.model_config}: {exc}", file=sys.stderr)
         return 1
     launch = Launch(platform, amx, gpu.name, length.why if length else "",
                     auto_kv_dtype(config, family, settings.dtype), served_dtype(config))
@@ -168,6 +174,24 @@ def run_vllm(args: argparse.Namespace) -> int:
     else:
         print(render_text(plan))
     return 0
+
+
+def refuse_config(exc: ModelSpecError, config: Mapping[str, Any] | None, path: str) -> int:
+    """Say why the plan refuses the config at ``path`` (``config`` as read, None if it was not): at the value at fault as a document's problem (reported for ``--format json``'s error document
+    too), else as a message. The exit status: 2 for a file that cannot be read, else 1."""
+    from kvpolicy.adapters.vllm_adapter.planning.config_places import refusal
+    from kvpolicy.adapters.vllm_adapter.planning.hf_config import ConfigUnreadable
+    from kvpolicy.commands.json_failure import refuse_document
+
+    problems = refusal(exc, config)
+    if problems is not None:
+        refuse_document(problems, "plan --engine vllm")
+    elif isinstance(exc, ConfigUnreadable):  # its message names the file
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    else:
+        print(f"{PROG}: {path}: {exc}", file=sys.stderr)
+    return 1
 
 
 def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:

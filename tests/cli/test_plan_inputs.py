@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvpolicy.cli import main
+from kvpolicy.paths import MAX_INPUT_BYTES
 
 REPO = Path(__file__).resolve().parents[2]
 FLASH = REPO / "policies" / "models" / "deepseek-v4-flash.json"
@@ -30,20 +31,23 @@ def usage_error(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
 
 
 MALFORMED = [
-    ("deep.json", "[" * 100_000 + "]" * 100_000, "not a model config: nested too deeply"),
+    ("deep.json", "[" * 100_000 + "]" * 100_000, "1:33: KVD004 error: nested more than 32 levels deep",
+     "no model config nests more than a dozen levels: is it the right file?"),
     ("digits.json", '{"num_hidden_layers": ' + "9" * 5000 + "}",
-     f"not a model config: a number with more than {sys.get_int_max_str_digits()} digits"),
+     f"1:23: KVD005 error: a number with more than {sys.get_int_max_str_digits()} digits",
+     "no model config holds a number this long: is it the right file?"),
 ]
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
-@pytest.mark.parametrize(("name", "text", "message"), MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_a_malformed_model_config_is_an_error_in_the_input(capsys, tmp_path, engine, name, text, message):
+@pytest.mark.parametrize(("name", "text", "message", "hint"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_model_config_is_an_error_in_the_input(capsys, tmp_path, engine, name, text, message, hint):
+    """As any document's problem: at its place, with its code and a hint for a config."""
     config = tmp_path / name
     config.write_text(text)
     code, err = plan(capsys, "--engine", engine, "--model-config", str(config), "--budget", "40GiB")
     assert code == 1
-    assert f"{config}: {message}" in err and err.count(str(config)) == 1
+    assert err == f"{config}:{message}\n  hint: {hint}\n"
 
 
 @pytest.mark.parametrize("count", ["0", "-5"])
@@ -121,4 +125,5 @@ def test_a_config_is_read_to_a_limit(capsys, tmp_path, engine):
     zero = tmp_path / "config.json"
     zero.symlink_to("/dev/zero")
     code, err = plan(capsys, "--engine", engine, "--model-config", str(zero), "--budget", "40GiB")
-    assert code == 1 and f"{zero}: over 64 MiB" in err
+    assert code == 1 and f"{zero}:1:{MAX_INPUT_BYTES + 1}: KVD003 error: over 64 MiB: not read further" in err
+    assert "hint: no model config is near this size: is it the right file?" in err

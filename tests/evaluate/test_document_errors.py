@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -348,13 +349,16 @@ def test_positions_count_lines_and_characters_from_one():
 
 @pytest.mark.parametrize("code", [c for c in CODES if c.example is not None], ids=lambda c: c.code)
 def test_each_documented_example_is_reported_as_documented(code, tmp_path, monkeypatch, capsys):
+    """By the command it names (facts: ``kvpolicy explain POLICY --facts facts.json``)."""
     monkeypatch.chdir(tmp_path)
     example = code.example if isinstance(code.example, bytes) else code.example.encode()
-    (tmp_path / "facts.json").write_bytes(example)
-    assert main(["explain", str(POLICY), "--facts", "facts.json"]) == 1
+    (tmp_path / code.example_file).write_bytes(example)
+    program, *argv = shlex.split(code.example_command)
+    assert program == "kvpolicy" and code.example_file in argv
+    assert main([str(POLICY) if arg == "POLICY" else arg for arg in argv]) == 1
     err = capsys.readouterr().err
     assert err == f"{code.output}\n"
-    assert f": {code.code} error: " in err
+    assert f"{code.example_file}:" in err and f": {code.code} error: " in err
 
 
 def test_every_code_is_distinct_from_the_policy_rules_and_those_without_an_example_are_tested_above():

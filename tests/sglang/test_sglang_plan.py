@@ -139,7 +139,7 @@ def test_a_config_that_is_not_json_text_is_an_error_in_the_input(capsys, tmp_pat
     latin = tmp_path / "config.json"
     latin.write_bytes(b'{"name": "caf\xe9"}')
     code, _, err = run_cli(capsys, "--model-config", str(latin), "--budget", "1GiB")
-    assert code == 1 and f"{latin}: not UTF-8 text (at byte offset 13)" in err
+    assert code == 1 and err == f"{latin}:1:14: KVD001 error: not UTF-8 (byte 0xe9)\n  hint: save the file as UTF-8\n"
 
 
 @pytest.mark.parametrize("where", ["nope.json", "."])

@@ -206,7 +206,7 @@ def test_a_config_that_is_not_json_text_is_an_error_in_the_input(tmp_path, capsy
     latin.write_bytes(b'{"name": "caf\xe9"}')
     assert run_vllm(plan_args("--model-config", str(latin), "--max-model-len", "4096", "--budget", "1GiB")) == 1
     err = capsys.readouterr().err
-    assert f"{latin}: not UTF-8 text (at byte offset 13)" in err and err.count(str(latin)) == 1
+    assert err == f"{latin}:1:14: KVD001 error: not UTF-8 (byte 0xe9)\n  hint: save the file as UTF-8\n"
 
 
 def test_shared_options_are_not_added_twice() -> None:

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
+
+if TYPE_CHECKING:
+    from kvpolicy.json_text import JsonObjectFile
 
 Windows = Literal["per_layer", "model_level", "even_layers"]
 Mlp = Literal["dense", "experts", "deepseek"]
@@ -189,23 +192,57 @@ def config_class(config: Mapping[str, Any]) -> ConfigClass | None:
     return CONFIG_CLASSES.get(model_type) if isinstance(model_type, str) else None
 
 
+ConfigKey = tuple[str | int, ...]
+"""A value's path in a config: as the plan reads it (``("layer_types", 3)``; under ``text_config`` for a key read
+from a multimodal config's text config alone), or as the file nests it."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value the plan read came from: the file (``path`` in it, or where a key it lacks would be), or
+    the config class (``default_of``, its name; ``path`` empty), whose model type is at ``model_type`` in the
+    file."""
+
+    path: ConfigKey
+    default_of: str | None = None
+    model_type: ConfigKey = ()
+
+
 class FilledConfig(dict[str, Any]):
-    """A config with its class's defaults; ``class_defaults`` names each key the class gave (key → class)."""
+    """A config with its class's defaults; ``class_defaults`` names each key the class gave (key → class),
+    ``origins`` where each other key is in the file (``text_config``'s keys lifted beside the wrapper's: under
+    it), ``home`` the object a key it lacks belongs in, ``document`` the file it was read from (None: not
+    read from a file)."""
 
     class_defaults: dict[str, str]
 
-    def __init__(self, config: Mapping[str, Any], class_defaults: dict[str, str]) -> None:
+    def __init__(self, config: Mapping[str, Any], class_defaults: dict[str, str],
+                 origins: dict[str, ConfigKey] | None = None, home: ConfigKey = (), document: JsonObjectFile | None = None) -> None:
         super().__init__(config)
         self.class_defaults = class_defaults
+        self.origins = origins if origins is not None else {k: (*home, k) for k in config if k not in class_defaults}
+        self.home, self.document = home, document
+
+    def source(self, key: ConfigKey) -> Source:
+        """Where the value at ``key`` (a path as the plan reads it) came from."""
+        head, rest = str(key[0]), key[1:]
+        inner = self.get(head)
+        if rest and isinstance(inner, FilledConfig):  # a multimodal config's text config, filled by its class
+            return inner.source(rest)
+        if head in self.class_defaults:
+            return Source((), self.class_defaults[head], self.origins.get("model_type", ()))
+        origin = self.origins.get(head, (*self.home, head))
+        return Source((*origin, *rest))
 
 
-def with_class_defaults(config: Mapping[str, Any]) -> FilledConfig:
+def with_class_defaults(config: Mapping[str, Any], home: ConfigKey = ()) -> FilledConfig:
     """``config`` with what its class adds: every key of the table it omits, and the fields the class recomputes;
-    a model type the table does not know comes back as it is."""
+    a model type the table does not know comes back as it is. ``home``: where ``config`` is in its file."""
     cls = config_class(config)
     filled = dict(config)
+    origins: dict[str, ConfigKey] = {k: (*home, k) for k in config}
     if cls is None:
-        return FilledConfig(filled, {})
+        return FilledConfig(filled, {}, origins, home)
     given: dict[str, str] = {}
     for key, default in cls.defaults.items():
         if not isinstance(default, Derived) and key not in filled:
@@ -217,7 +254,7 @@ def with_class_defaults(config: Mapping[str, Any]) -> FilledConfig:
         if isinstance(default, Derived) and filled.get(key) is None:
             filled[key] = default.rule(filled)
             given[key] = cls.name
-    return FilledConfig(filled, given)
+    return FilledConfig(filled, given, origins, home)
 
 
 def class_default(config: Mapping[str, Any], key: str) -> str | None:

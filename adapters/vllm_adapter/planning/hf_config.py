@@ -35,9 +35,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 
+from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
+
 from ...common import read_config_json
-from .class_defaults import MAX_LAYERS, FilledConfig, config_class, with_class_defaults
-from .config_values import ConfigUnreadable, ModelSpecError
+from .class_defaults import MAX_LAYERS, FilledConfig, class_default, config_class, with_class_defaults
+from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
 from .config_values import shown as _shown
 from .layer_specs import LayerSpec, SpecKind
@@ -103,24 +105,33 @@ class ModelSpecs(BaseModel):
     layers: dict[str, LayerSpec] = Field(repr=False)
 
 
-def load_config(path: Path | str) -> dict[str, Any]:
+def load_config(path: Path | str) -> FilledConfig:
     """Read a ``config.json`` with what its config class adds to it (``class_defaults``: for a model type the
-    plan knows, every key it reads that the file omits); a file that cannot be read is ConfigUnreadable, a
-    malformed one a ModelSpecError, each naming it."""
+    plan knows, every key it reads that the file omits), and where each key is in the file; a file that cannot
+    be read is ConfigUnreadable, naming it, one that holds no JSON object ConfigInvalid, with its diagnostics."""
+    from kvpolicy.json_text import DocumentInvalid
+
     p = Path(path)
     try:
-        data = read_config_json(p)
+        document = read_config_json(p)
     except OSError as exc:
         raise ConfigUnreadable(f"{p}: cannot read the model config: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ModelSpecError(str(exc)) from None
+    except DocumentInvalid as exc:
+        raise ConfigInvalid(exc) from None
+    data = document.data
     # Multimodal wrappers keep the language model's fields in text_config, filled by its own class (the
     # wrapper's model type names it when the text config does not: Gemma-3's).
     text = data.get("text_config")
-    if isinstance(text, dict) and "num_hidden_layers" not in data:
-        text = with_class_defaults({"model_type": data.get("model_type"), **text})
-        return FilledConfig({**data, **text, "text_config": text}, text.class_defaults)
-    return with_class_defaults(data)
+    if not isinstance(text, dict) or "num_hidden_layers" in data:
+        filled = with_class_defaults(data)
+        filled.document = document
+        return filled
+    inner = with_class_defaults({"model_type": data.get("model_type"), **text}, home=("text_config",))
+    if "model_type" not in text:
+        inner.origins["model_type"] = ("model_type",)
+    origins = {**{k: (k,) for k in data}, **inner.origins, "text_config": ("text_config",)}
+    return FilledConfig({**data, **inner, "text_config": inner}, inner.class_defaults, origins, ("text_config",),
+                        document)
 
 
 def model_family(config: Mapping[str, Any]) -> Family:
@@ -129,7 +140,8 @@ def model_family(config: Mapping[str, Any]) -> Family:
     if config.get("model_type") in ("deepseek_v32", "glm_moe_dsa") or "index_topk" in config:
         raise ModelSpecError(
             f"model_type {config.get('model_type')!r}: sparse-attention models with an indexer "
-            "other than DeepSeek-V4 are not planned by kvpolicy"
+            "other than DeepSeek-V4 are not planned by kvpolicy",
+            ("model_type",) if config.get("model_type") in ("deepseek_v32", "glm_moe_dsa") else ("index_topk",),
         )
     if config.get("kv_lora_rank"):
         return "mla"
@@ -154,7 +166,7 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
     except TypeError as exc:  # a value of a kind no check above expected (a list where a name goes)
         raise ModelSpecError(f"a value of the wrong type in the model config: {exc}") from None
     if not layers:
-        raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)")
+        raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)", ("num_hidden_layers",))
     return ModelSpecs(family=family, block_size=block, layers=layers)
 
 
@@ -180,7 +192,8 @@ def _layers_of(family: Family, config: Mapping[str, Any], settings: SpecSettings
 def _layers(config: Mapping[str, Any]) -> int:
     n = _int(config, "num_hidden_layers")
     if n > MAX_LAYERS:
-        raise ModelSpecError(f"num_hidden_layers is {n}, more than any model has (at most {MAX_LAYERS:,} planned)")
+        raise ModelSpecError(f"num_hidden_layers is {n}, more than any model has (at most {MAX_LAYERS:,} planned)",
+                             ("num_hidden_layers",))
     return n
 
 
@@ -200,13 +213,19 @@ def auto_dtype_reason(config: Mapping[str, Any]) -> str:
     return _auto_dtype(config)[1]
 
 
+def dtype_key(config: Mapping[str, Any]) -> str | None:
+    """The key the config gives its dtype by (transformers reads ``dtype`` first), None if neither."""
+    return next((key for key in ("dtype", "torch_dtype") if config.get(key) is not None), None)
+
+
 def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
-    key = "dtype" if config.get("dtype") is not None else "torch_dtype"
+    key = dtype_key(config) or "torch_dtype"
     name = config.get(key)
     if name is not None and (not isinstance(name, str) or name not in TORCH_DTYPE_NAMES):
         raise ModelSpecError(
             f"{key} {_shown(name)} is not a torch dtype (transformers cannot load the config); "
-            "give e.g. bfloat16, float16 or float32"
+            "give e.g. bfloat16, float16 or float32",
+            (key,), VALUE_NOT_ALLOWED if isinstance(name, str) else WRONG_TYPE,
         )
     if name is None:
         return "bfloat16", "the config gives no dtype: float32, which vLLM serves in bfloat16"
@@ -235,7 +254,8 @@ def model_dtype(config: Mapping[str, Any], dtype: str = "auto") -> str:
     if name == "float16" and model_type in FLOAT16_REFUSED_MODEL_TYPES:
         raise ModelSpecError(
             f"--dtype {dtype}: vLLM refuses float16 for model_type {model_type!r} (numerical instability) at "
-            "start-up; use bfloat16 or float32"
+            "start-up; use bfloat16 or float32",
+            ("model_type",), LAUNCH_REFUSED,
         )
     return name
 
@@ -277,7 +297,8 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
         }
         if kind == "sliding":
             if not isinstance(window, int) or window <= 0:
-                raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {_shown(window)}")
+                raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {_shown(window)}",
+                                     ("sliding_window",), int_code(config, "sliding_window"))
             spec = LayerSpec(SpecKind.SLIDING_WINDOW, sw_block, sliding_window=window, pool="sliding_window", **common)
         else:
             spec = LayerSpec(SpecKind.FULL, block, pool="full", **common)
@@ -298,7 +319,8 @@ def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["fu
         if window and config.get("use_sliding_window", True):
             raise ModelSpecError(
                 "the config sets sliding_window without layer_types, so which layers slide depends on "
-                "the model class; add a layer_types list (full_attention / sliding_attention per layer)"
+                "the model class; add a layer_types list (full_attention / sliding_attention per layer)",
+                ("layer_types",), MISSING_FIELD,
             )
         return ["full"] * n
     # vLLM turns a window of 0 off; the model-level window (CacheConfig.sliding_window) is set only when no
@@ -314,7 +336,9 @@ def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["fu
             raise ModelSpecError(
                 f"layer_types mix sliding and full attention, which vLLM's {config.get('model_type')} model refuses "
                 f"at start-up unless max_window_layers ({_shown(config.get('max_window_layers'))}) is "
-                f"num_hidden_layers ({layers}); its layers all take the model's one window or none"
+                f"num_hidden_layers ({layers}); its layers all take the model's one window or none",
+                # layer_types as the file gives it, or as the class derives it from max_window_layers
+                ("layer_types",) if class_default(config, "layer_types") is None else ("max_window_layers",),
             )
         return [model_level] * n
     if named is None:
@@ -328,7 +352,8 @@ def _named_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full"
     if types is None:
         return None
     if not isinstance(types, list) or len(types) < n:
-        raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {_shown(types)}")
+        raise ModelSpecError(f"layer_types must list {n} entries (num_hidden_layers), got {_shown(types)}",
+                             ("layer_types",), VALUE_NOT_ALLOWED if isinstance(types, list) else WRONG_TYPE)
     kinds: list[Literal["full", "sliding"]] = []
     for i, t in enumerate(types[:n]):
         if t == "full_attention":
@@ -338,7 +363,8 @@ def _named_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full"
         else:
             raise ModelSpecError(
                 f"layer_types[{i}] is {_shown(t)}: kvpolicy plans full_attention and sliding_attention "
-                "layers only (no linear attention, Mamba or chunked-local layers)"
+                "layers only (no linear attention, Mamba or chunked-local layers)",
+                ("layer_types", i), VALUE_NOT_ALLOWED if isinstance(t, str) else WRONG_TYPE,
             )
     return kinds
 
@@ -363,26 +389,48 @@ def deepseek_v4_ratios(config: Mapping[str, Any]) -> list[int]:
     """Compression ratio per layer (0: sliding only, 4: CSA, 128: HCA)."""
     n = _layers(config)
     ratios = config.get("compress_ratios")
+    key: str = "compress_ratios"
     if ratios is None:
-        types = config.get("layer_types")
-        given = config.get("compress_rates") or {}
-        if not isinstance(given, dict):
-            raise ModelSpecError(f"compress_rates must map layer types to ratios, got {_shown(given)}")
-        rates = {**V4_DEFAULT_COMPRESS_RATES, **given}
-        if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
-            raise ModelSpecError("a DeepSeek-V4 config needs compress_ratios or layer_types (a list of names)")
-        try:
-            ratios = [rates.get(t, 0) if t in V4_LAYER_TYPE_RATIO else V4_LAYER_TYPE_RATIO[t] for t in types]
-        except KeyError as exc:
-            raise ModelSpecError(f"layer_types: unknown DeepSeek-V4 layer type {exc.args[0]!r}") from None
+        ratios, key = _ratios_of_layer_types(config), "layer_types"
     if not isinstance(ratios, list) or len(ratios) < n:
-        raise ModelSpecError(f"compress_ratios must list at least {n} entries (num_hidden_layers)")
+        raise ModelSpecError(f"compress_ratios must list at least {n} entries (num_hidden_layers)", (key,),
+                             VALUE_NOT_ALLOWED if isinstance(ratios, list) else WRONG_TYPE)
     ratios = list(ratios[:n])  # the last entry of the released configs is the MTP layer
     bad = sorted({repr(r) for r in ratios if type(r) is not int or r not in (0, 1, 4, 128)})
     if bad:
         shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
-        raise ModelSpecError(f"compress_ratios: vLLM's DeepSeek-V4 supports 0, 4 and 128, got {shown}")
+        first = next(i for i, r in enumerate(ratios) if type(r) is not int or r not in (0, 1, 4, 128))
+        raise ModelSpecError(f"compress_ratios: vLLM's DeepSeek-V4 supports 0, 4 and 128, got {shown}",
+                             _ratio_key(config, key, first), VALUE_NOT_ALLOWED if is_int(ratios[first]) else WRONG_TYPE)
     return [0 if r == 1 else r for r in ratios]
+
+
+def _ratios_of_layer_types(config: Mapping[str, Any]) -> list[Any]:
+    """The ratios ``layer_types`` gives layer by layer, at the rates ``compress_rates`` sets (else the defaults)."""
+    types = config.get("layer_types")
+    given = config.get("compress_rates") or {}
+    if not isinstance(given, dict):
+        raise ModelSpecError(f"compress_rates must map layer types to ratios, got {_shown(given)}",
+                             ("compress_rates",), WRONG_TYPE)
+    rates = {**V4_DEFAULT_COMPRESS_RATES, **given}
+    if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+        where: tuple[str | int, ...] = ("compress_ratios",) if types is None else ("layer_types",)
+        if isinstance(types, list):  # the first entry that is no name
+            where = ("layer_types", next(i for i, t in enumerate(types) if not isinstance(t, str)))
+        raise ModelSpecError("a DeepSeek-V4 config needs compress_ratios or layer_types (a list of names)", where,
+                             MISSING_FIELD if types is None else WRONG_TYPE)
+    unknown = next((i for i, t in enumerate(types) if t not in V4_LAYER_TYPE_RATIO), None)
+    if unknown is not None:
+        raise ModelSpecError(f"layer_types: unknown DeepSeek-V4 layer type {types[unknown]!r}", ("layer_types", unknown))
+    return [rates.get(t, 0) for t in types]
+
+
+def _ratio_key(config: Mapping[str, Any], key: str, layer: int) -> tuple[str | int, ...]:
+    """Where layer ``layer``'s ratio is written: in ``compress_ratios``, or the rate of its layer type."""
+    if key == "compress_ratios":
+        return ("compress_ratios", layer)
+    kind = config["layer_types"][layer]
+    return ("compress_rates", kind) if kind in (config.get("compress_rates") or {}) else ("layer_types", layer)
 
 
 def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
@@ -456,12 +504,14 @@ def _check_v4_compressor(key: str, size: int, mxfp4: bool) -> None:
     if size == 512 and mxfp4:
         raise ModelSpecError(
             f"--indexer-kv-dtype mxfp4 with {key} 512: vLLM's MXFP4 indexer cache takes index_head_dim 128 only; "
-            "use --indexer-kv-dtype fp8"
+            "use --indexer-kv-dtype fp8",
+            (key,), LAUNCH_REFUSED,
         )
     if size not in V4_COMPRESSOR_HEAD_DIMS:
         raise ModelSpecError(
             f"{key} {size}: vLLM's DeepSeek-V4 compressor caches only head sizes 128 and 512 "
-            f"(\"Unsupported head_dim for fused quant+cache\"); this config cannot start"
+            f"(\"Unsupported head_dim for fused quant+cache\"); this config cannot start",
+            (key,),
         )
 
 

@@ -30,9 +30,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .class_defaults import class_default
+from kvpolicy.document_codes import LAUNCH_REFUSED, VALUE_NOT_ALLOWED, WRONG_TYPE
 
-from .config_values import ModelSpecError
+from .class_defaults import class_default
+from .config_values import ConfigKey, ModelSpecError
 from .config_values import shown as _shown
 
 LENGTH_KEYS = (
@@ -73,6 +74,8 @@ class ModelLength:
     vLLM's from above (the class default for max_position_embeddings, unknown here, may be smaller)."""
     key_class: str | None = None
     """The config class whose default ``key`` is (``class_defaults``); None: the file gave it."""
+    at: tuple[str, ...] = ()
+    """Where the keys are in the config: ``("text_config",)`` for a multimodal one."""
 
     @property
     def why(self) -> str:
@@ -86,8 +89,8 @@ class ModelLength:
 
 def model_length(config: Mapping[str, Any]) -> ModelLength | None:
     """vLLM's length for this config (``known`` False: only a bound), or None when it sets no length key."""
-    text = _text_config(config)
-    lengths = {key: _length(text, key) for key in LENGTH_KEYS}
+    text, at = _text_config(config)
+    lengths = {key: _length(text, key, at) for key in LENGTH_KEYS}
     model_max = lengths["model_max_length"]
     if all(v is None for v in lengths.values()):
         return None
@@ -95,21 +98,21 @@ def model_length(config: Mapping[str, Any]) -> ModelLength | None:
     derived, _, key = min((v, i, k) for i, (k, v) in enumerate(lengths.items()) if v is not None)
     if model_max:
         key, derived = "model_max_length", model_max
-    rope = list(_rope_parameters(text))
+    rope = list(_rope_parameters(text, at))
     factor = _scaling_factor(text, rope)
     derived *= factor
     # A longrope model serves its original (pre-scaling) length by default.
-    longrope = any(p["rope_type"] == "longrope" for p in rope)
-    default = _original_length(text, derived) if longrope else int(derived)
+    longrope = any(p["rope_type"] == "longrope" for _, p in rope)
+    default = _original_length(text, derived, at) if longrope else int(derived)
     original = longrope and "original_max_position_embeddings" in text
     known = lengths["max_position_embeddings"] is not None or bool(model_max)
-    return ModelLength(derived, key, factor, default, model_max, original, known, class_default(text, key))
+    return ModelLength(derived, key, factor, default, model_max, original, known, class_default(text, key), at)
 
 
 def check_rope_parameters(config: Mapping[str, Any]) -> None:
     """Refuse the RoPE parameters vLLM refuses as it loads the config (a ``rope_type`` and a ``type`` that
     conflict): ModelSpecError. vLLM loads the config before it checks the dtype or the length."""
-    for _ in _rope_parameters(_text_config(config)):
+    for _ in _rope_parameters(*_text_config(config)):
         pass
 
 
@@ -127,7 +130,8 @@ def check_max_model_len(length: ModelLength | None, asked: int, allow_long: bool
     raise ModelSpecError(
         f"--max-model-len {asked} is more than the {_number(length.derived)} vLLM derives from the config "
         f"({length.key}{factor}), and vLLM refuses it at start-up; lower --max-model-len, or set "
-        f"{ALLOW_LONG_ENV}=1 (for vLLM and for this plan) if the model really takes longer inputs"
+        f"{ALLOW_LONG_ENV}=1 (for vLLM and for this plan) if the model really takes longer inputs",
+        (*length.at, length.key), LAUNCH_REFUSED,
     )
 
 
@@ -137,60 +141,68 @@ def allow_long_max_model_len() -> bool:
     return os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true")
 
 
-def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The language model's config: vLLM reads a multimodal config's text_config alone."""
+def _text_config(config: Mapping[str, Any]) -> tuple[Mapping[str, Any], tuple[str, ...]]:
+    """The language model's config, and where it is: vLLM reads a multimodal config's text_config alone."""
     text = config.get("text_config")
-    return text if isinstance(text, dict) else config
+    return (text, ("text_config",)) if isinstance(text, dict) else (config, ())
 
 
-def _length(config: Mapping[str, Any], key: str) -> float | None:
+def _length(config: Mapping[str, Any], key: str, at: tuple[str, ...]) -> float | None:
     value = config.get(key)
     if value is None:
         return None
-    return _positive(value, f"{key!r} must be a positive number of tokens")
+    return _positive(value, f"{key!r} must be a positive number of tokens", (*at, key))
 
 
-def _rope_parameters(config: Mapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """Each RoPE parameter set, with its type as vLLM names it (one per layer type if given so)."""
-    given = config.get("rope_scaling") or config.get("rope_parameters")
+RopeParameters = tuple[ConfigKey, dict[str, Any]]
+"""Where a set of RoPE parameters is in the config, and the set, its type named as vLLM names it."""
+
+
+def _rope_parameters(config: Mapping[str, Any], at: tuple[str, ...]) -> Iterator[RopeParameters]:
+    """Each RoPE parameter set (one per layer type if given so)."""
+    name = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+    given = config.get(name)
     if not given:
         return
+    where: ConfigKey = (*at, name)
     if not isinstance(given, dict):
-        raise ModelSpecError(f"rope_scaling must be a mapping, got {_shown(given)}")
+        raise ModelSpecError(f"rope_scaling must be a mapping, got {_shown(given)}", where, WRONG_TYPE)
     if _is_gemma3(config) and config.get("rope_scaling"):
         # transformers' Gemma-3 config lays rope_scaling over its full-attention parameters, whose
         # rope_type is "default": a legacy "type" then conflicts with it, as vLLM checks.
         given = {"rope_type": "default", **given}
     nested = set(given) <= NESTED_ROPE_KEYS
-    for params in given.values() if nested else [given]:
+    for path, params in (((*where, k), v) for k, v in given.items()) if nested else [(where, given)]:
         if isinstance(params, dict) and params:
-            yield {**params, "rope_type": _rope_type(params)}
+            yield path, {**params, "rope_type": _rope_type(params, path)}
 
 
-def _rope_type(params: Mapping[str, Any]) -> str:
+def _rope_type(params: Mapping[str, Any], where: ConfigKey) -> str:
     modern, legacy = params.get("rope_type"), params.get("type")
     if modern is not None and legacy is not None and modern != legacy and \
             (legacy, modern) not in (("su", "longrope"), ("mrope", "default")):
         raise ModelSpecError(
-            f"rope_scaling gives rope_type {modern!r} and type {legacy!r}; vLLM refuses the conflict: keep one"
+            f"rope_scaling gives rope_type {modern!r} and type {legacy!r}; vLLM refuses the conflict: keep one", where
         )
     name = modern if modern is not None else legacy if legacy is not None else "default"
     if not isinstance(name, str):
-        raise ModelSpecError(f"rope_type must be a name, got {_shown(name)}")
+        raise ModelSpecError(f"rope_type must be a name, got {_shown(name)}",
+                             (*where, "rope_type" if modern is not None else "type"), WRONG_TYPE)
     return LEGACY_ROPE_TYPES.get(name, name)
 
 
-def _scaling_factor(config: Mapping[str, Any], rope: list[dict[str, Any]]) -> float:
+def _scaling_factor(config: Mapping[str, Any], rope: list[RopeParameters]) -> float:
     """The factor vLLM multiplies the length by: the last scaled type's (1 without one)."""
     if not rope or _is_gemma3(config):
         return 1.0
     factor: Any = 1.0
-    for params in rope:
-        if params["rope_type"] not in UNSCALED_ROPE_TYPES:
-            factor = params.get("factor", factor)
+    where: ConfigKey = ()
+    for path, params in rope:
+        if params["rope_type"] not in UNSCALED_ROPE_TYPES and "factor" in params:
+            factor, where = params["factor"], (*path, "factor")
     if factor is None:  # vLLM falls back to 1 for an explicit null
         return 1.0
-    return _positive(factor, "the RoPE scaling factor must be a positive number")
+    return _positive(factor, "the RoPE scaling factor must be a positive number", where)
 
 
 def _is_gemma3(config: Mapping[str, Any]) -> bool:
@@ -198,15 +210,18 @@ def _is_gemma3(config: Mapping[str, Any]) -> bool:
     return "gemma3" in str(config.get("model_type", ""))
 
 
-def _original_length(config: Mapping[str, Any], derived: float) -> int:
+def _original_length(config: Mapping[str, Any], derived: float, at: tuple[str, ...]) -> int:
     value = config.get("original_max_position_embeddings", derived)
-    return int(_positive(value, "'original_max_position_embeddings' must be a positive number"))
+    return int(_positive(value, "'original_max_position_embeddings' must be a positive number",
+                         (*at, "original_max_position_embeddings")))
 
 
-def _positive(value: Any, must: str) -> float:
-    """``value`` if it is a number above 0 (not a bool); else ModelSpecError: ``must``, and what it was."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ModelSpecError(f"{must}, got {_shown(value)}")
+def _positive(value: Any, must: str, key: ConfigKey) -> float:
+    """``value`` if it is a number above 0 (not a bool); else ModelSpecError at ``key``: ``must``, and what it was."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise ModelSpecError(f"{must}, got {_shown(value)}", key, WRONG_TYPE)
+    if not value > 0:
+        raise ModelSpecError(f"{must}, got {_shown(value)}", key, VALUE_NOT_ALLOWED)
     return value
 
 

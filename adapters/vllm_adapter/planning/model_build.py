@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
 
+from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED, DocumentCode
+
 from .class_defaults import config_class
 from .config_values import ModelSpecError, config_int
 
@@ -38,8 +40,8 @@ class ModelBuildRefused(ModelSpecError):
     ``...mlp.shared_experts`` or ``...mlp.experts``; ``model`` for an embedding vLLM does not name (Llama,
     Mistral, Gemma-2, gpt-oss); gpt-oss's attention is ``model.layers.N.attn``)."""
 
-    def __init__(self, message: str, module: str) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, module: str, key: tuple[str, ...], code: DocumentCode = LAUNCH_REFUSED) -> None:
+        super().__init__(message, key, code)
         self.module = module
 
 
@@ -52,7 +54,8 @@ def check_heads(config: Mapping[str, Any], tp: int) -> None:
         fits = ", ".join(str(d) for d in range(1, 17) if heads % d == 0)
         raise ModelSpecError(
             f"--tensor-parallel-size {tp} does not divide the model's {heads} attention heads, and vLLM refuses "
-            f"it at start-up; use a size that divides {heads} (up to 16: {fits})"
+            f"it at start-up; use a size that divides {heads} (up to 16: {fits})",
+            ("num_attention_heads",), LAUNCH_REFUSED,
         )
 
 
@@ -76,6 +79,7 @@ def check_build(config: Mapping[str, Any], tp: int, split_kv_heads: bool,
                 f"vLLM's {config.get('model_type')} model reads for it, so it fails when it builds the model at "
                 "start-up; add sliding_window (or make the layer full_attention)",
                 f"model.layers.{layer}.{cls.attention if cls is not None else 'self_attn'}",
+                ("sliding_window",), MISSING_FIELD,
             )
         else:
             for module, key, size in _mlp_widths(config, layer, part):
@@ -84,7 +88,7 @@ def check_build(config: Mapping[str, Any], tp: int, split_kv_heads: bool,
                         f"--tensor-parallel-size {tp} does not divide {key} {size:,} (layer {layer}'s "
                         f"{_PART_NAMES[module.rsplit('.', 1)[-1]]}), and vLLM refuses it when it builds the model at "
                         f"start-up; use a size that divides {size:,} ({_divisors(size)})",
-                        module,
+                        module, (key.split(" ")[0],),  # of a product of two keys, the width's
                     )
 
 
@@ -104,7 +108,7 @@ def _check_vocabulary(config: Mapping[str, Any], tp: int) -> None:
             f"--tensor-parallel-size {tp} does not divide the vocabulary of {vocab:,} tokens as vLLM pads it "
             f"({padded:,}, a multiple of {VOCAB_PADDING}), and vLLM's embedding refuses it when it builds the model "
             f"at start-up; use a size that divides {padded:,} ({_divisors(padded)})",
-            cls.embedding if cls is not None else "model.embed_tokens",
+            cls.embedding if cls is not None else "model.embed_tokens", ("vocab_size",),
         )
 
 
@@ -113,6 +117,8 @@ def _check_attention(config: Mapping[str, Any], tp: int, layer: int) -> None:
     kv_heads = config_int(config, "num_key_value_heads", heads)
     cls = config_class(config)
     module = f"model.layers.{layer}.{cls.attention if cls is not None else 'self_attn'}"
+    # The KV heads are the attention heads where the config gives none (vLLM's fallback).
+    key = ("num_key_value_heads",) if config.get("num_key_value_heads") is not None else ("num_attention_heads",)
     if not kv_heads:
         return
     if cls is not None and not cls.replicates_kv_heads and kv_heads < tp:
@@ -120,13 +126,13 @@ def _check_attention(config: Mapping[str, Any], tp: int, layer: int) -> None:
             f"--tensor-parallel-size {tp} is more than the model's {kv_heads} KV heads, which vLLM's "
             f"{config.get('model_type')} attention does not replicate across ranks (each would hold none), so it "
             f"fails when it builds the model at start-up; use at most {kv_heads}",
-            module,
+            module, key,
         )
     if kv_heads % tp if kv_heads >= tp else tp % kv_heads:
         raise ModelBuildRefused(
             f"--tensor-parallel-size {tp} neither divides the model's {kv_heads} KV heads nor is a multiple of "
             f"them, and vLLM's attention layers refuse it; use a divisor or a multiple of {kv_heads}",
-            module,
+            module, key,
         )
     rank_heads, rank_kv_heads = heads // tp, max(1, kv_heads // tp)
     if rank_heads % rank_kv_heads:
@@ -134,7 +140,7 @@ def _check_attention(config: Mapping[str, Any], tp: int, layer: int) -> None:
         raise ModelBuildRefused(
             f"the model's {heads} attention heads are not a multiple of its {kv_heads} KV heads{per_rank}, and "
             "vLLM's attention layer refuses it when it builds the model at start-up",
-            module,
+            module, key, VALUE_NOT_ALLOWED if heads % kv_heads else LAUNCH_REFUSED,  # the config alone, or with TP
         )
 
 

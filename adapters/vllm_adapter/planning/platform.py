@@ -27,7 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .hf_config import Family, ModelSpecError, model_dtype
+from kvpolicy.document_codes import LAUNCH_REFUSED
+
+from .hf_config import Family, ModelSpecError, dtype_key, model_dtype
 
 Platform = Literal["cuda", "cpu"]
 
@@ -123,9 +125,12 @@ def check_kv_cache_dtype(config: Mapping[str, Any], kv_cache_dtype: str, version
     served = model_dtype(config, dtype)
     if kv_cache_dtype in ("float16", "bfloat16") and kv_cache_dtype != served and not version.startswith("0.32."):
         use = f"auto or {served}" if served in ("float16", "bfloat16") else "auto"
+        # The config's dtype is what the flag does not fit, unless --dtype chose another.
+        key = dtype_key(config) if dtype == "auto" else None
         raise ModelSpecError(
             f"--kv-cache-dtype {kv_cache_dtype}: vLLM {version} serves this model in {served} and refuses a "
-            f"16-bit KV cache of another dtype; use {use}"
+            f"16-bit KV cache of another dtype; use {use}",
+            (key,) if key else None, LAUNCH_REFUSED,
         )
 
 
