@@ -359,6 +359,8 @@ _DEEP_HINT = "no kvpolicy document nests more than a dozen levels: is it the rig
 def _unlike(what: str, how: str) -> str:
     """The hint for a file unlike any ``what`` in how it ``how``: probably another file than the one meant."""
     return f"no {what} {how}: is it the right file?"
+
+
 _TOKENS = re.compile(r'"(?:[^"\\]+|\\.)*"|[\[\]{}]')
 
 
