@@ -72,7 +72,9 @@ def add_vllm_arguments(parser: argparse.ArgumentParser) -> None:
     _add(group, "--dtype", choices=("auto", "half", "float16", "bfloat16", "float", "float32"),
          help="the dtype vLLM serves the model in, and an auto KV cache's (default: auto, the checkpoint's, "
               "float32 served as bfloat16)")
-    _add(group, "--kv-cache-dtype", default="auto", help="auto, bfloat16, float16, fp8 (default: auto)")
+    _add(group, "--kv-cache-dtype", default="auto",
+         help="auto, bfloat16, float16, fp8 (default: auto: the model's dtype, or what the checkpoint's "
+              "quantization_config gives, as vLLM resolves it)")
     _add(group, "--indexer-kv-dtype", choices=("fp8", "mxfp4"), default="fp8", help="DeepSeek-V4 indexer cache")
     _add(group, "--kv-cache-layout", help="VLLM_KV_CACHE_LAYOUT (default: BLHNC for DeepSeek-V4, else LBNHC)")
     _add(group, "--tensor-parallel-size", type=int, default=1, help="per-rank figures (default: 1)")
@@ -226,14 +228,18 @@ def resolve_vllm_version(asked: str | None) -> tuple[str, str | None]:
 
 
 def auto_kv_dtype(config: dict[str, Any], family: str, dtype: str = "auto") -> str:
-    """What ``--kv-cache-dtype auto`` stores for this model with ``--dtype dtype``, in words."""
+    """What ``--kv-cache-dtype auto`` stores for this model with ``--dtype dtype``, in words: the model's dtype,
+    or what the checkpoint's quantization config makes of it (``planning/kv_dtype.py``)."""
     from kvpolicy.adapters.vllm_adapter.planning.hf_config import model_dtype
+    from kvpolicy.adapters.vllm_adapter.planning.kv_dtype import auto_words, kv_dtype
 
     if family == "deepseek_v4":
         return "fp8_ds_mla, DeepSeek-V4's packed cache"
     if dtype == "auto":
-        return f"{model_dtype(config)}, the model's dtype as vLLM's --dtype auto resolves it"
-    return f"{model_dtype(config, dtype)}, the model's dtype (--dtype {dtype})"
+        model = f"{model_dtype(config)}, the model's dtype as vLLM's --dtype auto resolves it"
+    else:
+        model = f"{model_dtype(config, dtype)}, the model's dtype (--dtype {dtype})"
+    return auto_words(kv_dtype(config, "auto", family), model)
 
 
 def served_dtype(config: dict[str, Any]) -> str:

@@ -22,8 +22,9 @@ classes in tests/vllm:
   ``torch_dtype``/``dtype``.
 
 A key the file omits is its config class's default (``class_defaults``, for the model types
-kvpolicy knows), and a launch vLLM refuses as it builds the model is refused in vLLM's order
-(``model_build``). Anything else (linear attention, Mamba, DeepSeek-V3.2's indexer,
+kvpolicy knows), the KV cache dtype is ``--kv-cache-dtype`` as vLLM resolves it for the checkpoint's
+``quantization_config`` (``kv_dtype``), and a launch vLLM refuses as it builds the model is refused in vLLM's
+order (``model_build``). Anything else (linear attention, Mamba, DeepSeek-V3.2's indexer,
 encoder-decoder) is refused with a message, never guessed.
 """
 
@@ -42,6 +43,8 @@ from .class_defaults import MAX_LAYERS, FilledConfig, class_default, config_clas
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
 from .config_values import shown as _shown
+from .kv_dtype import COMPRESSION_KEY, QUANTIZATION_KEY, KvDtype, check_attention_kv, check_quant_config, kv_dtype
+from .kv_dtype import read_hf_quant_config
 from .layer_specs import LayerSpec, SpecKind
 from .model_build import check_build, check_heads
 
@@ -88,7 +91,8 @@ class SpecSettings(BaseModel):
     """--dtype, the dtype vLLM serves the model in (``model_dtype``): auto (the checkpoint's, as vLLM resolves it,
     ``auto_dtype``), half or float16, bfloat16, float or float32."""
     kv_cache_dtype: str = "auto"
-    """--kv-cache-dtype: auto (the model's dtype, ``model_dtype``), bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2."""
+    """--kv-cache-dtype: auto, bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2; ``auto`` as vLLM resolves it for the
+    checkpoint (``kv_dtype``): the model's dtype (``model_dtype``), unless its quantization config says more."""
     indexer_kv_dtype: Literal["fp8", "mxfp4"] = "fp8"
     """DeepSeek-V4 indexer cache format (vLLM's attention_config.indexer_kv_dtype)."""
     tensor_parallel_size: PositiveInt = 1
@@ -125,13 +129,28 @@ def load_config(path: Path | str) -> FilledConfig:
     if not isinstance(text, dict) or "num_hidden_layers" in data:
         filled = with_class_defaults(data)
         filled.document = document
-        return filled
+        return _with_quant_file(filled, p)
     inner = with_class_defaults({"model_type": data.get("model_type"), **text}, home=("text_config",))
     if "model_type" not in text:
         inner.origins["model_type"] = ("model_type",)
     origins = {**{k: (k,) for k in data}, **inner.origins, "text_config": ("text_config",)}
-    return FilledConfig({**data, **inner, "text_config": inner}, inner.class_defaults, origins, ("text_config",),
-                        document)
+    merged = {**data, **inner, "text_config": inner}
+    for key in (QUANTIZATION_KEY, COMPRESSION_KEY):  # vLLM reads the wrapper's own before its text config's
+        if key in data:
+            merged[key], origins[key] = data[key], (key,)
+    filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document)
+    return _with_quant_file(filled, p)
+
+
+def _with_quant_file(config: FilledConfig, path: Path) -> FilledConfig:
+    """``config`` with the quantization config of ``hf_quant_config.json`` beside it, which vLLM reads where
+    config.json gives none (ModelOpt 0.29 and before)."""
+    raw = config.document.data if config.document is not None else config
+    if raw.get(QUANTIZATION_KEY) is None:
+        found = read_hf_quant_config(path)
+        if found is not None:
+            config[QUANTIZATION_KEY] = found
+    return config
 
 
 def model_family(config: Mapping[str, Any]) -> Family:
@@ -155,14 +174,23 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
     settings = settings or SpecSettings()
     family = model_family(config)
     tp = settings.tensor_parallel_size
+    kv = kv_dtype(config, settings.kv_cache_dtype, family)
+
+    def attention() -> None:  # vLLM picks the backend, then loads the layer's KV quantization
+        if on_attention is not None:
+            on_attention()
+        check_attention_kv(config, kv, family)
+
     try:
-        # In vLLM's order: its config (the heads), then as a worker builds the model: a Qwen2/3 model's layer
-        # kinds, the embedding, and layer by layer the attention and the MLP (model_build).
+        # In vLLM's order: its config (the heads, then the quantization method), then as a worker builds the
+        # model: a Qwen2/3 model's layer kinds, the embedding, and layer by layer the attention and the MLP
+        # (model_build).
         check_heads(config, tp)
+        check_quant_config(config)
         if family == "standard":
             _standard_layer_kinds(config, _layers(config))
-        check_build(config, tp, split_kv_heads=family == "standard", on_attention=on_attention)
-        layers, block = _layers_of(family, config, settings)
+        check_build(config, tp, split_kv_heads=family == "standard", on_attention=attention)
+        layers, block = _layers_of(family, config, settings, kv)
     except TypeError as exc:  # a value of a kind no check above expected (a list where a name goes)
         raise ModelSpecError(f"a value of the wrong type in the model config: {exc}") from None
     if not layers:
@@ -176,16 +204,17 @@ def mla_cuda_block_size(kv_cache_dtype: str) -> int:
     return 64 if kv_cache_dtype in ("fp8", "fp8_e4m3") else 16
 
 
-def _layers_of(family: Family, config: Mapping[str, Any], settings: SpecSettings) -> tuple[dict[str, LayerSpec], int]:
+def _layers_of(family: Family, config: Mapping[str, Any], settings: SpecSettings,
+               kv: KvDtype) -> tuple[dict[str, LayerSpec], int]:
     if family == "deepseek_v4":
         block = settings.block_size or 256
-        layers = _deepseek_v4_layers(config, settings, block)
+        layers = _deepseek_v4_layers(config, settings, block, kv)
     elif family == "mla":
-        block = settings.block_size or mla_cuda_block_size(settings.kv_cache_dtype)
-        layers = _mla_layers(config, settings, block)
+        block = settings.block_size or mla_cuda_block_size(kv.layers)
+        layers = _mla_layers(config, settings, block, kv)
     else:
         block = settings.block_size or 16
-        layers = _standard_layers(config, settings, block)
+        layers = _standard_layers(config, settings, block, kv)
     return layers, block
 
 
@@ -260,20 +289,20 @@ def model_dtype(config: Mapping[str, Any], dtype: str = "auto") -> str:
     return name
 
 
-def _kv_dtype_bytes(config: Mapping[str, Any], s: SpecSettings) -> int:
-    if s.kv_cache_dtype == "auto":
+def _kv_dtype_bytes(config: Mapping[str, Any], s: SpecSettings, kv: KvDtype) -> int:
+    """Bytes per element of what the layers store (``kv.layers``: auto is the model's dtype)."""
+    if kv.layers == "auto":
         return DTYPE_BYTES[model_dtype(config, s.dtype)]
-    if s.kv_cache_dtype in FP8_KV_DTYPES:
+    if kv.layers in FP8_KV_DTYPES:
         return 1
-    if s.kv_cache_dtype in DTYPE_BYTES:
-        return DTYPE_BYTES[s.kv_cache_dtype]
+    if kv.layers in DTYPE_BYTES:
+        return DTYPE_BYTES[kv.layers]
     raise ModelSpecError(
-        f"--kv-cache-dtype {s.kv_cache_dtype!r} is not planned (known: auto, bfloat16, float16, "
-        f"{', '.join(FP8_KV_DTYPES)})"
+        f"--kv-cache-dtype {kv.flag!r} is not planned (known: auto, bfloat16, float16, {', '.join(FP8_KV_DTYPES)})"
     )
 
 
-def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
+def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int, kv: KvDtype) -> dict[str, LayerSpec]:
     n = _layers(config)
     heads = _int(config, "num_attention_heads")
     kv_heads = _int(config, "num_key_value_heads", heads)
@@ -283,7 +312,7 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> 
         head_dim = _int(config, "head_dim")
     else:
         head_dim = _int(config, "hidden_size") // max(heads, 1)
-    dtype_bytes = _kv_dtype_bytes(config, s)
+    dtype_bytes = _kv_dtype_bytes(config, s, kv)
     # vLLM's attention layers: max(1, total_kv_heads // tp) heads per rank (replicated
     # when there are fewer KV heads than ranks).
     kv_heads_per_rank = max(1, kv_heads // s.tensor_parallel_size)
@@ -369,17 +398,17 @@ def _named_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full"
     return kinds
 
 
-def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
+def _mla_layers(config: Mapping[str, Any], s: SpecSettings, block: int, kv: KvDtype) -> dict[str, LayerSpec]:
     n = _layers(config)
     latent = _int(config, "kv_lora_rank") + _int(config, "qk_rope_head_dim")
-    dtype_bytes = _kv_dtype_bytes(config, s)
+    dtype_bytes = _kv_dtype_bytes(config, s, kv)
     spec = LayerSpec(
         SpecKind.MLA,
         block,
         num_kv_heads=1,
         head_size=latent,
         dtype_bytes=dtype_bytes,
-        cache_dtype=s.kv_cache_dtype,
+        cache_dtype=kv.layers,
         pool="mla",
     )
     return {f"model.layers.{i}": spec for i in range(n)}
@@ -433,10 +462,10 @@ def _ratio_key(config: Mapping[str, Any], key: str, layer: int) -> tuple[str | i
     return ("compress_rates", kind) if kind in (config.get("compress_rates") or {}) else ("layer_types", layer)
 
 
-def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int) -> dict[str, LayerSpec]:
-    if s.kv_cache_dtype not in ("auto", *FP8_KV_DTYPES):
+def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int, kv: KvDtype) -> dict[str, LayerSpec]:
+    if kv.layers not in ("auto", *FP8_KV_DTYPES):
         raise ModelSpecError(
-            f"--kv-cache-dtype {s.kv_cache_dtype}: DeepSeek-V4 on vLLM's FlashMLA path stores fp8_ds_mla "
+            f"{kv.shown}: DeepSeek-V4 on vLLM's FlashMLA path stores fp8_ds_mla "
             "(auto or fp8); the bf16 FlashInfer path is not planned"
         )
     head_dim = _int(config, "head_dim", 512)

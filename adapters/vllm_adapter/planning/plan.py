@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
+from .kv_dtype import kv_dtype, quantization
 from .max_len import check_max_model_len, check_rope_parameters, model_length
 from .platform import Platform, check_attention_backend, check_kv_cache_dtype
 from .kv_cache_planning import (
@@ -136,17 +137,21 @@ def make_plan(
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
-    the RoPE parameters (as it loads the config), the model dtype, max_model_len, the KV dtype, the tensor parallel size and the heads, then as a worker builds
-    the model its embedding, layers and attention backend (``model_build``), the budget."""
+    the RoPE parameters and the quantization config (as it loads the config), the model dtype, max_model_len, the
+    KV dtype (as it resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and
+    the heads, the quantization method, then as a worker builds the model its embedding, layers, attention backend
+    and KV quantization (``model_build``), the budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
     check_rope_parameters(config)
+    quantization(config, engine_version)
     dtype = model_dtype(config, settings.dtype)
     check_max_model_len(model_length(config), settings.max_model_len, settings.allow_long_max_model_len)
-    check_kv_cache_dtype(config, settings.kv_cache_dtype, engine_version, settings.dtype)
     family = model_family(config)
+    kv = kv_dtype(config, settings.kv_cache_dtype, family)
+    check_kv_cache_dtype(config, kv.cache, engine_version, settings.dtype)
     specs = model_specs(config, settings, on_attention=lambda: check_attention_backend(
-        platform, family, settings.kv_cache_dtype, engine_version, dtype))
+        platform, family, kv.layers, engine_version, dtype, kv))
     layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
     groups = kv_cache_groups(specs.layers, layout)
     validate_layout(groups, layout)

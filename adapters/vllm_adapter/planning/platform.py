@@ -30,6 +30,7 @@ from typing import Any, Literal
 from kvpolicy.document_codes import LAUNCH_REFUSED
 
 from .hf_config import Family, ModelSpecError, dtype_key, model_dtype
+from .kv_dtype import KvDtype
 
 Platform = Literal["cuda", "cpu"]
 
@@ -140,16 +141,19 @@ MLA backend, listed between FlashMLA and Triton, takes compute capability 10.x o
 
 
 def check_attention_backend(platform: Platform, family: Family, kv_cache_dtype: str, version: str,
-                            dtype: str = "bfloat16") -> None:
+                            dtype: str = "bfloat16", kv: KvDtype | None = None) -> None:
     """Refuse a launch none of the platform's MLA attention backends takes, as vLLM does when it builds the model's
-    attention layers (``get_attn_backend``: no valid backend); ``dtype`` is the model's as vLLM serves it
+    attention layers (``get_attn_backend``: no valid backend); ``kv_cache_dtype`` is what the layers store
+    (``kv``: how vLLM resolved the flag to it, ``kv_dtype``), ``dtype`` the model's as vLLM serves it
     (``model_dtype``); ModelSpecError."""
     if family != "mla":
         return
+    shown, key = (kv.shown, kv.key) if kv is not None else (f"--kv-cache-dtype {kv_cache_dtype}", None)
     if platform == "cpu" and kv_cache_dtype not in CPU_MLA_KV_DTYPES and not version.startswith("0.32."):
+        fix = "drop --kv-cache-dtype" if kv is None or kv.flag != "auto" else f"pass --kv-cache-dtype {dtype}"
         raise ModelSpecError(
-            f"--kv-cache-dtype {kv_cache_dtype}: vLLM {version}'s MLA attention on CPU takes auto, bfloat16 or "
-            "float16 only, and refuses the launch; drop --kv-cache-dtype"
+            f"{shown}: vLLM {version}'s MLA attention on CPU takes auto, bfloat16 or float16 only, and refuses the "
+            f"launch; {fix}", key, LAUNCH_REFUSED,
         )
     if platform != "cuda":
         return
@@ -160,6 +164,6 @@ def check_attention_backend(platform: Platform, family: Family, kv_cache_dtype: 
         )
     if kv_cache_dtype == "fp8_e5m2":
         raise ModelSpecError(
-            f"--kv-cache-dtype fp8_e5m2: none of vLLM's MLA backends for Hopper ({HOPPER_MLA_BACKENDS}) takes it, "
-            "so vLLM finds no attention backend; use fp8 (e4m3)"
+            f"{shown}: none of vLLM's MLA backends for Hopper ({HOPPER_MLA_BACKENDS}) takes fp8_e5m2, so vLLM "
+            "finds no attention backend; use fp8 (e4m3)", key, LAUNCH_REFUSED,
         )

@@ -1,0 +1,405 @@
+"""The KV cache dtype vLLM stores for a model config and ``--kv-cache-dtype``: the flag as vLLM resolves it for
+the checkpoint's ``quantization_config``.
+
+vLLM 0.32 and 0.33 run the same code for it (tests/vllm/test_vllm_kv_dtype.py):
+
+- **The cache config** (``EngineArgs.create_engine_config`` → ``resolve_kv_cache_dtype_string``): under
+  ``auto``, a ModelOpt checkpoint (``quant_method`` starting with ``modelopt``) stores what its KV algorithm
+  says — ``kv_cache_scheme`` or ``kv_cache_quant_algo``, at the top of the quantization config or under its
+  ``quantization``: fp8 → ``fp8_e4m3``, nvfp4 → ``nvfp4`` (any case), a scheme dict of 8-bit floats with
+  ``dynamic: false`` → ``fp8_e4m3``, of 4-bit floats → ``nvfp4``, anything else → ``auto`` (the model's dtype).
+  The attention backends, and so the block sizes, see this dtype.
+- **The attention layers** (``Attention.__init__``): under ``auto``, a compressed-tensors checkpoint that
+  declares a ``kv_cache_scheme`` (llm-compressor's FP8 KV) stores ``fp8`` in its standard attention layers
+  (full and sliding-window). vLLM's MLA layers (``MLAAttention``) and DeepSeek-V4's attention do not read it:
+  they keep the cache config's dtype.
+- **Refusals, as vLLM builds the first attention layer**: a compressed-tensors ``kv_cache_scheme`` that vLLM
+  cannot load (not 8-bit float, a strategy other than tensor or attn_head, not symmetric); and an explicit
+  ``--kv-cache-dtype fp8_e5m2`` where the layer loads KV scales from the checkpoint ("fp8_e5m2 kv-cache is not
+  supported with fp8 checkpoints"): ``fp8`` (Fp8Config), ``quark`` and ModelOpt checkpoints, and
+  compressed-tensors ones that declare a ``kv_cache_scheme`` — in standard attention layers, and for ModelOpt
+  (but mixed precision) in MLA layers too.
+
+vLLM reads the quantization config from config.json's ``quantization_config``; a config.json without one from
+``hf_quant_config.json`` beside it (ModelOpt 0.29 and before: ``load_config`` adds it); and for the model's
+layers (not the cache config) from ``compression_config`` (older compressed-tensors) or a multimodal config's
+``text_config``. Before any of it vLLM normalises ``quant_method``: lower case, ``compressed_tensors`` →
+``compressed-tensors``, and a ModelOpt export named by its ``producer`` gets ``modelopt``, ``modelopt_fp4`` or
+``modelopt_mixed`` from its ``quant_algo`` (an algorithm vLLM does not know is refused).
+
+Every other quantization method (fp8, AWQ, GPTQ, bitsandbytes, MXFP4, Quark...) leaves ``auto`` the model's
+dtype. What the quantization config says of the weights (whether vLLM supports the method, its kernels, the
+activation dtypes it takes) is not the plan's. kvpolicy does not plan an nvfp4 KV cache: a checkpoint whose
+``auto`` resolves to it is refused, naming the quantization config. Pure code (no torch, no vllm).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpolicy.document_codes import LAUNCH_REFUSED, VALUE_NOT_ALLOWED, WRONG_TYPE
+
+from .config_values import ModelSpecError
+from .config_values import shown as _shown
+
+QUANTIZATION_KEY = "quantization_config"
+COMPRESSION_KEY = "compression_config"
+HF_QUANT_CONFIG = "hf_quant_config.json"
+"""Where ModelOpt 0.29 and before kept the quantization config: beside config.json."""
+
+MODELOPT_KV_ALGOS = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
+"""A ModelOpt KV algorithm (lower-cased) → the cache dtype vLLM stores; any other falls back to auto."""
+MODELOPT_PRODUCER_METHODS = {
+    "FP8": "modelopt", "FP8_PER_CHANNEL_PER_TOKEN": "modelopt", "FP8_PB_WO": "modelopt",
+    "NVFP4": "modelopt_fp4", "MIXED_PRECISION": "modelopt_mixed",
+}
+"""The ``quant_method`` vLLM gives a ModelOpt export named by its producer, by its ``quant_algo`` (upper-cased);
+0.32 knows no MIXED_PRECISION there."""
+CT_KV_STRATEGIES = ("tensor", "attn_head")
+"""The compressed-tensors KV scale strategies vLLM loads."""
+CT_STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group", "attn_head")
+"""compressed-tensors' ``QuantizationStrategy`` values: another name is no strategy at all."""
+KV_SCALE_METHODS = ("fp8", "quark")
+"""Quantization methods whose standard attention layers always load KV scales from the checkpoint."""
+NVFP4_KV = "nvfp4"
+FAMILY_NAMES = {"mla": "MLA", "deepseek_v4": "DeepSeek-V4"}
+
+
+class QuantFile(dict[str, Any]):
+    """A quantization config read from ``hf_quant_config.json`` beside config.json, not from config.json."""
+
+
+def read_hf_quant_config(config_path: Path) -> QuantFile | None:
+    """``hf_quant_config.json`` beside ``config_path``, which vLLM reads when config.json gives no
+    ``quantization_config``; None where there is none. A file that is not a JSON object is a ModelSpecError."""
+    path = config_path.parent / HF_QUANT_CONFIG
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelSpecError(f"{path}: vLLM reads it as the checkpoint's quantization config, but it cannot be "
+                             f"read as JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelSpecError(f"{path}: vLLM reads it as the checkpoint's quantization config, which must be a "
+                             f"JSON object, not {type(data).__name__}")
+    return QuantFile(data)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """A checkpoint's quantization config as vLLM reads it."""
+
+    data: Mapping[str, Any]
+    method: str
+    """``quant_method`` as vLLM normalises it ("" if none)."""
+    key: tuple[str, ...]
+    """Where vLLM reads it: ``("quantization_config",)`` (config.json's, or hf_quant_config.json's, which vLLM
+    puts there), ``("text_config", "quantization_config")`` or ``("compression_config",)``."""
+    for_cache: bool
+    """Whether vLLM's cache config reads it: config.json's (or hf_quant_config.json's) top-level
+    ``quantization_config``, not ``compression_config`` or a text config's."""
+
+    @property
+    def named(self) -> str:
+        """The config as a message names it."""
+        if isinstance(self.data, QuantFile):
+            return f"the checkpoint's {HF_QUANT_CONFIG}"
+        return f"the checkpoint's {'.'.join(self.key)}"
+
+    def at(self, *keys: str) -> tuple[str, ...] | None:
+        """The config.json path of a value in it (None: it is in hf_quant_config.json, not config.json)."""
+        return None if isinstance(self.data, QuantFile) else (*self.key, *keys)
+
+
+def quantization(config: Mapping[str, Any], version: str = "0.33.0") -> Quantization | None:
+    """The checkpoint's quantization config as vLLM ``version`` reads it (None: the checkpoint is not quantized),
+    or the ModelSpecError of one vLLM cannot read."""
+    found = _find(config)
+    if found is None:
+        return None
+    data, key, for_cache = found
+    where = ".".join(key) if not isinstance(data, QuantFile) else HF_QUANT_CONFIG
+    if not isinstance(data, Mapping):
+        raise ModelSpecError(f"{where} must be an object (vLLM cannot read {_shown(data)})", key, WRONG_TYPE)
+    # A ModelOpt export named by its producer gets its method first (over whatever quant_method says).
+    produced = _producer_method(data, key, where, version) if key[-1] == QUANTIZATION_KEY else None
+    method = produced or data.get("quant_method", "")
+    if not isinstance(method, str):
+        raise ModelSpecError(f"{where}.quant_method must be a name (vLLM cannot read {_shown(method)})",
+                             _at(data, key, "quant_method"), WRONG_TYPE)
+    return Quantization(data, method.lower().replace("compressed_tensors", "compressed-tensors"), key, for_cache)
+
+
+def _find(config: Mapping[str, Any]) -> tuple[Any, tuple[str, ...], bool] | None:
+    """The quantization config vLLM reads, where, and whether its cache config does (vLLM's model reads the
+    top-level config, else a multimodal model's text config, else ``compression_config``)."""
+    top = config.get(QUANTIZATION_KEY)
+    text = config.get("text_config")
+    if top is not None and not _lifted_from_text(config):
+        return top, (QUANTIZATION_KEY,), True
+    if isinstance(text, Mapping) and text.get(QUANTIZATION_KEY) is not None:
+        return text[QUANTIZATION_KEY], ("text_config", QUANTIZATION_KEY), False
+    if config.get(COMPRESSION_KEY) is not None:
+        return config[COMPRESSION_KEY], (COMPRESSION_KEY,), False
+    return None
+
+
+def _lifted_from_text(config: Mapping[str, Any]) -> bool:
+    """Whether the top-level ``quantization_config`` is a multimodal text config's, lifted beside the wrapper's
+    keys by ``load_config``."""
+    text = config.get("text_config")
+    return isinstance(text, Mapping) and text.get(QUANTIZATION_KEY) is config.get(QUANTIZATION_KEY)
+
+
+def _at(data: Mapping[str, Any], key: tuple[str, ...], *keys: str) -> tuple[str, ...] | None:
+    return None if isinstance(data, QuantFile) else (*key, *keys)
+
+
+def _producer_method(data: Mapping[str, Any], key: tuple[str, ...], where: str, version: str) -> str | None:
+    """The ``quant_method`` vLLM gives a ModelOpt export that names ModelOpt as its producer (or has a legacy
+    ``modelopt_quant_config``), from its ``quant_algo``; None for any other config."""
+    producer = data.get("producer", {})
+    if not isinstance(producer, Mapping):
+        raise ModelSpecError(f"{where}.producer must be an object (vLLM cannot read {_shown(producer)})",
+                             _at(data, key, "producer"), WRONG_TYPE)
+    inner = data.get("quantization", {})
+    legacy = isinstance(inner, Mapping) and "modelopt_quant_config" in inner
+    if producer.get("name") != "modelopt" and not legacy:
+        return None
+    if not isinstance(inner, Mapping):
+        raise ModelSpecError(f"{where}.quantization must be an object (vLLM cannot read {_shown(inner)})",
+                             _at(data, key, "quantization"), WRONG_TYPE)
+    algo = inner.get("quant_algo")
+    if algo is None:
+        return None
+    known = {a: m for a, m in MODELOPT_PRODUCER_METHODS.items()
+             if not (a == "MIXED_PRECISION" and version.startswith("0.32."))}
+    method = known.get(str(algo).upper())
+    if method is None:
+        raise ModelSpecError(
+            f"{where}.quantization.quant_algo {_shown(algo)}: vLLM {version} knows no such ModelOpt algorithm "
+            f"(\"Unknown ModelOpt quant algo\") and refuses the config as it loads it; known: {', '.join(known)}",
+            _at(data, key, "quantization", "quant_algo"))
+    return method
+
+
+@dataclass(frozen=True)
+class KvAlgo:
+    """A ModelOpt checkpoint's KV algorithm as vLLM reads it."""
+
+    dtype: str | None
+    """The cache dtype it asks for under ``auto``, as vLLM's ``get_kv_cache_quant_algo_string`` maps it (None: no
+    algorithm, or no ModelOpt checkpoint)."""
+    said: str = ""
+    """Where the checkpoint says so, and what (words)."""
+    key: tuple[str, ...] | None = None
+    """That value's place in config.json (None: in hf_quant_config.json, or nowhere)."""
+
+
+def modelopt_kv_algo(quant: Quantization) -> KvAlgo:
+    """The KV algorithm of a ModelOpt checkpoint (``dtype`` None for any other)."""
+    data = quant.data
+    if not quant.method.startswith("modelopt"):
+        return KvAlgo(None)
+    inner = data.get("quantization", data)
+    if not isinstance(inner, Mapping):
+        raise ModelSpecError(f"{quant.named}.quantization must be an object (vLLM cannot read "
+                             f"{_shown(inner)})", quant.at("quantization"), WRONG_TYPE)
+    # vLLM takes the first of these that is set (truthy), the scheme before the algorithm, inner before outer.
+    # When none is, vLLM has the last one's value (an empty name or scheme still falls back to auto).
+    nested = ("quantization",) if inner is not data else ()
+    places = [(inner, nested, "kv_cache_scheme"), (data, (), "kv_cache_scheme"),
+              (inner, nested, "kv_cache_quant_algo"), (data, (), "kv_cache_quant_algo")]
+    source, prefix, name = next((p for p in places if p[0].get(p[2])), places[-1])
+    algo = source.get(name)
+    said, key = f"{'.'.join((*prefix, name))} {_shown(algo)}", quant.at(*prefix, name)
+    if isinstance(algo, Mapping):
+        kind = _scheme_kind(algo)
+        return KvAlgo(MODELOPT_KV_ALGOS[kind] if kind else "auto", said, key)
+    if isinstance(algo, str):
+        return KvAlgo(MODELOPT_KV_ALGOS.get(algo.lower(), "auto"), said, key)
+    return KvAlgo(None, said, key)
+
+
+def _scheme_kind(scheme: Mapping[str, Any]) -> str | None:
+    """A ModelOpt KV scheme dict as vLLM names it: fp8 (static 8-bit floats), nvfp4 (4-bit floats), else None."""
+    if scheme.get("dynamic") is False and scheme.get("num_bits") == 8 and scheme.get("type") == "float":
+        return "fp8"
+    if scheme.get("num_bits") == 4 and scheme.get("type") == "float":
+        return "nvfp4"
+    return None
+
+
+def cache_dtype(config: Mapping[str, Any], kv_cache_dtype: str) -> str:
+    """The cache config's dtype (``CacheConfig.cache_dtype``) for ``--kv-cache-dtype kv_cache_dtype``: the flag,
+    or for ``auto`` a ModelOpt checkpoint's KV algorithm (``auto`` otherwise, the model's dtype)."""
+    if kv_cache_dtype != "auto":
+        return kv_cache_dtype
+    quant = quantization(config)
+    if quant is None or not quant.for_cache:
+        return "auto"
+    return modelopt_kv_algo(quant).dtype or "auto"
+
+
+def ct_kv_scheme(quant: Quantization | None) -> Any:
+    """A compressed-tensors checkpoint's ``kv_cache_scheme`` (None: it declares none, or is no such checkpoint)."""
+    if quant is None or quant.method != "compressed-tensors":
+        return None
+    return quant.data.get("kv_cache_scheme")
+
+
+@dataclass(frozen=True)
+class KvDtype:
+    """The KV cache dtype of a launch, as vLLM resolves ``--kv-cache-dtype`` for the checkpoint."""
+
+    flag: str
+    """--kv-cache-dtype as given."""
+    cache: str
+    """The cache config's dtype: what the attention backends (and so the block sizes) see; ``auto``: the model's."""
+    layers: str
+    """What the family's attention layers store (the cache's, or ``fp8`` where a compressed-tensors scheme says)."""
+    why: str = ""
+    """What the checkpoint's quantization config made of ``auto``, or why it left it ("": it says nothing of it)."""
+    key: tuple[str, ...] | None = None
+    """Where in config.json the value is that made ``auto`` what it is (None: nowhere, or hf_quant_config.json)."""
+
+    @property
+    def shown(self) -> str:
+        """The flag as a message names it, with what the checkpoint made of it."""
+        if self.layers == self.flag:
+            return f"--kv-cache-dtype {self.flag}"
+        return f"--kv-cache-dtype {self.flag} ({self.why}: {self.layers})"
+
+
+def kv_dtype(config: Mapping[str, Any], kv_cache_dtype: str, family: str) -> KvDtype:
+    """The KV cache dtype vLLM stores for this config, ``--kv-cache-dtype`` and the model's family (``standard``,
+    ``mla`` or ``deepseek_v4``); an nvfp4 cache, which kvpolicy does not plan, is refused (ModelSpecError)."""
+    cache = cache_dtype(config, kv_cache_dtype)
+    quant = quantization(config)
+    if quant is None or kv_cache_dtype != "auto":  # an explicit dtype is what vLLM stores
+        return KvDtype(kv_cache_dtype, cache, cache)
+    algo = modelopt_kv_algo(quant) if quant.for_cache else KvAlgo(None)
+    if algo.dtype is not None:
+        why = f"{quant.named} ({quant.method}) gives {algo.said}"
+        if cache == "auto":
+            why += ", which vLLM does not know: it keeps auto"
+        resolved = KvDtype(kv_cache_dtype, cache, cache, why, algo.key)
+        if cache == NVFP4_KV:
+            raise ModelSpecError(
+                f"{resolved.shown}: vLLM stores an nvfp4 KV cache for this checkpoint, which kvpolicy does not plan"
+                + ("" if family != "deepseek_v4" else " (and vLLM's DeepSeek-V4, whose fp8_ds_mla cache takes fp8 "
+                   "only, refuses it)")
+                + "; pass --kv-cache-dtype fp8 or the model's dtype to plan another", resolved.key)
+        return resolved
+    if ct_kv_scheme(quant) is None:
+        return KvDtype(kv_cache_dtype, cache, cache)
+    declared = f"{quant.named} (compressed-tensors) declares a kv_cache_scheme"
+    if family == "standard":
+        return KvDtype(kv_cache_dtype, cache, "fp8", declared, quant.at("kv_cache_scheme"))
+    family_name = FAMILY_NAMES.get(family, family)
+    return KvDtype(kv_cache_dtype, cache, cache, f"{declared}, which vLLM's {family_name} attention does not read")
+
+
+def check_quant_config(config: Mapping[str, Any]) -> None:
+    """Refuse a quantization config vLLM cannot make its quantization method of (as it builds its config, after
+    it checked the tensor parallel size): a compressed-tensors ``kv_cache_scheme`` that is not an object, a
+    ModelOpt ``kv_cache_quant_algo`` (nested format) that is not a name; ModelSpecError."""
+    quant = quantization(config)
+    if quant is None:
+        return
+    scheme = ct_kv_scheme(quant)
+    if scheme is not None and not isinstance(scheme, Mapping):
+        raise ModelSpecError(f"{quant.named}.kv_cache_scheme must be an object (vLLM cannot read "
+                             f"{_shown(scheme)})", quant.at("kv_cache_scheme"), WRONG_TYPE)
+    inner = quant.data.get("quantization")
+    if quant.method.startswith("modelopt") and isinstance(inner, Mapping):
+        algo = inner.get("kv_cache_quant_algo")
+        if algo is not None and not isinstance(algo, str):
+            raise ModelSpecError(f"{quant.named}.quantization.kv_cache_quant_algo must be a string, got "
+                                 f"{_shown(algo)} (vLLM refuses the config)",
+                                 quant.at("quantization", "kv_cache_quant_algo"), WRONG_TYPE)
+
+
+def check_attention_kv(config: Mapping[str, Any], kv: KvDtype, family: str) -> None:
+    """Refuse what vLLM refuses of the KV cache as it builds the first attention layer (after it picked the
+    attention backend): a compressed-tensors ``kv_cache_scheme`` it cannot load (standard attention), then
+    ``fp8_e5m2`` in a layer that loads KV scales from the checkpoint; ModelSpecError."""
+    quant = quantization(config)
+    if quant is None or family == "deepseek_v4":  # DeepSeek-V4's attention loads no KV scales
+        return
+    scheme = ct_kv_scheme(quant)
+    if family == "standard" and scheme is not None:
+        _check_ct_scheme(quant, scheme)
+    if kv.layers == "fp8_e5m2" and _loads_kv_scales(quant, family):
+        raise ModelSpecError(
+            f"--kv-cache-dtype fp8_e5m2: {quant.named} ({quant.method}) has vLLM's attention layers load fp8 KV "
+            "scales, and vLLM refuses fp8_e5m2 with them (\"fp8_e5m2 kv-cache is not supported with fp8 "
+            "checkpoints\") as it builds the model; use fp8 (e4m3) or auto",
+            quant.at("kv_cache_scheme") if scheme is not None else quant.at("quant_method"), LAUNCH_REFUSED)
+
+
+def _loads_kv_scales(quant: Quantization, family: str) -> bool:
+    """Whether vLLM's quantization method gives this family's attention layers a KV cache method (one that loads
+    k/v scales): Fp8Config and Quark for standard attention, compressed-tensors there when it declares a
+    scheme, ModelOpt for standard and MLA attention (mixed precision: standard, when it declares a KV algorithm)."""
+    if quant.method in KV_SCALE_METHODS:
+        return family == "standard"
+    if quant.method == "compressed-tensors":
+        return family == "standard" and ct_kv_scheme(quant) is not None
+    if not quant.method.startswith("modelopt"):
+        return False
+    if _modelopt_algo(quant) != "MIXED_PRECISION":
+        return True
+    return family == "standard" and _mixed_declares_kv(quant)
+
+
+def _modelopt_algo(quant: Quantization) -> str:
+    inner = quant.data.get("quantization")
+    algo = inner.get("quant_algo") if isinstance(inner, Mapping) else quant.data.get("quant_algo")
+    return str(algo).upper()
+
+
+def _mixed_declares_kv(quant: Quantization) -> bool:
+    """Whether a ModelOpt mixed-precision config has a KV algorithm as its config class reads one: the nested
+    format's ``kv_cache_quant_algo``, the flat one's ``kv_cache_scheme`` of 8-bit floats."""
+    inner = quant.data.get("quantization")
+    if isinstance(inner, Mapping):
+        return inner.get("kv_cache_quant_algo") is not None
+    scheme = quant.data.get("kv_cache_scheme")
+    return isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
+
+
+def _check_ct_scheme(quant: Quantization, scheme: Any) -> None:
+    """vLLM's compressed-tensors KV cache method loads 8-bit float scales, per tensor or per head, symmetric."""
+    key = quant.at("kv_cache_scheme")
+    if not isinstance(scheme, Mapping):
+        raise ModelSpecError(f"{quant.named}.kv_cache_scheme must be an object (vLLM cannot read "
+                             f"{_shown(scheme)})", key, WRONG_TYPE)
+    bits, kind, strategy = scheme.get("num_bits"), scheme.get("type"), scheme.get("strategy")
+    refused = "vLLM refuses the model as it builds its first attention layer"
+    if kind != "float" or bits != 8:
+        raise ModelSpecError(f"{quant.named}.kv_cache_scheme: vLLM's compressed-tensors KV cache takes num_bits 8 "
+                             f"and type float only, got num_bits {_shown(bits)}, type {_shown(kind)}; {refused}",
+                             key, VALUE_NOT_ALLOWED)
+    if strategy not in CT_KV_STRATEGIES:
+        what = "no compressed-tensors strategy" if strategy not in CT_STRATEGIES else "a strategy it does not take"
+        raise ModelSpecError(f"{quant.named}.kv_cache_scheme: strategy {_shown(strategy)} is {what}; vLLM's "
+                             f"compressed-tensors KV cache takes {' or '.join(CT_KV_STRATEGIES)}, and {refused}",
+                             key, VALUE_NOT_ALLOWED)
+    if not scheme.get("symmetric"):
+        raise ModelSpecError(f"{quant.named}.kv_cache_scheme: vLLM's compressed-tensors KV cache takes symmetric "
+                             f"scales only, got symmetric {_shown(scheme.get('symmetric'))}; {refused}",
+                             key, VALUE_NOT_ALLOWED)
+
+
+def auto_words(kv: KvDtype, model: str) -> str:
+    """What ``--kv-cache-dtype auto`` stores and why, for the plan's ``assumed``: ``model`` (the model's dtype, in
+    words), or what the checkpoint's quantization config made of it."""
+    if kv.layers != "auto":
+        return f"{kv.layers}, as {kv.why}"
+    return f"{model}; {kv.why}" if kv.why else model
