@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -297,11 +298,16 @@ def same_module(theirs: str, ours: str) -> bool:
     return rest != theirs and rest.split(".")[0] not in ("experts", "shared_experts")
 
 
-def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int, launch: Launch) -> None:
+def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, budget: int, launch: Launch,
+                     refusals: dict[str, str] = REFUSALS, files: dict[str, dict] | None = None) -> Any:
+    """Plan ``config`` (with ``files`` beside it: name → JSON) as vLLM and as the plan, and compare; vLLM's
+    ``VllmConfig`` once it built the model (None where it refused). ``refusals``: vLLM's words → the plan's."""
     from tests.vllm.real_vllm import Case, allocated_views, layer_specs, real_plan, vllm_config
 
     folder = tmp_path_factory.mktemp("random-config")
     (folder / "config.json").write_text(json.dumps(config))
+    for name, content in (files or {}).items():
+        (folder / name).write_text(json.dumps(content))
     mine = load_config(folder / "config.json")
     case = Case(str(folder), launch.block_size, max_model_len=launch.max_model_len, layout=launch.layout,
                 kv_cache_dtype=launch.kv_cache_dtype, max_num_batched_tokens=launch.max_num_batched_tokens,
@@ -318,22 +324,22 @@ def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, bud
         theirs = f"{type(exc).__name__}: {exc}"
         if HOST_REFUSAL in theirs:
             event("not compared: this CPU runs no fp8 cache")
-            return
+            return None
         if CPU_MOE_REFUSAL in theirs:
             event("not compared: vLLM's CPU MoE kernels take no such width")
-            return
+            return None
         refused = ours_refuse(mine, ours, budget)
-        reason = next((r for r in REFUSALS if r in theirs), None)
+        reason = next((r for r in refusals if r in theirs), None)
         if reason is None:  # vLLM's model refused to build: the plan must name the module, as its own refusal
             module = building(exc)
             assert isinstance(exc, (AssertionError, ZeroDivisionError, AttributeError)), theirs
             assert isinstance(refused, ModelBuildRefused), (theirs, module, refused)
             assert same_module(module, refused.module), (theirs, module, refused.module, str(refused))
             event(f"refused building {refused.module.split('.')[-1]}")
-            return
-        assert REFUSALS[reason] in str(refused), (theirs, str(refused))
+            return None
+        assert refusals[reason] in str(refused), (theirs, str(refused))
         event(f"refused at start-up: {reason}")
-        return
+        return None
     sched = real_config.scheduler_config
     saved = sched.async_scheduling
     sched.async_scheduling = launch.async_scheduling  # 2 batches in flight as on a GPU, or 1
@@ -346,7 +352,7 @@ def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, bud
             with pytest.raises(PlanError) as refused:
                 make_plan(mine, ours, budget=budget, platform="cpu")
             event(f"refused: {assert_same_refusal(str(refused.value), str(exc))}")
-            return
+            return real_config
         concurrency = real.max_concurrency
         allocated = allocated_views(real.kv_cache_config, case.layout)
     finally:
@@ -367,3 +373,4 @@ def plan_and_compare(tmp_path_factory: pytest.TempPathFactory, config: dict, bud
     layers = model_specs(mine, ours).layers
     pools = {name: (layers[".".join(name.split(".")[:3])].pool, "") for name in allocated["layers"]}
     check_allocation(plan, pools, allocated)
+    return real_config
