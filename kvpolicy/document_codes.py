@@ -292,11 +292,14 @@ LAUNCH_REFUSED = _define(
     engine's words, placed at the value of the config that the flags do not fit: a
     `--tensor-parallel-size` that does not divide the attention heads, the KV heads, the vocabulary
     or an MLP's width; a `--max-model-len` past the length the config gives; `--dtype float16` for
-    a model type vLLM refuses it for; a 16-bit `--kv-cache-dtype` other than the config's dtype; an
-    MXFP4 indexer with `index_head_dim` 512. A value the file does not set (its config class's
-    default) is placed at `model_type`, and the message says so. A value the engine refuses
-    whatever the flags (attention heads that are not a multiple of the KV heads) is KVD008; a flag
-    refused on its own is no problem of the config, and is reported without a place or code.
+    a model type vLLM refuses it for; a 16-bit `--kv-cache-dtype` other than the config's dtype;
+    `--kv-cache-dtype fp8_e5m2` with a checkpoint whose attention loads fp8 KV scales (placed at its
+    `quantization_config`), and a KV dtype the checkpoint's quantization config gives that the
+    attention backends refuse; an MXFP4 indexer with `index_head_dim` 512. A value the file does not
+    set (its config class's default) is placed at `model_type`, and the message says so. A value the
+    engine refuses whatever the flags (attention heads that are not a multiple of the KV heads) is
+    KVD008; a flag refused on its own is no problem of the config, and is reported without a place
+    or code.
 
     ## Fix
     Change the flag as the message says, or the value of the config if it is the one that is wrong.
