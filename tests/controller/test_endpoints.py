@@ -70,14 +70,16 @@ def test_not_ready_without_a_source_of_gpu_figures(site):
 def test_liveness_fails_when_the_heartbeat_is_stale(site):
     controller = site.controller()
     assert wait_for(lambda: controller.heartbeat_at is not None)
-    health = ControllerHealth(controller, stale_after=10.0)
-    assert health.liveness().ok
-    later = ControllerHealth(controller, stale_after=10.0, clock=lambda: controller.heartbeat_at + 11.0)
+    # Stopped, so its last heartbeat stays put and the ages below are exact. Running, it may beat
+    # between the clock's read of the heartbeat and the probe's: after a stall over 1 s, "11 s" is < 10.
+    site.stop_controllers()
+    beat = controller.heartbeat_at
+    assert ControllerHealth(controller, stale_after=10.0, clock=lambda: beat + 9.0).liveness().ok
+    later = ControllerHealth(controller, stale_after=10.0, clock=lambda: beat + 11.0)
     (check,) = later.liveness().checks
     assert not check.ok and "not running" in check.detail
-    site.stop_controllers()
     idle = Controller(controller.config, controller.ledger, None)  # made, never run
-    assert ControllerHealth(idle).liveness().ok  # just started: no heartbeat yet, not stale
+    assert ControllerHealth(idle, clock=lambda: idle.started_at + 9.0).liveness().ok  # no heartbeat yet, not stale
     assert not ControllerHealth(idle, clock=lambda: idle.started_at + 11.0).liveness().ok
 
 
