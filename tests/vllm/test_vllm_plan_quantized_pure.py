@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvpolicy.adapters.vllm_adapter.planning.config_values import ConfigInvalid
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config
 from kvpolicy.adapters.vllm_adapter.planning.kv_dtype import kv_dtype
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, VllmPlan, make_plan
@@ -82,10 +83,13 @@ def test_hf_quant_config_json_beside_the_config_is_read_where_it_gives_none(tmp_
     assert kv_dtype(load_config(tmp_path / "config.json"), "auto", "standard").layers == "fp8_e4m3"
     (tmp_path / "config.json").write_text(json.dumps({**QWEN, "quantization_config": {"quant_method": "fp8"}}))
     assert kv_dtype(load_config(tmp_path / "config.json"), "auto", "standard").layers == "auto"
-    (tmp_path / "hf_quant_config.json").write_text("[1]")
     (tmp_path / "config.json").write_text(json.dumps(QWEN))
-    with pytest.raises(ModelSpecError, match=r"hf_quant_config\.json: vLLM reads it .* must be a JSON object"):
-        load_config(tmp_path / "config.json")
+    for text, code, place in (("[1]", "KVD007", (1, 1)), ('{"quant_method": "modelopt",\n "producer": {},}', "KVD002", (2, 17))):
+        (tmp_path / "hf_quant_config.json").write_text(text)
+        with pytest.raises(ConfigInvalid) as refused:  # its problems are a document's, as config.json's are
+            load_config(tmp_path / "config.json")
+        (d,) = refused.value.diagnostics
+        assert (Path(d.file).name, d.code, (d.line, d.col)) == ("hf_quant_config.json", code, place)
 
 
 def test_a_multimodal_text_configs_quantization_reaches_the_layers_not_the_cache_config(tmp_path: Path) -> None:

@@ -35,7 +35,6 @@ activation dtypes it takes) is not the plan's. kvpolicy does not plan an nvfp4 K
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +42,7 @@ from typing import Any
 
 from kvpolicy.document_codes import LAUNCH_REFUSED, VALUE_NOT_ALLOWED, WRONG_TYPE
 
-from .config_values import ModelSpecError
+from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError
 from .config_values import shown as _shown
 
 QUANTIZATION_KEY = "quantization_config"
@@ -75,19 +74,21 @@ class QuantFile(dict[str, Any]):
 
 def read_hf_quant_config(config_path: Path) -> QuantFile | None:
     """``hf_quant_config.json`` beside ``config_path``, which vLLM reads when config.json gives no
-    ``quantization_config``; None where there is none. A file that is not a JSON object is a ModelSpecError."""
+    ``quantization_config``; None where there is none. Its problems are a document's, as config.json's are
+    (ConfigInvalid with their diagnostics; ConfigUnreadable where it cannot be read at all)."""
+    from kvpolicy.json_text import DocumentInvalid, read_json_object
+
     path = config_path.parent / HF_QUANT_CONFIG
     if not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ModelSpecError(f"{path}: vLLM reads it as the checkpoint's quantization config, but it cannot be "
-                             f"read as JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelSpecError(f"{path}: vLLM reads it as the checkpoint's quantization config, which must be a "
-                             f"JSON object, not {type(data).__name__}")
-    return QuantFile(data)
+        document = read_json_object(path, what="quantization config")
+    except OSError as exc:
+        raise ConfigUnreadable(f"{path}: cannot read the quantization config vLLM reads with the model config: "
+                               f"{exc.strerror}") from None
+    except DocumentInvalid as exc:
+        raise ConfigInvalid(exc) from None
+    return QuantFile(document.data)
 
 
 @dataclass(frozen=True)
