@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import (
     BaseModel,
     ConfigDict,
-    PositiveInt,
+    Field,
     ValidationError,
     model_validator,
 )
@@ -40,6 +40,16 @@ CONTEXT_LENGTH_KEYS = (
     "max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"
 )
 
+# SGLang 0.5.23 loads a deepseek_v4 config through transformers' DeepseekV4Config and then its own
+# DeepseekV3Config alias, both strict dataclasses (huggingface_hub): an int field refuses true, "43"
+# and 43.0 alike. So the plan reads every integer strictly, where pydantic's lax mode would plan them.
+Count = Annotated[int, Field(strict=True, gt=0)]
+"""A positive JSON integer: no bool, string or float."""
+Int = Annotated[int, Field(strict=True)]
+STRICT_HINT = ("SGLang 0.5.23 reads it through transformers' strict DeepseekV4Config, which refuses true, "
+               "\"43\" and 43.0: write a bare integer")
+NULL_HINT = "SGLang 0.5.23 (transformers' strict DeepseekV4Config) refuses null too: leave the key out for its default"
+
 
 class ModelGeometry(BaseModel):
     """DeepSeek-V4 fields that matter for the KV pools (names as in ``config.json``)."""
@@ -49,18 +59,21 @@ class ModelGeometry(BaseModel):
     architectures: tuple[str, ...] = (V4_ARCHITECTURE,)
     model_type: str = "deepseek_v4"
     """``deepseek_v4`` or ``deepseek_v41``: SGLang's launch defaults differ (see ``launch.py``)."""
-    num_hidden_layers: PositiveInt
-    head_dim: PositiveInt = 512
-    qk_rope_head_dim: PositiveInt = 64
-    index_head_dim: PositiveInt = 128
-    sliding_window: PositiveInt = 128
-    compress_ratios: tuple[int, ...]
-    kv_source_layer_ids: tuple[int, ...] = ()
-    max_position_embeddings: PositiveInt
-    max_sequence_length: PositiveInt | None = None
-    seq_length: PositiveInt | None = None
-    max_seq_len: PositiveInt | None = None
-    model_max_length: PositiveInt | None = None
+    num_hidden_layers: Count
+    head_dim: Count = 512
+    qk_rope_head_dim: Count = 64
+    index_head_dim: Count = 128
+    sliding_window: Count = 128
+    """Absent: transformers' default, 128; null is refused, as transformers refuses it (no Optional)."""
+    compress_ratios: tuple[Int, ...]
+    kv_source_layer_ids: tuple[Int, ...] = ()
+    max_position_embeddings: Count
+    # SGLang reads these four untyped, as int(factor * value): a string would be repeated, a float
+    # truncated; the plan takes whole numbers only (stricter than SGLang for a float here).
+    max_sequence_length: Count | None = None
+    seq_length: Count | None = None
+    max_seq_len: Count | None = None
+    model_max_length: Count | None = None
     rope_scaling: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -164,7 +177,22 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         return GeometryConfig(ModelGeometry.model_validate(data), document, at)
     except ValidationError as exc:
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
-                            document.refusal(exc, ModelGeometry, at=at)) from None
+                            _with_strict_hint(document.refusal(exc, ModelGeometry, at=at))) from None
+
+
+def _with_strict_hint(problems: DocumentInvalid) -> DocumentInvalid:
+    """``problems`` with a hint on each integer refused for its type (true, "43", 43.0, null), where a
+    bare "must be a whole number, not 43.0" would puzzle."""
+    from kvpolicy.document_codes import WRONG_TYPE
+    from kvpolicy.json_text import DocumentInvalid
+
+    def hinted(d: Diagnostic) -> Diagnostic:
+        wrong_int = d.code == WRONG_TYPE.code and "must be a whole number" in d.message and d.hint is None
+        if not wrong_int:
+            return d
+        return d.model_copy(update={"hint": NULL_HINT if d.message.endswith(", not null") else STRICT_HINT})
+
+    return DocumentInvalid([hinted(d) for d in problems.diagnostics], problems.more)
 
 
 def load_geometry(path: str | Path) -> ModelGeometry:

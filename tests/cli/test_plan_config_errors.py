@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvpolicy.adapters.sglang_dsv4.geometry import STRICT_HINT
 from kvpolicy.cli import main
 from kvpolicy.json_positions import parse
 
@@ -197,6 +198,7 @@ def test_sglang_refuses_each_field_at_its_place_in_the_order_of_the_text(capsys,
     assert first < second, "the file has num_hidden_layers first, and the order of the file is kept"
     assert (code, out) == (1, "")
     assert err == (f"{path}:{first[0]}:{first[1]}: KVD007 error: num_hidden_layers: must be a whole number, not \"x\"\n"
+                   f"  hint: {STRICT_HINT}\n"
                    f"{path}:{second[0]}:{second[1]}: KVD008 error: head_dim: must be greater than 0, not -3\n")
     assert [d["code"] for d in error_document(capsys, "sglang", path)["diagnostics"]] == ["KVD007", "KVD008"]
 
@@ -246,8 +248,8 @@ VLLM_READS: dict[str, tuple[dict[str, Any], list[tuple[str | int, ...]]]] = {
 SGLANG_READS = [(k,) for k in ("num_hidden_layers", "head_dim", "qk_rope_head_dim", "index_head_dim", "sliding_window",
                                "max_position_embeddings", "compress_ratios")] + [("compress_ratios", i) for i in (0, 2, 42)]
 WRONG = ["x", [1], {"a": 1}, True, -3]
-"""Values of the wrong type (or, -3, out of range) for every key above; SGLang reads true as 1, and 1.5 as no int."""
-SGLANG_WRONG = ["x", [1], {"a": 1}, 1.5, -3]
+"""Values of the wrong type (or, -3, out of range) for every key above."""
+SGLANG_WRONG = ["x", [1], {"a": 1}, 1.5, True, -3]
 
 
 def allowed_kind(key: tuple[str | int, ...], bad: object) -> bool:
