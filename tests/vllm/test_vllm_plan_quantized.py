@@ -12,15 +12,15 @@ reason (``plan_and_compare``), and vLLM's cache dtype once the model is built mu
 layers store (``kv_dtype``): ModelOpt's KV algorithm under auto, fp8 for a compressed-tensors scheme in
 standard attention, the model's dtype in MLA layers.
 
-Not drawn: ``--dtype float32`` with a method whose kernels take only 16-bit activations (fp8, ModelOpt, Quark),
-which vLLM refuses for the weights' sake (the plan does not model the weights' quantization). The example count
+The ``quant_method`` is drawn in random case, at times replaced by one vLLM does not know (bitsandbytes, GGUF,
+random text), which vLLM refuses as it builds its model config; ``--dtype float32`` with a method whose kernels take
+only 16-bit activations (fp8, ModelOpt, Quark) is refused once its configs are built. The example count
 follows KVPOLICY_PLAN_RANDOM_EXAMPLES (default 40) as for the other random plans: half of it for each of the
 three groups of methods.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -53,11 +53,21 @@ QUANT_REFUSALS = {
     "is not a valid QuantizationStrategy": "is no compressed-tensors strategy",
     "Invalid strategy for compressed-tensors KV cache": "is a strategy it does not take",
     "Only support symmetric scaling factor": "takes symmetric scales only",
+    "Unknown quantization method": "knows no such quantization method",
+    "is not supported for quantization method": "is not supported for quantization method",
 }
 """vLLM's refusals of a checkpoint's KV quantization → the plan's words (with the others of random configs)."""
 KV_DTYPES = ["auto", "auto", "auto", "auto", "bfloat16", "fp8", "fp8_e5m2"]
-SIXTEEN_BIT_ONLY = ("modelopt", "fp8", "quark")
-"""Methods vLLM refuses a float32 model for (their kernels' activation dtypes)."""
+UNKNOWN_METHODS = ["bitsandbytes", "gguf", "hqq", "intel/auto-round", "ptpc_fp8"]
+"""Methods vLLM 0.33 does not know (some older or other platforms' vLLMs do)."""
+
+
+def method_names(method: str) -> st.SearchStrategy[str]:
+    """``method`` in random case (vLLM lower-cases it), or mostly so: at times a method vLLM does not know."""
+    cased = st.lists(st.booleans(), min_size=len(method), max_size=len(method)).map(
+        lambda upper: "".join(c.upper() if u else c for c, u in zip(method, upper, strict=True)))
+    unknown = st.sampled_from(UNKNOWN_METHODS) | st.text("abcxyz_-", min_size=1, max_size=8)
+    return st.one_of(st.just(method), cased, unknown)
 FAMILIES = {  # the drawn config's shape → (its strategy, the block sizes vLLM's CPU backends keep for it)
     "standard": (attention("qwen3-8b"), [16, 32, 64]),
     "sliding": (hybrid(), [32, 64, 128]),
@@ -77,14 +87,14 @@ def test_random_quantized_configs_plan_as_vllm_does(tmp_path_factory: pytest.Tem
     kind, quantization = data.draw(planned_quant_configs(PLANNED_KINDS[kinds]))
     strategy, block_sizes = FAMILIES[shape]
     config = data.draw(strategy)
+    if quantization is not None and isinstance(quantization.get("quant_method"), str):
+        quantization = {**quantization, "quant_method": data.draw(method_names(quantization["quant_method"]))}
     files = {}
     if quantization is not None and in_file and "producer" in quantization:  # ModelOpt 0.29's own file
         files["hf_quant_config.json"] = quantization
     elif quantization is not None:
         config["quantization_config"] = quantization
     launch = data.draw(launches(config, block_sizes, KV_DTYPES))
-    if kind in SIXTEEN_BIT_ONLY and launch.dtype in ("float32", "float"):
-        launch = dataclasses.replace(launch, dtype="auto")
     event(f"{shape}, {kind}{' in hf_quant_config.json' if files else ''}, --kv-cache-dtype {launch.kv_cache_dtype}")
     if refused_as_nvfp4(tmp_path_factory, config, files, launch):
         return

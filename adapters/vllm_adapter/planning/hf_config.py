@@ -45,6 +45,7 @@ from .config_values import config_int as _int
 from .config_values import shown as _shown
 from .kv_dtype import COMPRESSION_KEY, QUANTIZATION_KEY, KvDtype, check_attention_kv, check_quant_config, kv_dtype
 from .kv_dtype import read_hf_quant_config
+from .quant_method import check_act_dtype
 from .layer_specs import LayerSpec, SpecKind
 from .model_build import check_build, check_heads
 
@@ -187,6 +188,7 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
         # (model_build).
         check_heads(config, tp)
         check_quant_config(config)
+        check_act_dtype(config, model_dtype(config, settings.dtype), settings.dtype, dtype_key(config))
         if family == "standard":
             _standard_layer_kinds(config, _layers(config))
         check_build(config, tp, split_kv_heads=family == "standard", on_attention=attention)

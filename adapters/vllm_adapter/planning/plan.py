@@ -20,6 +20,7 @@ from ..versions import NEWEST_VALIDATED_VLLM
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype, quantization
 from .max_len import check_max_model_len, check_rope_parameters, model_length
+from .quant_method import check_quant_method
 from .platform import Platform, check_attention_backend, check_kv_cache_dtype
 from .kv_cache_planning import (
     Group,
@@ -138,8 +139,8 @@ def make_plan(
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
     the RoPE parameters and the quantization config (as it loads the config), the model dtype, max_model_len, the
-    KV dtype (as it resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and
-    the heads, the quantization method, then as a worker builds the model its embedding, layers, attention backend
+    quantization method (known, not deprecated), the KV dtype (as it resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and
+    the heads, the quantization config and the model dtype its kernels take, then as a worker builds the model its embedding, layers, attention backend
     and KV quantization (``model_build``), the budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
@@ -147,6 +148,7 @@ def make_plan(
     quantization(config, engine_version)
     dtype = model_dtype(config, settings.dtype)
     check_max_model_len(model_length(config), settings.max_model_len, settings.allow_long_max_model_len)
+    check_quant_method(config, engine_version)
     family = model_family(config)
     kv = kv_dtype(config, settings.kv_cache_dtype, family)
     check_kv_cache_dtype(config, kv.cache, engine_version, settings.dtype)
