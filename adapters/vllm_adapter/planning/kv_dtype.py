@@ -28,8 +28,8 @@ layers (not the cache config) from ``compression_config`` (older compressed-tens
 ``modelopt_mixed`` from its ``quant_algo`` (an algorithm vLLM does not know is refused).
 
 Every other quantization method (fp8, AWQ, GPTQ, bitsandbytes, MXFP4, Quark...) leaves ``auto`` the model's
-dtype. What the quantization config says of the weights (whether vLLM supports the method, its kernels, the
-activation dtypes it takes) is not the plan's. kvpolicy does not plan an nvfp4 KV cache: a checkpoint whose
+dtype. Whether vLLM knows the method and takes the model dtype for it is ``quant_method``'s; what the config
+says of the weights' kernels otherwise is not the plan's. kvpolicy does not plan an nvfp4 KV cache: a checkpoint whose
 ``auto`` resolves to it is refused, naming the quantization config. Pure code (no torch, no vllm).
 """
 
