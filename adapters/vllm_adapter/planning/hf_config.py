@@ -130,7 +130,7 @@ def load_config(path: Path | str) -> FilledConfig:
     if not isinstance(text, dict) or "num_hidden_layers" in data:
         filled = with_class_defaults(data)
         filled.document = document
-        return _with_quant_file(filled, p)
+        return _with_quant_file(filled, data, p)
     inner = with_class_defaults({"model_type": data.get("model_type"), **text}, home=("text_config",))
     if "model_type" not in text:
         inner.origins["model_type"] = ("model_type",)
@@ -140,14 +140,13 @@ def load_config(path: Path | str) -> FilledConfig:
         if key in data:
             merged[key], origins[key] = data[key], (key,)
     filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document)
-    return _with_quant_file(filled, p)
+    return _with_quant_file(filled, data, p)
 
 
-def _with_quant_file(config: FilledConfig, path: Path) -> FilledConfig:
-    """``config`` with the quantization config of ``hf_quant_config.json`` beside it, which vLLM reads where
-    config.json gives none (ModelOpt 0.29 and before)."""
-    raw = config.document.data if config.document is not None else config
-    if raw.get(QUANTIZATION_KEY) is None:
+def _with_quant_file(config: FilledConfig, file: Mapping[str, Any], path: Path) -> FilledConfig:
+    """``config`` with the quantization config of ``hf_quant_config.json`` beside ``path``, which vLLM reads where
+    config.json (``file``, as written: not a text config's lifted keys) gives none (ModelOpt 0.29 and before)."""
+    if file.get(QUANTIZATION_KEY) is None:
         found = read_hf_quant_config(path)
         if found is not None:
             config[QUANTIZATION_KEY] = found

@@ -114,7 +114,7 @@ class Quantization:
 
     def at(self, *keys: str) -> tuple[str, ...] | None:
         """The config.json path of a value in it (None: it is in hf_quant_config.json, not config.json)."""
-        return None if isinstance(self.data, QuantFile) else (*self.key, *keys)
+        return _at(self.data, self.key, *keys)
 
 
 def quantization(config: Mapping[str, Any], version: str = "0.33.0") -> Quantization | None:
@@ -158,6 +158,8 @@ def _lifted_from_text(config: Mapping[str, Any]) -> bool:
 
 
 def _at(data: Mapping[str, Any], key: tuple[str, ...], *keys: str) -> tuple[str, ...] | None:
+    """The config.json path of the value at ``keys`` in the quantization config ``data`` read at ``key`` (None:
+    ``data`` came from hf_quant_config.json)."""
     return None if isinstance(data, QuantFile) else (*key, *keys)
 
 
@@ -241,10 +243,12 @@ def cache_dtype(config: Mapping[str, Any], kv_cache_dtype: str) -> str:
     or for ``auto`` a ModelOpt checkpoint's KV algorithm (``auto`` otherwise, the model's dtype)."""
     if kv_cache_dtype != "auto":
         return kv_cache_dtype
-    quant = quantization(config)
-    if quant is None or not quant.for_cache:
-        return "auto"
-    return modelopt_kv_algo(quant).dtype or "auto"
+    return _cache_algo(quantization(config)).dtype or "auto"
+
+
+def _cache_algo(quant: Quantization | None) -> KvAlgo:
+    """The KV algorithm vLLM's cache config reads of the checkpoint (``dtype`` None: it reads none)."""
+    return modelopt_kv_algo(quant) if quant is not None and quant.for_cache else KvAlgo(None)
 
 
 def ct_kv_scheme(quant: Quantization | None) -> Any:
@@ -280,11 +284,11 @@ class KvDtype:
 def kv_dtype(config: Mapping[str, Any], kv_cache_dtype: str, family: str) -> KvDtype:
     """The KV cache dtype vLLM stores for this config, ``--kv-cache-dtype`` and the model's family (``standard``,
     ``mla`` or ``deepseek_v4``); an nvfp4 cache, which kvpolicy does not plan, is refused (ModelSpecError)."""
-    cache = cache_dtype(config, kv_cache_dtype)
     quant = quantization(config)
     if quant is None or kv_cache_dtype != "auto":  # an explicit dtype is what vLLM stores
-        return KvDtype(kv_cache_dtype, cache, cache)
-    algo = modelopt_kv_algo(quant) if quant.for_cache else KvAlgo(None)
+        return KvDtype(kv_cache_dtype, kv_cache_dtype, kv_cache_dtype)
+    algo = _cache_algo(quant)
+    cache = algo.dtype or "auto"
     if algo.dtype is not None:
         why = f"{quant.named} ({quant.method}) gives {algo.said}"
         if cache == "auto":
@@ -375,12 +379,10 @@ def _mixed_declares_kv(quant: Quantization) -> bool:
     return isinstance(scheme, Mapping) and scheme.get("type") == "float" and scheme.get("num_bits") == 8
 
 
-def _check_ct_scheme(quant: Quantization, scheme: Any) -> None:
-    """vLLM's compressed-tensors KV cache method loads 8-bit float scales, per tensor or per head, symmetric."""
+def _check_ct_scheme(quant: Quantization, scheme: Mapping[str, Any]) -> None:
+    """vLLM's compressed-tensors KV cache method loads 8-bit float scales, per tensor or per head, symmetric (a
+    scheme that is no object ``check_quant_config`` refused, before any attention layer was built)."""
     key = quant.at("kv_cache_scheme")
-    if not isinstance(scheme, Mapping):
-        raise ModelSpecError(f"{quant.named}.kv_cache_scheme must be an object (vLLM cannot read "
-                             f"{_shown(scheme)})", key, WRONG_TYPE)
     bits, kind, strategy = scheme.get("num_bits"), scheme.get("type"), scheme.get("strategy")
     refused = "vLLM refuses the model as it builds its first attention layer"
     if kind != "float" or bits != 8:

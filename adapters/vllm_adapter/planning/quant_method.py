@@ -25,7 +25,7 @@ from kvpolicy.document_codes import LAUNCH_REFUSED, VALUE_NOT_ALLOWED
 
 from .config_values import ModelSpecError
 from .config_values import shown as _shown
-from .kv_dtype import quantization
+from .kv_dtype import Quantization, quantization
 
 QUANTIZATION_METHODS = (
     "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",
@@ -54,7 +54,7 @@ def check_quant_method(config: Mapping[str, Any], version: str = "0.33.0") -> st
     quant = quantization(config, version)
     if quant is None or not quant.method:  # an empty quant_method is no quantization to vLLM
         return None
-    method = RENAMED.get(quant.method, quant.method)
+    method = _served(quant)
     said = f"{quant.named}.quant_method {_shown(quant.data.get('quant_method', quant.method))}"
     if method not in QUANTIZATION_METHODS:
         raise ModelSpecError(
@@ -76,7 +76,7 @@ def check_act_dtype(config: Mapping[str, Any], dtype: str, dtype_flag: str, dtyp
     quant = quantization(config)
     if quant is None or not quant.method:
         return
-    method = RENAMED.get(quant.method, quant.method)
+    method = _served(quant)
     taken = ACT_DTYPES.get(method, SIXTEEN_BIT)
     if dtype in taken:
         return
@@ -85,3 +85,8 @@ def check_act_dtype(config: Mapping[str, Any], dtype: str, dtype_flag: str, dtyp
         f"(\"{dtype} is not supported for quantization method\"), whose kernels take {' or '.join(taken)}; "
         f"pass --dtype {taken[0]}",
         (dtype_key,) if dtype_key else None, LAUNCH_REFUSED)
+
+
+def _served(quant: Quantization) -> str:
+    """The method vLLM serves the checkpoint with, after its override lookups' renames (``RENAMED``)."""
+    return RENAMED.get(quant.method, quant.method)
