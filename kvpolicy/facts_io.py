@@ -11,10 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeGuard
 
-from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.document_codes import MISSING_FIELD, WRONG_TYPE
 from kvpolicy.facts import Facts
-from kvpolicy.json_text import FACTS, DocumentInvalid, DocumentProblem, load_document, read_document_text
+from kvpolicy.json_text import FACTS, CarriesProblems, DocumentInvalid, DocumentProblem, load_document, read_document_text
 from kvpolicy.paths import FACTS_SUFFIX, POLICY_SUFFIX, reason
 
 
@@ -23,17 +22,17 @@ def sample_facts_path(policy: Path) -> Path:
     return policy.with_name(policy.name.removesuffix(POLICY_SUFFIX) + FACTS_SUFFIX)
 
 
-class FactsError(Exception):
-    """Facts that cannot be used: the message names the file and the field. ``diagnostics`` are the
-    problems of the document (``kvpolicy.document_codes``), ``more`` how many others it has."""
+class FactsError(CarriesProblems, Exception):
+    """Facts that cannot be used: the message names the file and the field; ``problems`` those of the
+    document (``kvpolicy.document_codes``)."""
 
-    def __init__(self, message: str, diagnostics: tuple[Diagnostic, ...] = (), more: int = 0) -> None:
+    def __init__(self, message: str, problems: DocumentInvalid | None = None) -> None:
         super().__init__(message)
-        self.diagnostics, self.more = diagnostics, more
+        self.problems = problems
 
     @classmethod
     def of(cls, exc: DocumentInvalid) -> FactsError:
-        return cls(str(exc), exc.diagnostics, exc.more)
+        return cls(str(exc), exc)
 
 
 class FactsUnreadable(FactsError):

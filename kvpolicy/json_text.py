@@ -129,6 +129,22 @@ class DocumentInvalid(ValueError):
         return render_problems(self.diagnostics, self.more, hints=hints)
 
 
+class CarriesProblems:
+    """Mixed into an error about a document: its problems (``problems``; None where there are none to show,
+    e.g. the file could not be read) as ``diagnostics`` and ``more``, which ``--format json``'s error document
+    and the commands' refusals read."""
+
+    problems: DocumentInvalid | None = None
+
+    @property
+    def diagnostics(self) -> tuple[Diagnostic, ...]:
+        return self.problems.diagnostics if self.problems is not None else ()
+
+    @property
+    def more(self) -> int:
+        return self.problems.more if self.problems is not None else 0
+
+
 def refused(diagnostics: Iterable[Diagnostic]) -> DocumentInvalid:
     """A document's ``diagnostics`` (each once) as its refusal: in the order of the text, past ``MAX_SHOWN`` counted."""
     shown = sorted(dict.fromkeys(diagnostics), key=Diagnostic.sort_key)

@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from kvpolicy.json_text import CarriesProblems
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
@@ -127,14 +128,13 @@ class ModelGeometry(BaseModel):
         return int(rope.get("factor", 1) * length)
 
 
-class GeometryError(ValueError):
-    """A model config file that cannot describe a DeepSeek-V4 pool; the message names the file. ``diagnostics``
-    place its problems in it (``kvpolicy.document_codes``), ``more`` counts those not shown."""
+class GeometryError(CarriesProblems, ValueError):
+    """A model config file that cannot describe a DeepSeek-V4 pool; the message names the file, ``problems``
+    place its problems in it (``kvpolicy.document_codes``)."""
 
     def __init__(self, message: str, problems: DocumentInvalid | None = None) -> None:
         super().__init__(message)
-        self.diagnostics = problems.diagnostics if problems is not None else ()
-        self.more = problems.more if problems is not None else 0
+        self.problems = problems
 
 
 class ConfigUnreadable(GeometryError):

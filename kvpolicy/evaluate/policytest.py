@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from kvpolicy.diagnostics import Diagnostic, PolicyError
+from kvpolicy.diagnostics import PolicyError
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
-from kvpolicy.json_text import POLICY_TEST, DocumentInvalid, load_document, read_document_text, render_problems
+from kvpolicy.json_text import POLICY_TEST, CarriesProblems, DocumentInvalid, load_document, read_document_text, render_problems
 from kvpolicy.lint.load import load_policy
 from kvpolicy.paths import reason
 from kvpolicy.units import format_bytes
@@ -180,13 +180,13 @@ class PolicyTestFile(_Strict):
     """The test cases, run in order."""
 
 
-class TestFileError(Exception):
-    """A test file that cannot be run (unreadable, malformed, or its policy is invalid). ``diagnostics``
-    are the problems of a malformed one (``kvpolicy.document_codes``), ``more`` how many others it has."""
+class TestFileError(CarriesProblems, Exception):
+    """A test file that cannot be run (unreadable, malformed, or its policy is invalid); ``problems`` those of
+    a malformed one (``kvpolicy.document_codes``)."""
 
-    def __init__(self, message: str, diagnostics: tuple[Diagnostic, ...] = (), more: int = 0) -> None:
+    def __init__(self, message: str, problems: DocumentInvalid | None = None) -> None:
         super().__init__(message)
-        self.diagnostics, self.more = diagnostics, more
+        self.problems = problems
 
 
 class TestFileUnreadable(TestFileError):
@@ -207,7 +207,7 @@ def run_test_file(path: Path) -> list[CaseResult]:
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
     except DocumentInvalid as exc:
-        raise TestFileError(str(exc), exc.diagnostics, exc.more) from None
+        raise TestFileError(str(exc), exc) from None
     policy_path = path.parent / spec.policy
     try:
         policy = load_policy(policy_path)

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpolicy.diagnostics import Diagnostic
 from kvpolicy.evaluate.decision import State
-from kvpolicy.json_text import STATE, DocumentInvalid, JsonInvalid, decode_json_text, load_document
+from kvpolicy.json_text import STATE, CarriesProblems, DocumentInvalid, JsonInvalid, decode_json_text, load_document
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access
 from kvpolicy.runtime.stores import read_document_bytes, write_document
@@ -23,14 +22,13 @@ from kvpolicy.runtime.stores import read_document_bytes, write_document
 STATE_FILE = "state.json"
 
 
-class RuleStateInvalid(LedgerError):
-    """A rule state file with problems: ``diagnostics`` (with their codes, ``kvpolicy.document_codes``)
-    and ``more``, how many others it has. The message is their first lines, after ``kvpolicy ledger:``."""
+class RuleStateInvalid(CarriesProblems, LedgerError):
+    """A rule state file with ``problems`` (with their codes, ``kvpolicy.document_codes``). The message is
+    their first lines, after ``kvpolicy ledger:``."""
 
     def __init__(self, problems: DocumentInvalid) -> None:
         super().__init__(f"kvpolicy ledger: {problems.render(hints=False)}")
-        self.diagnostics: tuple[Diagnostic, ...] = problems.diagnostics
-        self.more = problems.more
+        self.problems = problems
 
 
 def state_path(ledger_dir: Path | str) -> Path:

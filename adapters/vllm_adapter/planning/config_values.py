@@ -11,11 +11,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE, DocumentCode
+from kvpolicy.json_text import CarriesProblems
 
 from .class_defaults import ConfigKey, config_class
 
 if TYPE_CHECKING:
-    from kvpolicy.diagnostics import Diagnostic
     from kvpolicy.json_text import DocumentInvalid
 
 class ModelSpecError(ValueError):
@@ -37,21 +37,15 @@ class ConfigUnreadable(ModelSpecError):
     """The model config file cannot be read at all (missing, a directory, no permission)."""
 
 
-class ConfigInvalid(ModelSpecError):
-    """The model config file is no JSON object (not UTF-8, not JSON, too large...): ``diagnostics`` place each
-    problem of its text (``kvpolicy.document_codes``), ``more`` counts those not shown; the message is them."""
+class ConfigInvalid(CarriesProblems, ModelSpecError):
+    """The model config file is no JSON object (not UTF-8, not JSON, too large...): ``problems`` place each
+    problem of its text (``kvpolicy.document_codes``); the message is them."""
+
+    problems: DocumentInvalid
 
     def __init__(self, problems: DocumentInvalid) -> None:
         super().__init__(str(problems))
         self.problems = problems
-
-    @property
-    def diagnostics(self) -> tuple[Diagnostic, ...]:
-        return self.problems.diagnostics
-
-    @property
-    def more(self) -> int:
-        return self.problems.more
 
 
 def shown(value: object, limit: int = 200) -> str:
