@@ -10,10 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from kvpolicy.commands import Subcommands, add_format_option
 from kvpolicy.commands.common import UsageError, named_files
 from kvpolicy.paths import TEST_SUFFIX
+
+if TYPE_CHECKING:
+    from kvpolicy.evaluate.policytest import CaseResult
 
 
 def add_parser(sub: Subcommands) -> None:
@@ -25,7 +29,7 @@ def add_parser(sub: Subcommands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpolicy.evaluate.policytest import CaseResult, TestFileError, TestFileUnreadable, run_test_file
+    from kvpolicy.evaluate.policytest import TestFileError, TestFileUnreadable, run_test_file
 
     try:
         files = named_files(args.paths, TEST_SUFFIX)
@@ -46,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps({
             "schema": 1,
-            "results": [r.model_dump() for r in results],
+            "results": [r.model_dump(mode="json") for r in results],
             "errors": errors,
             "diagnostics": [d.model_dump(mode="json") for error in refused for d in error.diagnostics],
             "more": sum(error.more for error in refused),
@@ -55,11 +59,18 @@ def run(args: argparse.Namespace) -> int:
     else:
         for r in results:
             print(f"{'PASS' if r.passed else 'FAIL'}  {r.file} :: {r.case}")
-            for failure in r.failures:
-                print(f"      {failure}")
+            for line in _failure_lines(r):
+                print(f"      {line}")
         for error in refused:  # a malformed file's problems as diagnostics, file:line:col first
             print(str(error) if error.diagnostics else f"ERROR {error}")
         print(f"{len(results) - len(failed)} passed, {len(failed)} failed, {len(errors)} file error(s) in {len(files)} file(s)")
     if unreadable:
         return 2
     return 1 if failed or errors or not files else 0
+
+
+def _failure_lines(result: CaseResult) -> list[str]:
+    """A case's failures; a placed problem that stopped it with its hint under it, as lint prints one."""
+    rendered = (d.render().split("\n") for d in result.diagnostics)
+    below = {f"cannot run: {first}": rest for first, *rest in rendered}  # a failure is a problem's first line
+    return [line for failure in result.failures for line in (failure, *below.get(failure, []))]

@@ -20,22 +20,36 @@ decision (``expect``), exactly or within bounds. Sizes may be written with units
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
 from pydantic.fields import FieldInfo
 
-from kvpolicy.diagnostics import PolicyError
+from kvpolicy.diagnostics import Diagnostic, PolicyError
+from kvpolicy.document_codes import MISSING_FIELD, UNKNOWN_KEY, VALUE_NOT_ALLOWED, WRONG_TYPE, DocumentCode
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, read_facts
-from kvpolicy.json_text import POLICY_TEST, CarriesProblems, DocumentInvalid, load_document, read_document_text, render_problems
+from kvpolicy.json_positions import JsonDocument, line_col, parse
+from kvpolicy.json_text import (
+    POLICY_TEST,
+    CarriesProblems,
+    DocumentInvalid,
+    load_document,
+    read_document_text,
+    refused,
+    render_problems,
+)
 from kvpolicy.lint.load import load_policy
 from kvpolicy.paths import reason
+from kvpolicy.suggest import closest
 from kvpolicy.units import format_bytes
-from kvpolicy.validation import describe
+from kvpolicy.validation import Problem, problems
 
 
 def _expected_kind(value: Any) -> str:
@@ -198,12 +212,18 @@ class CaseResult(BaseModel):
     case: str
     passed: bool
     failures: list[str] = Field(default_factory=list)
+    diagnostics: list[Diagnostic] = Field(default_factory=list)
+    """The problems that stopped the case (in the test file or its facts file), each at its place; their first
+    lines are its failures."""
+    more: int = 0
+    """How many problems past those shown stopped it."""
 
 
 def run_test_file(path: Path) -> list[CaseResult]:
     """Run every case of one ``.kvtest.json`` file."""
     try:
-        spec = load_document(PolicyTestFile, read_document_text(path), path, kind=POLICY_TEST)
+        text = read_document_text(path)
+        spec = load_document(PolicyTestFile, text, path, kind=POLICY_TEST)
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
     except DocumentInvalid as exc:
@@ -216,40 +236,81 @@ def run_test_file(path: Path) -> list[CaseResult]:
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read its policy {policy_path}: {reason(exc)}") from None
     prepared = prepare(policy)  # once for every case and step
-    results = []
-    for case in spec.cases:
-        try:
-            failures = _run_case(prepared, case, path.parent)
-        except FactsError as exc:  # a facts file the case names: each problem on a line of its own
-            failures = [f"cannot run: {line}" for line in _first_lines(exc)]
-        except ValueError as exc:
-            failures = [f"cannot run: {exc}"]
-        results.append(CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures))
-    return results
+    source = _TestFileText(path, text)
+    return [_result(prepared, case, _Where(source, ("cases", str(index))), path) for index, case in enumerate(spec.cases)]
 
 
-def _first_lines(exc: FactsError) -> list[str]:
-    """The first line of each of the diagnostics of ``exc`` (its message without them), and the count of the others."""
-    return render_problems(exc.diagnostics, exc.more, hints=False).split("\n") if exc.diagnostics else [str(exc)]
+def _result(policy: PreparedPolicy, case: Case, where: _Where, path: Path) -> CaseResult:
+    """One case run, or the problems that stopped it: each problem's first line a failure of its own."""
+    try:
+        failures = _run_case(policy, case, path.parent, where)
+    except (FactsError, DocumentInvalid) as exc:  # placed problems: in the test file, or a facts file it names
+        if not exc.diagnostics:
+            return CaseResult(file=str(path), case=case.name, passed=False, failures=[f"cannot run: {exc}"])
+        lines = render_problems(exc.diagnostics, exc.more, hints=False).split("\n")
+        return CaseResult(file=str(path), case=case.name, passed=False, failures=[f"cannot run: {line}" for line in lines],
+                          diagnostics=list(exc.diagnostics), more=exc.more)
+    except ValueError as exc:
+        failures = [f"cannot run: {exc}"]
+    return CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures)
 
 
-def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:
+_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED,
+                                   "missing-field": MISSING_FIELD, "unknown-key": UNKNOWN_KEY}
+"""The code of each kind of problem validation finds, as the test file's own problems are coded."""
+
+
+class _TestFileText:
+    """A test file's text, in which the problems its cases meet as they run are placed (its positions are
+    read only when there is one)."""
+
+    def __init__(self, path: Path, text: str) -> None:
+        self.file, self.text = str(path), text
+
+    @cached_property
+    def _document(self) -> JsonDocument | None:
+        return parse(self.text)
+
+    def at(self, code: DocumentCode, path: tuple[str, ...], message: str, hint: str | None, *, key: bool = False,
+           missing: bool = False) -> Diagnostic:
+        """``code``'s diagnostic at the value at ``path`` or its nearest ancestor (``key``: at its key;
+        ``missing``: at the ``{`` of the object that lacks the field ``path`` ends with)."""
+        spot = path[:-1] if missing else path
+        # None cannot be (the text parsed as a test file): then the start of it
+        start, end = self._document.span_of(spot, key=key) if self._document is not None else (0, 1)
+        first = line_col(self.text, start)
+        return code.at(self.file, first, (first[0], first[1] + 1) if missing else line_col(self.text, end), message, hint)
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a case, or a step of it, is in its test file: a problem is named by its path from the top."""
+
+    text: _TestFileText
+    path: tuple[str, ...]
+
+    def below(self, *parts: str) -> _Where:
+        return _Where(self.text, (*self.path, *parts))
+
+    def problem(self, code: DocumentCode, path: Sequence[str], message: str, hint: str | None = None, *,
+                key: bool = False, missing: bool = False) -> Diagnostic:
+        """``code``'s diagnostic at ``path`` below here, its message ``PATH: message``."""
+        full = (*self.path, *path)
+        return self.text.at(code, full, f"{'.'.join(full)}: {message}", hint, key=key, missing=missing)
+
+
+def _run_case(policy: PreparedPolicy, case: Case, base: Path, where: _Where) -> list[str]:
     facts = read_facts(base / case.facts) if isinstance(case.facts, str) else case.facts
     facts_data = facts.model_dump(by_alias=True)
-    try:
-        state = State.model_validate(case.state) if case.state is not None else None
-    except ValidationError as exc:
-        raise ValueError(f"state: {describe(exc, State)}") from None
+    state = _state(case.state, where.below("state"))
     steps = case.steps or [Step(expect=case.expect)]
     if case.steps and case.expect is not None:
         steps = [*steps[:-1], steps[-1].model_copy(update={"expect": case.expect})]
     failures: list[str] = []
     for number, step in enumerate(steps, start=1):
-        facts_data = _apply(facts_data, step)
-        try:
-            facts = Facts.model_validate(facts_data)
-        except ValidationError as exc:
-            raise ValueError(f"step {number}: the facts it makes are invalid: {describe(exc, Facts)}") from None
+        at = where.below("steps", str(number - 1)) if case.steps else where  # one step made up: the case is its place
+        facts_data = _apply(facts_data, step, at)
+        facts = _facts(facts_data, step, at)
         decision, state = evaluate(policy, facts, state)
         if step.expect is not None:
             prefix = f"step {number}: " if len(steps) > 1 else ""
@@ -257,31 +318,94 @@ def _run_case(policy: PreparedPolicy, case: Case, base: Path) -> list[str]:
     return failures
 
 
-def _apply(data: dict[str, Any], step: Step) -> dict[str, Any]:
+def _state(given: dict[str, Any] | None, at: _Where) -> State | None:
+    """The case's starting state; ``DocumentInvalid`` with its problems, each at its place in the test file."""
+    if given is None:
+        return None
+    try:
+        return State.model_validate(given)
+    except ValidationError as exc:
+        raise refused(at.problem(_CODES[p.kind], p.path, _said(p), p.hint or "kvpolicy schema state describes every field",
+                                 key=p.is_key, missing=p.kind == "missing-field") for p in problems(exc, State)) from None
+
+
+def _said(problem: Problem) -> str:
+    """What ``problem`` says of its value, without the path its message starts with."""
+    for prefix in (".".join(problem.path) + ": ", "(top level): "):
+        if problem.message.startswith(prefix):
+            return problem.message[len(prefix):]
+    return problem.message
+
+
+def _apply(data: dict[str, Any], step: Step, at: _Where) -> dict[str, Any]:
+    """The facts ``data`` after ``step``; ``DocumentInvalid`` at each id its ``set`` names that they do not have."""
     data = copy.deepcopy(data)
     data["now"] = data.get("now", 0.0) + step.advance
     changes = step.set
     if changes is None:
         return data
     instances = {i["id"]: i for i in data.get("instances", [])}
-    for inst_id, fields in changes.instances.items():
-        if inst_id not in instances:
-            raise ValueError(f"set: no instance {inst_id!r} in the facts" + _known(instances))
-        instances[inst_id].update(fields.model_dump(exclude_unset=True))
     gpus = {g["id"]: g for g in data.get("gpus", [])}
+    unknown = [*_unknown_ids(changes.instances, instances, "instance", at.below("set", "instances")),
+               *_unknown_ids(changes.gpus, gpus, "GPU", at.below("set", "gpus"))]
+    unknown += [at.problem(VALUE_NOT_ALLOWED, ("set", "remove", str(n)), f"no instance {inst_id!r} in the facts",
+                           _known(inst_id, instances, "instance"))
+                for n, inst_id in enumerate(changes.remove) if inst_id not in instances]
+    if unknown:
+        raise refused(unknown)
+    for inst_id, fields in changes.instances.items():
+        instances[inst_id].update(fields.model_dump(exclude_unset=True))
     for gpu_id, gpu_fields in changes.gpus.items():
-        if gpu_id not in gpus:
-            raise ValueError(f"set: no GPU {gpu_id!r} in the facts" + _known(gpus))
         gpus[gpu_id].update(gpu_fields.model_dump(exclude_unset=True))
-    for inst_id in changes.remove:
-        if inst_id not in instances:
-            raise ValueError(f"remove: no instance {inst_id!r} in the facts" + _known(instances))
     data["instances"] = [i for i in data.get("instances", []) if i["id"] not in set(changes.remove)]
     return data
 
 
-def _known(ids: dict[str, Any]) -> str:
-    return f" (it has {', '.join(map(repr, ids))})" if ids else " (it has none)"
+def _unknown_ids(named: Iterable[str], known: dict[str, Any], what: str, at: _Where) -> list[Diagnostic]:
+    """A diagnostic at each key of ``named`` (``set``'s ids of a ``what``) that is not a ``what`` of the facts."""
+    return [at.problem(VALUE_NOT_ALLOWED, (ident,), f"no {what} {ident!r} in the facts", _known(ident, known, what), key=True)
+            for ident in named if ident not in known]
+
+
+def _known(ident: str, known: dict[str, Any], what: str) -> str:
+    guess = closest(ident, known)
+    if guess is not None:
+        return f"did you mean {guess!r}?"
+    return f"the {what}s of the facts: {', '.join(map(repr, known))}" if known else f"the facts have no {what}s"
+
+
+def _facts(data: dict[str, Any], step: Step, at: _Where) -> Facts:
+    """``data`` as facts; ``DocumentInvalid`` for a problem ``step`` made, at the value of its that made it."""
+    try:
+        return Facts.model_validate(data)
+    except ValidationError as exc:
+        raise refused(_made_invalid(p, data, step, at) for p in problems(exc, Facts)) from None
+
+
+def _made_invalid(problem: Problem, data: dict[str, Any], step: Step, at: _Where) -> Diagnostic:
+    """``problem`` of the facts ``step`` made, at the value of its ``set`` it comes from (in that value's words),
+    else at its ``advance`` (for ``now``) or the step itself, with the facts' path."""
+    code, key, missing = _CODES[problem.kind], problem.is_key, problem.kind == "missing-field"
+    written = _written(problem.path, data, step)
+    if written is not None:
+        return at.problem(code, written, _said(problem), problem.hint, key=key, missing=missing)
+    place = ("advance",) if problem.path[:1] == ("now",) and "advance" in step.model_fields_set else ()
+    return at.problem(code, place, f"the facts it makes are invalid: {problem.message}", problem.hint)
+
+
+def _written(path: tuple[str, ...], data: dict[str, Any], step: Step) -> tuple[str, ...] | None:
+    """Where in ``step`` the value at ``path`` of the facts it made was written (``set.instances.ID.FIELD...``),
+    or None if the step did not set it."""
+    if step.set is None or len(path) < 3 or path[0] not in ("instances", "gpus") or not path[1].isdigit():
+        return None
+    entries = data.get(path[0], [])
+    if int(path[1]) >= len(entries):
+        return None
+    ident = entries[int(path[1])]["id"]
+    changes = getattr(step.set, path[0]).get(ident)
+    if changes is None or path[2] not in changes.model_fields_set:
+        return None
+    return ("set", path[0], ident, *path[2:])
 
 
 def _check(decision: Decision, expect: Expectation) -> list[str]:
