@@ -1,7 +1,8 @@
 """``kvpolicy test [PATH...]``: run policy unit tests (``*.kvtest.json``, see docs/policy-tests.md).
 
 Exit 0 when every case passes, 1 when a case fails or a test file is invalid (its problems
-are listed as file:line:col: CODE, docs/document-errors.md), 2 when a test file or its policy
+are listed as file:line:col: CODE, docs/document-errors.md, and so are those that stop a case:
+a bad state, an id a step names that the facts lack), 2 when a test file or its policy
 cannot be read.
 """
 

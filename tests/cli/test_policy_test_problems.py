@@ -10,6 +10,7 @@ command runs in its own process, as a user runs it, in the test file's folder.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,6 @@ TESTS = """{"schema": 1, "policy": "p.kvp",
    "steps": [{"advance": 1.7e308}, {"advance": 1.7e308}]}
  ]}
 """
-FIELDS = "fields here: holding_since, shrink_to, cooldown_until, acting_since"
 PROBLEMS = {
     "bad state": [
         ("t.kvtest.json:6:53: KVD010 error: cases.1.state.rules.idle-reclaim.batch/0.holding_snce: unknown field "
@@ -110,6 +110,9 @@ def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> 
             expected += [f"      cannot run: {first}", f"        hint: {hint}"]
     expected.append("1 passed, 5 failed, 0 file error(s) in 1 file(s)")
     assert done.stdout.split("\n")[:-1] == expected
+    (shown,) = re.findall(r"```\n(FAIL  t\.kvtest\.json .*?)\n```", (Path(__file__).parents[2] / "docs" / "policy-tests.md").read_text(),
+                          flags=re.S)
+    assert shown in done.stdout, "docs/policy-tests.md shows this output"
 
 
 def test_json_carries_each_problem_in_its_case_s_result(folder: Path) -> None:
