@@ -257,11 +257,13 @@ class JsonObjectFile:
         return code.at(self.file, *self._places.place(tuple(path), missing=code is MISSING_FIELD), message, hint)
 
     def refusal(self, exc: ValidationError, model: type[BaseModel], *, at: tuple[str, ...] = (),
-                hint: str | None = None) -> DocumentInvalid:
-        """The problems of ``exc`` (raised validating ``model`` on the object at ``at``), each at its place."""
+                hint: str | None = None, hint_for: Callable[[Problem], str | None] | None = None) -> DocumentInvalid:
+        """The problems of ``exc`` (raised validating ``model`` on the object at ``at``), each at its place;
+        ``hint_for`` hints a problem that has no hint of its own (its answer None: ``hint``)."""
         from kvpolicy.validation import problems
 
-        return refused(_diagnostics(problems(exc, model), self._places, self.file, hint, lambda path: (*at, *path)))
+        return refused(_diagnostics(problems(exc, model), self._places, self.file, hint, lambda path: (*at, *path),
+                                    hint_for))
 
     @cached_property
     def _places(self) -> _Places:
@@ -301,14 +303,16 @@ _CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-allowed"
 
 
 def _diagnostics(problems: Iterable[Problem], places: _Places, file: str, hint: str | None,
-                 locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None) -> list[Diagnostic]:
+                 locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None,
+                 hint_for: Callable[[Problem], str | None] | None = None) -> list[Diagnostic]:
     """A diagnostic per problem, at its place (``locate``: the path in the text of a path in what was validated);
-    ``hint`` for those without their own."""
+    for those without a hint of their own, ``hint_for``'s, else ``hint``."""
     found = []
     for problem in problems:
         path = locate(problem.path) if locate is not None else problem.path
         place = places.place(path, key=problem.is_key, missing=problem.kind == "missing-field")
-        found.append(_CODES[problem.kind].at(file, *place, problem.message, problem.hint or hint))
+        given = problem.hint or (hint_for(problem) if hint_for is not None else None) or hint
+        found.append(_CODES[problem.kind].at(file, *place, problem.message, given))
     return found
 
 

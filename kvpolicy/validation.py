@@ -8,11 +8,12 @@ say what to write instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -40,6 +41,8 @@ ProblemKind = Literal["wrong-type", "value-not-allowed", "missing-field", "unkno
 
 _WRONG_TYPES = frozenset(_KINDS) - {"finite_number"}
 """Pydantic's error types for a value of the wrong kind (``finite_number``: the right kind, out of range)."""
+WHOLE_NUMBER_ERRORS = frozenset(k for k, words in _KINDS.items() if words == "a whole number")
+"""Pydantic's error types for a value that is no whole number (true, "43", 43.0, null where an int goes)."""
 MAX_HINT_CHARS = 160
 
 
@@ -57,6 +60,9 @@ class Problem:
     """What to write instead (the field meant), or what the field is (its description)."""
     inline: str
     """The message with what an unknown key was probably meant to be, for text with no room for a hint."""
+    error: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Pydantic's error behind it (``type``, ``input``...), for callers that hint by kind rather than by
+    wording; None for a ``Conflict``."""
 
     @property
     def is_key(self) -> bool:
@@ -121,18 +127,20 @@ def problem(error: Any, model: type[BaseModel]) -> Problem:
         message = f"{'.'.join(path)}: unknown field {key!r}"
         guess = closest(key, fields) if fields else None
         if guess:
-            return Problem("unknown-key", path, message, f"did you mean {guess!r}?", f"{message}; did you mean {guess!r}?")
+            return Problem("unknown-key", path, message, f"did you mean {guess!r}?", f"{message}; did you mean {guess!r}?",
+                           error)
         if not fields:
-            return Problem("unknown-key", path, message, None, message)
+            return Problem("unknown-key", path, message, None, message, error)
         return Problem("unknown-key", path, message, f"fields here: {', '.join(fields)}",
-                       f"{message} (fields: {', '.join(fields)})")
+                       f"{message} (fields: {', '.join(fields)})", error)
     where, _, described = _walk(model, loc)
     hint = _described(where[-1], described) if where and described is not None else None
     if kind == "missing":
         message = f"{'.'.join(where)}: required, not given"
-        return Problem("missing-field", tuple(where), message, hint, message)
+        return Problem("missing-field", tuple(where), message, hint, message, error)
     message = f"{'.'.join(where) or '(top level)'}: {_message(error)}"
-    return Problem("wrong-type" if kind in _WRONG_TYPES else "value-not-allowed", tuple(where), message, hint, message)
+    return Problem("wrong-type" if kind in _WRONG_TYPES else "value-not-allowed", tuple(where), message, hint, message,
+                   error)
 
 
 def _described(key: str, field: FieldInfo) -> str | None:

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from kvpolicy.diagnostics import Diagnostic
     from kvpolicy.document_codes import DocumentCode
     from kvpolicy.json_text import DocumentInvalid, JsonObjectFile
+    from kvpolicy.validation import Problem
 
 # What the V4 paged layout stores per token: 448 fp8 NoPE values, 64 bf16 RoPE
 # values, 7 fp8 scales and one pad byte (SGLang asserts this in the pool).
@@ -177,22 +178,18 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         return GeometryConfig(ModelGeometry.model_validate(data), document, at)
     except ValidationError as exc:
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
-                            _with_strict_hint(document.refusal(exc, ModelGeometry, at=at))) from None
+                            document.refusal(exc, ModelGeometry, at=at, hint_for=_strict_hint)) from None
 
 
-def _with_strict_hint(problems: DocumentInvalid) -> DocumentInvalid:
-    """``problems`` with a hint on each integer refused for its type (true, "43", 43.0, null), where a
-    bare "must be a whole number, not 43.0" would puzzle."""
-    from kvpolicy.document_codes import WRONG_TYPE
-    from kvpolicy.json_text import DocumentInvalid
+def _strict_hint(problem: Problem) -> str | None:
+    """Why SGLang refuses an integer refused for its type (true, "43", 43.0, null), where a bare "must be a
+    whole number, not 43.0" would puzzle; None for any other problem."""
+    from kvpolicy.validation import WHOLE_NUMBER_ERRORS
 
-    def hinted(d: Diagnostic) -> Diagnostic:
-        wrong_int = d.code == WRONG_TYPE.code and "must be a whole number" in d.message and d.hint is None
-        if not wrong_int:
-            return d
-        return d.model_copy(update={"hint": NULL_HINT if d.message.endswith(", not null") else STRICT_HINT})
-
-    return DocumentInvalid([hinted(d) for d in problems.diagnostics], problems.more)
+    error = problem.error
+    if error is None or error["type"] not in WHOLE_NUMBER_ERRORS:
+        return None
+    return NULL_HINT if "input" in error and error["input"] is None else STRICT_HINT
 
 
 def load_geometry(path: str | Path) -> ModelGeometry:
