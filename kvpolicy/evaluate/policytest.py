@@ -4,7 +4,10 @@ A test file names its policy and lists cases. Each case starts from facts (a fil
 or inline), optionally a saved state, and runs one or more steps: a step may move
 time forward (``advance`` seconds), change facts (``set``), and check the
 decision (``expect``), exactly or within bounds. Sizes may be written with units
-("40 GiB") anywhere a byte count is expected.
+("40 GiB") anywhere a byte count is expected. A case that cannot run (a state that is no
+evaluator state, an id a step names that the facts lack, facts a step makes invalid, a facts
+file with problems) fails with its problems, each placed with its code as the file's own are;
+the other cases still run.
 
 ```json
 {"schema": 1, "policy": "two-models.kvp",
