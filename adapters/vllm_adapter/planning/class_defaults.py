@@ -113,6 +113,10 @@ class ConfigClass:
     checked."""
     head_dim_from_hidden: bool = False
     """vLLM's model sizes its heads as hidden_size // num_attention_heads whatever head_dim says (Qwen2)."""
+    typed_window: bool = True
+    """The class declares ``sliding_window`` as ``int | None`` and refuses any other kind of value (transformers'
+    strict check); Llama and DeepSeek-V2/V3 declare no such field and keep whatever the file says
+    (``sliding_window``)."""
     replicates_kv_heads: bool = True
     """vLLM's attention keeps a copy of a KV head on each of several ranks when there are fewer KV heads than
     ranks; gpt-oss's gives each rank kv_heads // tp, none, and fails to start."""
@@ -138,14 +142,14 @@ _DEEPSEEK_V3 = ConfigClass("DeepseekV3Config", {
     "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
     "n_routed_experts": 256, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "first_k_dense_replace": 3,
     "max_position_embeddings": 4096,
-}, mlp="deepseek")
+}, mlp="deepseek", typed_window=False)
 
 CONFIG_CLASSES: dict[str, ConfigClass] = {
     "llama": ConfigClass("LlamaConfig", {
         "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": KV_HEADS, "max_position_embeddings": 2048,
         "head_dim": HEAD_DIM,
-    }, mlp="dense", embedding="model"),
+    }, mlp="dense", embedding="model", typed_window=False),
     "mistral": ConfigClass("MistralConfig", {
         "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
         "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": HEAD_DIM,
@@ -172,7 +176,7 @@ CONFIG_CLASSES: dict[str, ConfigClass] = {
         "num_attention_heads": 32, "num_key_value_heads": KV_HEADS, "max_position_embeddings": 2048,
         "first_k_dense_replace": 0, "kv_lora_rank": 512, "n_routed_experts": 64, "n_shared_experts": 2,
         "qk_rope_head_dim": 64, "moe_intermediate_size": 1407,
-    }, mlp="deepseek"),
+    }, mlp="deepseek", typed_window=False),
     "deepseek_v3": _DEEPSEEK_V3,
     "kimi_k2": _DEEPSEEK_V3,  # vLLM registers DeepseekV3Config for it
     "deepseek_v4": ConfigClass("DeepseekV4Config", {

@@ -48,6 +48,7 @@ from .kv_dtype import read_hf_quant_config
 from .quant_method import check_act_dtype
 from .layer_specs import LayerSpec, SpecKind
 from .model_build import check_build, check_heads
+from .sliding_window import check_window, layer_window, model_level_window
 
 Family = Literal["deepseek_v4", "mla", "standard"]
 
@@ -182,14 +183,15 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
         check_attention_kv(config, kv, family)
 
     try:
-        # In vLLM's order: its config (the heads, then the quantization method), then as a worker builds the
-        # model: a Qwen2/3 model's layer kinds, the embedding, and layer by layer the attention and the MLP
-        # (model_build).
+        # In vLLM's order: its config (the config class's window, the cache config's, the heads, then the
+        # quantization method), then as a worker builds the model: a Qwen2/3 model's layer kinds, the embedding,
+        # and layer by layer the attention and the MLP (model_build).
+        check_window(config)
         check_heads(config, tp)
         check_quant_config(config)
         check_act_dtype(config, model_dtype(config, settings.dtype), settings.dtype, dtype_key(config))
         if family == "standard":
-            _standard_layer_kinds(config, _layers(config))
+            _standard_layer_windows(config, _layers(config))
         check_build(config, tp, split_kv_heads=family == "standard", on_attention=attention)
         layers, block = _layers_of(family, config, settings, kv)
     except TypeError as exc:  # a value of a kind no check above expected (a list where a name goes)
@@ -317,18 +319,14 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int, kv:
     # vLLM's attention layers: max(1, total_kv_heads // tp) heads per rank (replicated
     # when there are fewer KV heads than ranks).
     kv_heads_per_rank = max(1, kv_heads // s.tensor_parallel_size)
-    kinds = _standard_layer_kinds(config, n)
-    window = config.get("sliding_window")
+    windows = _standard_layer_windows(config, n)
     sw_block = s.sliding_window_block_size or block
     layers: dict[str, LayerSpec] = {}
-    for i, kind in enumerate(kinds):
+    for i, window in enumerate(windows):
         common: dict[str, Any] = {
             "num_kv_heads": kv_heads_per_rank, "head_size": head_dim, "head_size_v": head_dim, "dtype_bytes": dtype_bytes
         }
-        if kind == "sliding":
-            if not isinstance(window, int) or window <= 0:
-                raise ModelSpecError(f"layer {i} is sliding_attention but sliding_window is {_shown(window)}",
-                                     ("sliding_window",), int_code(config, "sliding_window"))
+        if window is not None:
             spec = LayerSpec(SpecKind.SLIDING_WINDOW, sw_block, sliding_window=window, pool="sliding_window", **common)
         else:
             spec = LayerSpec(SpecKind.FULL, block, pool="full", **common)
@@ -336,30 +334,33 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int, kv:
     return layers
 
 
-def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full", "sliding"]]:
-    """Which layers slide, as vLLM's model class for the config's model type decides (``class_defaults``: from
-    ``layer_types`` one by one, all alike from the model-level window, or every other layer); for a model type
-    the plan does not know, as ``layer_types`` says, and without it a window is refused (the class decides)."""
+def _standard_layer_windows(config: Mapping[str, Any], n: int) -> list[int | None]:
+    """Each layer's window (None: full attention), as vLLM's model class for the config's model type gives it
+    (``class_defaults``: the config's own window from ``layer_types`` one by one, all alike the model-level window,
+    or every other layer the config's own; ``sliding_window`` says which windows vLLM takes as they are); for a
+    model type the plan does not know, as ``layer_types`` says, and without it a window is refused (the class
+    decides)."""
     named = _named_layer_kinds(config, n)
     cls = config_class(config)
     window = config.get("sliding_window")
     if cls is None:
         if named is not None:
-            return named
+            first = next((i for i, k in enumerate(named) if k == "sliding"), None)
+            if first is not None and not (is_int(window) and window != 0):  # what the class would make of it is its own
+                raise ModelSpecError(f"layer {first} is sliding_attention but sliding_window is {_shown(window)}",
+                                     ("sliding_window",), int_code(config, "sliding_window"))
+            return [window if k == "sliding" else None for k in named]
         if window and config.get("use_sliding_window", True):
             raise ModelSpecError(
                 "the config sets sliding_window without layer_types, so which layers slide depends on "
                 "the model class; add a layer_types list (full_attention / sliding_attention per layer)",
                 ("layer_types",), MISSING_FIELD,
             )
-        return ["full"] * n
-    # vLLM turns a window of 0 off; the model-level window (CacheConfig.sliding_window) is set only when no
-    # layer_types are given or all of them slide.
-    slides = isinstance(window, int) and not isinstance(window, bool) and window > 0
-    model_level: Literal["full", "sliding"] = (
-        "sliding" if slides and (named is None or all(k == "sliding" for k in named)) else "full")
+        return [None] * n
+    # The layers given no window of their own take the model-level one (CacheConfig.sliding_window).
+    model_level = model_level_window(config)
     if cls.windows == "even_layers":  # the odd ones take the model-level window
-        return ["sliding" if i % 2 == 0 and slides else model_level for i in range(n)]
+        return [layer_window(config, i) if i % 2 == 0 else model_level for i in range(n)]
     if cls.windows == "model_level":
         layers = config.get("num_hidden_layers")
         if named is not None and len(set(named)) > 1 and config.get("max_window_layers") != layers:
@@ -373,7 +374,8 @@ def _standard_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["fu
         return [model_level] * n
     if named is None:
         return [model_level] * n
-    return ["sliding" if k == "sliding" and slides else "full" for k in named]
+    # A layer whose own window is none (null, 0) falls back to the model-level one, itself none then.
+    return [layer_window(config, i) if k == "sliding" else None for i, k in enumerate(named)]
 
 
 def _named_layer_kinds(config: Mapping[str, Any], n: int) -> list[Literal["full", "sliding"]] | None:
@@ -470,7 +472,7 @@ def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int, 
             "(auto or fp8); the bf16 FlashInfer path is not planned"
         )
     head_dim = _int(config, "head_dim", 512)
-    window = _int(config, "sliding_window", 128)
+    window = _v4_window(config)
     index_head_dim = _int(config, "index_head_dim", 128)
     ratios = deepseek_v4_ratios(config)
     _check_v4_compressors(ratios, head_dim, index_head_dim, s.indexer_kv_dtype)
@@ -514,6 +516,21 @@ def _deepseek_v4_layers(config: Mapping[str, Any], s: SpecSettings, block: int, 
         )
         layers[f"{prefix}.compressor.state_cache"] = _v4_state(ratio, head_dim, f"c{ratio}")
     return layers
+
+
+def _v4_window(config: Mapping[str, Any]) -> int:
+    """DeepSeek-V4's window: its config class takes a whole number only (no null), and vLLM turning a window of 0
+    off (to null) makes the class refuse it too, as vLLM builds its config."""
+    window = config.get("sliding_window", 128)  # a config not filled by its class: the class's default
+    if window is None:
+        raise ModelSpecError("sliding_window null: DeepseekV4Config takes a whole number only, so transformers "
+                             "refuses the config and vLLM cannot load it", ("sliding_window",), WRONG_TYPE,
+                             "write the window as a whole number of tokens (128 in DeepSeek-V4's own configs)")
+    if is_int(window) and window == 0:
+        raise ModelSpecError("sliding_window 0: vLLM turns a window of 0 off (null), which DeepseekV4Config refuses, "
+                             "so vLLM cannot start", ("sliding_window",), VALUE_NOT_ALLOWED,
+                             "write the window as a whole number of tokens (128 in DeepSeek-V4's own configs)")
+    return _int(config, "sliding_window", 128)
 
 
 V4_COMPRESSOR_HEAD_DIMS = (128, 512)
