@@ -6,6 +6,7 @@ or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -15,11 +16,13 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
+from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.json_text import CarriesProblems
-from kvpolicy.validation import Conflict, Conflicts
+from kvpolicy.validation import Conflict, Conflicts, shown
 
 from ..common import read_config_json
 
@@ -51,6 +54,37 @@ Int = Annotated[int, Field(strict=True)]
 STRICT_HINT = ("SGLang 0.5.23 reads it through transformers' strict DeepseekV4Config, which refuses true, "
                "\"43\" and 43.0: write a bare integer")
 NULL_HINT = "SGLang 0.5.23 (transformers' strict DeepseekV4Config) refuses null too: leave the key out for its default"
+ROPE_OBJECT_HINT = ("SGLang 0.5.23 (transformers' strict config) takes an object here, such as {\"type\": \"yarn\", "
+                    "\"factor\": 16}, or none: leave the key out")
+
+# How SGLang 0.5.23 reads rope_scaling (transformers 5 loads it first, as rope_parameters):
+# - transformers (modeling_rope_utils: standardize_rope_params, validate_rope): the type is rope_type if the key is
+#   there (even null), else type, else "default"; llama3, yarn and longrope get original_max_position_embeddings
+#   (max_position_embeddings) unless they have their own; each known type's validator raises KeyError for a missing
+#   key (ROPE_NEEDS), the yarn one divides max_position_embeddings by original_max_position_embeddings, the llama3
+#   one compares them. A falsy rope_scaling (null, false, 0, "", [], {}) is none; any other non-object is refused.
+# - get_context_length: int(factor * length) unless original_max_position_embeddings is in it or the type is llama3.
+# - ModelConfig._init_mla_scaling (compute_mla_mscale_scaling): unless the type is "default" (rope_type, or type if
+#   that is falsy) or apply_yarn_scaling / apply_scale is falsy, float(mscale_all_dim) and factor <= 1.
+SCALED_BY_ORIGINAL = ("llama3", "yarn", "longrope")
+"""Rope types transformers gives an ``original_max_position_embeddings``: SGLang never applies their factor."""
+ROPE_NEEDS: dict[str, tuple[str, ...]] = {
+    "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "longrope": ("short_factor", "long_factor"),
+}
+"""The keys transformers' rope validation requires of each type that a config must give itself (it fills
+``rope_type``, ``rope_theta`` and ``original_max_position_embeddings``)."""
+
+
+@dataclass(frozen=True)
+class RopeProblem:
+    """Why SGLang 0.5.23 gets no context length from a ``rope_scaling``: the diagnostic's code, its key below
+    ``rope_scaling``, the message and the hint."""
+
+    code: DocumentCode
+    key: tuple[str, ...]
+    message: str
+    hint: str
 
 
 class ModelGeometry(BaseModel):
@@ -77,6 +111,13 @@ class ModelGeometry(BaseModel):
     max_seq_len: Count | None = None
     model_max_length: Count | None = None
     rope_scaling: dict[str, Any] | None = None
+    """Read as SGLang 0.5.23 reads it (``rope_problems``); a falsy value is none, as transformers takes it."""
+
+    @field_validator("rope_scaling", mode="before")
+    @classmethod
+    def _falsy_is_none(cls, value: Any) -> Any:
+        # transformers keeps `rope_scaling or rope_parameters`: false, 0, "" and [] scale nothing.
+        return value if value else None
 
     @model_validator(mode="after")
     def _v4_shaped(self) -> ModelGeometry:
@@ -111,22 +152,124 @@ class ModelGeometry(BaseModel):
         return self.stage_ratios.count(ratio)
 
     @property
+    def context_key_length(self) -> int:
+        """The first of ``CONTEXT_LENGTH_KEYS`` the config has (``max_position_embeddings`` at the latest)."""
+        return next(getattr(self, key) for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
+
+    @property
+    def rope_type(self) -> Any:
+        """The rope type transformers settles on: ``rope_type`` if given (null too), else ``type``, else
+        ``"default"``; any JSON value."""
+        rope = self.rope_scaling or {}
+        return rope["rope_type"] if "rope_type" in rope else rope.get("type", "default")
+
+    @property
+    def _factor_applies(self) -> bool:
+        """Whether ``get_context_length`` multiplies by the factor: not when the scaling has (or transformers
+        gives it) its own ``original_max_position_embeddings``, nor for llama3."""
+        rope = self.rope_scaling
+        if not rope:
+            return False
+        return "original_max_position_embeddings" not in rope and self.rope_type not in SCALED_BY_ORIGINAL
+
+    def rope_problems(self) -> list[RopeProblem]:
+        """What stops SGLang 0.5.23 getting a context length from ``rope_scaling``, in the order it fails (loading
+        the config, ``get_context_length``, the MLA scale), then a length under 1; empty when there is none."""
+        rope = self.rope_scaling
+        if not rope:
+            return []
+        kind = self.rope_type
+        missing = [key for key in ROPE_NEEDS.get(kind, ()) if key not in rope] if isinstance(kind, str) else []
+        if missing:
+            return [RopeProblem(MISSING_FIELD, (key,), f"rope_scaling.{key}: required, not given",
+                                f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope "
+                                f"scaling without {key}") for key in missing]
+        original = rope.get("original_max_position_embeddings")
+        if kind in ("yarn", "llama3") and "original_max_position_embeddings" in rope:
+            how = "divides max_position_embeddings by it" if kind == "yarn" else "compares it with max_position_embeddings"
+            if not _is_number(original):
+                return [RopeProblem(WRONG_TYPE, ("original_max_position_embeddings",),
+                                    f"rope_scaling.original_max_position_embeddings: must be a number, not {shown(original)}",
+                                    f"transformers' {kind} check (SGLang 0.5.23 loading the config) {how}: write the "
+                                    "pretraining context length, or leave the key out for max_position_embeddings")]
+            if kind == "yarn" and original == 0:
+                return [RopeProblem(VALUE_NOT_ALLOWED, ("original_max_position_embeddings",),
+                                    "rope_scaling.original_max_position_embeddings: must not be 0",
+                                    f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: write the "
+                                    "pretraining context length, or leave the key out for max_position_embeddings")]
+        factor = rope.get("factor", 1)
+        length = self.context_key_length
+        if self._factor_applies:
+            formula = f"SGLang 0.5.23 derives the context length as int(factor × {length}) (get_context_length)"
+            if not _is_number(factor):
+                return [_factor_wrong_type(factor, f"{formula}, which {_fails_on(factor, repeats=True)}")]
+            product = factor * length  # an int for an int factor, which may be past any float
+            if isinstance(product, float) and not math.isfinite(product):
+                return [RopeProblem(VALUE_NOT_ALLOWED, ("factor",),
+                                    f"rope_scaling.factor: {shown(factor)} × {length} is no finite number",
+                                    f"{formula}, which fails on an infinite or NaN product")]
+        mscale_kind = kind or rope.get("type", kind)
+        if mscale_kind != "default" and rope.get("apply_yarn_scaling", True) and rope.get("apply_scale", True):
+            where = "SGLang 0.5.23 scales MLA attention by it (compute_mla_mscale_scaling)"
+            mscale_all_dim = rope.get("mscale_all_dim", False)
+            if not _floats(mscale_all_dim):
+                return [RopeProblem(WRONG_TYPE, ("mscale_all_dim",),
+                                    f"rope_scaling.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
+                                    f"{where} through float(), which fails on it")]
+            if not _is_number(factor):
+                return [_factor_wrong_type(factor, f"{where} after comparing it with 1, which {_fails_on(factor)}")]
+        if self._factor_applies and int(factor * length) < 1:
+            return [RopeProblem(VALUE_NOT_ALLOWED, ("factor",),
+                                f"rope_scaling.factor: {shown(factor)} scales the context length {length} to "
+                                f"{int(factor * length)}",
+                                "SGLang 0.5.23 derives int(factor × length), and no request fits a context length "
+                                "under 1: write a factor of 1 or more, or leave the key out")]
+        return []
+
+    @property
     def derived_context_length(self) -> int:
         """The context length SGLang derives from the config when --context-length is not given.
 
-        SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config
-        has, times the RoPE scaling factor unless the scaling keeps its own
-        ``original_max_position_embeddings`` or is ``llama3``. transformers 5 fills
-        ``original_max_position_embeddings`` into every ``llama3``, ``yarn`` and ``longrope``
-        scaling, so their factor never applies (checked against the real resolution over random
-        configs in the tests).
+        SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config has, times the
+        RoPE scaling factor where it applies (``_factor_applies``); ValueError for a ``rope_scaling`` SGLang
+        gets no context length from (``rope_problems``, which ``read_geometry`` places in the file).
+        Checked against the real resolution over random configs in the tests.
         """
-        length = next(getattr(self, key) for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
-        rope = self.rope_scaling or {}
-        kind = rope.get("rope_type") or rope.get("type")
-        if not rope or "original_max_position_embeddings" in rope or kind in ("llama3", "yarn", "longrope"):
-            return int(length)
-        return int(rope.get("factor", 1) * length)
+        problems = self.rope_problems()
+        if problems:
+            raise ValueError(problems[0].message)
+        length = self.context_key_length
+        if not self._factor_applies:
+            return length
+        assert self.rope_scaling is not None  # _factor_applies says so
+        return int(self.rope_scaling.get("factor", 1) * length)
+
+
+def _is_number(value: object) -> bool:
+    """Whether Python arithmetic takes ``value`` as SGLang uses it: a JSON number, or true/false (1/0)."""
+    return isinstance(value, (int, float))
+
+
+def _floats(value: object) -> bool:
+    """Whether ``float(value)`` succeeds (a number, a bool or a numeric string)."""
+    try:
+        float(value)  # type: ignore[arg-type]  # any JSON value: the point is to see whether it converts
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def _fails_on(value: object, *, repeats: bool = False) -> str:
+    """How Python arithmetic goes wrong on a non-number ``value``."""
+    if isinstance(value, str) and repeats:
+        return "repeats a string rather than scaling it"
+    if value is None:
+        return "fails on null"
+    return f"fails on {'a string' if isinstance(value, str) else 'a list' if isinstance(value, list) else 'an object'}"
+
+
+def _factor_wrong_type(factor: object, hint: str) -> RopeProblem:
+    return RopeProblem(WRONG_TYPE, ("factor",), f"rope_scaling.factor: must be a number, not {shown(factor)}", hint)
 
 
 class GeometryError(CarriesProblems, ValueError):
@@ -151,9 +294,10 @@ class GeometryConfig:
     document: JsonObjectFile
     at: tuple[str, ...] = ()
 
-    def diagnostic(self, code: DocumentCode, key: tuple[str | int, ...], message: str) -> Diagnostic:
+    def diagnostic(self, code: DocumentCode, key: tuple[str | int, ...], message: str,
+                   hint: str | None = None) -> Diagnostic:
         """``code``'s diagnostic at the geometry's field ``key`` in the file."""
-        return self.document.diagnostic(code, (*self.at, *key), message)
+        return self.document.diagnostic(code, (*self.at, *key), message, hint)
 
 
 def read_geometry(path: str | Path) -> GeometryConfig:
@@ -175,19 +319,29 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     if "compress_ratios" not in data and isinstance(data.get("text_config"), dict):
         data, at = data["text_config"], ("text_config",)
     try:
-        return GeometryConfig(ModelGeometry.model_validate(data), document, at)
+        config = GeometryConfig(ModelGeometry.model_validate(data), document, at)
     except ValidationError as exc:
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
-                            document.refusal(exc, ModelGeometry, at=at, hint_for=_strict_hint)) from None
+                            document.refusal(exc, ModelGeometry, at=at, hint_for=_sglang_hint)) from None
+    rope = config.geometry.rope_problems()
+    if rope:
+        raise GeometryError(f"{path}: SGLang gets no context length from it: {'; '.join(p.message for p in rope)}",
+                            DocumentInvalid([config.diagnostic(p.code, ("rope_scaling", *p.key), p.message, p.hint)
+                                             for p in rope]))
+    return config
 
 
-def _strict_hint(problem: Problem) -> str | None:
+def _sglang_hint(problem: Problem) -> str | None:
     """Why SGLang refuses an integer refused for its type (true, "43", 43.0, null), where a bare "must be a
-    whole number, not 43.0" would puzzle; None for any other problem."""
+    whole number, not 43.0" would puzzle, or a ``rope_scaling`` that is no object; None for any other problem."""
     from kvpolicy.validation import WHOLE_NUMBER_ERRORS
 
     error = problem.error
-    if error is None or error["type"] not in WHOLE_NUMBER_ERRORS:
+    if error is None:
+        return None
+    if error["type"] == "dict_type" and problem.path == ("rope_scaling",):
+        return ROPE_OBJECT_HINT
+    if error["type"] not in WHOLE_NUMBER_ERRORS:
         return None
     return NULL_HINT if "input" in error and error["input"] is None else STRICT_HINT
 
