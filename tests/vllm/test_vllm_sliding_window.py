@@ -1,7 +1,7 @@
 """A config's ``sliding_window`` of any JSON value: the plan takes it as vLLM 0.33 does, or refuses it, placed.
 
 Each random example writes a small config of a model type the plan knows (Llama, Mistral, Qwen2/3 with their
-window on, Gemma-2/3, gpt-oss, DeepSeek-V2) with a ``sliding_window`` of any kind (integers of either sign and
+window on or off, Gemma-2/3, gpt-oss, DeepSeek-V2) with a ``sliding_window`` of any kind (integers of either sign and
 0, whole and fractional floats, true/false, numeric and other strings, lists, objects, null) and, for the
 models that read ``layer_types``, none, a random mix, all sliding or all full. vLLM loads the config, builds the
 model on the meta device and plans it (tests/vllm/real_vllm.py); where it refuses at any of these steps, the
@@ -40,8 +40,8 @@ SHAPE = {"vocab_size": 3072, "hidden_size": 384, "intermediate_size": 96, "num_a
 MODELS: dict[str, dict[str, Any]] = {  # model type → what its config needs besides SHAPE
     "llama": {"architectures": ["LlamaForCausalLM"]},
     "mistral": {"architectures": ["MistralForCausalLM"]},
-    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": True, "max_window_layers": 0},
-    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "use_sliding_window": True, "max_window_layers": 0},
+    "qwen2": {"architectures": ["Qwen2ForCausalLM"], "max_window_layers": 0},
+    "qwen3": {"architectures": ["Qwen3ForCausalLM"], "max_window_layers": 0},
     "gemma2": {"architectures": ["Gemma2ForCausalLM"], "query_pre_attn_scalar": 64},
     "gemma3_text": {"architectures": ["Gemma3ForCausalLM"], "query_pre_attn_scalar": 64},
     "gpt_oss": {"architectures": ["GptOssForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2,
@@ -80,6 +80,8 @@ def configs(draw: st.DrawFn) -> dict[str, Any]:
     n = draw(st.integers(2, 6))
     config = {**SHAPE, "model_type": model_type, **MODELS[model_type], "num_hidden_layers": n,
               "sliding_window": window}
+    if model_type.startswith("qwen") and draw(st.integers(0, 3)):  # else the class's default: off
+        config["use_sliding_window"] = draw(st.integers(0, 2)) > 0  # on mostly: off drops the window, once checked
     if model_type in PER_LAYER:
         kinds = st.sampled_from(["sliding_attention", "full_attention"])
         config["layer_types"] = draw(st.sampled_from([
@@ -176,6 +178,8 @@ LLAMA = {**SHAPE, "model_type": "llama", **MODELS["llama"], "num_hidden_layers":
     ({**GEMMA2, "sliding_window": 4096.0}, "sliding_window 4096.0: Gemma2Config takes a whole number or null"),
     ({**GEMMA2, "sliding_window": True}, "sliding_window true: Gemma2Config takes a whole number or null"),
     ({**GEMMA2, "sliding_window": "4096"}, 'sliding_window "4096": Gemma2Config takes a whole number or null'),
+    ({**SHAPE, "model_type": "qwen3", **MODELS["qwen3"], "num_hidden_layers": 4, "sliding_window": 4096.0,
+      "use_sliding_window": False}, "sliding_window 4096.0: Qwen3Config takes a whole number or null"),
     ({**LLAMA, "sliding_window": 4096.5}, "sliding_window 4096.5: vLLM's CacheConfig takes"),
     ({**LLAMA, "sliding_window": [4096]}, "sliding_window [4096]: vLLM's CacheConfig takes"),
     ({**LLAMA, "sliding_window": "4096", "layer_types": ["sliding_attention", "full_attention"] * 2},

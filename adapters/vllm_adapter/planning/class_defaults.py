@@ -216,16 +216,19 @@ class FilledConfig(dict[str, Any]):
     """A config with its class's defaults; ``class_defaults`` names each key the class gave (key → class),
     ``origins`` where each other key is in the file (``text_config``'s keys lifted beside the wrapper's: under
     it), ``home`` the object a key it lacks belongs in, ``document`` the file it was read from (None: not
-    read from a file)."""
+    read from a file), ``as_written`` the file's own values of the keys the class recomputes (its type checks
+    see them first)."""
 
     class_defaults: dict[str, str]
 
     def __init__(self, config: Mapping[str, Any], class_defaults: dict[str, str],
-                 origins: dict[str, ConfigKey] | None = None, home: ConfigKey = (), document: JsonObjectFile | None = None) -> None:
+                 origins: dict[str, ConfigKey] | None = None, home: ConfigKey = (), document: JsonObjectFile | None = None,
+                 as_written: dict[str, Any] | None = None) -> None:
         super().__init__(config)
         self.class_defaults = class_defaults
         self.origins = origins if origins is not None else {k: (*home, k) for k in config if k not in class_defaults}
         self.home, self.document = home, document
+        self.as_written = as_written or {}
 
     def source(self, key: ConfigKey) -> Source:
         """Where the value at ``key`` (a path as the plan reads it) came from."""
@@ -248,6 +251,7 @@ def with_class_defaults(config: Mapping[str, Any], home: ConfigKey = ()) -> Fill
     if cls is None:
         return FilledConfig(filled, {}, origins, home)
     given: dict[str, str] = {}
+    as_written = {key: config[key] for key in cls.adjust if key in config}
     for key, default in cls.defaults.items():
         if not isinstance(default, Derived) and key not in filled:
             filled[key] = default
@@ -258,7 +262,14 @@ def with_class_defaults(config: Mapping[str, Any], home: ConfigKey = ()) -> Fill
         if isinstance(default, Derived) and filled.get(key) is None:
             filled[key] = default.rule(filled)
             given[key] = cls.name
-    return FilledConfig(filled, given, origins, home)
+    return FilledConfig(filled, given, origins, home, as_written=as_written)
+
+
+def as_written(config: Mapping[str, Any], key: str) -> Any:
+    """``config[key]`` as the file gives it, before its class recomputed it (Qwen's window), or None."""
+    if isinstance(config, FilledConfig) and key in config.as_written:
+        return config.as_written[key]
+    return config.get(key)
 
 
 def class_default(config: Mapping[str, Any], key: str) -> str | None:

@@ -141,7 +141,7 @@ def load_config(path: Path | str) -> FilledConfig:
     for key in (QUANTIZATION_KEY, COMPRESSION_KEY):  # vLLM reads the wrapper's own before its text config's
         if key in data:
             merged[key], origins[key] = data[key], (key,)
-    filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document)
+    filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document, inner.as_written)
     return _with_quant_file(filled, data, p)
 
 

@@ -4,7 +4,8 @@ vLLM takes the value in three steps, each of which may refuse it:
 
 1. transformers builds the config class. Most classes (Mistral, Qwen2/3, Gemma-2/3, gpt-oss) declare the field
    ``int | None`` and their strict type check refuses anything else (``true``, ``4096.0``, ``"4096"``): the
-   config cannot load. Llama and DeepSeek-V2/V3 declare none, and keep any value as it is.
+   config cannot load (Qwen's checks the value before it drops it for ``use_sliding_window: false``). Llama and
+   DeepSeek-V2/V3 declare none, and keep any value as it is.
 2. ``ModelConfig`` turns a window equal to 0 (``0``, ``0.0``, ``false``) off (None). When ``layer_types`` is
    absent or all ``sliding_attention``, the window is then the model-level one, ``CacheConfig.sliding_window``:
    pydantic's lax ``int | None`` converts a whole float, ``true`` or a numeric string and refuses the rest.
@@ -25,7 +26,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from kvpolicy.document_codes import WRONG_TYPE
 
-from .class_defaults import config_class
+from .class_defaults import as_written, config_class
 from .config_values import ModelSpecError, is_int
 from .config_values import shown
 
@@ -37,11 +38,9 @@ _CACHE_CONFIG_WINDOW: TypeAdapter[int | None] = TypeAdapter(int | None)
 
 def check_window(config: Mapping[str, Any]) -> None:
     """Refuse a ``sliding_window`` that vLLM refuses as it builds its config (steps 1 and 2), in its order."""
-    window = config.get(KEY)
-    if window is None:
-        return
+    window = as_written(config, KEY)  # Qwen's class checks the type before it drops the window
     cls = config_class(config)
-    if cls is not None and cls.typed_window and not is_int(window):
+    if window is not None and cls is not None and cls.typed_window and not is_int(window):
         raise ModelSpecError(
             f"{KEY} {_shown(window)}: {cls.name} takes a whole number or null, so transformers refuses the config "
             "and vLLM cannot load it", (KEY,), WRONG_TYPE, HINT)
