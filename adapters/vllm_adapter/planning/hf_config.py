@@ -16,7 +16,7 @@ classes in tests/vllm:
   ``kv_lora_rank``, ``qk_rope_head_dim``, ``torch_dtype``/``dtype``.
 - **Standard attention** (Llama, Qwen, Mistral, Gemma, gpt-oss, …): per layer full
   attention, or sliding-window attention where the model's class puts a window
-  (``_standard_layer_kinds``). Fields read: ``num_hidden_layers``, ``num_attention_heads``,
+  (``_standard_layer_windows``, ``sliding_window``). Fields read: ``num_hidden_layers``, ``num_attention_heads``,
   ``num_key_value_heads``, ``head_dim`` (default ``hidden_size / num_attention_heads``),
   ``layer_types``, ``sliding_window``, ``use_sliding_window``, ``max_window_layers``,
   ``torch_dtype``/``dtype``.
