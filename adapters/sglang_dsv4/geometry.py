@@ -58,11 +58,14 @@ ROPE_OBJECT_HINT = ("SGLang 0.5.23 (transformers' strict config) takes an object
                     "\"factor\": 16}, or none: leave the key out")
 
 # How SGLang 0.5.23 reads rope_scaling (transformers 5 loads it first, as rope_parameters):
-# - transformers (modeling_rope_utils: standardize_rope_params, validate_rope): the type is rope_type if the key is
-#   there (even null), else type, else "default"; llama3, yarn and longrope get original_max_position_embeddings
-#   (max_position_embeddings) unless they have their own; each known type's validator raises KeyError for a missing
-#   key (ROPE_NEEDS), the yarn one divides max_position_embeddings by original_max_position_embeddings, the llama3
-#   one compares them. A falsy rope_scaling (null, false, 0, "", [], {}) is none; any other non-object is refused.
+# - transformers (modeling_rope_utils: convert_rope_params_to_dict, standardize_rope_params, validate_rope): it
+#   takes `rope_scaling or rope_parameters`, so a falsy rope_scaling (null, false, 0, "", [], {}) leaves
+#   rope_parameters, which must be an object or null (its strict field) and any other non-object rope_scaling is
+#   refused. The type is rope_type if the key is there (even null), else type, else "default"; llama3, yarn and
+#   longrope get original_max_position_embeddings (max_position_embeddings) unless they have their own; each known
+#   type's validator raises KeyError for a missing key (ROPE_NEEDS), the yarn one divides max_position_embeddings by
+#   original_max_position_embeddings, the llama3 one compares them. DeepseekV4Config validates the "main" and
+#   "compress" parameters of a nested one (both objects) so; SGLang's DeepseekV3Config alias sees it flat.
 # - get_context_length: int(factor * length) unless original_max_position_embeddings is in it or the type is llama3.
 # - ModelConfig._init_mla_scaling (compute_mla_mscale_scaling): unless the type is "default" (rope_type, or type if
 #   that is falsy) or apply_yarn_scaling / apply_scale is falsy, float(mscale_all_dim) and factor <= 1.
@@ -78,8 +81,8 @@ ROPE_NEEDS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class RopeProblem:
-    """Why SGLang 0.5.23 gets no context length from a ``rope_scaling``: the diagnostic's code, its key below
-    ``rope_scaling``, the message and the hint."""
+    """Why SGLang 0.5.23 gets no context length from a ``rope_scaling`` (or ``rope_parameters``): the
+    diagnostic's code, its key in the geometry (``("rope_scaling", "factor")``), the message and the hint."""
 
     code: DocumentCode
     key: tuple[str, ...]
@@ -112,6 +115,8 @@ class ModelGeometry(BaseModel):
     model_max_length: Count | None = None
     rope_scaling: dict[str, Any] | None = None
     """Read as SGLang 0.5.23 reads it (``rope_problems``); a falsy value is none, as transformers takes it."""
+    rope_parameters: dict[str, Any] | None = None
+    """transformers 5's name for it, read where ``rope_scaling`` is none."""
 
     @field_validator("rope_scaling", mode="before")
     @classmethod
@@ -157,70 +162,60 @@ class ModelGeometry(BaseModel):
         return next(getattr(self, key) for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
 
     @property
-    def rope_type(self) -> Any:
-        """The rope type transformers settles on: ``rope_type`` if given (null too), else ``type``, else
-        ``"default"``; any JSON value."""
-        rope = self.rope_scaling or {}
-        return rope["rope_type"] if "rope_type" in rope else rope.get("type", "default")
+    def rope(self) -> tuple[str, dict[str, Any]] | None:
+        """The scaling SGLang reads and the field it comes from: ``rope_scaling`` unless that is none, then
+        ``rope_parameters``; None when neither scales."""
+        if self.rope_scaling:
+            return "rope_scaling", self.rope_scaling
+        return ("rope_parameters", self.rope_parameters) if self.rope_parameters else None
 
     @property
     def _factor_applies(self) -> bool:
         """Whether ``get_context_length`` multiplies by the factor: not when the scaling has (or transformers
         gives it) its own ``original_max_position_embeddings``, nor for llama3."""
-        rope = self.rope_scaling
-        if not rope:
+        if self.rope is None:
             return False
-        return "original_max_position_embeddings" not in rope and self.rope_type not in SCALED_BY_ORIGINAL
+        rope = self.rope[1]
+        return "original_max_position_embeddings" not in rope and _rope_type(rope) not in SCALED_BY_ORIGINAL
 
     def rope_problems(self) -> list[RopeProblem]:
-        """What stops SGLang 0.5.23 getting a context length from ``rope_scaling``, in the order it fails (loading
+        """What stops SGLang 0.5.23 getting a context length from the scaling, in the order it fails (loading
         the config, ``get_context_length``, the MLA scale), then a length under 1; empty when there is none."""
-        rope = self.rope_scaling
-        if not rope:
+        if self.rope is None:
             return []
-        kind = self.rope_type
-        missing = [key for key in ROPE_NEEDS.get(kind, ()) if key not in rope] if isinstance(kind, str) else []
-        if missing:
-            return [RopeProblem(MISSING_FIELD, (key,), f"rope_scaling.{key}: required, not given",
-                                f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope "
-                                f"scaling without {key}") for key in missing]
-        original = rope.get("original_max_position_embeddings")
-        if kind in ("yarn", "llama3") and "original_max_position_embeddings" in rope:
-            how = "divides max_position_embeddings by it" if kind == "yarn" else "compares it with max_position_embeddings"
-            if not _is_number(original):
-                return [RopeProblem(WRONG_TYPE, ("original_max_position_embeddings",),
-                                    f"rope_scaling.original_max_position_embeddings: must be a number, not {shown(original)}",
-                                    f"transformers' {kind} check (SGLang 0.5.23 loading the config) {how}: write the "
-                                    "pretraining context length, or leave the key out for max_position_embeddings")]
-            if kind == "yarn" and original == 0:
-                return [RopeProblem(VALUE_NOT_ALLOWED, ("original_max_position_embeddings",),
-                                    "rope_scaling.original_max_position_embeddings: must not be 0",
-                                    f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: write the "
-                                    "pretraining context length, or leave the key out for max_position_embeddings")]
+        field, rope = self.rope
+        loaded: list[tuple[tuple[str, ...], dict[str, Any]]] = [((field,), rope)]
+        if isinstance(rope.get("main"), dict) and isinstance(rope.get("compress"), dict):
+            loaded = [((field, "main"), rope["main"]), ((field, "compress"), rope["compress"]), *loaded]
+        for at, parameters in loaded:
+            problems = _rope_load_problems(at, parameters, self.max_position_embeddings)
+            if problems:
+                return problems
+        kind = _rope_type(rope)
         factor = rope.get("factor", 1)
         length = self.context_key_length
         if self._factor_applies:
             formula = f"SGLang 0.5.23 derives the context length as int(factor × {length}) (get_context_length)"
             if not _is_number(factor):
-                return [_factor_wrong_type(factor, f"{formula}, which {_fails_on(factor, repeats=True)}")]
+                return [_factor_wrong_type(field, factor, f"{formula}, which {_fails_on(factor, repeats=True)}")]
             product = factor * length  # an int for an int factor, which may be past any float
             if isinstance(product, float) and not math.isfinite(product):
-                return [RopeProblem(VALUE_NOT_ALLOWED, ("factor",),
-                                    f"rope_scaling.factor: {shown(factor)} × {length} is no finite number",
+                return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
+                                    f"{field}.factor: {shown(factor)} × {length} is no finite number",
                                     f"{formula}, which fails on an infinite or NaN product")]
         mscale_kind = kind or rope.get("type", kind)
         if mscale_kind != "default" and rope.get("apply_yarn_scaling", True) and rope.get("apply_scale", True):
             where = "SGLang 0.5.23 scales MLA attention by it (compute_mla_mscale_scaling)"
             mscale_all_dim = rope.get("mscale_all_dim", False)
             if not _floats(mscale_all_dim):
-                return [RopeProblem(WRONG_TYPE, ("mscale_all_dim",),
-                                    f"rope_scaling.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
+                return [RopeProblem(WRONG_TYPE, (field, "mscale_all_dim"),
+                                    f"{field}.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
                                     f"{where} through float(), which fails on it")]
             if not _is_number(factor):
-                return [_factor_wrong_type(factor, f"{where} after comparing it with 1, which {_fails_on(factor)}")]
+                return [_factor_wrong_type(field, factor, f"{where} after comparing it with 1, which {_fails_on(factor)}")]
         if self._factor_applies and int(factor * length) < 1:
-            return [RopeProblem(VALUE_NOT_ALLOWED, ("factor",),
-                                f"rope_scaling.factor: {shown(factor)} scales the context length {length} to "
+            return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
+                                f"{field}.factor: {shown(factor)} scales the context length {length} to "
                                 f"{int(factor * length)}",
                                 "SGLang 0.5.23 derives int(factor × length), and no request fits a context length "
                                 "under 1: write a factor of 1 or more, or leave the key out")]
@@ -239,10 +234,41 @@ class ModelGeometry(BaseModel):
         if problems:
             raise ValueError(problems[0].message)
         length = self.context_key_length
-        if not self._factor_applies:
+        if self.rope is None or not self._factor_applies:
             return length
-        assert self.rope_scaling is not None  # _factor_applies says so
-        return int(self.rope_scaling.get("factor", 1) * length)
+        return int(self.rope[1].get("factor", 1) * length)
+
+
+def _rope_type(rope: dict[str, Any]) -> Any:
+    """The rope type transformers settles on: ``rope_type`` if given (null too), else ``type``, else
+    ``"default"``; any JSON value."""
+    return rope["rope_type"] if "rope_type" in rope else rope.get("type", "default")
+
+
+def _rope_load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embeddings: int) -> list[RopeProblem]:
+    """What transformers' rope validation refuses in the parameters at ``at`` (SGLang 0.5.23 loading the config)."""
+    kind = _rope_type(rope)
+    where = ".".join(at)
+    missing = [key for key in ROPE_NEEDS.get(kind, ()) if key not in rope] if isinstance(kind, str) else []
+    if missing:
+        return [RopeProblem(MISSING_FIELD, (*at, key), f"{where}.{key}: required, not given",
+                            f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope scaling "
+                            f"without {key}") for key in missing]
+    if kind not in ("yarn", "llama3") or "original_max_position_embeddings" not in rope:
+        return []
+    original = rope["original_max_position_embeddings"]
+    how = (f"divides max_position_embeddings ({max_position_embeddings}) by it" if kind == "yarn"
+           else f"compares it with max_position_embeddings ({max_position_embeddings})")
+    fix = "write the pretraining context length, or leave the key out for max_position_embeddings"
+    key = (*at, "original_max_position_embeddings")
+    if not _is_number(original):
+        return [RopeProblem(WRONG_TYPE, key, f"{where}.original_max_position_embeddings: must be a number, not "
+                            f"{shown(original)}", f"transformers' {kind} check (SGLang 0.5.23 loading the config) "
+                            f"{how}: {fix}")]
+    if kind == "yarn" and original == 0:
+        return [RopeProblem(VALUE_NOT_ALLOWED, key, f"{where}.original_max_position_embeddings: must not be 0",
+                            f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: {fix}")]
+    return []
 
 
 def _is_number(value: object) -> bool:
@@ -268,8 +294,8 @@ def _fails_on(value: object, *, repeats: bool = False) -> str:
     return f"fails on {'a string' if isinstance(value, str) else 'a list' if isinstance(value, list) else 'an object'}"
 
 
-def _factor_wrong_type(factor: object, hint: str) -> RopeProblem:
-    return RopeProblem(WRONG_TYPE, ("factor",), f"rope_scaling.factor: must be a number, not {shown(factor)}", hint)
+def _factor_wrong_type(field: str, factor: object, hint: str) -> RopeProblem:
+    return RopeProblem(WRONG_TYPE, (field, "factor"), f"{field}.factor: must be a number, not {shown(factor)}", hint)
 
 
 class GeometryError(CarriesProblems, ValueError):
@@ -326,8 +352,7 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     rope = config.geometry.rope_problems()
     if rope:
         raise GeometryError(f"{path}: SGLang gets no context length from it: {'; '.join(p.message for p in rope)}",
-                            DocumentInvalid([config.diagnostic(p.code, ("rope_scaling", *p.key), p.message, p.hint)
-                                             for p in rope]))
+                            DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in rope]))
     return config
 
 
@@ -339,7 +364,7 @@ def _sglang_hint(problem: Problem) -> str | None:
     error = problem.error
     if error is None:
         return None
-    if error["type"] == "dict_type" and problem.path == ("rope_scaling",):
+    if error["type"] == "dict_type" and problem.path in (("rope_scaling",), ("rope_parameters",)):
         return ROPE_OBJECT_HINT
     if error["type"] not in WHOLE_NUMBER_ERRORS:
         return None

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from kvpolicy.adapters.sglang_dsv4.geometry import GeometryConfig, GeometryError, read_geometry
 from kvpolicy.adapters.sglang_dsv4.launch import Hardware, resolve_launch
 from kvpolicy.cli import main
+from kvpolicy.json_positions import parse
 from tests.cli.test_plan_config_errors import assert_placed_at
 from tests.sglang.sglang_support import MODELS, resolve_for_real, single_process_parallel
 
@@ -31,6 +32,13 @@ FACTORS = st.one_of(
     st.integers(-4, 64), st.floats(-2, 64), st.sampled_from([0, 0.0, 1e-9, 0.5, 1e300, 1e305, float("inf"), float("nan")]),
     st.sampled_from(["4", "2.5", "x", True, False, None, [2], {"v": 2}]),
 )
+SOURCES = {
+    "rope_scaling": lambda rope: {"rope_scaling": rope},
+    "rope_parameters": lambda rope: {"rope_parameters": rope},  # transformers 5's name
+    "both": lambda rope: {"rope_scaling": False, "rope_parameters": rope},  # a falsy rope_scaling leaves it
+    "shadowing": lambda rope: {"rope_scaling": rope, "rope_parameters": {"type": "linear", "factor": 3}},
+}
+"""Where the drawn scaling goes: transformers takes ``rope_scaling or rope_parameters``."""
 NOT_OBJECTS = ["linear", 4, 2.5, [1, 2], True, False, 0, "", [], {}, None]
 """rope_scaling values that are no object: transformers takes the falsy ones for none and refuses the others."""
 
@@ -80,9 +88,11 @@ def assert_placed(text: str, config: dict[str, Any], d: dict[str, Any]) -> None:
     """``d`` is at the value its message names (``rope_scaling.factor: ...``), or at the object that lacks it."""
     key = tuple(d["message"].split(":", 1)[0].split("."))
     if d["code"] == "KVD009":  # at the { of the object that lacks the key
-        offset = text.index('"rope_scaling": ') + len('"rope_scaling": ')
+        document = parse(text)
+        assert document is not None
+        offset = document.span_of(key[:-1])[0]
         assert (d["line"], d["col"]) == (text.count("\n", 0, offset) + 1, offset - text.rfind("\n", 0, offset))
-        assert text[offset] == "{" and key[:-1] == ("rope_scaling",), d
+        assert text[offset] == "{", d
         return
     assert_placed_at(text, key, value_at(config, key), d)
 
@@ -94,31 +104,40 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
 
     @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(rope=rope_scalings(), length=st.one_of(st.sampled_from([65536, 1_048_576]), st.integers(1, 6000)),
-           indent=st.sampled_from([None, 2]))
-    @example(rope={"type": "linear", "factor": "4"}, length=65536, indent=2)
-    @example(rope={"type": "linear", "factor": "4"}, length=3, indent=None)  # SGLang: int("444"), no scaling
-    @example(rope={"type": "dynamic", "factor": True}, length=65536, indent=2)
-    @example(rope={"factor": False}, length=65536, indent=2)
-    @example(rope={"type": "linear", "factor": None}, length=65536, indent=2)
-    @example(rope={"type": "yarn", "factor": None}, length=65536, indent=2)
-    @example(rope={"type": "linear", "factor": -2}, length=65536, indent=2)
-    @example(rope={"type": "linear", "factor": 0}, length=65536, indent=2)
-    @example(rope={"type": "linear", "factor": 0.5}, length=65537, indent=2)
-    @example(rope={"type": "linear", "factor": 1.7}, length=65537, indent=2)
-    @example(rope={"type": "linear", "factor": 1e305}, length=65536, indent=2)
-    @example(rope={"rope_type": "bogus", "factor": 3}, length=65536, indent=2)
-    @example(rope={"rope_type": None, "type": "yarn", "factor": 4}, length=65536, indent=2)
-    @example(rope={"type": "linear", "factor": 4, "original_max_position_embeddings": 4096}, length=65536, indent=2)
-    @example(rope={"type": "default", "factor": "4", "original_max_position_embeddings": 4096}, length=65536, indent=2)
-    @example(rope={"type": "linear"}, length=65536, indent=2)
-    @example(rope={"type": "llama3", "factor": 4}, length=65536, indent=2)
-    @example(rope={"type": "yarn", "factor": 4, "original_max_position_embeddings": 0}, length=65536, indent=2)
-    @example(rope={"type": "yarn", "factor": 4, "original_max_position_embeddings": "4096"}, length=65536, indent=2)
-    @example(rope={"type": "yarn", "factor": 4, "mscale_all_dim": "x"}, length=65536, indent=2)
-    @example(rope="linear", length=65536, indent=2)
-    @example(rope=[], length=65536, indent=2)
-    def check(rope: object, length: int, indent: int | None) -> None:
-        config = {**FLASH, "max_position_embeddings": length, "rope_scaling": rope}
+           indent=st.sampled_from([None, 2]), source=st.sampled_from(list(SOURCES)))
+    @example(rope={"type": "linear", "factor": "4"}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": "4"}, length=3, indent=None, source="rope_scaling")  # SGLang: int("444"), no scaling
+    @example(rope={"type": "dynamic", "factor": True}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"factor": False}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": None}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "yarn", "factor": None}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": -2}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": 0}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": 0.5}, length=65537, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": 1.7}, length=65537, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": 1e305}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"rope_type": "bogus", "factor": 3}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"rope_type": None, "type": "yarn", "factor": 4}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": 4, "original_max_position_embeddings": 4096}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "default", "factor": "4", "original_max_position_embeddings": 4096}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear"}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "llama3", "factor": 4}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "yarn", "factor": 4, "original_max_position_embeddings": 0}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "yarn", "factor": 4, "original_max_position_embeddings": "4096"}, length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "yarn", "factor": 4, "mscale_all_dim": "x"}, length=65536, indent=2, source="rope_scaling")
+    @example(rope="linear", length=65536, indent=2, source="rope_scaling")
+    @example(rope=[], length=65536, indent=2, source="rope_scaling")
+    @example(rope=False, length=65536, indent=2, source="rope_parameters")
+    @example(rope={"type": "linear", "factor": 4}, length=65536, indent=2, source="both")
+    @example(rope={"type": "linear", "factor": 4}, length=65536, indent=2, source="shadowing")
+    @example(rope={"main": {"rope_type": "default"}, "compress": {"rope_type": "yarn", "factor": 16}}, length=65536,
+             indent=2, source="rope_parameters")
+    @example(rope={"main": {"rope_type": "default"}, "compress": {"rope_type": "yarn"}}, length=65536, indent=2,
+             source="rope_parameters")
+    @example(rope={"main": {"rope_type": "default"}, "compress": {"type": "linear", "factor": 2}, "factor": 3},
+             length=65536, indent=2, source="rope_scaling")
+    def check(rope: object, length: int, indent: int | None, source: str) -> None:
+        config = {**FLASH, "max_position_embeddings": length, **SOURCES[source](rope)}
         model_dir = root / str(next(dirs))
         model_dir.mkdir()
         text = json.dumps(config, indent=indent)
@@ -136,7 +155,8 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
             event("accepted: scaled" if real != length else "accepted: as max_position_embeddings")
             return
         diagnostics = [d.model_dump() for d in ours.diagnostics]
-        assert diagnostics and all(d["message"].startswith("rope_scaling") for d in diagnostics), diagnostics
+        assert diagnostics and all(d["message"].startswith(("rope_scaling", "rope_parameters")) for d in diagnostics), \
+            diagnostics
         for d in diagnostics:
             assert d["hint"], d
             assert_placed(text, config, d)
@@ -145,7 +165,7 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
             event(f"refused: SGLang raises {type(real).__name__}, plan {diagnostics[0]['code']}")
             return
         # SGLang resolves a launch it cannot serve: a context length under 1, or the int of a repeated string.
-        factor = rope.get("factor") if isinstance(rope, dict) else None
+        factor = rope.get("factor") if isinstance(rope, dict) else None  # the drawn scaling is the one read here
         assert real < 1 or isinstance(factor, str), (rope, length, real, diagnostics)
         seen["sglang unusable"] += 1
         event(f"refused: SGLang derives {'under 1' if real < 1 else 'a repeated string'}")
@@ -181,7 +201,7 @@ def plan_error(capsys, tmp_path, rope: object, length: int = 65536) -> tuple[str
      "infinite or NaN product"),
     ({"type": "linear"}, "KVD009", "rope_scaling.factor: required, not given", "refuses a linear rope scaling without"),
     ({"type": "yarn", "factor": 4, "original_max_position_embeddings": 0}, "KVD008",
-     "rope_scaling.original_max_position_embeddings: must not be 0", "divides max_position_embeddings by it"),
+     "rope_scaling.original_max_position_embeddings: must not be 0", "divides max_position_embeddings (65536) by it"),
     ("linear", "KVD007", 'rope_scaling: must be an object ({...}), not "linear"', "transformers' strict config"),
 ])
 def test_what_sglang_refuses_is_placed_with_the_value_and_a_hint(capsys, tmp_path, rope, code, message, hint):
@@ -210,3 +230,26 @@ def test_the_context_length_of_each_rope_scaling(tmp_path, rope, length):
             read_geometry(tmp_path / "config.json")
         return
     assert read_geometry(tmp_path / "config.json").geometry.derived_context_length == length
+
+
+@pytest.mark.parametrize(("fields", "outcome"), [
+    ({"rope_parameters": {"rope_type": "linear", "factor": 4}}, 262_144),  # transformers 5's name is read too
+    ({"rope_scaling": {}, "rope_parameters": {"rope_type": "linear", "factor": 4}}, 262_144),
+    ({"rope_scaling": {"type": "linear", "factor": 2}, "rope_parameters": {"type": "linear", "factor": 4}}, 131_072),
+    ({"rope_parameters": {"main": {"rope_type": "default"}, "compress": {"rope_type": "yarn", "factor": 16}}}, 65536),
+    ({"rope_parameters": False}, ("KVD007", "rope_parameters: must be an object ({...}), not false")),
+    ({"rope_parameters": {"main": {"rope_type": "default"}, "compress": {"rope_type": "yarn"}}},
+     ("KVD009", "rope_parameters.compress.factor: required, not given")),
+])
+def test_rope_parameters_is_read_where_rope_scaling_is_none(capsys, tmp_path, fields, outcome):
+    """transformers takes ``rope_scaling or rope_parameters``; DeepseekV4Config checks a nested one's parameters."""
+    text = json.dumps({**FLASH, "max_position_embeddings": 65536, **fields}, indent=2)
+    (tmp_path / "config.json").write_text(text)
+    if isinstance(outcome, int):
+        assert read_geometry(tmp_path / "config.json").geometry.derived_context_length == outcome
+        return
+    with pytest.raises(GeometryError) as refused:
+        read_geometry(tmp_path / "config.json")
+    (d,) = [d.model_dump() for d in refused.value.diagnostics]
+    assert (d["code"], d["message"]) == outcome and d["hint"], d
+    assert_placed(text, fields, d)
