@@ -96,15 +96,9 @@ def raise_type_error(*args: Any, **kwargs: Any) -> None:
     raise TypeError("'<' not supported between instances of 'list' and 'int'")
 
 
-@pytest.mark.parametrize(("config", "key", "words"), [
-    ({**QWEN, "moe_layer_freq": "1"}, "moe_layer_freq", 'moe_layer_freq "1": must be a whole number or null'),
-    ({**QWEN, "compress_rates": [1]}, "compress_rates", "compress_rates [1]: must be an object or null"),
-    ({**QWEN, "max_window_layers": True}, "max_window_layers", "max_window_layers true: must be a whole number"),
-    (QWEN, "model_type", "a value of the wrong kind in the model config ('<' not supported"),
-])
-def test_an_unforeseen_type_error_is_placed_at_the_best_place_known(
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
-        config: dict[str, Any], key: str, words: str) -> None:
+def test_an_unforeseen_type_error_is_placed_at_model_type(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    config, key, words = QWEN, "model_type", "a value of the wrong kind in the model config ('<' not supported"
     monkeypatch.setattr(hf_config, "check_build", raise_type_error)
     path = tmp_path / "config.json"
     text = json.dumps(config, indent=1)

@@ -30,7 +30,6 @@ encoder-decoder) is refused with a message, never guessed.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -196,49 +195,11 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
         check_build(config, tp, split_kv_heads=family == "standard", on_attention=attention)
         layers, block = _layers_of(family, config, settings, kv)
     except TypeError as exc:  # a value of a kind no check above expected: none known (fuzzed), kept for the unforeseen
-        key = wrong_kind_key(config)
-        if key is None:  # placed at the key that chose what the plan reads
-            raise ModelSpecError(f"a value of the wrong kind in the model config ({exc})", ("model_type",), WRONG_TYPE,
-                                 "kvpolicy cannot tell which value: check the kinds of the config's values") from None
-        raise ModelSpecError(f"{key} {_json(config.get(key))}: must be {_KIND_WORDS[KEY_KINDS[key]]} or null ({exc})",
-                             (key,), WRONG_TYPE) from None
+        raise ModelSpecError(f"a value of the wrong kind in the model config ({exc})", ("model_type",), WRONG_TYPE,
+                             "kvpolicy cannot tell which value: check the kinds of the config's values") from None
     if not layers:
         raise ModelSpecError("the config has no attention layers (num_hidden_layers is 0)", ("num_hidden_layers",))
     return ModelSpecs(family=family, block_size=block, layers=layers)
-
-
-KEY_KINDS: dict[str, type] = {
-    **dict.fromkeys((
-        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
-        "intermediate_size", "moe_intermediate_size", "vocab_size", "max_position_embeddings", "kv_lora_rank",
-        "qk_rope_head_dim", "first_k_dense_replace", "moe_layer_freq", "n_routed_experts", "n_shared_experts",
-        "index_head_dim", "max_window_layers", "sliding_window_pattern"), int),
-    **dict.fromkeys(("layer_types", "compress_ratios"), list),
-    **dict.fromkeys((QUANTIZATION_KEY, COMPRESSION_KEY, "compress_rates", "rope_scaling", "rope_parameters"), dict),
-    **dict.fromkeys(("model_type", "torch_dtype", "dtype"), str),
-}
-"""The kind of JSON value (or null) each key the plan reads takes: where an unforeseen TypeError is placed."""
-
-
-_KIND_WORDS = {int: "a whole number", list: "a list", dict: "an object", str: "a string"}
-
-
-def wrong_kind_key(config: Mapping[str, Any]) -> str | None:
-    """The first key the plan reads whose value is of another kind than it takes (``KEY_KINDS``; a whole number is
-    no ``true``), None if none is."""
-    for key, kind in KEY_KINDS.items():
-        value = config.get(key)
-        if value is not None and (not isinstance(value, kind) or (kind is int and not is_int(value))):
-            return key
-    return None
-
-
-def _json(value: object) -> str:
-    """The value as the file writes it, cut short."""
-    try:
-        return _shown(json.dumps(value)).strip("'")
-    except (TypeError, ValueError):
-        return _shown(value)
 
 
 def mla_cuda_block_size(kv_cache_dtype: str) -> int:
