@@ -254,6 +254,9 @@ def _rope_load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_
         return [RopeProblem(MISSING_FIELD, (*at, key), f"{where}.{key}: required, not given",
                             f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope scaling "
                             f"without {key}") for key in missing]
+    compared = _uncomparable(at, rope, kind)
+    if compared is not None:
+        return [compared]
     if kind not in ("yarn", "llama3") or "original_max_position_embeddings" not in rope:
         return []
     original = rope["original_max_position_embeddings"]
@@ -269,6 +272,34 @@ def _rope_load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_
         return [RopeProblem(VALUE_NOT_ALLOWED, key, f"{where}.original_max_position_embeddings: must not be 0",
                             f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: {fix}")]
     return []
+
+
+def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> RopeProblem | None:
+    """The value transformers' yarn, llama3 or longrope check fails on before it reaches
+    ``original_max_position_embeddings``: yarn compares ``beta_fast or 32`` with ``beta_slow or 1``, llama3
+    ``high_freq_factor`` with ``low_freq_factor``, longrope takes the length of ``short_factor`` and ``long_factor``."""
+    where = ".".join(at)
+    check = f"transformers' {kind} check (SGLang 0.5.23 loading the config)"
+    if kind == "longrope":
+        for key in ("short_factor", "long_factor"):
+            if not hasattr(rope[key], "__len__"):
+                return RopeProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a list ([...]), not "
+                                   f"{shown(rope[key])}", f"{check} takes its length: write one number per rotary "
+                                   "frequency")
+        return None
+    if kind == "yarn":  # an absent or falsy beta is its default
+        keys, values = ("beta_fast", "beta_slow"), (rope.get("beta_fast") or 32, rope.get("beta_slow") or 1)
+    elif kind == "llama3":  # both required: ROPE_NEEDS
+        keys, values = ("high_freq_factor", "low_freq_factor"), (rope["high_freq_factor"], rope["low_freq_factor"])
+    else:
+        return None
+    try:
+        values[0] < values[1]  # noqa: B015 - only whether Python can compare them, as transformers does
+    except TypeError:
+        key = next(k for k, v in zip(keys, values, strict=True) if not _is_number(v))
+        return RopeProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a number, not {shown(rope.get(key))}",
+                           f"{check} compares {keys[0]} with {keys[1]}, and fails on it")
+    return None
 
 
 def _is_number(value: object) -> bool:

@@ -1,5 +1,5 @@
-"""A config's ``rope_scaling`` as SGLang 0.5.23 reads it: the plan derives the context length SGLang derives, and
-refuses, at the value, what SGLang refuses or fails on.
+"""A config's ``rope_scaling`` (or ``rope_parameters``) as SGLang 0.5.23 reads it: the plan derives the context
+length SGLang derives, and refuses, at the value, what SGLang refuses or fails on.
 
 The reference is SGLang's own config loading and ``ModelConfig`` (``prepare_server_args(...).resolve_once()`` on
 the CPU): transformers 5 standardizes and validates the scaling (``modeling_rope_utils``), ``get_context_length``
@@ -54,8 +54,9 @@ def rope_scalings(draw: st.DrawFn) -> object:
     candidates = {
         "factor": FACTORS,
         "original_max_position_embeddings": st.one_of(st.integers(0, 1 << 17), st.sampled_from([None, "4096", 2048.0])),
-        "low_freq_factor": st.sampled_from([1, 1.0]), "high_freq_factor": st.sampled_from([4, 4.0]),
-        "short_factor": st.just([1.0] * 32), "long_factor": st.just([1.0] * 32),
+        "low_freq_factor": st.sampled_from([1, 1.0, "1", None]), "high_freq_factor": st.sampled_from([4, 4.0, "4"]),
+        "short_factor": st.sampled_from([[1.0] * 32, "1", 1.0]), "long_factor": st.sampled_from([[1.0] * 32, None]),
+        "beta_fast": st.sampled_from([32, 0, "x", None]), "beta_slow": st.sampled_from([1, 2.0, "y", [1]]),
         "mscale_all_dim": st.sampled_from([1, 0.707, "1.0", None, "x"]),
         "apply_yarn_scaling": st.booleans(),
     }
@@ -127,6 +128,11 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
     @example(rope={"type": "yarn", "factor": 4, "mscale_all_dim": "x"}, length=65536, indent=2, source="rope_scaling")
     @example(rope="linear", length=65536, indent=2, source="rope_scaling")
     @example(rope=[], length=65536, indent=2, source="rope_scaling")
+    @example(rope={"type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": "4"}, length=65536,
+             indent=2, source="rope_scaling")
+    @example(rope={"type": "longrope", "short_factor": 1.0, "long_factor": [1.0]}, length=65536, indent=2,
+             source="rope_scaling")
+    @example(rope={"type": "yarn", "factor": 4, "beta_fast": "x"}, length=65536, indent=2, source="rope_scaling")
     @example(rope=False, length=65536, indent=2, source="rope_parameters")
     @example(rope={"type": "linear", "factor": 4}, length=65536, indent=2, source="both")
     @example(rope={"type": "linear", "factor": 4}, length=65536, indent=2, source="shadowing")
