@@ -226,8 +226,8 @@ class ModelGeometry(BaseModel):
         """The context length SGLang derives from the config when --context-length is not given.
 
         SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config has, times the
-        RoPE scaling factor where it applies (``_factor_applies``); ValueError for a ``rope_scaling`` SGLang
-        gets no context length from (``rope_problems``, which ``read_geometry`` places in the file).
+        RoPE scaling factor where it applies (``_factor_applies``); ValueError for a scaling SGLang gets no
+        context length from (``rope_problems``, which ``read_geometry`` places in the file).
         Checked against the real resolution over random configs in the tests.
         """
         problems = self.rope_problems()
