@@ -6,7 +6,6 @@ or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -20,11 +19,12 @@ from pydantic import (
     model_validator,
 )
 
-from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.json_text import CarriesProblems
-from kvpolicy.validation import Conflict, Conflicts, shown
+from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
+from .rope import RopeProblem, scaled_length
+from .rope import problems as scaling_problems
 
 if TYPE_CHECKING:
     from kvpolicy.diagnostics import Diagnostic
@@ -56,38 +56,6 @@ STRICT_HINT = ("SGLang 0.5.23 reads it through transformers' strict DeepseekV4Co
 NULL_HINT = "SGLang 0.5.23 (transformers' strict DeepseekV4Config) refuses null too: leave the key out for its default"
 ROPE_OBJECT_HINT = ("SGLang 0.5.23 (transformers' strict config) takes an object here, such as {\"type\": \"yarn\", "
                     "\"factor\": 16}, or none: leave the key out")
-
-# How SGLang 0.5.23 reads rope_scaling (transformers 5 loads it first, as rope_parameters):
-# - transformers (modeling_rope_utils: convert_rope_params_to_dict, standardize_rope_params, validate_rope): it
-#   takes `rope_scaling or rope_parameters`, so a falsy rope_scaling (null, false, 0, "", [], {}) leaves
-#   rope_parameters, which must be an object or null (its strict field) and any other non-object rope_scaling is
-#   refused. The type is rope_type if the key is there (even null), else type, else "default"; llama3, yarn and
-#   longrope get original_max_position_embeddings (max_position_embeddings) unless they have their own; each known
-#   type's validator raises KeyError for a missing key (ROPE_NEEDS), the yarn one divides max_position_embeddings by
-#   original_max_position_embeddings, the llama3 one compares them. DeepseekV4Config validates the "main" and
-#   "compress" parameters of a nested one (both objects) so; SGLang's DeepseekV3Config alias sees it flat.
-# - get_context_length: int(factor * length) unless original_max_position_embeddings is in it or the type is llama3.
-# - ModelConfig._init_mla_scaling (compute_mla_mscale_scaling): unless the type is "default" (rope_type, or type if
-#   that is falsy) or apply_yarn_scaling / apply_scale is falsy, float(mscale_all_dim) and factor <= 1.
-SCALED_BY_ORIGINAL = ("llama3", "yarn", "longrope")
-"""Rope types transformers gives an ``original_max_position_embeddings``: SGLang never applies their factor."""
-ROPE_NEEDS: dict[str, tuple[str, ...]] = {
-    "linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor"), "longrope": ("short_factor", "long_factor"),
-}
-"""The keys transformers' rope validation requires of each type that a config must give itself (it fills
-``rope_type``, ``rope_theta`` and ``original_max_position_embeddings``)."""
-
-
-@dataclass(frozen=True)
-class RopeProblem:
-    """Why SGLang 0.5.23 gets no context length from a ``rope_scaling`` (or ``rope_parameters``): the
-    diagnostic's code, its key in the geometry (``("rope_scaling", "factor")``), the message and the hint."""
-
-    code: DocumentCode
-    key: tuple[str, ...]
-    message: str
-    hint: str
 
 
 class ModelGeometry(BaseModel):
@@ -169,164 +137,27 @@ class ModelGeometry(BaseModel):
             return "rope_scaling", self.rope_scaling
         return ("rope_parameters", self.rope_parameters) if self.rope_parameters else None
 
-    @property
-    def _factor_applies(self) -> bool:
-        """Whether ``get_context_length`` multiplies by the factor: not when the scaling has (or transformers
-        gives it) its own ``original_max_position_embeddings``, nor for llama3."""
-        if self.rope is None:
-            return False
-        rope = self.rope[1]
-        return "original_max_position_embeddings" not in rope and _rope_type(rope) not in SCALED_BY_ORIGINAL
-
     def rope_problems(self) -> list[RopeProblem]:
-        """What stops SGLang 0.5.23 getting a context length from the scaling, in the order it fails (loading
-        the config, ``get_context_length``, the MLA scale), then a length under 1; empty when there is none."""
+        """What stops SGLang 0.5.23 getting a context length from the scaling (``rope.problems``); empty when
+        there is none."""
         if self.rope is None:
             return []
         field, rope = self.rope
-        loaded: list[tuple[tuple[str, ...], dict[str, Any]]] = [((field,), rope)]
-        if isinstance(rope.get("main"), dict) and isinstance(rope.get("compress"), dict):
-            loaded = [((field, "main"), rope["main"]), ((field, "compress"), rope["compress"]), *loaded]
-        for at, parameters in loaded:
-            problems = _rope_load_problems(at, parameters, self.max_position_embeddings)
-            if problems:
-                return problems
-        kind = _rope_type(rope)
-        factor = rope.get("factor", 1)
-        length = self.context_key_length
-        if self._factor_applies:
-            formula = f"SGLang 0.5.23 derives the context length as int(factor × {length}) (get_context_length)"
-            if not _is_number(factor):
-                return [_factor_wrong_type(field, factor, f"{formula}, which {_fails_on(factor, repeats=True)}")]
-            product = factor * length  # an int for an int factor, which may be past any float
-            if isinstance(product, float) and not math.isfinite(product):
-                return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
-                                    f"{field}.factor: {shown(factor)} × {length} is no finite number",
-                                    f"{formula}, which fails on an infinite or NaN product")]
-        mscale_kind = kind or rope.get("type", kind)
-        if mscale_kind != "default" and rope.get("apply_yarn_scaling", True) and rope.get("apply_scale", True):
-            where = "SGLang 0.5.23 scales MLA attention by it (compute_mla_mscale_scaling)"
-            mscale_all_dim = rope.get("mscale_all_dim", False)
-            if not _floats(mscale_all_dim):
-                return [RopeProblem(WRONG_TYPE, (field, "mscale_all_dim"),
-                                    f"{field}.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
-                                    f"{where} through float(), which fails on it")]
-            if not _is_number(factor):
-                return [_factor_wrong_type(field, factor, f"{where} after comparing it with 1, which {_fails_on(factor)}")]
-        if self._factor_applies and int(factor * length) < 1:
-            return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
-                                f"{field}.factor: {shown(factor)} scales the context length {length} to "
-                                f"{int(factor * length)}",
-                                "SGLang 0.5.23 derives int(factor × length), and no request fits a context length "
-                                "under 1: write a factor of 1 or more, or leave the key out")]
-        return []
+        return scaling_problems(field, rope, self.context_key_length, self.max_position_embeddings)
 
     @property
     def derived_context_length(self) -> int:
         """The context length SGLang derives from the config when --context-length is not given.
 
         SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config has, times the
-        RoPE scaling factor where it applies (``_factor_applies``); ValueError for a scaling SGLang gets no
+        RoPE scaling factor where it applies (``rope.factor_applies``); ValueError for a scaling SGLang gets no
         context length from (``rope_problems``, which ``read_geometry`` places in the file).
         Checked against the real resolution over random configs in the tests.
         """
-        problems = self.rope_problems()
-        if problems:
-            raise ValueError(problems[0].message)
-        length = self.context_key_length
-        if self.rope is None or not self._factor_applies:
-            return length
-        return int(self.rope[1].get("factor", 1) * length)
-
-
-def _rope_type(rope: dict[str, Any]) -> Any:
-    """The rope type transformers settles on: ``rope_type`` if given (null too), else ``type``, else
-    ``"default"``; any JSON value."""
-    return rope["rope_type"] if "rope_type" in rope else rope.get("type", "default")
-
-
-def _rope_load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embeddings: int) -> list[RopeProblem]:
-    """What transformers' rope validation refuses in the parameters at ``at`` (SGLang 0.5.23 loading the config)."""
-    kind = _rope_type(rope)
-    where = ".".join(at)
-    missing = [key for key in ROPE_NEEDS.get(kind, ()) if key not in rope] if isinstance(kind, str) else []
-    if missing:
-        return [RopeProblem(MISSING_FIELD, (*at, key), f"{where}.{key}: required, not given",
-                            f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope scaling "
-                            f"without {key}") for key in missing]
-    compared = _uncomparable(at, rope, kind)
-    if compared is not None:
-        return [compared]
-    if kind not in ("yarn", "llama3") or "original_max_position_embeddings" not in rope:
-        return []
-    original = rope["original_max_position_embeddings"]
-    how = (f"divides max_position_embeddings ({max_position_embeddings}) by it" if kind == "yarn"
-           else f"compares it with max_position_embeddings ({max_position_embeddings})")
-    fix = "write the pretraining context length, or leave the key out for max_position_embeddings"
-    key = (*at, "original_max_position_embeddings")
-    if not _is_number(original):
-        return [RopeProblem(WRONG_TYPE, key, f"{where}.original_max_position_embeddings: must be a number, not "
-                            f"{shown(original)}", f"transformers' {kind} check (SGLang 0.5.23 loading the config) "
-                            f"{how}: {fix}")]
-    if kind == "yarn" and original == 0:
-        return [RopeProblem(VALUE_NOT_ALLOWED, key, f"{where}.original_max_position_embeddings: must not be 0",
-                            f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: {fix}")]
-    return []
-
-
-def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> RopeProblem | None:
-    """The value transformers' yarn, llama3 or longrope check fails on before it reaches
-    ``original_max_position_embeddings``: yarn compares ``beta_fast or 32`` with ``beta_slow or 1``, llama3
-    ``high_freq_factor`` with ``low_freq_factor``, longrope takes the length of ``short_factor`` and ``long_factor``."""
-    where = ".".join(at)
-    check = f"transformers' {kind} check (SGLang 0.5.23 loading the config)"
-    if kind == "longrope":
-        for key in ("short_factor", "long_factor"):
-            if not hasattr(rope[key], "__len__"):
-                return RopeProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a list ([...]), not "
-                                   f"{shown(rope[key])}", f"{check} takes its length: write one number per rotary "
-                                   "frequency")
-        return None
-    if kind == "yarn":  # an absent or falsy beta is its default
-        keys, values = ("beta_fast", "beta_slow"), (rope.get("beta_fast") or 32, rope.get("beta_slow") or 1)
-    elif kind == "llama3":  # both required: ROPE_NEEDS
-        keys, values = ("high_freq_factor", "low_freq_factor"), (rope["high_freq_factor"], rope["low_freq_factor"])
-    else:
-        return None
-    try:
-        values[0] < values[1]  # noqa: B015 - only whether Python can compare them, as transformers does
-    except TypeError:
-        key = next(k for k, v in zip(keys, values, strict=True) if not _is_number(v))
-        return RopeProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a number, not {shown(rope.get(key))}",
-                           f"{check} compares {keys[0]} with {keys[1]}, and fails on it")
-    return None
-
-
-def _is_number(value: object) -> bool:
-    """Whether Python arithmetic takes ``value`` as SGLang uses it: a JSON number, or true/false (1/0)."""
-    return isinstance(value, (int, float))
-
-
-def _floats(value: object) -> bool:
-    """Whether ``float(value)`` succeeds (a number, a bool or a numeric string)."""
-    try:
-        float(value)  # type: ignore[arg-type]  # any JSON value: the point is to see whether it converts
-    except (TypeError, ValueError, OverflowError):
-        return False
-    return True
-
-
-def _fails_on(value: object, *, repeats: bool = False) -> str:
-    """How Python arithmetic goes wrong on a non-number ``value``."""
-    if isinstance(value, str) and repeats:
-        return "repeats a string rather than scaling it"
-    if value is None:
-        return "fails on null"
-    return f"fails on {'a string' if isinstance(value, str) else 'a list' if isinstance(value, list) else 'an object'}"
-
-
-def _factor_wrong_type(field: str, factor: object, hint: str) -> RopeProblem:
-    return RopeProblem(WRONG_TYPE, (field, "factor"), f"{field}.factor: must be a number, not {shown(factor)}", hint)
+        found = self.rope_problems()
+        if found:
+            raise ValueError(found[0].message)
+        return self.context_key_length if self.rope is None else scaled_length(self.rope[1], self.context_key_length)
 
 
 class GeometryError(CarriesProblems, ValueError):
