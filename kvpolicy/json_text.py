@@ -297,8 +297,8 @@ def _refusals(exc: ValidationError, model: type[BaseModel], data: Any, text: str
     return _diagnostics(problems(exc, model), places, file, f"kvpolicy schema {kind.schema} describes every field", locate)
 
 
-_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED,
-                                   "missing-field": MISSING_FIELD, "unknown-key": UNKNOWN_KEY}
+PROBLEM_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED,
+                                         "missing-field": MISSING_FIELD, "unknown-key": UNKNOWN_KEY}
 """The code of each kind of problem validation finds (``kvpolicy.validation.ProblemKind``)."""
 
 
@@ -312,7 +312,7 @@ def _diagnostics(problems: Iterable[Problem], places: _Places, file: str, hint: 
         path = locate(problem.path) if locate is not None else problem.path
         place = places.place(path, key=problem.is_key, missing=problem.kind == "missing-field")
         given = problem.hint or (hint_for(problem) if hint_for is not None else None) or hint
-        found.append(_CODES[problem.kind].at(file, *place, problem.message, given))
+        found.append(PROBLEM_CODES[problem.kind].at(file, *place, problem.message, given))
     return found
 
 

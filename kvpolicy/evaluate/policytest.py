@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from pydantic.fields import FieldInfo
 
 from kvpolicy.diagnostics import Diagnostic, PolicyError
-from kvpolicy.document_codes import MISSING_FIELD, UNKNOWN_KEY, VALUE_NOT_ALLOWED, WRONG_TYPE, DocumentCode
+from kvpolicy.document_codes import VALUE_NOT_ALLOWED, DocumentCode
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
@@ -41,6 +41,7 @@ from kvpolicy.facts_io import FactsError, read_facts
 from kvpolicy.json_positions import JsonDocument, line_col, parse
 from kvpolicy.json_text import (
     POLICY_TEST,
+    PROBLEM_CODES,
     CarriesProblems,
     DocumentInvalid,
     load_document,
@@ -258,11 +259,6 @@ def _result(policy: PreparedPolicy, case: Case, where: _Where, path: Path) -> Ca
     return CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures)
 
 
-_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-allowed": VALUE_NOT_ALLOWED,
-                                   "missing-field": MISSING_FIELD, "unknown-key": UNKNOWN_KEY}
-"""The code of each kind of problem validation finds, as the test file's own problems are coded."""
-
-
 class _TestFileText:
     """A test file's text, in which the problems its cases meet as they run are placed (its positions are
     read only when there is one)."""
@@ -328,7 +324,7 @@ def _state(given: dict[str, Any] | None, at: _Where) -> State | None:
     try:
         return State.model_validate(given)
     except ValidationError as exc:
-        raise refused(at.problem(_CODES[p.kind], p.path, _said(p), p.hint or "kvpolicy schema state describes every field",
+        raise refused(at.problem(PROBLEM_CODES[p.kind], p.path, _said(p), p.hint or "kvpolicy schema state describes every field",
                                  key=p.is_key, missing=p.kind == "missing-field") for p in problems(exc, State)) from None
 
 
@@ -388,7 +384,7 @@ def _facts(data: dict[str, Any], step: Step, at: _Where) -> Facts:
 def _made_invalid(problem: Problem, data: dict[str, Any], step: Step, at: _Where) -> Diagnostic:
     """``problem`` of the facts ``step`` made, at the value of its ``set`` it comes from (in that value's words),
     else at its ``advance`` (for ``now``) or the step itself, with the facts' path."""
-    code, key, missing = _CODES[problem.kind], problem.is_key, problem.kind == "missing-field"
+    code, key, missing = PROBLEM_CODES[problem.kind], problem.is_key, problem.kind == "missing-field"
     written = _written(problem.path, data, step)
     if written is not None:
         return at.problem(code, written, _said(problem), problem.hint, key=key, missing=missing)
