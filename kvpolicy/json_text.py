@@ -290,7 +290,7 @@ def _refusals(exc: ValidationError, model: type[BaseModel], data: Any, text: str
     from kvpolicy.validation import problems
 
     places = _Places(text)
-    wrong = _wrong_document(exc, data, kind)
+    wrong = wrong_document(exc, data, kind)
     if wrong is not None:
         path, message, hint = wrong
         return [WRONG_DOCUMENT.at(file, *places.of(path), message, hint)]
@@ -316,7 +316,7 @@ def _diagnostics(problems: Iterable[Problem], places: _Places, file: str, hint: 
     return found
 
 
-def _wrong_document(exc: ValidationError, data: Any, kind: DocumentKind) -> tuple[tuple[str, ...], str, str] | None:
+def wrong_document(exc: ValidationError, data: Any, kind: DocumentKind) -> tuple[tuple[str, ...], str, str] | None:
     """(where, message, hint) for a document of another kind than ``kind``, or of a schema version
     ``exc`` says is not this one's; None for a document of ``kind`` with problems."""
     if not isinstance(data, dict):

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from pydantic.fields import FieldInfo
 
 from kvpolicy.diagnostics import Diagnostic, PolicyError
-from kvpolicy.document_codes import VALUE_NOT_ALLOWED, DocumentCode
+from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_DOCUMENT, DocumentCode
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
@@ -42,12 +42,14 @@ from kvpolicy.json_positions import JsonDocument, line_col, parse
 from kvpolicy.json_text import (
     POLICY_TEST,
     PROBLEM_CODES,
+    STATE,
     CarriesProblems,
     DocumentInvalid,
     load_document,
     read_document_text,
     refused,
     render_problems,
+    wrong_document,
 )
 from kvpolicy.lint.load import load_policy
 from kvpolicy.paths import reason
@@ -324,6 +326,10 @@ def _state(given: dict[str, Any] | None, at: _Where) -> State | None:
     try:
         return State.model_validate(given)
     except ValidationError as exc:
+        wrong = wrong_document(exc, given, STATE)  # another schema version, or another kind of document
+        if wrong is not None:
+            path, message, hint = wrong
+            raise refused([at.problem(WRONG_DOCUMENT, path, message, hint)]) from None
         raise refused(at.problem(PROBLEM_CODES[p.kind], p.path, _said(p), p.hint or "kvpolicy schema state describes every field",
                                  key=p.is_key, missing=p.kind == "missing-field") for p in problems(exc, State)) from None
 

@@ -1,7 +1,8 @@
 """`kvpolicy test`: the problems a case meets as it runs are placed in the test file, with their codes.
 
-An inline state that is no evaluator state, an id a step's ``set`` or ``remove`` names that the
-facts lack, facts that a step makes invalid: each is a diagnostic at the value the user wrote
+An inline state that is no evaluator state (or of another schema version, or another kind of
+document), an id a step's ``set`` or ``remove`` names that the facts lack, facts that a step makes
+invalid: each is a diagnostic at the value the user wrote
 (``t.kvtest.json:LINE:COL: KVDnnn error: ...`` and its hint), in the text output under the case
 and in ``--format json`` in the case's result. The case fails; the others still run. The
 command runs in its own process, as a user runs it, in the test file's folder.
@@ -44,7 +45,9 @@ TESTS = """{"schema": 1, "policy": "p.kvp",
              "instances": [{"id": "chat/0", "model": "chat", "gpu": "cuda:0"}]},
    "steps": [{"set": {"instances": {"chat/0": {"gpu": "cuda:1"}}}}]},
   {"name": "past the end of time", "facts": "p.facts.json",
-   "steps": [{"advance": 1.7e308}, {"advance": 1.7e308}]}
+   "steps": [{"advance": 1.7e308}, {"advance": 1.7e308}]},
+  {"name": "a newer state", "facts": "p.facts.json", "state": {"schema": 2}},
+  {"name": "facts as state", "facts": "p.facts.json", "state": {"schema": 1, "gpus": []}}
  ]}
 """
 PROBLEMS = {
@@ -74,6 +77,14 @@ PROBLEMS = {
          "finite number, not Infinity",
          "now: The time of the facts, in seconds (any epoch; rules' grace and cooldown count from it)."),
     ],
+    "a newer state": [  # as explain --state and the controller say of a state file
+        ("t.kvtest.json:18:74: KVD006 error: cases.6.state.schema: state schema 2 is not supported: this kvpolicy "
+         "reads schema 1", "a newer kvpolicy wrote it? use that one, or write schema 1 (kvpolicy schema state)"),
+    ],
+    "facts as state": [
+        ("t.kvtest.json:19:64: KVD006 error: cases.7.state: this is facts, not a rule state",
+         "expected a rule state (kvpolicy schema state), as the controller's state.json holds"),
+    ],
 }
 
 
@@ -97,7 +108,8 @@ def test_the_places_are_the_values_written() -> None:
     starts = [lines[int(line) - 1][int(col) - 1:] for line, col in
               (first.split(":")[1:3] for found in PROBLEMS.values() for first, _ in found)]
     assert [start[:14] for start in starts] == ['"holding_snce"', '"soon"}}}}},', '"chat/1": {"id', '"gpu-x": {"oth',
-                                                '"chat/9"]}}]},', '"cuda:1"}}}}]}', '1.7e308}]}']
+                                                '"chat/9"]}}]},', '"cuda:1"}}}}]}', '1.7e308}]},',
+                                                '2}},', '{"schema": 1, ']
 
 
 def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> None:
@@ -108,7 +120,7 @@ def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> 
         expected.append(f"FAIL  t.kvtest.json :: {case}")
         for first, hint in found:
             expected += [f"      cannot run: {first}", f"        hint: {hint}"]
-    expected.append("1 passed, 5 failed, 0 file error(s) in 1 file(s)")
+    expected.append("1 passed, 7 failed, 0 file error(s) in 1 file(s)")
     assert done.stdout.split("\n")[:-1] == expected
     (shown,) = re.findall(r"```\n(FAIL  t\.kvtest\.json .*?)\n```", (Path(__file__).parents[2] / "docs" / "policy-tests.md").read_text(),
                           flags=re.S)
@@ -119,7 +131,7 @@ def test_json_carries_each_problem_in_its_case_s_result(folder: Path) -> None:
     done = kvpolicy_test(folder, "--format", "json")
     assert done.returncode == 1 and done.stderr == ""
     report = json.loads(done.stdout)
-    assert report["summary"] == {"files": 1, "cases": 6, "passed": 1, "failed": 5}
+    assert report["summary"] == {"files": 1, "cases": 8, "passed": 1, "failed": 7}
     assert (report["errors"], report["diagnostics"], report["more"]) == ([], [], 0), "no problem of the file as a whole"
     passed, *failed = report["results"]
     assert (passed["passed"], passed["failures"], passed["diagnostics"]) == (True, [], [])
@@ -127,7 +139,8 @@ def test_json_carries_each_problem_in_its_case_s_result(folder: Path) -> None:
                         for d in r["diagnostics"]] for r in failed} == PROBLEMS
     assert {r["case"]: r["failures"] for r in failed} == {
         case: [f"cannot run: {first}" for first, _ in found] for case, found in PROBLEMS.items()}
-    assert {d["name"] for r in failed for d in r["diagnostics"]} == {"unknown-key", "wrong-type", "value-not-allowed"}
+    assert {d["name"] for r in failed for d in r["diagnostics"]} == {"unknown-key", "wrong-type", "value-not-allowed",
+                                                                          "wrong-document"}
     assert all(r["more"] == 0 and not r["passed"] for r in failed)
 
 
