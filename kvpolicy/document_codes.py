@@ -227,8 +227,8 @@ VALUE_NOT_ALLOWED = _define(
     number that is not finite (`NaN`, `1e400`), and a value that disagrees with the rest of the
     document: an id an earlier GPU or instance has (placed at the later one), an instance on a GPU
     the facts do not list (placed at its `gpu`), an id a policy test's `set` or `remove` names that
-    its case's facts lack (placed at that id). The message shows what was written; the place is
-    the value.
+    its case's facts lack (placed at that id), a case's facts file that cannot be read (at its
+    path). The message shows what was written; the place is the value.
 
     ## Fix
     Write a value in range: the message says which.

@@ -36,7 +36,12 @@ class FactsError(CarriesProblems, Exception):
 
 
 class FactsUnreadable(FactsError):
-    """The facts file cannot be read at all (missing, a directory, no permission): a usage error."""
+    """The facts file cannot be read at all (missing, a directory, no permission): a usage error; ``why`` says
+    which, in the system's words."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        super().__init__(f"{path}: cannot read it: {why}")
+        self.why = why
 
 
 def parse_facts(text: str, source: str = "<facts>") -> Facts:
@@ -98,7 +103,7 @@ def read_facts(path: Path | str) -> Facts:
     try:
         text = read_document_text(path)
     except OSError as exc:
-        raise FactsUnreadable(f"{path}: cannot read it: {reason(exc)}") from None
+        raise FactsUnreadable(path, reason(exc)) from None
     except DocumentInvalid as exc:
         raise FactsError.of(exc) from None
     return parse_facts(text, str(path))

@@ -37,7 +37,7 @@ from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_DOCUMENT, DocumentC
 from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
-from kvpolicy.facts_io import FactsError, read_facts
+from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
 from kvpolicy.json_positions import JsonDocument, line_col, parse
 from kvpolicy.json_text import (
     POLICY_TEST,
@@ -301,7 +301,7 @@ class _Where:
 
 
 def _run_case(policy: PreparedPolicy, case: Case, base: Path, where: _Where) -> list[str]:
-    facts = read_facts(base / case.facts) if isinstance(case.facts, str) else case.facts
+    facts = _case_facts(case.facts, base, where)
     facts_data = facts.model_dump(by_alias=True)
     state = _state(case.state, where.below("state"))
     steps = case.steps or [Step(expect=case.expect)]
@@ -317,6 +317,18 @@ def _run_case(policy: PreparedPolicy, case: Case, base: Path, where: _Where) -> 
             prefix = f"step {number}: " if len(steps) > 1 else ""
             failures += [prefix + f for f in _check(decision, step.expect)]
     return failures
+
+
+def _case_facts(given: str | Facts, base: Path, at: _Where) -> Facts:
+    """The case's facts: inline, or the file it names (relative to the test file); one that cannot be read at
+    all is a problem at its name in the test file, one with problems a ``FactsError`` with them."""
+    if not isinstance(given, str):
+        return given
+    try:
+        return read_facts(base / given)
+    except FactsUnreadable as exc:
+        raise refused([at.problem(VALUE_NOT_ALLOWED, ("facts",), f"cannot read {given!r}: {exc.why}",
+                                  "a case's facts path is relative to the test file's folder")]) from None
 
 
 def _state(given: dict[str, Any] | None, at: _Where) -> State | None:

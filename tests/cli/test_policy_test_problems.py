@@ -2,7 +2,7 @@
 
 An inline state that is no evaluator state (or of another schema version, or another kind of
 document), an id a step's ``set`` or ``remove`` names that the facts lack, facts that a step makes
-invalid: each is a diagnostic at the value the user wrote
+invalid, a facts file that cannot be read: each is a diagnostic at the value the user wrote
 (``t.kvtest.json:LINE:COL: KVDnnn error: ...`` and its hint), in the text output under the case
 and in ``--format json`` in the case's result. The case fails; the others still run. The
 command runs in its own process, as a user runs it, in the test file's folder.
@@ -47,7 +47,8 @@ TESTS = """{"schema": 1, "policy": "p.kvp",
   {"name": "past the end of time", "facts": "p.facts.json",
    "steps": [{"advance": 1.7e308}, {"advance": 1.7e308}]},
   {"name": "a newer state", "facts": "p.facts.json", "state": {"schema": 2}},
-  {"name": "facts as state", "facts": "p.facts.json", "state": {"schema": 1, "gpus": []}}
+  {"name": "facts as state", "facts": "p.facts.json", "state": {"schema": 1, "gpus": []}},
+  {"name": "no facts file", "facts": "gone.facts.json"}
  ]}
 """
 PROBLEMS = {
@@ -85,6 +86,10 @@ PROBLEMS = {
         ("t.kvtest.json:19:64: KVD006 error: cases.7.state: this is facts, not a rule state",
          "expected a rule state (kvpolicy schema state), as the controller's state.json holds"),
     ],
+    "no facts file": [
+        ("t.kvtest.json:20:38: KVD008 error: cases.8.facts: cannot read 'gone.facts.json': No such file or directory",
+         "a case's facts path is relative to the test file's folder"),
+    ],
 }
 
 
@@ -109,7 +114,7 @@ def test_the_places_are_the_values_written() -> None:
               (first.split(":")[1:3] for found in PROBLEMS.values() for first, _ in found)]
     assert [start[:14] for start in starts] == ['"holding_snce"', '"soon"}}}}},', '"chat/1": {"id', '"gpu-x": {"oth',
                                                 '"chat/9"]}}]},', '"cuda:1"}}}}]}', '1.7e308}]},',
-                                                '2}},', '{"schema": 1, ']
+                                                '2}},', '{"schema": 1, ', '"gone.facts.js']
 
 
 def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> None:
@@ -120,7 +125,7 @@ def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> 
         expected.append(f"FAIL  t.kvtest.json :: {case}")
         for first, hint in found:
             expected += [f"      cannot run: {first}", f"        hint: {hint}"]
-    expected.append("1 passed, 7 failed, 0 file error(s) in 1 file(s)")
+    expected.append("1 passed, 8 failed, 0 file error(s) in 1 file(s)")
     assert done.stdout.split("\n")[:-1] == expected
     (shown,) = re.findall(r"```\n(FAIL  t\.kvtest\.json .*?)\n```", (Path(__file__).parents[2] / "docs" / "policy-tests.md").read_text(),
                           flags=re.S)
@@ -131,7 +136,7 @@ def test_json_carries_each_problem_in_its_case_s_result(folder: Path) -> None:
     done = kvpolicy_test(folder, "--format", "json")
     assert done.returncode == 1 and done.stderr == ""
     report = json.loads(done.stdout)
-    assert report["summary"] == {"files": 1, "cases": 8, "passed": 1, "failed": 7}
+    assert report["summary"] == {"files": 1, "cases": 9, "passed": 1, "failed": 8}
     assert (report["errors"], report["diagnostics"], report["more"]) == ([], [], 0), "no problem of the file as a whole"
     passed, *failed = report["results"]
     assert (passed["passed"], passed["failures"], passed["diagnostics"]) == (True, [], [])
