@@ -33,6 +33,8 @@ MODELOPT_029 = {"producer": {"name": "modelopt", "version": "0.29.0"},
 CT_FP8 = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {},
           "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
                               "symmetric": True}}
+QUARK = {"quant_method": "quark", "export": {"kv_cache_group": []}, "exclude": ["lm_head"]}
+"""A Quark checkpoint with no KV config: its attention layers load KV scales all the same, but those it excludes."""
 GiB = 1 << 30
 
 
@@ -148,7 +150,8 @@ def test_an_nvfp4_cache_is_refused_at_the_checkpoints_kv_algorithm(capsys: pytes
 
 @pytest.mark.parametrize(("base", "quant", "refused"), [
     (QWEN, MODELOPT_FP8, True), (MLA, MODELOPT_FP8, True), (QWEN, {"quant_method": "fp8"}, True),
-    (QWEN, {"quant_method": "quark"}, True), (QWEN, CT_FP8, True), (MLA, CT_FP8, False),
+    (QWEN, QUARK, True), (QWEN, {**QUARK, "exclude": ["lm_head", "re:.*attn$"]}, False), (MLA, QUARK, False),
+    (QWEN, CT_FP8, True), (MLA, CT_FP8, False),
     (QWEN, {**CT_FP8, "kv_cache_scheme": None}, False), (QWEN, {"quant_method": "awq"}, False),
     (MLA, {"quant_method": "fp8"}, False),
 ])

@@ -43,7 +43,15 @@ from .class_defaults import MAX_LAYERS, FilledConfig, class_default, config_clas
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
 from .config_values import shown as _shown
-from .kv_dtype import COMPRESSION_KEY, QUANTIZATION_KEY, KvDtype, check_attention_kv, check_quant_config, kv_dtype
+from .kv_dtype import (
+    COMPRESSION_KEY,
+    QUANTIZATION_KEY,
+    KvDtype,
+    check_attention_kv,
+    check_quant_config,
+    first_kv_layer,
+    kv_dtype,
+)
 from .kv_dtype import read_hf_quant_config
 from .quant_method import check_act_dtype
 from .layer_specs import LayerSpec, SpecKind
@@ -177,10 +185,10 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
     tp = settings.tensor_parallel_size
     kv = kv_dtype(config, settings.kv_cache_dtype, family)
 
-    def attention() -> None:  # vLLM picks the backend, then loads the layer's KV quantization
+    def attention(layer: int) -> None:  # vLLM picks the backend, then loads the layer's KV quantization
         if on_attention is not None:
             on_attention()
-        check_attention_kv(config, kv, family)
+        check_attention_kv(config, kv, family, layer)
 
     try:
         # In vLLM's order: its config (the config class's window, the cache config's, the heads, then the
@@ -192,7 +200,8 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
         check_act_dtype(config, model_dtype(config, settings.dtype), settings.dtype, dtype_key(config))
         if family == "standard":
             _standard_layer_windows(config, _layers(config))
-        check_build(config, tp, split_kv_heads=family == "standard", on_attention=attention)
+        check_build(config, tp, split_kv_heads=family == "standard", on_attention=attention,
+                    kv_layer=first_kv_layer(config, family))
         layers, block = _layers_of(family, config, settings, kv)
     except TypeError as exc:  # a value of a kind no check above expected: none known (fuzzed), kept for the unforeseen
         raise ModelSpecError(f"a value of the wrong kind in the model config ({exc})", ("model_type",), WRONG_TYPE,

@@ -18,7 +18,8 @@ vLLM 0.32 and 0.33 run the same code for it (tests/vllm/test_vllm_kv_dtype.py):
   ``--kv-cache-dtype fp8_e5m2`` where the layer loads KV scales from the checkpoint ("fp8_e5m2 kv-cache is not
   supported with fp8 checkpoints"): ``fp8`` (Fp8Config), ``quark`` and ModelOpt checkpoints, and
   compressed-tensors ones that declare a ``kv_cache_scheme`` — in standard attention layers, and for ModelOpt
-  (but mixed precision) in MLA layers too.
+  (but mixed precision) in MLA layers too. A Quark checkpoint's attention layers that its ``exclude`` names load
+  none: vLLM refuses at the first one it does not name (``quark.py``, with Quark's other refusals).
 
 vLLM reads the quantization config from config.json's ``quantization_config``; a config.json without one from
 ``hf_quant_config.json`` beside it (ModelOpt 0.29 and before: ``load_config`` adds it); and for the model's
@@ -44,6 +45,8 @@ from kvpolicy.document_codes import LAUNCH_REFUSED, VALUE_NOT_ALLOWED, WRONG_TYP
 
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError
 from .config_values import shown as _shown
+from .quark import attention_name, check_kv_config, check_quark_config, excludes, is_quark
+from .quark import first_kv_layer as _quark_first_kv_layer
 
 QUANTIZATION_KEY = "quantization_config"
 COMPRESSION_KEY = "compression_config"
@@ -317,6 +320,8 @@ def check_quant_config(config: Mapping[str, Any]) -> None:
     quant = quantization(config)
     if quant is None:
         return
+    if is_quark(quant):
+        check_quark_config(quant)
     scheme = ct_kv_scheme(quant)
     if scheme is not None and not isinstance(scheme, Mapping):
         raise ModelSpecError(f"{quant.named}.kv_cache_scheme must be an object (vLLM cannot read "
@@ -330,13 +335,17 @@ def check_quant_config(config: Mapping[str, Any]) -> None:
                                  quant.at("quantization", "kv_cache_quant_algo"), WRONG_TYPE)
 
 
-def check_attention_kv(config: Mapping[str, Any], kv: KvDtype, family: str) -> None:
-    """Refuse what vLLM refuses of the KV cache as it builds the first attention layer (after it picked the
-    attention backend): a compressed-tensors ``kv_cache_scheme`` it cannot load (standard attention), then
-    ``fp8_e5m2`` in a layer that loads KV scales from the checkpoint; ModelSpecError."""
+def check_attention_kv(config: Mapping[str, Any], kv: KvDtype, family: str, layer: int = 0) -> None:
+    """Refuse what vLLM refuses of the KV cache as it builds attention layer ``layer`` (after it picked the
+    attention backend): a compressed-tensors ``kv_cache_scheme`` or a Quark KV config it cannot load (standard
+    attention), then ``fp8_e5m2`` in a layer that loads KV scales from the checkpoint; ModelSpecError."""
     quant = quantization(config)
     if quant is None or family == "deepseek_v4":  # DeepSeek-V4's attention loads no KV scales
         return
+    if is_quark(quant) and family == "standard":
+        if excludes(quant, config, attention_name(config, layer)):  # Quark gives it no KV cache method
+            return
+        check_kv_config(quant)
     scheme = ct_kv_scheme(quant)
     if family == "standard" and scheme is not None:
         _check_ct_scheme(quant, scheme)
@@ -346,6 +355,17 @@ def check_attention_kv(config: Mapping[str, Any], kv: KvDtype, family: str) -> N
             "scales, and vLLM refuses fp8_e5m2 with them (\"fp8_e5m2 kv-cache is not supported with fp8 "
             "checkpoints\") as it builds the model; use fp8 (e4m3) or auto",
             quant.at("kv_cache_scheme") if scheme is not None else quant.at("quant_method"), LAUNCH_REFUSED)
+
+
+def first_kv_layer(config: Mapping[str, Any], family: str) -> int:
+    """The first attention layer whose KV checks differ from none before it: a Quark checkpoint's first standard
+    attention layer that ``exclude`` does not name (0 where it names them all, or for any other checkpoint)."""
+    quant = quantization(config)
+    if not is_quark(quant) or family != "standard" or quant is None:
+        return 0
+    layers = config.get("num_hidden_layers")
+    found = _quark_first_kv_layer(quant, config, layers) if isinstance(layers, int) else None
+    return found or 0
 
 
 def _loads_kv_scales(quant: Quantization, family: str) -> bool:

@@ -60,18 +60,19 @@ def check_heads(config: Mapping[str, Any], tp: int) -> None:
 
 
 def check_build(config: Mapping[str, Any], tp: int, split_kv_heads: bool,
-                on_attention: Callable[[], None] | None = None) -> None:
+                on_attention: Callable[[int], None] | None = None, kv_layer: int = 0) -> None:
     """Refuse what vLLM refuses while it builds the model (ModelBuildRefused), in its order: the embedding, then
     per layer the attention (``split_kv_heads``: standard attention's KV heads; MLA and DeepSeek-V4 keep one
-    latent), where ``on_attention`` runs the attention backend's own checks (vLLM picks the backend as it builds
-    the first attention layer), and the MLP."""
+    latent), where ``on_attention(layer)`` runs the attention layer's own checks (vLLM picks the backend as it
+    builds the first attention layer), and the MLP. ``kv_layer``: a later attention layer whose checks differ
+    from the first's (the first a Quark ``exclude`` leaves quantized), where they run again."""
     _check_vocabulary(config, tp)
-    for layer, part in _build_order(config):
-        if part == "attention":
-            if split_kv_heads:
+    for layer, part in _build_order(config, kv_layer):
+        if part == "attention" or part == "kv":
+            if split_kv_heads and part == "attention":
                 _check_attention(config, tp, layer)
             if on_attention is not None:
-                on_attention()
+                on_attention(layer)
         elif part == "window":
             cls = config_class(config)
             raise ModelBuildRefused(
@@ -144,13 +145,14 @@ def _check_attention(config: Mapping[str, Any], tp: int, layer: int) -> None:
         )
 
 
-Part = Literal["attention", "window", "dense", "moe", "experts"]
+Part = Literal["attention", "window", "kv", "dense", "moe", "experts"]
 _PART_NAMES = {"mlp": "MLP", "shared_experts": "shared experts", "experts": "experts"}
 
 
-def _build_order(config: Mapping[str, Any]) -> Iterator[tuple[int, Part]]:
+def _build_order(config: Mapping[str, Any], kv_layer: int = 0) -> Iterator[tuple[int, Part]]:
     """(layer, part) in the order vLLM builds them, the first layer of each kind only (later layers of a kind
-    repeat its checks)."""
+    repeat its checks), and ``kv_layer``'s attention (``kv``: after its window, as vLLM's attention class reads
+    the window before it builds its ``Attention``) where it is not the first."""
     cls = config_class(config)
     layers = config_int(config, "num_hidden_layers")
     mlp = cls.mlp if cls is not None else None
@@ -164,7 +166,9 @@ def _build_order(config: Mapping[str, Any]) -> Iterator[tuple[int, Part]]:
         firsts |= _deepseek_firsts(config, layers)
     elif mlp is not None and layers:
         firsts["experts" if mlp == "experts" else "dense"] = 0
-    order: list[Part] = ["attention", "window", "dense", "moe", "experts"]  # in a layer: attention, then MLP
+    if 0 < kv_layer < layers:
+        firsts["kv"] = kv_layer
+    order: list[Part] = ["attention", "window", "kv", "dense", "moe", "experts"]  # in a layer: attention, then MLP
     yield from sorted(((layer, part) for part, layer in firsts.items()), key=lambda lp: (lp[0], order.index(lp[1])))
 
 
