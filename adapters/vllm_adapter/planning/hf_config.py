@@ -53,7 +53,7 @@ from .kv_dtype import (
     kv_dtype,
 )
 from .kv_dtype import read_hf_quant_config
-from .quant_method import check_act_dtype
+from .quant_method import check_act_dtype, check_method_fields
 from .layer_specs import LayerSpec, SpecKind
 from .model_build import check_build, check_heads
 from .sliding_window import check_window, layer_window, model_level_window
@@ -197,6 +197,7 @@ def model_specs(config: Mapping[str, Any], settings: SpecSettings | None = None,
         check_window(config)
         check_heads(config, tp)
         check_quant_config(config)
+        check_method_fields(config)
         check_act_dtype(config, model_dtype(config, settings.dtype), settings.dtype, dtype_key(config))
         if family == "standard":
             _standard_layer_windows(config, _layers(config))

@@ -16,7 +16,8 @@ vLLM 0.32 and 0.33 run the same code for it (tests/vllm/test_vllm_kv_dtype.py):
 - **Refusals, as vLLM builds the first attention layer**: a compressed-tensors ``kv_cache_scheme`` that vLLM
   cannot load (not 8-bit float, a strategy other than tensor or attn_head, not symmetric); and an explicit
   ``--kv-cache-dtype fp8_e5m2`` where the layer loads KV scales from the checkpoint ("fp8_e5m2 kv-cache is not
-  supported with fp8 checkpoints"): ``fp8`` (Fp8Config), ``quark`` and ModelOpt checkpoints, and
+  supported with fp8 checkpoints"): ``fp8`` (Fp8Config), ``quark`` and ModelOpt checkpoints (MiniMax's ``mxfp8``,
+  which ModelOpt's MXFP8 config serves, too), and
   compressed-tensors ones that declare a ``kv_cache_scheme`` — in standard attention layers, and for ModelOpt
   (but mixed precision) in MLA layers too. A Quark checkpoint's attention layers that its ``exclude`` names load
   none: vLLM refuses at the first one it does not name (``quark.py``, with Quark's other refusals).
@@ -67,6 +68,10 @@ CT_STRATEGIES = ("tensor", "channel", "group", "block", "token", "tensor_group",
 """compressed-tensors' ``QuantizationStrategy`` values: another name is no strategy at all."""
 KV_SCALE_METHODS = ("fp8", "quark")
 """Quantization methods whose standard attention layers always load KV scales from the checkpoint."""
+MODELOPT_CLASS_METHODS = ("mxfp8",)
+"""Methods vLLM serves with a ModelOpt config class though their name is not ModelOpt's (MiniMax's ``mxfp8``:
+ModelOpt's MXFP8 config): their attention layers load KV scales as ModelOpt's do; their cache config reads no KV
+algorithm."""
 NVFP4_KV = "nvfp4"
 FAMILY_NAMES = {"mla": "MLA", "deepseek_v4": "DeepSeek-V4"}
 
@@ -376,7 +381,7 @@ def _loads_kv_scales(quant: Quantization, family: str) -> bool:
         return family == "standard"
     if quant.method == "compressed-tensors":
         return family == "standard" and ct_kv_scheme(quant) is not None
-    if not quant.method.startswith("modelopt"):
+    if not quant.method.startswith("modelopt") and quant.method not in MODELOPT_CLASS_METHODS:
         return False
     if _modelopt_algo(quant) != "MIXED_PRECISION":
         return True

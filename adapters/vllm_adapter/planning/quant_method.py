@@ -3,7 +3,7 @@ tests/vllm/test_vllm_quant_method.py):
 
 - **ModelConfig** (``_verify_quantization``, after the model dtype and max_model_len): the method, as
   ``quantization()`` normalises it and vLLM's override lookups rename it (``gptq`` → ``auto_gptq``,
-  ``auto-round`` → ``inc``), must be one of vLLM's ``QUANTIZATION_METHODS`` ("Unknown quantization method";
+  ``auto-round`` → ``inc``; a ModelOpt config by its ``quant_algo``, ``MODELOPT_OVERRIDES``), must be one of vLLM's ``QUANTIZATION_METHODS`` ("Unknown quantization method";
   bitsandbytes, GGUF, HQQ are none in these versions), and not a deprecated one (fbgemm_fp8, fp_quant: refused
   without ``--allow-deprecated-quantization``, a flag the plan does not take). The CUDA and CPU platforms
   restrict no method further.
@@ -11,17 +11,19 @@ tests/vllm/test_vllm_quant_method.py):
   own checks, ``check_quant_config``): on CUDA, the GPU's compute capability must reach the method's minimum
   (every method but the deprecated fp_quant runs on Hopper, 9.0; the CPU platform has none to check); then the
   model dtype must be one the method's kernels take (``get_supported_act_dtypes``): 16-bit for most, bfloat16
-  only for MXFP4/MXFP8, float32 too for compressed-tensors and torchao.
+  only for MXFP4/MXFP8 (a flat ModelOpt ``quant_algo: MXFP8`` is served as ``modelopt_mxfp8``), float32 too for
+  compressed-tensors and torchao. Before that, ModelOpt's MXFP8 config refuses a nested (hf_quant_config.json
+  style) ``quantization`` without ``kv_cache_quant_algo`` and ``exclude_modules`` (``check_method_fields``).
 
 Pure code (no torch, no vllm).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvpolicy.document_codes import LAUNCH_REFUSED, VALUE_NOT_ALLOWED
+from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED
 
 from .config_values import ModelSpecError
 from .config_values import shown as _shown
@@ -46,6 +48,17 @@ ACT_DTYPES = {
     "modelopt_mxfp8": ("bfloat16",), "mxfp8": ("bfloat16",),
 }
 """The model dtypes a method's kernels take (``get_supported_act_dtypes``) where not 16-bit."""
+MODELOPT_OVERRIDES: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("modelopt", lambda algo: algo == "FP8"),
+    ("modelopt_fp4", lambda algo: "FP4" in algo),  # NVFP4, W4A16_NVFP4 (and any other FP4 name)
+    ("modelopt_mxfp8", lambda algo: "MXFP8" in algo),
+    ("modelopt_mixed", lambda algo: algo == "MIXED_PRECISION"),
+)
+"""In vLLM's order, the ModelOpt config classes' ``override_quantization_method``: the method each serves a
+ModelOpt checkpoint (``quant_method`` modelopt...) with, by its upper-cased ``quant_algo``; the first that claims it
+wins, and where none does the checkpoint's own ``quant_method`` stays."""
+MXFP8_NESTED_FIELDS = ("kv_cache_quant_algo", "exclude_modules")
+"""What ModelOpt's MXFP8 config needs in a nested ``quantization``."""
 
 
 def check_quant_method(config: Mapping[str, Any], version: str = "0.33.0") -> str | None:
@@ -87,6 +100,40 @@ def check_act_dtype(config: Mapping[str, Any], dtype: str, dtype_flag: str, dtyp
         (dtype_key,) if dtype_key else None, LAUNCH_REFUSED)
 
 
+def check_method_fields(config: Mapping[str, Any]) -> None:
+    """Refuse what the served method's config class refuses of the fields it needs as vLLM builds its config
+    (``from_config``): ModelOpt MXFP8's nested fields; ModelSpecError."""
+    quant = quantization(config)
+    if quant is None or not quant.method or _served(quant) != "modelopt_mxfp8":
+        return
+    inner = quant.data.get("quantization")
+    if not isinstance(inner, Mapping):
+        return
+    missing = [field for field in MXFP8_NESTED_FIELDS if field not in inner]
+    if missing:
+        raise ModelSpecError(
+            f"{quant.named}.quantization: vLLM's ModelOpt MXFP8 config needs {' and '.join(missing)} there "
+            f"(\"MXFP8 quantization requires the following fields\") and refuses the config",
+            quant.at("quantization", missing[0]), MISSING_FIELD)
+
+
 def _served(quant: Quantization) -> str:
-    """The method vLLM serves the checkpoint with, after its override lookups' renames (``RENAMED``)."""
+    """The method vLLM serves the checkpoint with, after its override lookups (``RENAMED``; a ModelOpt
+    checkpoint's ``quant_algo``, ``MODELOPT_OVERRIDES``)."""
+    algo = _modelopt_override_algo(quant)
+    if algo is not None:
+        served = next((method for method, claims in MODELOPT_OVERRIDES if claims(algo)), None)
+        if served is not None:
+            return served
     return RENAMED.get(quant.method, quant.method)
+
+
+def _modelopt_override_algo(quant: Quantization) -> str | None:
+    """The ``quant_algo`` ModelOpt's overrides read, upper-cased: the nested ``quantization``'s where there is
+    one (None if it is no object), else the top level's ("NONE" where absent); None for other checkpoints."""
+    if not quant.method.startswith("modelopt"):
+        return None
+    if "quantization" in quant.data:
+        inner = quant.data["quantization"]
+        return str(inner.get("quant_algo", "")).upper() if isinstance(inner, Mapping) else None
+    return str(quant.data.get("quant_algo", "")).upper()
