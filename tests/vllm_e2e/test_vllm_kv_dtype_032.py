@@ -80,6 +80,18 @@ DEEPSEEK = {**json.loads((CONFIGS / "deepseek-v2-lite" / "config.json").read_tex
 CT = {"quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {}, "ignore": ["lm_head"],
       "kv_cache_scheme": FP8_SCHEME}
 MODELOPT = {"quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}
+QUARK_FP8 = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False, "symmetric": True}
+
+
+def quark(exclude: list[str], kv_group: bool = False) -> dict[str, Any]:
+    """A Quark FP8 checkpoint, with a KV config for its k/v projections where ``kv_group``."""
+    group = ["*k_proj", "*v_proj"] if kv_group else []
+    return {"quant_method": "quark", "export": {"kv_cache_group": group}, "exclude": exclude,
+            "global_quant_config": {"weight": QUARK_FP8, "input_tensors": QUARK_FP8, "output_tensors": None},
+            "layer_quant_config": {g: {"weight": QUARK_FP8, "input_tensors": QUARK_FP8, "output_tensors": QUARK_FP8}
+                                   for g in group}, "layer_type_quant_config": {}}
+
+
 BUILDS = [  # (name, model config, quantization config, --kv-cache-dtype)
     ("compressed-tensors, standard", QWEN, CT, "auto"),
     ("compressed-tensors, MLA", DEEPSEEK, CT, "auto"),
@@ -90,6 +102,10 @@ BUILDS = [  # (name, model config, quantization config, --kv-cache-dtype)
     ("ModelOpt, MLA, fp8_e5m2", DEEPSEEK, MODELOPT, "fp8_e5m2"),
     ("Fp8Config, MLA, fp8_e5m2 (no KV scales in MLA layers)", DEEPSEEK,
      {"quant_method": "fp8", "activation_scheme": "dynamic"}, "fp8_e5m2"),
+    ("Quark with a KV group: auto stays the model's", QWEN, quark(["lm_head"], kv_group=True), "auto"),
+    ("Quark, fp8_e5m2, layer 1's attention not excluded", QWEN, quark(["lm_head", "model.layers.0.self_attn.attn"]),
+     "fp8_e5m2"),
+    ("Quark, fp8_e5m2, every attention layer excluded", QWEN, quark(["lm_head", "re:.*attn$"]), "fp8_e5m2"),
 ]
 
 
