@@ -41,6 +41,7 @@ REFUSALS = {  # vLLM's words → the plan's
     "The quantization method used for kv_cache should be the same": "give different output_tensors",
     "The kv_cache quantization configuration is empty": "configuration is empty",
     "missing ) at position": "no regular expression",  # vLLM matches with the regex package
+    "'list' object has no attribute 'get'": "not an object",
 }
 KV_DTYPES = ["auto", "auto", "fp8_e5m2", "fp8_e5m2", "bfloat16", "fp8"]
 
@@ -76,10 +77,11 @@ def kv_groups(draw: st.DrawFn) -> tuple[list[str], dict[str, Any]]:
         return [], {}
     output = FP8
     if kind == "other":
-        output = draw(st.sampled_from([{**FP8, "dtype": "fp8_e5m2"}, {**FP8, "qscheme": "per_channel"}, None]))
+        output = draw(st.sampled_from([{**FP8, "dtype": "fp8_e5m2"}, {**FP8, "qscheme": "per_channel"}, None, [FP8]]))
     entries = {name: {"weight": FP8, "input_tensors": FP8, "output_tensors": output} for name in ("*k_proj", "*v_proj")}
-    if kind == "mismatch":
-        entries["*v_proj"] = {**entries["*v_proj"], "output_tensors": {**FP8, "symmetric": False}}
+    if kind == "mismatch":  # another value, or the same one of another type (1 for True)
+        other = draw(st.sampled_from([{**FP8, "symmetric": False}, {**FP8, "symmetric": 1}]))
+        entries["*v_proj"] = {**entries["*v_proj"], "output_tensors": other}
     group = ["*k_proj", "*v_proj"] if kind != "unnamed" else ["*kv_proj"]
     return group, entries
 
@@ -109,7 +111,7 @@ def vllm_outcome(folder: Path, kv_cache_dtype: str) -> dict[str, Any] | str:
         if cfg.quant_config is not None:
             configure_quant_config(cfg.quant_config, get_model_architecture(cfg.model_config)[0])
         return layer_specs(case)
-    except (ValueError, NotImplementedError, TypeError, regex.error) as exc:
+    except (ValueError, NotImplementedError, TypeError, AttributeError, regex.error) as exc:
         return f"{type(exc).__name__}: {exc}"
 
 
@@ -194,3 +196,26 @@ def test_quark_refusals_are_placed_at_the_value(tmp_path: Path) -> None:
         with pytest.raises(ModelSpecError) as refused:
             make_plan(config, PlanSettings(max_model_len=4096, block_size=16), budget=1 << 30, platform="cpu")
         assert refused.value.key == key
+
+
+KV_GROUP_CASES = {  # name → (exclude, the k/v projections' output_tensors, --kv-cache-dtype, what vLLM does)
+    "list, attention excluded": (["lm_head", "re:.*attn$"], ([FP8], [FP8]), "auto", "planned: auto"),
+    "list": (["lm_head"], ([FP8], [FP8]), "auto", "refused: 'list' object has no attribute 'get'"),
+    "1 for true": (["lm_head"], (FP8, {**FP8, "symmetric": 1}), "auto",
+                   "refused: The quantization method used for kv_cache should be the same"),
+    "per channel, attention excluded": (["lm_head", "re:.*attn$"], ({**FP8, "qscheme": "per_channel"},) * 2,
+                                        "fp8_e5m2", "planned: fp8_e5m2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KV_GROUP_CASES))
+def test_kv_groups_vllm_meets_seldom(tmp_path: Path, name: str) -> None:
+    """KV configs the random test draws seldom: vLLM compares them with their types (1 is not true), reads one
+    that is a list only at an attention layer exclude leaves, and loads none where exclude names them all."""
+    exclude, (k_out, v_out), kv_cache_dtype, verdict = KV_GROUP_CASES[name]
+    same = {"weight": FP8, "input_tensors": FP8}  # the weights' config of q_proj, as vLLM's fused qkv needs
+    entries = {"*k_proj": {**same, "output_tensors": k_out}, "*v_proj": {**same, "output_tensors": v_out}}
+    quant = quark_config(exclude, ["*k_proj", "*v_proj"], entries)
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN, **SMALL, "num_hidden_layers": 2,
+                                                      "quantization_config": quant}))
+    assert compare(tmp_path, kv_cache_dtype) == verdict

@@ -55,7 +55,7 @@ def check_quark_config(quant: Quantization) -> None:
     exclude_patterns(quant)
 
 
-def kv_config(quant: Quantization) -> Mapping[str, Any] | None:
+def kv_config(quant: Quantization) -> Any:
     """The KV config (``output_tensors``) of the ``layer_quant_config`` entries ``export.kv_cache_group`` names,
     as vLLM takes it (None: an empty group); ModelSpecError where vLLM refuses the config."""
     export = quant.data.get("export")
@@ -73,7 +73,7 @@ def kv_config(quant: Quantization) -> Mapping[str, Any] | None:
     return _group_kv_config(quant, group)
 
 
-def _group_kv_config(quant: Quantization, group: list[Any]) -> Mapping[str, Any]:
+def _group_kv_config(quant: Quantization, group: list[Any]) -> Any:
     layers = quant.data.get("layer_quant_config")
     if not isinstance(layers, Mapping) or not all(isinstance(p, str) for p in group):
         raise ModelSpecError(f"{quant.named}: a kv_cache_group needs a layer_quant_config object and names only, "
@@ -88,15 +88,27 @@ def _group_kv_config(quant: Quantization, group: list[Any]) -> Mapping[str, Any]
         raise ModelSpecError(f"{quant.named}: the layer_quant_config entries kv_cache_group names must be objects "
                              "with output_tensors, which vLLM reads as the KV config", group_key, WRONG_TYPE)
     kv = named[0]["output_tensors"]
-    if any(e["output_tensors"] != kv for e in named):
+    if not all(_same(e["output_tensors"], kv) for e in named):
         raise ModelSpecError(f"{quant.named}: the layer_quant_config entries kv_cache_group names give different "
                              "output_tensors, and vLLM refuses the Quark config (\"The quantization method used "
                              "for kv_cache should be the same\")", group_key)
-    if not isinstance(kv, Mapping):
-        raise ModelSpecError(f"{quant.named}: the layer_quant_config entries kv_cache_group names give output_tensors "
-                             f"{_shown(kv)}, and vLLM refuses the Quark config (\"The kv_cache quantization "
-                             "configuration is empty\")", group_key, MISSING_FIELD if kv is None else WRONG_TYPE)
+    if kv is None:
+        raise ModelSpecError(f"{quant.named}: the layer_quant_config entries kv_cache_group names give no "
+                             "output_tensors (null), and vLLM refuses the Quark config (\"The kv_cache quantization "
+                             "configuration is empty\")", group_key, MISSING_FIELD)
     return kv
+
+
+def _same(each: Any, first: Any) -> bool:
+    """Whether vLLM takes two KV configs for the same (``deep_compare``): the same types throughout, objects with
+    the same keys, lists item by item as far as ``each`` goes (a longer one fails it)."""
+    if type(each) is not type(first):
+        return False
+    if isinstance(each, dict):
+        return each.keys() == first.keys() and all(_same(each[k], first[k]) for k in each)
+    if isinstance(each, list):
+        return len(each) <= len(first) and all(_same(a, b) for a, b in zip(each, first))
+    return bool(each == first)
 
 
 def exclude_patterns(quant: Quantization) -> list[str]:
@@ -161,6 +173,10 @@ def check_kv_config(quant: Quantization) -> None:
     kv = kv_config(quant)
     if kv is None:
         return
+    if not isinstance(kv, Mapping):
+        raise ModelSpecError(f"{quant.named}: the KV config of kv_cache_group is {_shown(kv)}, not an object, and "
+                             "vLLM fails on it as it builds its first attention layer that exclude does not name",
+                             quant.at("export", "kv_cache_group"), WRONG_TYPE)
     for key, taken in KV_CONFIG.items():
         if kv.get(key) != taken:
             raise ModelSpecError(
