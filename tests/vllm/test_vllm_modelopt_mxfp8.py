@@ -174,3 +174,46 @@ def test_nested_mxfp8_needs_its_fields(tmp_path: Path, fields: tuple[str, ...]) 
     with pytest.raises(ModelSpecError, match="MXFP8 quantization requires the following fields") as refused:
         make_plan(load_config(folder / "config.json"), settings_, budget=1 << 30, platform="cpu")
     assert refused.value.code == MISSING_FIELD
+
+
+@st.composite
+def modelopt_fields(draw: st.DrawFn) -> dict[str, Any]:
+    """A ModelOpt config with the fields its config classes read beside the algorithm (exclude lists, group
+    size, the KV algorithm), each absent, valid or of a wrong kind; at times MiniMax's ``mxfp8`` layout."""
+    if draw(st.integers(0, 7)) == 0:
+        return {"quant_method": "mxfp8", **draw(st.sampled_from([{}, {"ignored_layers": ["lm_head"]},
+                                                                  {"quant_algo": "FP8"}]))}
+    config = draw(modelopt_configs())
+    inner = config.get("quantization", config)
+    for key, values in (("exclude_modules", [["lm_head"], "lm_head", None]), ("ignore", [["lm_head"], {}]),
+                        ("group_size", [16, "16", "x", 16.5, None]), ("kv_cache_quant_algo", ["FP8", None])):
+        if draw(st.integers(0, 2)) == 0:
+            inner[key] = draw(st.sampled_from(values))
+    return config
+
+
+@settings(SETTINGS, max_examples=max(EXAMPLES, 30))
+@given(quant=modelopt_fields())
+def test_modelopt_config_classes_refuse_what_vllm_refuses(quant: dict[str, Any]) -> None:
+    """The served class's ``from_config``, vLLM's own (but the mixed-precision class's, whose per-layer needs the
+    plan does not check)."""
+    import copy
+
+    from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_method_fields
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    served = served_by_vllm(copy.deepcopy(quant))
+    if served.startswith("refused") or served == "modelopt_mixed":
+        return
+    try:
+        get_quantization_config(served).from_config(copy.deepcopy(quant))
+        theirs = None
+    except ValueError as exc:
+        theirs = str(exc)
+    try:
+        check_method_fields({"quantization_config": quant})
+        mine = None
+    except ModelSpecError as exc:
+        mine = str(exc)
+    assert (mine is None) == (theirs is None), (quant, served, mine, theirs)
+    event(f"{served}: {'refused' if theirs else 'taken'}")

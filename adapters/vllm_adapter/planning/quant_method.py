@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED
+from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 
 from .config_values import ModelSpecError
 from .config_values import shown as _shown
@@ -59,6 +59,17 @@ ModelOpt checkpoint (``quant_method`` modelopt...) with, by its upper-cased ``qu
 wins, and where none does the checkpoint's own ``quant_method`` stays."""
 MXFP8_NESTED_FIELDS = ("kv_cache_quant_algo", "exclude_modules")
 """What ModelOpt's MXFP8 config needs in a nested ``quantization``."""
+NVFP4_NESTED_FIELDS = ("group_size", "kv_cache_quant_algo", "exclude_modules")
+"""What ModelOpt's NVFP4 config needs in a nested ``quantization``."""
+CLASS_NAMES = {"modelopt": "FP8", "modelopt_fp4": "NVFP4", "modelopt_mxfp8": "MXFP8", "mxfp8": "MXFP8",
+               "modelopt_mixed": "MIXED_PRECISION"}
+"""The ModelOpt config class serving a method, by the format it names."""
+MODELOPT_ALGOS = {
+    "modelopt": ("FP8", "FP8_PER_CHANNEL_PER_TOKEN", "FP8_PB_WO"), "modelopt_fp4": ("NVFP4", "W4A16_NVFP4"),
+    "modelopt_mxfp8": ("MXFP8",), "mxfp8": ("MXFP8",), "modelopt_mixed": ("MIXED_PRECISION",),
+}
+"""A ModelOpt config class (by the method it serves; MiniMax's ``mxfp8`` is ModelOpt's MXFP8 class) → the
+``quant_algo`` values it takes (upper-cased); any other of them is refused as vLLM builds the config."""
 
 
 def check_quant_method(config: Mapping[str, Any], version: str = "0.33.0") -> str | None:
@@ -101,20 +112,78 @@ def check_act_dtype(config: Mapping[str, Any], dtype: str, dtype_flag: str, dtyp
 
 
 def check_method_fields(config: Mapping[str, Any]) -> None:
-    """Refuse what the served method's config class refuses of the fields it needs as vLLM builds its config
-    (``from_config``): ModelOpt MXFP8's nested fields; ModelSpecError."""
+    """Refuse what a ModelOpt config class refuses of the checkpoint's fields as vLLM builds its config
+    (``from_config``): no ``quant_algo``, one vLLM or the class serving it does not take, an exclude list that is
+    no list, a group size that is no integer, nested NVFP4 or MXFP8 configs without their fields; ModelSpecError.
+    The mixed-precision class's own needs (``quantized_layers``) are not checked."""
     quant = quantization(config)
-    if quant is None or not quant.method or _served(quant) != "modelopt_mxfp8":
+    if quant is None or not quant.method:
         return
-    inner = quant.data.get("quantization")
+    served = _served(quant)
+    if served not in MODELOPT_ALGOS:
+        return
+    nested = "quantization" in quant.data
+    if CLASS_NAMES[served] == "MXFP8" and not nested and not quant.data.get("quant_algo"):
+        return  # MiniMax's layout (no algorithm), which vLLM's MXFP8 class rewrites as a complete nested config
+    inner = quant.data["quantization"] if nested else quant.data
     if not isinstance(inner, Mapping):
-        return
-    missing = [field for field in MXFP8_NESTED_FIELDS if field not in inner]
-    if missing:
+        return  # refused as the KV algorithm is read (kv_dtype)
+    prefix = ("quantization",) if nested else ()
+    algo = _check_base_fields(quant, inner, prefix, nested)
+    _check_class_fields(quant, inner, prefix, served, algo)
+
+
+def _check_base_fields(quant: Quantization, inner: Mapping[str, Any], prefix: tuple[str, ...], nested: bool) -> str:
+    """What every ModelOpt config class reads alike; the algorithm, upper-cased."""
+    algo = inner.get("quant_algo")
+    where = ".".join((*prefix, "quant_algo"))
+    if not algo:
+        raise ModelSpecError(f"{quant.named} gives no {where} (vLLM: \"Missing 'quant_algo' in quantization "
+                             "config\"), and vLLM refuses the config", quant.at(*prefix, "quant_algo"), MISSING_FIELD)
+    exclude_key = "exclude_modules" if nested or "ignore" not in inner else "ignore"
+    exclude = inner.get(exclude_key, [])
+    if not isinstance(exclude, list):
+        raise ModelSpecError(f"{quant.named}.{'.'.join((*prefix, exclude_key))} must be a list (vLLM refuses "
+                             f"{_shown(exclude)})", quant.at(*prefix, exclude_key), WRONG_TYPE)
+    group_size = inner.get("group_size")
+    if group_size is not None and not _is_int_like(group_size):
+        raise ModelSpecError(f"{quant.named}.{'.'.join((*prefix, 'group_size'))} must be an integer (vLLM refuses "
+                             f"{_shown(group_size)})", quant.at(*prefix, "group_size"), WRONG_TYPE)
+    upper = str(algo).upper()
+    known = sorted({a for algos in MODELOPT_ALGOS.values() for a in algos})
+    if upper not in known:
+        raise ModelSpecError(f"{quant.named}.{where} {_shown(algo)}: vLLM's ModelOpt configs take "
+                             f"{', '.join(known)} (\"ModelOpt currently only supports\"), and vLLM refuses the config",
+                             quant.at(*prefix, "quant_algo"))
+    return upper
+
+
+def _is_int_like(value: Any) -> bool:
+    """Whether vLLM's ``int()`` takes the value (an integer, a float, a string of an integer)."""
+    try:
+        int(value)
+    except (ValueError, TypeError, OverflowError):
+        return False
+    return True
+
+
+def _check_class_fields(quant: Quantization, inner: Mapping[str, Any], prefix: tuple[str, ...], served: str,
+                        algo: str) -> None:
+    """What the class serving the checkpoint reads: a nested config's fields, then the algorithms it takes."""
+    name = CLASS_NAMES[served]
+    fields = {"NVFP4": NVFP4_NESTED_FIELDS, "MXFP8": MXFP8_NESTED_FIELDS}.get(name, ())
+    missing = [field for field in fields if field not in inner]
+    if prefix and missing and name in algo:  # a serialized checkpoint's only (its algorithm names the format)
         raise ModelSpecError(
-            f"{quant.named}.quantization: vLLM's ModelOpt MXFP8 config needs {' and '.join(missing)} there "
-            f"(\"MXFP8 quantization requires the following fields\") and refuses the config",
+            f"{quant.named}.quantization: vLLM's ModelOpt {name} config needs {' and '.join(missing)} there "
+            f"(\"{name} quantization requires the following fields\") and refuses the config",
             quant.at("quantization", missing[0]), MISSING_FIELD)
+    if served == "modelopt_mixed" or algo in MODELOPT_ALGOS[served]:
+        return
+    raise ModelSpecError(
+        f"{quant.named}.{'.'.join((*prefix, 'quant_algo'))} {_shown(inner.get('quant_algo'))}: vLLM serves the "
+        f"checkpoint ({quant.method}) with its ModelOpt {name} config, which takes {', '.join(MODELOPT_ALGOS[served])} "
+        "only, and refuses the config", quant.at(*prefix, "quant_algo"))
 
 
 def _served(quant: Quantization) -> str:
