@@ -137,7 +137,7 @@ def compare(folder: Path, kv_cache_dtype: str, same_bytes: bool = True) -> str:
     return f"planned: {kv_cache_dtype}"
 
 
-@settings(SETTINGS, max_examples=max(EXAMPLES, 25))
+@settings(SETTINGS, max_examples=max(EXAMPLES // 2, 20))
 @given(layers=st.integers(1, 3), data=st.data(), kv_cache_dtype=st.sampled_from(KV_DTYPES))
 def test_random_quark_excludes_and_kv_groups_plan_as_vllm_does(tmp_path_factory: pytest.TempPathFactory,
                                                                layers: int, data: st.DataObject,
