@@ -33,6 +33,21 @@ ENGINE = textwrap.dedent("""
 """)
 
 
+Sample = tuple[str, tuple[tuple[str, str], ...]]
+
+
+def metric_samples(url: str) -> dict[Sample, float] | None:
+    """Every sample of the controller's ``/metrics`` by name and sorted labels; None unless it answered 200."""
+    code, body = http_get(f"{url}/metrics")
+    if code != 200:
+        return None
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(body) for s in f.samples}
+
+
+def gpu_info(samples: dict[Sample, float]) -> dict[tuple[tuple[str, str], ...], float]:
+    return {labels: value for (name, labels), value in samples.items() if name == "kvpolicy_gpu_info"}
+
+
 def test_policy_blocks_match_the_display_name_or_the_uuid_and_status_and_metrics_carry_both(site) -> None:
     site.policy.write_text(POLICY + f'gpu "cuda:1" {{ headroom 10 GiB }}\ngpu "{U0}" {{ headroom 5 GiB }}\n')
     machine = [fake_nvml.FakeGpu(U0, memory=80 * GiB, used=GiB), fake_nvml.FakeGpu(U1, memory=80 * GiB, mig=False)]
@@ -54,12 +69,10 @@ def test_policy_blocks_match_the_display_name_or_the_uuid_and_status_and_metrics
         assert {i.id: i.gpu for i in status.instances} == {"chat/0": U1, "batch/0": U0}
         # chat alone on cuda:1: A = 80 - 10 = 70, its limit max 60% = 48 GiB
         assert wait_for(lambda: site.slot("chat/0").limit == 48 * GiB)
-        code, body = wait_for(lambda: (r := http_get(f"{url}/metrics")) and "kvpolicy_gpu_info" in r[1] and r)
-        assert code == 200
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                   for f in text_string_to_metric_families(body) for s in f.samples}
-        assert samples[("kvpolicy_gpu_info", (("gpu", U1), ("name", "cuda:1")))] == 1
-        assert samples[("kvpolicy_gpu_info", (("gpu", U0), ("name", "cuda:0")))] == 1
+        # The metrics are those of the controller's last step: wait for one that has seen both GPUs.
+        samples = wait_for(lambda: (s := metric_samples(url)) and len(gpu_info(s)) == 2 and s)
+        assert samples
+        assert gpu_info(samples) == {(("gpu", U1), ("name", "cuda:1")): 1, (("gpu", U0), ("name", "cuda:0")): 1}
         assert samples[("kvpolicy_gpu_headroom_bytes", (("gpu", U1),))] == 10 * GiB
         with LedgerDir(site.ledger_dir) as ld:  # `kvpolicy status` and `top`: the live ledger, the controller's names
             live = current_status(ld)
