@@ -45,7 +45,8 @@ def test_ready_only_with_a_valid_policy_and_it_follows_reloads(site):
     assert wait_for(lambda: "rejected" in probe(f"{base}/readyz")[1]["policy"]["detail"])
     code, checks = probe(f"{base}/readyz")
     assert code == 200 and "revision 1" in checks["policy"]["detail"]
-    assert "kvpolicy_policy_last_reload_successful 0.0" in http_get(f"{base}/metrics")[1]
+    # The watcher records the rejection (what /readyz reads) just before it tells the metrics.
+    assert wait_for(lambda: "kvpolicy_policy_last_reload_successful 0.0" in http_get(f"{base}/metrics")[1])
 
 
 def test_not_ready_when_the_ledger_directory_becomes_unsafe(site):
