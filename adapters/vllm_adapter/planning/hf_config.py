@@ -346,6 +346,20 @@ def _standard_layers(config: Mapping[str, Any], s: SpecSettings, block: int, kv:
 
 
 def _standard_layer_windows(config: Mapping[str, Any], n: int) -> list[int | None]:
+    """Each layer's window (None: full attention), as vLLM gives it (``_given_windows``); a negative one refused."""
+    windows = _given_windows(config, n)
+    layer = next((i for i, w in enumerate(windows) if w is not None and w < 0), None)
+    if layer is not None:
+        # vLLM starts with it, but its KV arithmetic then counts negative tokens: a negative concurrency, or a
+        # division by zero at start-up, depending on --max-model-len. Nothing to plan.
+        raise ModelSpecError(
+            f"sliding_window {windows[layer]}: layer {layer} would take a negative window, with which vLLM's KV "
+            "cache arithmetic counts negative tokens (a negative concurrency, or a division by zero at start-up)",
+            ("sliding_window",), VALUE_NOT_ALLOWED, "write the window as a positive number of tokens, or null for none")
+    return windows
+
+
+def _given_windows(config: Mapping[str, Any], n: int) -> list[int | None]:
     """Each layer's window (None: full attention), as vLLM's model class for the config's model type gives it
     (``class_defaults``: the config's own window from ``layer_types`` one by one, all alike the model-level window,
     or every other layer the config's own; ``sliding_window`` says which windows vLLM takes as they are); for a

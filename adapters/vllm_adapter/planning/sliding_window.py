@@ -11,7 +11,8 @@ vLLM takes the value in three steps, each of which may refuse it:
    pydantic's lax ``int | None`` converts a whole float, ``true`` or a numeric string and refuses the rest.
 3. vLLM's model passes each layer its window: per layer from ``layer_types`` (Llama, Gemma-2/3; gpt-oss's even
    layers) the config's value as it is, else the model-level one. A window of any integer, negative ones
-   included, is planned as a sliding window; a string or a list fails vLLM's planning (a TypeError).
+   included, is planned as a sliding window; a string or a list fails vLLM's planning (a TypeError). A
+   negative window plans nonsense (a negative concurrency, or a division by zero): ``hf_config`` refuses it.
 
 ``null`` is no window, and legitimate. DeepSeek-V4's window is its own (``hf_config``). Pure code.
 """
