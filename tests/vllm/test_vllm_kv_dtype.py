@@ -21,13 +21,8 @@ from typing import Any
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from kvpolicy.adapters.vllm_adapter.planning.kv_dtype import (
-    ModelSpecError,
-    cache_dtype,
-    kv_dtype,
-    modelopt_kv_algo,
-    quantization,
-)
+from kvpolicy.adapters.vllm_adapter.planning.kv_dtype import ModelSpecError, cache_dtype, kv_dtype, modelopt_kv_algo
+from kvpolicy.adapters.vllm_adapter.planning.quant_config import quantization
 from tests.vllm.quant_configs import kv_quant_configs
 
 pytestmark = pytest.mark.vllm

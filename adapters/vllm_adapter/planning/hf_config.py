@@ -44,15 +44,13 @@ from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_
 from .config_values import config_int as _int
 from .config_values import shown as _shown
 from .kv_dtype import (
-    COMPRESSION_KEY,
-    QUANTIZATION_KEY,
     KvDtype,
     check_attention_kv,
     check_quant_config,
     first_kv_layer,
     kv_dtype,
 )
-from .kv_dtype import read_hf_quant_config
+from .quant_config import COMPRESSION_KEY, QUANTIZATION_KEY, read_hf_quant_config
 from .quant_method import check_act_dtype, check_method_fields
 from .layer_specs import LayerSpec, SpecKind
 from .model_build import check_build, check_heads

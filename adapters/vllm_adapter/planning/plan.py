@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
-from .kv_dtype import kv_dtype, quantization
+from .kv_dtype import kv_dtype
+from .quant_config import quantization
 from .max_len import check_max_model_len, check_rope_parameters, model_length
 from .quant_method import check_quant_method
 from .platform import Platform, check_attention_backend, check_kv_cache_dtype

@@ -27,7 +27,7 @@ from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALL
 
 from .config_values import ModelSpecError
 from .config_values import shown as _shown
-from .kv_dtype import Quantization, quantization
+from .quant_config import Quantization, quantization
 
 QUANTIZATION_METHODS = (
     "awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4", "modelopt_mxfp8",

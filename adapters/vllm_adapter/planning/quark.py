@@ -34,7 +34,7 @@ from .config_values import ModelSpecError
 from .config_values import shown as _shown
 
 if TYPE_CHECKING:
-    from .kv_dtype import Quantization
+    from .quant_config import Quantization
 
 QUARK = "quark"
 KV_CONFIG = {"dtype": "fp8_e4m3", "qscheme": "per_tensor"}
