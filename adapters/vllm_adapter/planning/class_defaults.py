@@ -222,8 +222,8 @@ class FilledConfig(dict[str, Any]):
     class_defaults: dict[str, str]
 
     def __init__(self, config: Mapping[str, Any], class_defaults: dict[str, str],
-                 origins: dict[str, ConfigKey] | None = None, home: ConfigKey = (), document: JsonObjectFile | None = None,
-                 as_written: dict[str, Any] | None = None) -> None:
+                 origins: dict[str, ConfigKey] | None = None, home: ConfigKey = (),
+                 document: JsonObjectFile | None = None, as_written: dict[str, Any] | None = None) -> None:
         super().__init__(config)
         self.class_defaults = class_defaults
         self.origins = origins if origins is not None else {k: (*home, k) for k in config if k not in class_defaults}

@@ -13,26 +13,26 @@ vLLM 0.32 and 0.33 run the same code for it (tests/vllm/test_vllm_kv_dtype.py):
   declares a ``kv_cache_scheme`` (llm-compressor's FP8 KV) stores ``fp8`` in its standard attention layers
   (full and sliding-window). vLLM's MLA layers (``MLAAttention``) and DeepSeek-V4's attention do not read it:
   they keep the cache config's dtype.
-- **Refusals, as vLLM builds the first attention layer**: a compressed-tensors ``kv_cache_scheme`` that vLLM
-  cannot load (not 8-bit float, a strategy other than tensor or attn_head, not symmetric); and an explicit
+- **Refusals, as vLLM builds the first attention layer**: a compressed-tensors ``kv_cache_scheme`` that vLLM cannot
+  load (not 8-bit float, a strategy other than tensor or attn_head, not symmetric); and an explicit
   ``--kv-cache-dtype fp8_e5m2`` where the layer loads KV scales from the checkpoint ("fp8_e5m2 kv-cache is not
   supported with fp8 checkpoints"): ``fp8`` (Fp8Config), ``quark`` and ModelOpt checkpoints (MiniMax's ``mxfp8``,
-  which ModelOpt's MXFP8 config serves, too), and
-  compressed-tensors ones that declare a ``kv_cache_scheme`` — in standard attention layers, and for ModelOpt
-  (but mixed precision) in MLA layers too. A Quark checkpoint's attention layers that its ``exclude`` names load
-  none: vLLM refuses at the first one it does not name (``quark.py``, with Quark's other refusals).
+  which ModelOpt's MXFP8 config serves, too), and compressed-tensors ones that declare a ``kv_cache_scheme`` — in
+  standard attention layers, and for ModelOpt (but mixed precision) in MLA layers too. A Quark checkpoint's
+  attention layers that its ``exclude`` names load none: vLLM refuses at the first one it does not name
+  (``quark.py``, with Quark's other refusals).
 
-vLLM reads the quantization config (``quant_config``) from config.json's ``quantization_config``; a config.json without one from
-``hf_quant_config.json`` beside it (ModelOpt 0.29 and before: ``load_config`` adds it); and for the model's
-layers (not the cache config) from ``compression_config`` (older compressed-tensors) or a multimodal config's
-``text_config``. Before any of it vLLM normalises ``quant_method``: lower case, ``compressed_tensors`` →
+vLLM reads the quantization config (``quant_config``) from config.json's ``quantization_config``; a config.json
+without one from ``hf_quant_config.json`` beside it (ModelOpt 0.29 and before: ``load_config`` adds it); and for the
+model's layers (not the cache config) from ``compression_config`` (older compressed-tensors) or a multimodal
+config's ``text_config``. Before any of it vLLM normalises ``quant_method``: lower case, ``compressed_tensors`` →
 ``compressed-tensors``, and a ModelOpt export named by its ``producer`` gets ``modelopt``, ``modelopt_fp4`` or
 ``modelopt_mixed`` from its ``quant_algo`` (an algorithm vLLM does not know is refused).
 
-Every other quantization method (fp8, AWQ, GPTQ, bitsandbytes, MXFP4, Quark...) leaves ``auto`` the model's
-dtype. Whether vLLM knows the method and takes the model dtype for it is ``quant_method``'s; what the config
-says of the weights' kernels otherwise is not the plan's. kvpolicy does not plan an nvfp4 KV cache: a checkpoint whose
-``auto`` resolves to it is refused, naming the quantization config. Pure code (no torch, no vllm).
+Every other quantization method (fp8, AWQ, GPTQ, bitsandbytes, MXFP4, Quark...) leaves ``auto`` the model's dtype.
+Whether vLLM knows the method and takes the model dtype for it is ``quant_method``'s; what the config says of the
+weights' kernels otherwise is not the plan's. kvpolicy does not plan an nvfp4 KV cache: a checkpoint whose ``auto``
+resolves to it is refused, naming the quantization config. Pure code (no torch, no vllm).
 """
 
 from __future__ import annotations

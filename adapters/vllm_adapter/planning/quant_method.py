@@ -3,10 +3,11 @@ tests/vllm/test_vllm_quant_method.py):
 
 - **ModelConfig** (``_verify_quantization``, after the model dtype and max_model_len): the method, as
   ``quantization()`` normalises it and vLLM's override lookups rename it (``gptq`` → ``auto_gptq``,
-  ``auto-round`` → ``inc``; a ModelOpt config by its ``quant_algo``, ``MODELOPT_OVERRIDES``), must be one of vLLM's ``QUANTIZATION_METHODS`` ("Unknown quantization method";
-  bitsandbytes, GGUF, HQQ are none in these versions), and not a deprecated one (fbgemm_fp8, fp_quant: refused
-  without ``--allow-deprecated-quantization``, a flag the plan does not take). The CUDA and CPU platforms
-  restrict no method further.
+  ``auto-round`` → ``inc``; a ModelOpt config by its ``quant_algo``, ``MODELOPT_OVERRIDES``), must be one of
+  vLLM's ``QUANTIZATION_METHODS`` ("Unknown quantization method"; bitsandbytes, GGUF, HQQ are none in these
+  versions), and not a deprecated one (fbgemm_fp8, fp_quant: refused without
+  ``--allow-deprecated-quantization``, a flag the plan does not take). The CUDA and CPU platforms restrict no
+  method further.
 - **VllmConfig** (``_get_quantization_config``, after the tensor parallel size, the heads and the config's
   own checks, ``check_quant_config``): on CUDA, the GPU's compute capability must reach the method's minimum
   (every method but the deprecated fp_quant runs on Hopper, 9.0; the CPU platform has none to check); then the
