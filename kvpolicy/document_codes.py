@@ -182,9 +182,9 @@ WRONG_DOCUMENT = _define(
     A document that is recognisably another of kvpolicy's (a decision, `kvpolicy explain --format
     json`'s output, given as facts; facts given as `--state` or as a policy test's inline `state`;
     lint findings; an error document) is named as what it is, at its start, instead of every
-    field it has that the expected one has not. A `schema` other than the one this kvpolicy reads is named at its value: the rest of a document
-    of another version is not checked. (`--facts` takes a `kvpolicy status --format json`
-    document as well as facts.)
+    field it has that the expected one has not. A `schema` other than the one this kvpolicy reads
+    is named at its value: the rest of a document of another version is not checked. (`--facts`
+    takes a `kvpolicy status --format json` document as well as facts.)
 
     ## Fix
     Give the document the option expects (`kvpolicy schema facts`, `kvtest` and `state` print the
