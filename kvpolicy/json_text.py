@@ -215,7 +215,7 @@ def load_document(model: type[M], text: str, source: object, *, kind: DocumentKi
         shaped = convert(data) if convert is not None else data
         return model.model_validate(shaped)
     except DocumentProblem as exc:
-        place = _Places(text).of(exc.path)
+        place = Places(text).of(exc.path)
         raise DocumentInvalid([exc.code.at(file, *place, exc.message, exc.hint)]) from None
     except ValidationError as exc:
         diagnostics = _refusals(exc, model, data, text, file, kind, locate if shaped is not data else None)
@@ -266,8 +266,8 @@ class JsonObjectFile:
                                     hint_for))
 
     @cached_property
-    def _places(self) -> _Places:
-        return _Places(self.text)
+    def _places(self) -> Places:
+        return Places(self.text)
 
 
 def read_json_object(path: Path | str, *, what: str) -> JsonObjectFile:
@@ -279,7 +279,7 @@ def read_json_object(path: Path | str, *, what: str) -> JsonObjectFile:
     text = read_document_text(path, what=what)
     data = parse_document(text, file, what=what)
     if not isinstance(data, dict):
-        raise DocumentInvalid([WRONG_TYPE.at(file, *_Places(text).of(()), f"(top level): must be an object ({{...}}), not "
+        raise DocumentInvalid([WRONG_TYPE.at(file, *Places(text).of(()), f"(top level): must be an object ({{...}}), not "
                                              f"{shown(data)}", f"a {what} is one JSON object, {{...}}")])
     return JsonObjectFile(file, text, data)
 
@@ -289,7 +289,7 @@ def _refusals(exc: ValidationError, model: type[BaseModel], data: Any, text: str
     """The diagnostics of ``exc``: one for a document of another kind or schema, else one per problem."""
     from kvpolicy.validation import problems
 
-    places = _Places(text)
+    places = Places(text)
     wrong = wrong_document(exc, data, kind)
     if wrong is not None:
         path, message, hint = wrong
@@ -302,7 +302,7 @@ PROBLEM_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-a
 """The code of each kind of problem validation finds (``kvpolicy.validation.ProblemKind``)."""
 
 
-def _diagnostics(problems: Iterable[Problem], places: _Places, file: str, hint: str | None,
+def _diagnostics(problems: Iterable[Problem], places: Places, file: str, hint: str | None,
                  locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None,
                  hint_for: Callable[[Problem], str | None] | None = None) -> list[Diagnostic]:
     """A diagnostic per problem, at its place (``locate``: the path in the text of a path in what was validated);
@@ -334,14 +334,17 @@ def wrong_document(exc: ValidationError, data: Any, kind: DocumentKind) -> tuple
     return (), f"this is {recognised[1]}, not {kind.name}", f"expected {kind.takes}"
 
 
-class _Places:
-    """Where paths of a document are in its text, read once."""
+class Places:
+    """Where paths of a document are in its text, read once, when first asked."""
 
     def __init__(self, text: str) -> None:
+        self._text = text
+
+    @cached_property
+    def _document(self) -> JsonDocument | None:
         from kvpolicy.json_positions import parse
 
-        self._text = text
-        self._document: JsonDocument | None = parse(text)
+        return parse(self._text)
 
     def of(self, path: tuple[object, ...], *, key: bool = False) -> Place:
         """The place of the value at ``path`` (with ``key``: its key's), or of its nearest ancestor."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -38,13 +37,13 @@ from kvpolicy.evaluate.decide import PreparedPolicy, evaluate, prepare
 from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
-from kvpolicy.json_positions import JsonDocument, line_col, parse
 from kvpolicy.json_text import (
     POLICY_TEST,
     PROBLEM_CODES,
     STATE,
     CarriesProblems,
     DocumentInvalid,
+    Places,
     load_document,
     read_document_text,
     refused,
@@ -242,8 +241,9 @@ def run_test_file(path: Path) -> list[CaseResult]:
     except OSError as exc:
         raise TestFileUnreadable(f"{path}: cannot read its policy {policy_path}: {reason(exc)}") from None
     prepared = prepare(policy)  # once for every case and step
-    source = _TestFileText(path, text)
-    return [_result(prepared, case, _Where(source, ("cases", str(index))), path) for index, case in enumerate(spec.cases)]
+    places = Places(text)
+    return [_result(prepared, case, _Where(str(path), places, ("cases", str(index))), path)
+            for index, case in enumerate(spec.cases)]
 
 
 def _result(policy: PreparedPolicy, case: Case, where: _Where, path: Path) -> CaseResult:
@@ -261,43 +261,25 @@ def _result(policy: PreparedPolicy, case: Case, where: _Where, path: Path) -> Ca
     return CaseResult(file=str(path), case=case.name, passed=not failures, failures=failures)
 
 
-class _TestFileText:
-    """A test file's text, in which the problems its cases meet as they run are placed (its positions are
-    read only when there is one)."""
-
-    def __init__(self, path: Path, text: str) -> None:
-        self.file, self.text = str(path), text
-
-    @cached_property
-    def _document(self) -> JsonDocument | None:
-        return parse(self.text)
-
-    def at(self, code: DocumentCode, path: tuple[str, ...], message: str, hint: str | None, *, key: bool = False,
-           missing: bool = False) -> Diagnostic:
-        """``code``'s diagnostic at the value at ``path`` or its nearest ancestor (``key``: at its key;
-        ``missing``: at the ``{`` of the object that lacks the field ``path`` ends with)."""
-        spot = path[:-1] if missing else path
-        # None cannot be (the text parsed as a test file): then the start of it
-        start, end = self._document.span_of(spot, key=key) if self._document is not None else (0, 1)
-        first = line_col(self.text, start)
-        return code.at(self.file, first, (first[0], first[1] + 1) if missing else line_col(self.text, end), message, hint)
-
-
 @dataclass(frozen=True)
 class _Where:
-    """Where a case, or a step of it, is in its test file: a problem is named by its path from the top."""
+    """Where a case, or a step of it, is in its test file (``places``: the file's text, read for positions only
+    when a problem is placed): a problem is named by its path from the top."""
 
-    text: _TestFileText
+    file: str
+    places: Places
     path: tuple[str, ...]
 
     def below(self, *parts: str) -> _Where:
-        return _Where(self.text, (*self.path, *parts))
+        return _Where(self.file, self.places, (*self.path, *parts))
 
     def problem(self, code: DocumentCode, path: Sequence[str], message: str, hint: str | None = None, *,
                 key: bool = False, missing: bool = False) -> Diagnostic:
-        """``code``'s diagnostic at ``path`` below here, its message ``PATH: message``."""
+        """``code``'s diagnostic at ``path`` below here (``key``: at its key; ``missing``: at the ``{`` of the
+        object that lacks the field ``path`` ends with), its message ``PATH: message``."""
         full = (*self.path, *path)
-        return self.text.at(code, full, f"{'.'.join(full)}: {message}", hint, key=key, missing=missing)
+        return code.at(self.file, *self.places.place(full, key=key, missing=missing), f"{'.'.join(full)}: {message}",
+                       hint)
 
 
 def _run_case(policy: PreparedPolicy, case: Case, base: Path, where: _Where) -> list[str]:
@@ -342,8 +324,9 @@ def _state(given: dict[str, Any] | None, at: _Where) -> State | None:
         if wrong is not None:
             path, message, hint = wrong
             raise refused([at.problem(WRONG_DOCUMENT, path, message, hint)]) from None
-        raise refused(at.problem(PROBLEM_CODES[p.kind], p.path, _said(p), p.hint or "kvpolicy schema state describes every field",
-                                 key=p.is_key, missing=p.kind == "missing-field") for p in problems(exc, State)) from None
+        described = f"kvpolicy schema {STATE.schema} describes every field"
+        raise refused(at.problem(PROBLEM_CODES[p.kind], p.path, _said(p), p.hint or described, key=p.is_key,
+                                 missing=p.kind == "missing-field") for p in problems(exc, State)) from None
 
 
 def _said(problem: Problem) -> str:
