@@ -19,20 +19,21 @@ vLLM takes the value in three steps, each of which may refuse it:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 
 from kvpolicy.document_codes import WRONG_TYPE
+from kvpolicy.validation import shown
 
 from .class_defaults import as_written, config_class
 from .config_values import ModelSpecError, is_int
-from .config_values import shown
 
 KEY = "sliding_window"
 HINT = "write the window as a whole number of tokens (e.g. 4096), or null for none"
+_WIDTH = 200
+"""How much of a value a message shows (as the file writes it: ``true``, not Python's ``True``)."""
 _CACHE_CONFIG_WINDOW: TypeAdapter[int | None] = TypeAdapter(int | None)
 """``CacheConfig.sliding_window``'s field, validated as vLLM's pydantic dataclass does (lax mode)."""
 
@@ -43,7 +44,7 @@ def check_window(config: Mapping[str, Any]) -> None:
     cls = config_class(config)
     if window is not None and cls is not None and cls.typed_window and not is_int(window):
         raise ModelSpecError(
-            f"{KEY} {_shown(window)}: {cls.name} takes a whole number or null, so transformers refuses the config "
+            f"{KEY} {shown(window, _WIDTH)}: {cls.name} takes a whole number or null, so transformers refuses the config "
             "and vLLM cannot load it", (KEY,), WRONG_TYPE, HINT)
     model_level_window(config)
 
@@ -57,7 +58,7 @@ def model_level_window(config: Mapping[str, Any]) -> int | None:
         return _CACHE_CONFIG_WINDOW.validate_python(window)
     except ValidationError:
         raise ModelSpecError(
-            f"{KEY} {_shown(window)}: vLLM's CacheConfig takes the model's window as a whole number, and refuses "
+            f"{KEY} {shown(window, _WIDTH)}: vLLM's CacheConfig takes the model's window as a whole number, and refuses "
             "this one at start-up", (KEY,), WRONG_TYPE, HINT) from None
 
 
@@ -73,18 +74,13 @@ def layer_window(config: Mapping[str, Any], layer: int) -> int | None:
         return int(window)  # vLLM computes with it as with the integer it equals
     if isinstance(window, float):
         raise ModelSpecError(
-            f"{KEY} {_shown(window)}: layer {layer} (sliding_attention) would take a window of a fraction of a "
+            f"{KEY} {shown(window, _WIDTH)}: layer {layer} (sliding_attention) would take a window of a fraction of a "
             "token, which kvpolicy does not plan (vLLM's attention kernels take whole numbers)",
             (KEY,), WRONG_TYPE, HINT)
     raise ModelSpecError(
-        f"{KEY} {_shown(window)}: vLLM's {config.get('model_type')} model gives it as it is to layer {layer} "
+        f"{KEY} {shown(window, _WIDTH)}: vLLM's {config.get('model_type')} model gives it as it is to layer {layer} "
         "(sliding_attention), and vLLM fails planning the KV cache at start-up (a TypeError)",
         (KEY,), WRONG_TYPE, HINT)
-
-
-def _shown(window: object) -> str:
-    """The value as the file writes it (``true``, not Python's ``True``)."""
-    return shown(json.dumps(window)).strip("'")
 
 
 def _all_sliding(layer_types: Any) -> bool:
