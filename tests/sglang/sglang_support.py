@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,6 +15,10 @@ MODELS = REPO / "policies" / "models"
 
 
 TINY_RATIOS = (0, 0, 4, 128, 4, 128, 4, 0)  # 7 target layers + 1 MTP layer, V4-shaped
+
+RANDOM_EXAMPLES = int(os.environ.get("KVPOLICY_SGLANG_RANDOM_EXAMPLES", "150"))
+"""How many random configs the engine-equality tests draw (the launch and rope tests a share of it);
+raise it for a longer search: ``KVPOLICY_SGLANG_RANDOM_EXAMPLES=3000``."""
 
 
 @contextmanager

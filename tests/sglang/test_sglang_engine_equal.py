@@ -22,6 +22,7 @@ from kvpolicy.adapters.sglang_dsv4 import hooks
 from kvpolicy.adapters.sglang_dsv4 import plan as closed
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
 from tests.sglang.sglang_support import (
+    RANDOM_EXAMPLES,
     kv_cache_configurator,
     published_server_args,
     real_sizes,
@@ -31,7 +32,7 @@ from tests.sglang.sglang_support import (
 
 pytestmark = pytest.mark.sglang
 
-EXAMPLES = 150
+EXAMPLES = RANDOM_EXAMPLES
 RATIO_CHOICES = {  # the ratios a pattern draws from: V4's mix, and patterns without 4 or 128 layers
     "all ratios": (0, 4, 128),
     "no ratio-4 layers": (0, 128),

@@ -30,6 +30,7 @@ from kvpolicy.adapters.sglang_dsv4.plan import PlanError, pool_tensors, size_fro
 from kvpolicy.units import GiB, MiB
 from tests.sglang.sglang_support import (
     MODELS,
+    RANDOM_EXAMPLES,
     engine_reading,
     published_resolution,
     real_sizes,
@@ -40,7 +41,7 @@ from tests.sglang.sglang_support import (
 
 pytestmark = pytest.mark.sglang
 
-EXAMPLES = 60
+EXAMPLES = max(RANDOM_EXAMPLES * 2 // 5, 10)
 FLASH = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
 PRO = json.loads((MODELS / "deepseek-v4-pro.json").read_text())
 CONFIGS = {  # model directories: the released shapes, a V4.1-typed one, and the context-length rules

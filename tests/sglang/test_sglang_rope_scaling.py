@@ -22,7 +22,7 @@ from kvpolicy.adapters.sglang_dsv4.launch import Hardware, resolve_launch
 from kvpolicy.cli import main
 from kvpolicy.json_positions import parse
 from tests.cli.test_plan_config_errors import assert_placed_at
-from tests.sglang.sglang_support import MODELS, resolve_for_real, single_process_parallel
+from tests.sglang.sglang_support import MODELS, RANDOM_EXAMPLES, resolve_for_real, single_process_parallel
 
 pytestmark = pytest.mark.sglang
 
@@ -103,7 +103,8 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
     dirs = count()
     seen: Counter[str] = Counter()
 
-    @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=max(RANDOM_EXAMPLES * 4 // 15, 10), deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
     @given(rope=rope_scalings(), length=st.one_of(st.sampled_from([65536, 1_048_576]), st.integers(1, 6000)),
            indent=st.sampled_from([None, 2]), source=st.sampled_from(list(SOURCES)))
     @example(rope={"type": "linear", "factor": "4"}, length=65536, indent=2, source="rope_scaling")
