@@ -23,7 +23,7 @@ the other cases still run.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -290,9 +290,12 @@ def _run_case(policy: PreparedPolicy, case: Case, base: Path, where: _Where) -> 
     if case.steps and case.expect is not None:
         steps = [*steps[:-1], steps[-1].model_copy(update={"expect": case.expect})]
     failures: list[str] = []
+    removed: dict[str, int] = {}  # instance id → the step that removed it, to say so if a later step names it
     for number, step in enumerate(steps, start=1):
         at = where.below("steps", str(number - 1)) if case.steps else where  # one step made up: the case is its place
-        facts_data = _apply(facts_data, step, at)
+        facts_data = _apply(facts_data, step, at, removed)
+        if step.set is not None:
+            removed.update((inst_id, number) for inst_id in step.set.remove if inst_id not in removed)
         facts = _facts(facts_data, step, at)
         decision, state = evaluate(policy, facts, state)
         if step.expect is not None:
@@ -337,8 +340,9 @@ def _said(problem: Problem) -> str:
     return problem.message
 
 
-def _apply(data: dict[str, Any], step: Step, at: _Where) -> dict[str, Any]:
-    """The facts ``data`` after ``step``; ``DocumentInvalid`` at each id its ``set`` names that they do not have."""
+def _apply(data: dict[str, Any], step: Step, at: _Where, removed: Mapping[str, int]) -> dict[str, Any]:
+    """The facts ``data`` after ``step``; ``DocumentInvalid`` at each id its ``set`` names that they do not have
+    (``removed``: the instances earlier steps removed, by step number)."""
     data = copy.deepcopy(data)
     data["now"] = data.get("now", 0.0) + step.advance
     changes = step.set
@@ -346,10 +350,9 @@ def _apply(data: dict[str, Any], step: Step, at: _Where) -> dict[str, Any]:
         return data
     instances = {i["id"]: i for i in data.get("instances", [])}
     gpus = {g["id"]: g for g in data.get("gpus", [])}
-    unknown = [*_unknown_ids(changes.instances, instances, "instance", at.below("set", "instances")),
-               *_unknown_ids(changes.gpus, gpus, "GPU", at.below("set", "gpus"))]
-    unknown += [at.problem(VALUE_NOT_ALLOWED, ("set", "remove", str(n)), f"no instance {inst_id!r} in the facts",
-                           _known(inst_id, instances, "instance"))
+    unknown = [*_unknown_ids(changes.instances, instances, "instance", at.below("set", "instances"), removed),
+               *_unknown_ids(changes.gpus, gpus, "GPU", at.below("set", "gpus"), {})]
+    unknown += [at.problem(VALUE_NOT_ALLOWED, ("set", "remove", str(n)), *_absent(inst_id, instances, "instance", removed))
                 for n, inst_id in enumerate(changes.remove) if inst_id not in instances]
     if unknown:
         raise refused(unknown)
@@ -361,10 +364,19 @@ def _apply(data: dict[str, Any], step: Step, at: _Where) -> dict[str, Any]:
     return data
 
 
-def _unknown_ids(named: Iterable[str], known: dict[str, Any], what: str, at: _Where) -> list[Diagnostic]:
+def _unknown_ids(named: Iterable[str], known: dict[str, Any], what: str, at: _Where,
+                 removed: Mapping[str, int]) -> list[Diagnostic]:
     """A diagnostic at each key of ``named`` (``set``'s ids of a ``what``) that is not a ``what`` of the facts."""
-    return [at.problem(VALUE_NOT_ALLOWED, (ident,), f"no {what} {ident!r} in the facts", _known(ident, known, what), key=True)
+    return [at.problem(VALUE_NOT_ALLOWED, (ident,), *_absent(ident, known, what, removed), key=True)
             for ident in named if ident not in known]
+
+
+def _absent(ident: str, known: dict[str, Any], what: str, removed: Mapping[str, int]) -> tuple[str, str]:
+    """The message and hint for ``ident``, a ``what`` the facts lack: an earlier step's removal, or a likely typo."""
+    if ident in removed:
+        return (f"no {what} {ident!r} in the facts: step {removed[ident]} removed it",
+                f"a step's `remove` takes the {what} out of the facts for every later step")
+    return f"no {what} {ident!r} in the facts", _known(ident, known, what)
 
 
 def _known(ident: str, known: dict[str, Any], what: str) -> str:

@@ -48,7 +48,8 @@ TESTS = """{"schema": 1, "policy": "p.kvp",
    "steps": [{"advance": 1.7e308}, {"advance": 1.7e308}]},
   {"name": "a newer state", "facts": "p.facts.json", "state": {"schema": 2}},
   {"name": "facts as state", "facts": "p.facts.json", "state": {"schema": 1, "gpus": []}},
-  {"name": "no facts file", "facts": "gone.facts.json"}
+  {"name": "no facts file", "facts": "gone.facts.json"},
+  {"name": "removed earlier", "facts": "p.facts.json", "steps": [{"set": {"remove": ["batch/0"]}}, {"set": {"instances": {"batch/0": {"idle_seconds": 1}}, "remove": ["batch/0"]}}]}
  ]}
 """
 PROBLEMS = {
@@ -90,6 +91,12 @@ PROBLEMS = {
         ("t.kvtest.json:20:38: KVD008 error: cases.8.facts: cannot read 'gone.facts.json': No such file or directory",
          "a case's facts path is relative to the test file's folder"),
     ],
+    "removed earlier": [
+        ("t.kvtest.json:21:123: KVD008 error: cases.9.steps.1.set.instances.batch/0: no instance 'batch/0' in the "
+         "facts: step 1 removed it", "a step's `remove` takes the instance out of the facts for every later step"),
+        ("t.kvtest.json:21:167: KVD008 error: cases.9.steps.1.set.remove.0: no instance 'batch/0' in the facts: "
+         "step 1 removed it", "a step's `remove` takes the instance out of the facts for every later step"),
+    ],
 }
 
 
@@ -114,7 +121,8 @@ def test_the_places_are_the_values_written() -> None:
               (first.split(":")[1:3] for found in PROBLEMS.values() for first, _ in found)]
     assert [start[:14] for start in starts] == ['"holding_snce"', '"soon"}}}}},', '"chat/1": {"id', '"gpu-x": {"oth',
                                                 '"chat/9"]}}]},', '"cuda:1"}}}}]}', '1.7e308}]},',
-                                                '2}},', '{"schema": 1, ', '"gone.facts.js']
+                                                '2}},', '{"schema": 1, ', '"gone.facts.js', '"batch/0": {"i',
+                                                '"batch/0"]}}]}']
 
 
 def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> None:
@@ -125,7 +133,7 @@ def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> 
         expected.append(f"FAIL  t.kvtest.json :: {case}")
         for first, hint in found:
             expected += [f"      cannot run: {first}", f"        hint: {hint}"]
-    expected.append("1 passed, 8 failed, 0 file error(s) in 1 file(s)")
+    expected.append("1 passed, 9 failed, 0 file error(s) in 1 file(s)")
     assert done.stdout.split("\n")[:-1] == expected
     (shown,) = re.findall(r"```\n(FAIL  t\.kvtest\.json .*?)\n```", (Path(__file__).parents[2] / "docs" / "policy-tests.md").read_text(),
                           flags=re.S)
@@ -136,7 +144,7 @@ def test_json_carries_each_problem_in_its_case_s_result(folder: Path) -> None:
     done = kvpolicy_test(folder, "--format", "json")
     assert done.returncode == 1 and done.stderr == ""
     report = json.loads(done.stdout)
-    assert report["summary"] == {"files": 1, "cases": 9, "passed": 1, "failed": 8}
+    assert report["summary"] == {"files": 1, "cases": 10, "passed": 1, "failed": 9}
     assert (report["errors"], report["diagnostics"], report["more"]) == ([], [], 0), "no problem of the file as a whole"
     passed, *failed = report["results"]
     assert (passed["passed"], passed["failures"], passed["diagnostics"]) == (True, [], [])
