@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.sglang_dsv4.geometry import STRICT_HINT
+from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import READ_WITHOUT_DEFAULT
 from kvpolicy.cli import main
 from kvpolicy.json_positions import parse
 
@@ -159,6 +160,22 @@ def test_a_class_default_is_placed_at_model_type_and_said_to_be_one(capsys, tmp_
     assert code == 1 and err.startswith(f"{path}:{line}:{col}: KVD011 error: --tensor-parallel-size 3 does not divide "
                                         f"the model's {heads} attention heads, and vLLM refuses it at start-up")
     assert err.endswith(f"; num_attention_heads is {cls}'s default, which the file does not set\n")
+
+
+@pytest.mark.parametrize("dropped", [("hc_eps",), ("head_dim",), ("swiglu_limit", "head_dim", "vocab_size")])
+def test_keys_vllm_032_has_no_default_for_are_placed_at_the_object_that_lacks_them(capsys, tmp_path, dropped):
+    """vLLM 0.32's own DeepseekV4Config defaults none of them, transformers' (0.33's) some (head_dim, vocab_size):
+    for 0.32 each is missing from the file, not a class's default; 0.33 plans the same file."""
+    path, _ = write(tmp_path, {k: v for k, v in V4.items() if k not in dropped})
+    code, _, err = plan(capsys, "vllm", path, "--vllm-version", "0.32")
+    named = ", ".join(repr(k) for k in sorted(dropped, key=READ_WITHOUT_DEFAULT.index))
+    count = "them" if len(dropped) > 1 else "it"
+    assert code == 1 and err.startswith(f"{path}:1:1: KVD009 error: the model config has no {named}: vLLM 0.32's "
+                                        f"DeepseekV4Config gives no default for {count}")
+    assert "which the file does not set" not in err
+    assert err.endswith("hint: write the key in config.json (the released config has it), or plan for vLLM 0.33 "
+                        "(--vllm-version 0.33)\n")
+    assert plan(capsys, "vllm", path, "--vllm-version", "0.33")[0] == 0
 
 
 def test_a_refusal_in_vllms_words_is_placed_at_the_value_it_is_about(capsys, tmp_path):

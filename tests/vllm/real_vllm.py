@@ -218,10 +218,6 @@ def v4_template_config(base: dict[str, Any]) -> dict[str, Any]:
         "max_position_embeddings": 1 << 20,
         "vocab_size": 512, "hidden_size": 256, "moe_intermediate_size": 64, "n_routed_experts": 8,
         "num_experts_per_tok": 2, "q_lora_rank": 64, "o_lora_rank": 64,
-        # Read by vLLM 0.32's CPU model class, absent from the trimmed configs (no effect on the KV cache).
-        "hc_eps": 1e-6, "hc_sinkhorn_iters": 20, "hidden_act": "silu", "norm_topk_prob": True, "swiglu_limit": 10.0,
-        **{k: base[k] for k in ("hc_eps", "hc_sinkhorn_iters", "hidden_act", "norm_topk_prob", "swiglu_limit")
-           if k in base},
     }
 
 

@@ -22,8 +22,11 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
+from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
+from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import READ_WITHOUT_DEFAULT
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import model_specs
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
+from kvpolicy.document_codes import MISSING_FIELD
 from tests.vllm.allocation_check import check_allocation
 from tests.vllm.refusals import assert_same_refusal
 
@@ -128,3 +131,32 @@ def test_random_v4_patterns_plan_as_vllm_032_does(e2e_python: Path, tmp_path: Pa
         check_allocation(plan, layer_pools, real["allocated"])
     assert seen["refused"] and seen["planned"], seen
     assert seen["no ratio-4 layers"] and seen["no ratio-128 layers"], seen
+
+
+def test_keys_the_plan_needs_for_032_are_those_vllm_032_cannot_build_without(e2e_python: Path) -> None:
+    """Every key of a DeepSeek-V4 config taken out in turn: vLLM 0.32 builds its model (v4_config_probe.py)
+    exactly when the plan for 0.32 plans the config, and where it fails for the key, the plan names it
+    (``READ_WITHOUT_DEFAULT``); the whole config plans and builds."""
+    from tests.vllm.real_vllm import v4_template_config
+
+    base = v4_template_config(json.loads(FLASH.read_text()))
+    dropped = [None, *(key for key in base if key != "model_type")]
+    configs = [{k: v for k, v in base.items() if k != key} for key in dropped]
+    out = subprocess.run([str(e2e_python), str(HERE / "v4_config_probe.py")], input=json.dumps(configs),
+                         capture_output=True, text=True, timeout=1200, check=False,
+                         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
+    assert out.returncode == 0, out.stderr[-4000:]
+    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(configs)
+    settings_ = PlanSettings(max_model_len=65536, block_size=256, kv_cache_dtype="fp8", kv_cache_layout="BLHNC")
+    refused: list[str] = []
+    for key, config, real in zip(dropped, configs, results):
+        if "built" in real:
+            make_plan(config, settings_, budget=1 << 32, engine_version="0.32.0")
+            continue
+        assert real["refused"] == f"AttributeError: 'DeepseekV4Config' object has no attribute {key!r}", (key, real)
+        with pytest.raises(ModelSpecError) as ours:
+            make_plan(config, settings_, budget=1 << 32, engine_version="0.32.0")
+        assert (ours.value.code, ours.value.key) == (MISSING_FIELD, (key,)), key
+        refused.append(str(key))
+    assert sorted(refused) == sorted(READ_WITHOUT_DEFAULT)

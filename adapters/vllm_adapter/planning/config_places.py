@@ -5,7 +5,8 @@ wrapper's keys (``load_config``); a ``ModelSpecError`` names the key it read. ``
 that value is in the file, so the refusal becomes the diagnostic the other documents' problems are
 (``kvpolicy.document_codes``): ``config.json:9:26: KVD007 error: ...``. A value the file does not set, its
 class's default, has no place in the file: it is placed at ``model_type`` (the key that chose the class), and
-the message says so.
+the message says so; one missing for an engine version whose class does not fill it (vLLM 0.32's DeepSeek-V4),
+at the object that lacks it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kvpolicy.document_codes import MISSING_FIELD
 from kvpolicy.json_text import DocumentInvalid
 
 from .class_defaults import FilledConfig
@@ -29,6 +31,8 @@ def refusal(exc: ModelSpecError, config: Mapping[str, Any] | None) -> DocumentIn
     source = config.source(exc.key)
     if source.default_of is None:
         return DocumentInvalid([config.document.diagnostic(exc.code, source.path, str(exc), exc.hint)])
+    if exc.code is MISSING_FIELD:  # a key the table's class fills, missing for a version without that class
+        return DocumentInvalid([config.document.diagnostic(exc.code, (*config.home, *exc.key), str(exc), exc.hint)])
     key = ".".join(map(str, exc.key))
     message = f"{exc}; {key} is {source.default_of}'s default, which the file does not set"
     return DocumentInvalid([config.document.diagnostic(exc.code, source.model_type, message, exc.hint)])
