@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
 from .deepseek_v4_032 import check_v4_config_032
+from .deepseek_v4_fields import check_v4_field_kinds
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
 from .quant_config import quantization
@@ -144,7 +145,9 @@ def make_plan(
     config), the model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it
     resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
     quantization config and the model dtype its kernels take, then as a worker builds the model its embedding,
-    layers, attention backend and KV quantization (``model_build``), the budget."""
+    layers, attention backend and KV quantization (``model_build``), the kinds of the other DeepSeek-V4 fields
+    (vLLM 0.33 checks them as it loads the config: where two faults meet, the plan names another first), the
+    budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
     check_rope_parameters(config)
@@ -158,6 +161,7 @@ def make_plan(
     check_kv_cache_dtype(config, kv.cache, engine_version, settings.dtype)
     specs = model_specs(config, settings, on_attention=lambda: check_attention_backend(
         platform, family, kv.layers, engine_version, dtype, kv))
+    check_v4_field_kinds(config, engine_version)  # after the plan's own checks of the fields it reads
     layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
     groups = kv_cache_groups(specs.layers, layout)
     validate_layout(groups, layout)
