@@ -178,6 +178,19 @@ def test_keys_vllm_032_has_no_default_for_are_placed_at_the_object_that_lacks_th
     assert plan(capsys, "vllm", path, "--vllm-version", "0.33")[0] == 0
 
 
+@pytest.mark.parametrize("key", ["index_topk", "sliding_window"])
+def test_a_null_vllm_032_fails_with_is_placed_at_the_null(capsys, tmp_path, key):
+    """0.32's own DeepseekV4Config keeps a null, which its model (index_topk) or its KV cache planning
+    (sliding_window) fails with; the words are 0.32's, not transformers' (0.33's) refusal of the null."""
+    path, text = write(tmp_path, {**V4, key: None})
+    code, _, err = plan(capsys, "vllm", path, "--vllm-version", "0.32")
+    line, col = position(text, f'"{key}": null', len(f'"{key}": '))
+    assert code == 1 and err == (
+        f"{path}:{line}:{col}: KVD007 error: {key} null: vLLM 0.32's DeepseekV4Config checks no value and keeps the "
+        "null, which vLLM 0.32 fails with at start-up\n  hint: write the value DeepSeek-V4's own config.json has\n")
+    assert "transformers refuses" in plan(capsys, "vllm", path, "--vllm-version", "0.33")[2]
+
+
 def test_a_refusal_in_vllms_words_is_placed_at_the_value_it_is_about(capsys, tmp_path):
     """The words are vLLM's refusal's (tests/vllm compares them); at TP 1 the config alone is at fault."""
     path, text = write(tmp_path, {**QWEN, "num_attention_heads": 12})

@@ -23,10 +23,10 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
-from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import READ_WITHOUT_DEFAULT
+from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import NULL_FAILS, READ_WITHOUT_DEFAULT
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import model_specs
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
-from kvpolicy.document_codes import MISSING_FIELD
+from kvpolicy.document_codes import MISSING_FIELD, WRONG_TYPE
 from tests.vllm.allocation_check import check_allocation
 from tests.vllm.refusals import assert_same_refusal
 
@@ -133,30 +133,60 @@ def test_random_v4_patterns_plan_as_vllm_032_does(e2e_python: Path, tmp_path: Pa
     assert seen["no ratio-4 layers"] and seen["no ratio-128 layers"], seen
 
 
-def test_keys_the_plan_needs_for_032_are_those_vllm_032_cannot_build_without(e2e_python: Path) -> None:
-    """Every key of a DeepSeek-V4 config taken out in turn: vLLM 0.32 builds its model (v4_config_probe.py)
-    exactly when the plan for 0.32 plans the config, and where it fails for the key, the plan names it
-    (``READ_WITHOUT_DEFAULT``); the whole config plans and builds."""
+@pytest.fixture(scope="module")
+def one_key_changed(e2e_python: Path) -> dict[str, list[tuple[str, dict, dict]]]:
+    """DeepSeek-V4 configs with one key removed, and with one key set to null, in turn: per change, each key
+    with its config and whether vLLM 0.32 starts it (v4_config_probe.py, one process for all); under "removed",
+    the whole config first (key "")."""
     from tests.vllm.real_vllm import v4_template_config
 
     base = v4_template_config(json.loads(FLASH.read_text()))
-    dropped = [None, *(key for key in base if key != "model_type")]
-    configs = [{k: v for k, v in base.items() if k != key} for key in dropped]
+    keys = [key for key in base if key != "model_type"]
+    changed = {"removed": [("", base)] + [(key, {k: v for k, v in base.items() if k != key}) for key in keys],
+               "null": [(key, {**base, key: None}) for key in keys]}
+    configs = [config for pairs in changed.values() for _, config in pairs]
     out = subprocess.run([str(e2e_python), str(HERE / "v4_config_probe.py")], input=json.dumps(configs),
                          capture_output=True, text=True, timeout=1200, check=False,
                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
     assert out.returncode == 0, out.stderr[-4000:]
-    results = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == len(configs)
-    settings_ = PlanSettings(max_model_len=65536, block_size=256, kv_cache_dtype="fp8", kv_cache_layout="BLHNC")
+    results = iter([json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")])
+    probed = {change: [(key, config, next(results)) for key, config in pairs] for change, pairs in changed.items()}
+    assert next(results, None) is None
+    return probed
+
+
+SETTINGS_032 = PlanSettings(max_model_len=65536, block_size=256, kv_cache_dtype="fp8", kv_cache_layout="BLHNC")
+
+
+def test_keys_the_plan_needs_for_032_are_those_vllm_032_cannot_start_without(
+        one_key_changed: dict[str, list[tuple[str, dict, dict]]]) -> None:
+    """Every key of a DeepSeek-V4 config taken out in turn: vLLM 0.32 starts (builds its model, plans its KV
+    cache) exactly when the plan for 0.32 plans the config, and where it fails for the key, the plan names it
+    (``READ_WITHOUT_DEFAULT``); the whole config plans and starts."""
     refused: list[str] = []
-    for key, config, real in zip(dropped, configs, results):
+    for key, config, real in one_key_changed["removed"]:
         if "built" in real:
-            make_plan(config, settings_, budget=1 << 32, engine_version="0.32.0")
+            make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
             continue
         assert real["refused"] == f"AttributeError: 'DeepseekV4Config' object has no attribute {key!r}", (key, real)
         with pytest.raises(ModelSpecError) as ours:
-            make_plan(config, settings_, budget=1 << 32, engine_version="0.32.0")
+            make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
         assert (ours.value.code, ours.value.key) == (MISSING_FIELD, (key,)), key
-        refused.append(str(key))
+        refused.append(key)
     assert sorted(refused) == sorted(READ_WITHOUT_DEFAULT)
+
+
+def test_nulls_the_plan_refuses_for_032_are_those_vllm_032_cannot_start_with(
+        one_key_changed: dict[str, list[tuple[str, dict, dict]]]) -> None:
+    """Every key of a DeepSeek-V4 config set to null in turn: vLLM 0.32 starts exactly when the plan for 0.32
+    plans the config, and where it fails, the plan refuses the null at its value (``NULL_FAILS``)."""
+    refused: list[str] = []
+    for key, config, real in one_key_changed["null"]:
+        if "built" in real:
+            make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
+            continue
+        with pytest.raises(ModelSpecError) as ours:
+            make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
+        assert (ours.value.code, ours.value.key) == (WRONG_TYPE, (key,)), (key, real)
+        refused.append(key)
+    assert sorted(refused) == sorted(NULL_FAILS)
