@@ -178,16 +178,20 @@ def test_keys_vllm_032_has_no_default_for_are_placed_at_the_object_that_lacks_th
     assert plan(capsys, "vllm", path, "--vllm-version", "0.33")[0] == 0
 
 
-@pytest.mark.parametrize("key", ["index_topk", "sliding_window"])
-def test_a_null_vllm_032_fails_with_is_placed_at_the_null(capsys, tmp_path, key):
-    """0.32's own DeepseekV4Config keeps a null, which its model (index_topk) or its KV cache planning
-    (sliding_window) fails with; the words are 0.32's, not transformers' (0.33's) refusal of the null."""
-    path, text = write(tmp_path, {**V4, key: None})
+@pytest.mark.parametrize(("key", "value", "written"), [
+    ("index_topk", None, "null"), ("sliding_window", None, "null"),
+    ("hc_mult", 4.0, "a number with a decimal point"), ("q_lora_rank", "1024", "a string"),
+])
+def test_a_value_vllm_032_fails_with_is_placed_at_the_value(capsys, tmp_path, key, value, written):
+    """0.32's own DeepseekV4Config keeps any value, which its model (index_topk, hc_mult, q_lora_rank) or its KV
+    cache planning (sliding_window) fails with; the words are 0.32's, not transformers' (0.33's) refusal."""
+    path, text = write(tmp_path, {**V4, key: value})
     code, _, err = plan(capsys, "vllm", path, "--vllm-version", "0.32")
-    line, col = position(text, f'"{key}": null', len(f'"{key}": '))
+    line, col = position(text, f'"{key}": {json.dumps(value)}', len(f'"{key}": '))
     assert code == 1 and err == (
-        f"{path}:{line}:{col}: KVD007 error: {key} null: vLLM 0.32's DeepseekV4Config checks no value and keeps the "
-        "null, which vLLM 0.32 fails with at start-up\n  hint: write the value DeepSeek-V4's own config.json has\n")
+        f"{path}:{line}:{col}: KVD007 error: {key} {json.dumps(value)}: vLLM 0.32's DeepseekV4Config checks no "
+        f"value, and vLLM 0.32 fails at start-up with {written} there\n"
+        "  hint: write a whole number, as DeepSeek-V4's own config.json does\n")
     assert "transformers refuses" in plan(capsys, "vllm", path, "--vllm-version", "0.33")[2]
 
 

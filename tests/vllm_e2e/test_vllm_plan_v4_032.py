@@ -17,13 +17,14 @@ import os
 import subprocess
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
-from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import NULL_FAILS, READ_WITHOUT_DEFAULT
+from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import READ_WITHOUT_DEFAULT, TAKES_032, JsonKind
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import model_specs
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanError, PlanSettings, make_plan
 from kvpolicy.document_codes import MISSING_FIELD, WRONG_TYPE
@@ -133,24 +134,41 @@ def test_random_v4_patterns_plan_as_vllm_032_does(e2e_python: Path, tmp_path: Pa
     assert seen["no ratio-4 layers"] and seen["no ratio-128 layers"], seen
 
 
+KINDS: tuple[JsonKind, ...] = ("int", "float", "bool", "str", "list", "dict", "null")
+PLAN_STRICTER = {("sliding_window", "float"), ("sliding_window", "bool"), ("num_hidden_layers", "bool"),
+                 ("torch_dtype", "int"), ("torch_dtype", "float"), ("torch_dtype", "bool"), ("torch_dtype", "dict")}
+"""Values 0.32 starts with that the plan refuses, as it reads them itself: a window of 128.0 or true, true layers,
+a torch_dtype that is no string (0.32 falls back to its default dtype; the plan does not guess)."""
+
+
+def of_kind(value: Any, kind: JsonKind) -> Any:
+    """A value of ``kind`` made from the config's own ``value`` (the number as a float, true, its text, ...)."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else 1
+    return {"int": int(number), "float": float(number), "bool": True, "str": value if isinstance(value, str) else
+            str(value), "list": value if isinstance(value, list) else [value], "dict": {"value": value},
+            "null": None}[kind]
+
+
 @pytest.fixture(scope="module")
-def one_key_changed(e2e_python: Path) -> dict[str, list[tuple[str, dict, dict]]]:
-    """DeepSeek-V4 configs with one key removed, and with one key set to null, in turn: per change, each key
-    with its config and whether vLLM 0.32 starts it (v4_config_probe.py, one process for all); under "removed",
+def one_key_changed(e2e_python: Path) -> dict[str, list[tuple[str, str, dict, dict]]]:
+    """DeepSeek-V4 configs with one key removed, and with one key given a value of each kind, in turn: per change,
+    (key, kind, config, whether vLLM 0.32 starts it) (v4_config_probe.py, one process for all); under "removed",
     the whole config first (key "")."""
     from tests.vllm.real_vllm import v4_template_config
 
     base = v4_template_config(json.loads(FLASH.read_text()))
     keys = [key for key in base if key != "model_type"]
-    changed = {"removed": [("", base)] + [(key, {k: v for k, v in base.items() if k != key}) for key in keys],
-               "null": [(key, {**base, key: None}) for key in keys]}
-    configs = [config for pairs in changed.values() for _, config in pairs]
+    changed = {
+        "removed": [("", "", base)] + [(key, "", {k: v for k, v in base.items() if k != key}) for key in keys],
+        "kind": [(key, kind, {**base, key: of_kind(base[key], kind)}) for key in keys for kind in KINDS],
+    }
+    configs = [config for cases in changed.values() for *_, config in cases]
     out = subprocess.run([str(e2e_python), str(HERE / "v4_config_probe.py")], input=json.dumps(configs),
                          capture_output=True, text=True, timeout=1200, check=False,
                          env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"})
     assert out.returncode == 0, out.stderr[-4000:]
     results = iter([json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")])
-    probed = {change: [(key, config, next(results)) for key, config in pairs] for change, pairs in changed.items()}
+    probed = {change: [(*case, next(results)) for case in cases] for change, cases in changed.items()}
     assert next(results, None) is None
     return probed
 
@@ -158,13 +176,12 @@ def one_key_changed(e2e_python: Path) -> dict[str, list[tuple[str, dict, dict]]]
 SETTINGS_032 = PlanSettings(max_model_len=65536, block_size=256, kv_cache_dtype="fp8", kv_cache_layout="BLHNC")
 
 
-def test_keys_the_plan_needs_for_032_are_those_vllm_032_cannot_start_without(
-        one_key_changed: dict[str, list[tuple[str, dict, dict]]]) -> None:
+def test_keys_the_plan_needs_for_032_are_those_vllm_032_cannot_start_without(one_key_changed) -> None:
     """Every key of a DeepSeek-V4 config taken out in turn: vLLM 0.32 starts (builds its model, plans its KV
     cache) exactly when the plan for 0.32 plans the config, and where it fails for the key, the plan names it
     (``READ_WITHOUT_DEFAULT``); the whole config plans and starts."""
     refused: list[str] = []
-    for key, config, real in one_key_changed["removed"]:
+    for key, _, config, real in one_key_changed["removed"]:
         if "built" in real:
             make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
             continue
@@ -176,17 +193,24 @@ def test_keys_the_plan_needs_for_032_are_those_vllm_032_cannot_start_without(
     assert sorted(refused) == sorted(READ_WITHOUT_DEFAULT)
 
 
-def test_nulls_the_plan_refuses_for_032_are_those_vllm_032_cannot_start_with(
-        one_key_changed: dict[str, list[tuple[str, dict, dict]]]) -> None:
-    """Every key of a DeepSeek-V4 config set to null in turn: vLLM 0.32 starts exactly when the plan for 0.32
-    plans the config, and where it fails, the plan refuses the null at its value (``NULL_FAILS``)."""
-    refused: list[str] = []
-    for key, config, real in one_key_changed["null"]:
+def test_the_kinds_of_value_the_plan_takes_for_032_are_those_vllm_032_starts_with(one_key_changed) -> None:
+    """Every key of a DeepSeek-V4 config given a value of each JSON kind in turn: ``TAKES_032`` is the kinds
+    vLLM 0.32 starts with; where 0.32 fails, the plan for 0.32 refuses the value at its place; where 0.32 starts,
+    the plan plans, but for the values it reads itself and is stricter about (``PLAN_STRICTER``)."""
+    started: dict[str, list[str]] = {}
+    stricter: set[tuple[str, str]] = set()
+    for key, kind, config, real in one_key_changed["kind"]:
         if "built" in real:
-            make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
+            started.setdefault(key, []).append(kind)
+            try:
+                make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
+            except ModelSpecError as refused:
+                assert refused.code is WRONG_TYPE and refused.key == (key,), (key, kind, refused)
+                stricter.add((key, kind))
             continue
         with pytest.raises(ModelSpecError) as ours:
             make_plan(config, SETTINGS_032, budget=1 << 32, engine_version="0.32.0")
-        assert (ours.value.code, ours.value.key) == (WRONG_TYPE, (key,)), (key, real)
-        refused.append(key)
-    assert sorted(refused) == sorted(NULL_FAILS)
+        assert (ours.value.code, ours.value.key) == (WRONG_TYPE, (key,)), (key, kind, real)
+    assert stricter == PLAN_STRICTER
+    assert {key: sorted(kinds) for key, kinds in started.items() if len(kinds) < len(KINDS)} == {
+        key: sorted(kinds) for key, kinds in TAKES_032.items()}
