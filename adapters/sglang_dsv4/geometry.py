@@ -23,6 +23,7 @@ from kvpolicy.json_text import CarriesProblems
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
+from ..deepseek_config_kinds import V3_FIELD_KINDS, V4_FIELD_KINDS, Kind, refused
 from .rope import RopeProblem, scaled_length
 from .rope import problems as scaling_problems
 
@@ -215,7 +216,34 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     if rope:
         raise GeometryError(f"{path}: SGLang gets no context length from it: {'; '.join(p.message for p in rope)}",
                             DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in rope]))
+    if not at:
+        _check_field_kinds(config)
     return config
+
+
+STRICT_CLASSES: dict[str, tuple[tuple[str, dict[str, tuple[Kind, ...]]], ...]] = {
+    "deepseek_v4": (("transformers' DeepseekV4Config", V4_FIELD_KINDS),
+                    ("DeepseekV3Config (SGLang's deepseek_v4 alias of it)", V3_FIELD_KINDS)),
+    "deepseek_v41": (("DeepseekV3Config (SGLang's DeepseekV41Config is one)", V3_FIELD_KINDS),),
+}
+"""The strict classes SGLang 0.5.23 loads a config.json of each model type with, and the kinds each takes."""
+
+
+def _check_field_kinds(config: GeometryConfig) -> None:
+    """Refuse the first field, in the file's order, whose value a class of ``STRICT_CLASSES`` does not take
+    (after the geometry's own checks, which say more about the fields the plan reads)."""
+    from kvpolicy.document_codes import WRONG_TYPE
+    from kvpolicy.json_text import DocumentInvalid
+    from kvpolicy.validation import shown
+
+    for key, value in config.document.data.items():
+        for name, table in STRICT_CLASSES.get(config.geometry.model_type, ()):
+            wanted = refused(table, key, value)
+            if wanted is not None:
+                message = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load "
+                           "the config")
+                raise GeometryError(f"{config.document.file}: {message}", DocumentInvalid([config.diagnostic(
+                    WRONG_TYPE, (key,), message, "write the value as DeepSeek-V4's own config.json does")]))
 
 
 def _sglang_hint(problem: Problem) -> str | None:

@@ -4,7 +4,7 @@ vLLM 0.33 loads a ``deepseek_v4`` config with that class, a strict dataclass tha
 the config loads. Each example writes DeepSeek-V4-Flash's config.json with one field set to a random value of a
 random kind and builds the class from it, as vLLM 0.33's ``get_config`` does for this model type (which
 test_vllm_class_defaults.py goes through); the class refuses the value's type exactly when
-``planning/deepseek_v4_fields.py`` says the field does not take it, and then ``kvpolicy plan`` refuses the
+``adapters/deepseek_config_kinds.py`` says the field does not take it, and then ``kvpolicy plan`` refuses the
 config at that value (for 0.33; 0.32's own class checks nothing).
 """
 
@@ -18,10 +18,12 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_fields import FIELD_KINDS, check_v4_field_kinds, is_kind
+from kvpolicy.adapters.deepseek_config_kinds import V4_FIELD_KINDS, is_kind
+from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_fields import check_v4_field_kinds
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
 from kvpolicy.document_codes import WRONG_TYPE
+from tests.support.json_values import JSON_VALUES
 from tests.vllm.vllm_paths import CONFIGS
 
 pytestmark = pytest.mark.vllm
@@ -29,19 +31,11 @@ pytestmark = pytest.mark.vllm
 EXAMPLES = int(os.environ.get("KVPOLICY_V4_FIELD_EXAMPLES", "300"))
 FLASH = json.loads((CONFIGS / "deepseek-v4-flash" / "config.json").read_text())
 
-VALUES = st.one_of(
-    st.none(), st.booleans(), st.integers(-3, 4096), st.floats(-10, 1e6, allow_nan=False),
-    st.integers(0, 64).map(float),  # a float with a whole value: 10.0
-    st.text(max_size=6), st.lists(st.integers(0, 9), max_size=3), st.lists(st.text(max_size=3), max_size=3),
-    st.lists(st.one_of(st.integers(0, 9), st.text(max_size=2)), min_size=2, max_size=3),
-    st.dictionaries(st.text(max_size=3), st.integers(0, 9), max_size=2),
-)
-
 
 def test_the_table_is_the_classs_own_fields() -> None:
     from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 
-    assert set(FIELD_KINDS) == set(DeepseekV4Config.__annotations__)
+    assert set(V4_FIELD_KINDS) == set(DeepseekV4Config.__annotations__)
 
 
 def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -51,7 +45,7 @@ def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_fa
     seen = {"refused": 0, "taken": 0}
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(key=st.sampled_from(sorted(FIELD_KINDS)), value=VALUES)
+    @given(key=st.sampled_from(sorted(V4_FIELD_KINDS)), value=JSON_VALUES)
     def check(key: str, value: Any) -> None:
         config = {**FLASH, key: value}
         (folder / "config.json").write_text(json.dumps(config))
@@ -62,7 +56,7 @@ def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_fa
             refused_type = type(exc).__name__ == "StrictDataclassFieldValidationError" and f"'{key}'" in str(exc)
             if not refused_type:
                 event(f"refused otherwise: {type(exc).__name__}")
-        ours = not any(is_kind(value, kind) for kind in FIELD_KINDS[key])
+        ours = not any(is_kind(value, kind) for kind in V4_FIELD_KINDS[key])
         assert ours == refused_type, (key, value)
         seen["refused" if ours else "taken"] += 1
         filled = load_config(folder / "config.json")
