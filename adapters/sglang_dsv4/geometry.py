@@ -23,7 +23,7 @@ from kvpolicy.json_text import CarriesProblems
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
-from ..deepseek_config_kinds import V3_FIELD_KINDS, V4_FIELD_KINDS, Kind, refused
+from ..hf_config_kinds import FIELD_KINDS, Kinds, refused
 from .rope import RopeProblem, scaled_length
 from .rope import problems as scaling_problems
 
@@ -221,10 +221,10 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     return config
 
 
-STRICT_CLASSES: dict[str, tuple[tuple[str, dict[str, tuple[Kind, ...]]], ...]] = {
-    "deepseek_v4": (("transformers' DeepseekV4Config", V4_FIELD_KINDS),
-                    ("DeepseekV3Config (SGLang's deepseek_v4 alias of it)", V3_FIELD_KINDS)),
-    "deepseek_v41": (("DeepseekV3Config (SGLang's DeepseekV41Config is one)", V3_FIELD_KINDS),),
+STRICT_CLASSES: dict[str, tuple[tuple[str, dict[str, Kinds]], ...]] = {
+    "deepseek_v4": (("transformers' DeepseekV4Config", FIELD_KINDS["DeepseekV4Config"]),
+                    ("DeepseekV3Config (SGLang's deepseek_v4 alias of it)", FIELD_KINDS["DeepseekV3Config"])),
+    "deepseek_v41": (("DeepseekV3Config (SGLang's DeepseekV41Config is one)", FIELD_KINDS["DeepseekV3Config"]),),
 }
 """The strict classes SGLang 0.5.23 loads a config.json of each model type with, and the kinds each takes."""
 

@@ -3,7 +3,7 @@
 SGLang loads a ``deepseek_v4`` config.json with transformers' ``DeepseekV4Config`` and with its own alias of
 ``DeepseekV3Config``, a ``deepseek_v41`` one with its ``DeepseekV41Config`` (a ``DeepseekV3Config``), all strict
 dataclasses that check each declared field's type as the config loads
-(``adapters/deepseek_config_kinds.py``). Each example writes DeepSeek-V4-Flash's config with one field of
+(``adapters/hf_config_kinds.py``). Each example writes DeepSeek-V4-Flash's config with one field of
 either class set to a random value of a random kind and resolves it with SGLang's own ``prepare_server_args``
 (on the CPU): SGLang refuses the value's type exactly when ``kvpolicy plan --engine sglang`` refuses the config
 with KVD007 at that value (or SGLang's own code fails with the value before the classes see it).
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.adapters.deepseek_config_kinds import V3_FIELD_KINDS, V4_FIELD_KINDS
+from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
 from kvpolicy.adapters.sglang_dsv4.launch import Hardware
 from kvpolicy.cli import main
@@ -31,6 +31,7 @@ from tests.support.json_values import JSON_VALUES
 pytestmark = pytest.mark.sglang
 
 FLASH = json.loads((MODELS / "deepseek-v4-flash.json").read_text())
+V3_FIELD_KINDS, V4_FIELD_KINDS = FIELD_KINDS["DeepseekV3Config"], FIELD_KINDS["DeepseekV4Config"]
 FIELDS = {
     "deepseek_v4": sorted(set(V4_FIELD_KINDS) | set(V3_FIELD_KINDS)),
     # A V4.1 config loads through DeepseekV3Config alone; the fields the plan reads itself it reads strictly
@@ -49,6 +50,7 @@ def test_the_tables_are_the_classes_sglang_loads_with(sglang_env: str) -> None:
 
     assert issubclass(_CONFIG_REGISTRY["deepseek_v4"], DeepseekV3Config)
     assert issubclass(_CONFIG_REGISTRY["deepseek_v41"], DeepseekV3Config)
+    # the kinds of their fields are the classes' annotations (tests/vllm/test_vllm_field_kinds.py)
     assert set(V3_FIELD_KINDS) == set(DeepseekV3Config.__annotations__)
     assert set(V4_FIELD_KINDS) == set(DeepseekV4Config.__annotations__)
 

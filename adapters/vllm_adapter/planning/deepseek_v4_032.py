@@ -2,7 +2,7 @@
 
 vLLM 0.33 loads a ``deepseek_v4`` config with transformers' ``DeepseekV4Config``, which gives every key its
 model reads a default (``class_defaults`` holds those the plan reads) and checks each value's kind
-(``deepseek_v4_fields``). vLLM 0.32 registers a ``DeepseekV4Config`` of its own, whose only default is
+(``field_kinds``). vLLM 0.32 registers a ``DeepseekV4Config`` of its own, whose only default is
 ``max_position_embeddings`` and which checks nothing: a key the file omits is no attribute at all, and the first
 module that reads it fails (``AttributeError``) while vLLM builds its config or the model, at start-up; a value
 passes into the model as it is, and a null or a string where a size goes fails as the model or its KV cache is

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
 from .deepseek_v4_032 import check_v4_config_032
-from .deepseek_v4_fields import check_v4_field_kinds
+from .field_kinds import check_field_kinds
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
 from .quant_config import quantization
@@ -161,7 +161,7 @@ def make_plan(
     check_kv_cache_dtype(config, kv.cache, engine_version, settings.dtype)
     specs = model_specs(config, settings, on_attention=lambda: check_attention_backend(
         platform, family, kv.layers, engine_version, dtype, kv))
-    check_v4_field_kinds(config, engine_version)  # after the plan's own checks of the fields it reads
+    check_field_kinds(config, engine_version)  # after the plan's own checks of the fields it reads
     layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
     groups = kv_cache_groups(specs.layers, layout)
     validate_layout(groups, layout)

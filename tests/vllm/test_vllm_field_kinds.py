@@ -1,0 +1,177 @@
+"""The kinds of value the plan takes for each field of a config class are those the class takes.
+
+vLLM loads a config.json with transformers' class for its model type, a strict dataclass that checks every
+declared field's type as the config loads (``adapters/hf_config_kinds.py``). The tables must be the classes'
+annotations (and validators). Each example writes a config of a random model type the plan knows with one
+field set to a random value of a random kind, and loads it with the class vLLM 0.33's ``get_config`` builds
+(a Gemma-3 wrapper's field in its text config): the class refuses the value's type, or its range, exactly
+where ``planning/field_kinds.py`` refuses it, at that field (where the class fails on the value otherwise, the
+plan may have refused it already). For DeepSeek-V4 on vLLM 0.32, whose own class checks nothing, the plan does
+not (tests/vllm_e2e/test_vllm_plan_v4_032.py checks what 0.32 takes instead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS, FIELD_RANGES
+from kvpolicy.adapters.vllm_adapter.planning.class_defaults import CONFIG_CLASSES
+from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
+from kvpolicy.adapters.vllm_adapter.planning.field_kinds import check_field_kinds
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
+from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
+from tests.support.json_values import JSON_VALUES
+from tests.vllm.test_vllm_class_defaults import write
+from tests.vllm.vllm_paths import CONFIGS
+
+pytestmark = pytest.mark.vllm
+
+EXAMPLES = int(os.environ.get("KVPOLICY_FIELD_KINDS_EXAMPLES", "300"))
+"""Each example is one config load (milliseconds once vLLM is imported)."""
+FLASH = json.loads((CONFIGS / "deepseek-v4-flash" / "config.json").read_text())
+QWEN3 = json.loads((CONFIGS / "qwen3-8b" / "config.json").read_text())
+
+
+def declared_kinds(annotation: Any) -> set[str]:
+    """The JSON kinds a field annotation takes: ``int | None`` → {"int", "null"}; ``list[int]`` → {"int list"}."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    kinds: set[str] = set()
+    for member in typing.get_args(annotation) if union else (annotation,):
+        origin, args = typing.get_origin(member), typing.get_args(member)
+        if member is type(None):
+            kinds.add("null")
+        elif member in (int, float, str, bool):
+            kinds.add(member.__name__)
+        elif member is dict or origin is dict or typing.is_typeddict(member):
+            kinds.add("dict")
+        elif origin is list and args in ((int,), (str,)):
+            kinds.add(f"{args[0].__name__} list")
+        else:
+            raise AssertionError(f"no JSON kind for {member!r}")
+    return kinds
+
+
+def test_the_tables_are_the_classes_own_fields() -> None:
+    import transformers
+    from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
+
+    assert {cls.name for cls in CONFIG_CLASSES.values()} == set(FIELD_KINDS)
+    for name, table in FIELD_KINDS.items():
+        cls = DeepseekV4Config if name == "DeepseekV4Config" else getattr(transformers, name)
+        declared = {key: declared_kinds(annotation) for key, annotation in cls.__annotations__.items()}
+        assert {key: set(kinds) for key, kinds in table.items()} == declared, name
+        validated = {f.name for f in dataclasses.fields(cls) if (f.metadata or {}).get("validator")}
+        assert validated == set(FIELD_RANGES.get(name, {})), name
+
+
+def load_as_vllm(folder: Path, model_type: str) -> Any:
+    """The config class vLLM's ``get_config`` builds for the folder's config.json: transformers' for the model
+    type, but for kimi_k2, for which vLLM registers ``DeepseekV3Config`` (without ``get_config``'s retries, which
+    sleep a second per failure; test_vllm_get_config_refuses_as_the_class_does checks the two agree)."""
+    from transformers import AutoConfig, DeepseekV3Config
+
+    return (DeepseekV3Config if model_type == "kimi_k2" else AutoConfig).from_pretrained(str(folder))
+
+
+def refusal(load: Callable[[], Any], key: str) -> str | None:
+    """How loading a config stops: "type" at the class's type check of ``key``, "range" at a validator of its
+    value, "other" at anything else (the class's cross-field checks), None where it loads."""
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    try:
+        load()
+    except StrictDataclassFieldValidationError as exc:
+        if f"'{key}'" not in str(exc):
+            return "other"
+        return "type" if f"TypeError: Field '{key}'" in str(exc) else "range"
+    except Exception as exc:  # noqa: BLE001 - whatever it raises, vLLM does not start
+        event(f"refused otherwise: {type(exc).__name__}")
+        return "other"
+    return None
+
+
+@pytest.mark.parametrize(("model_type", "key", "value"), [
+    ("qwen3", "rms_norm_eps", 1), ("kimi_k2", "kv_lora_rank", None), ("llama", "attention_dropout", 0),
+])
+def test_vllm_get_config_refuses_as_the_class_does(tmp_path: Path, model_type: str, key: str, value: Any) -> None:
+    from vllm.transformers_utils.config import get_config
+
+    folder = write(tmp_path, model_type, {key: value}, text_type=True)
+    real = refusal(lambda: get_config(str(folder), trust_remote_code=False), key)
+    assert real == refusal(lambda: load_as_vllm(folder, model_type), key)
+    assert real == (None if key == "attention_dropout" else "type")
+
+
+FIELD = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.tuples(
+    st.just(model_type), st.sampled_from(sorted(FIELD_KINDS[CONFIG_CLASSES[model_type].name]))))
+"""(model type, a field its class declares)."""
+
+
+def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_factory: pytest.TempPathFactory) -> None:
+    seen = {"refused": 0, "taken": 0}
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(field=FIELD, value=JSON_VALUES)
+    @example(field=("qwen3", "rms_norm_eps"), value=1)  # a float field: an integer is refused
+    @example(field=("gemma3", "hidden_activation"), value=None)  # in the wrapper's text config
+    @example(field=("deepseek_v4", "hc_mult"), value=None)
+    @example(field=("llama", "attention_dropout"), value=0)  # float | int | None: taken
+    @example(field=("llama", "initializer_range"), value=2.0)  # a float out of the class's range
+    def check(field: tuple[str, str], value: Any) -> None:
+        model_type, key = field
+        folder = write(tmp_path_factory.mktemp("kinds"), model_type, {key: value}, text_type=True)
+        try:
+            check_field_kinds(load_config(folder / "config.json"), "0.33.0")
+            ours = None
+        except ModelSpecError as refused:
+            assert refused.key == (key,), (model_type, key, value)
+            ours = {WRONG_TYPE: "type", VALUE_NOT_ALLOWED: "range"}[refused.code]
+        real = refusal(lambda: load_as_vllm(folder, model_type), key)
+        # Where the class refuses the kind or the range, the plan refuses the same; where it fails otherwise
+        # (its cross-field checks of values) the plan may have refused the value already.
+        assert ours == (real if real in ("type", "range") else None) or (ours and real == "other"), (
+            model_type, key, value, real)
+        seen["refused" if ours else "taken"] += 1
+        if model_type == "deepseek_v4":
+            check_field_kinds(load_config(folder / "config.json"), "0.32.0")  # 0.32's own class checks nothing
+
+    check()
+    assert seen["refused"] and seen["taken"], seen
+
+
+@pytest.mark.parametrize(("config", "key", "value", "says", "on_032"), [
+    # 0.32's class keeps the null, and its model fails with it (tests/vllm_e2e/test_vllm_plan_v4_032.py)
+    (FLASH, "hc_mult", None, "hc_mult null: DeepseekV4Config takes a whole number only", "hc_mult null: vLLM 0.32's"),
+    (FLASH, "swiglu_limit", 10,
+     "swiglu_limit 10: DeepseekV4Config takes a number with a decimal point (10.0, not 10) only", None),
+    # 0.32 loads Qwen3 with the same transformers class as 0.33
+    (QWEN3, "rms_norm_eps", 1, "rms_norm_eps 1: Qwen3Config takes a number with a decimal point (10.0, not 10) only",
+     "rms_norm_eps 1: Qwen3Config takes"),
+], ids=["v4-null", "v4-int-for-float", "qwen3-int-for-float"])
+def test_plan_places_the_refusal_at_the_value_for_0_33_and_for_0_32_as_it_loads(
+        capsys, tmp_path: Path, config: dict, key: str, value: Any, says: str, on_032: str | None) -> None:
+    from kvpolicy.cli import main
+
+    path = tmp_path / "config.json"
+    text = json.dumps({**config, key: value}, indent=2)
+    path.write_text(text)
+    line, col = text[:text.index(f'"{key}"')].count("\n") + 1, len(f'  "{key}": ') + 1
+    assert main(["plan", "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB"]) == 1
+    assert capsys.readouterr().err.startswith(f"{path}:{line}:{col}: KVD007 error: {says}, so transformers refuses "
+                                              "the config and vLLM cannot load it\n")
+    code = main(["plan", "--engine", "vllm", "--model-config", str(path), "--budget", "40GiB", "--vllm-version", "0.32"])
+    err = capsys.readouterr().err
+    if on_032 is None:
+        assert code == 0, err
+    else:
+        assert code == 1 and err.startswith(f"{path}:{line}:{col}: KVD007 error: {on_032}"), err
