@@ -195,6 +195,16 @@ def test_a_value_vllm_032_fails_with_is_placed_at_the_value(capsys, tmp_path, ke
     assert "transformers refuses" in plan(capsys, "vllm", path, "--vllm-version", "0.33")[2]
 
 
+def test_a_kind_the_text_config_class_refuses_is_placed_in_the_text_config(capsys, tmp_path):
+    """Gemma-3's wrapper: the text config is a Gemma3TextConfig, which refuses an integer for rms_norm_eps."""
+    path, text = write(tmp_path, wrapped({**GEMMA, "rms_norm_eps": 1}))
+    code, _, err = plan(capsys, "vllm", path)
+    line, col = position(text, '"rms_norm_eps": 1', len('"rms_norm_eps": '))
+    assert code == 1 and err.startswith(f"{path}:{line}:{col}: KVD007 error: rms_norm_eps 1: Gemma3TextConfig takes a "
+                                        "number with a decimal point (10.0, not 10) only, so transformers refuses")
+    assert text.index('"text_config"') < text.index('"rms_norm_eps": 1')
+
+
 def test_a_refusal_in_vllms_words_is_placed_at_the_value_it_is_about(capsys, tmp_path):
     """The words are vLLM's refusal's (tests/vllm compares them); at TP 1 the config alone is at fault."""
     path, text = write(tmp_path, {**QWEN, "num_attention_heads": 12})
