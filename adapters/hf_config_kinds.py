@@ -48,6 +48,22 @@ def _table(**groups: tuple[str, ...]) -> dict[str, Kinds]:
     return {key: _GROUPS[kinds] for kinds, keys in groups.items() for key in keys}
 
 
+_GEMMA = _table(
+    INT=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "head_dim", "max_position_embeddings", "query_pre_attn_scalar"),
+    STR=("hidden_activation",),
+    FLOAT=("initializer_range", "rms_norm_eps"),
+    BOOL=("use_cache", "tie_word_embeddings", "attention_bias"),
+    INT_OR_NULL=("pad_token_id", "bos_token_id", "sliding_window"),
+    TOKEN_IDS=("eos_token_id",),
+    DICT_OR_NULL=("rope_parameters",),
+    NUMBER_OR_NULL=("attention_dropout",),
+    NAMES_OR_NULL=("layer_types",),
+    FLOAT_OR_NULL=("final_logit_softcapping", "attn_logit_softcapping"),
+    BOOL_OR_NULL=("use_bidirectional_attention",),
+)
+"""Gemma-2's fields, and Gemma-3's text config's: the same."""
+
 FIELD_KINDS: dict[str, dict[str, Kinds]] = {
     "LlamaConfig": _table(
         INT=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -95,34 +111,8 @@ FIELD_KINDS: dict[str, dict[str, Kinds]] = {
         NUMBER=("attention_dropout",),
         TOKEN_IDS=("eos_token_id",),
     ),
-    "Gemma2Config": _table(
-        INT=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "max_position_embeddings", "query_pre_attn_scalar"),
-        STR=("hidden_activation",),
-        FLOAT=("initializer_range", "rms_norm_eps"),
-        BOOL=("use_cache", "tie_word_embeddings", "attention_bias"),
-        INT_OR_NULL=("pad_token_id", "bos_token_id", "sliding_window"),
-        TOKEN_IDS=("eos_token_id",),
-        DICT_OR_NULL=("rope_parameters",),
-        NUMBER_OR_NULL=("attention_dropout",),
-        NAMES_OR_NULL=("layer_types",),
-        FLOAT_OR_NULL=("final_logit_softcapping", "attn_logit_softcapping"),
-        BOOL_OR_NULL=("use_bidirectional_attention",),
-    ),
-    "Gemma3TextConfig": _table(
-        INT=("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "max_position_embeddings", "query_pre_attn_scalar"),
-        STR=("hidden_activation",),
-        FLOAT=("initializer_range", "rms_norm_eps"),
-        BOOL=("use_cache", "tie_word_embeddings", "attention_bias"),
-        INT_OR_NULL=("pad_token_id", "bos_token_id", "sliding_window"),
-        TOKEN_IDS=("eos_token_id",),
-        DICT_OR_NULL=("rope_parameters",),
-        NUMBER_OR_NULL=("attention_dropout",),
-        NAMES_OR_NULL=("layer_types",),
-        FLOAT_OR_NULL=("final_logit_softcapping", "attn_logit_softcapping"),
-        BOOL_OR_NULL=("use_bidirectional_attention",),
-    ),
+    "Gemma2Config": _GEMMA,
+    "Gemma3TextConfig": _GEMMA,
     "GptOssConfig": _table(
         INT=("num_hidden_layers", "num_local_experts", "vocab_size", "hidden_size", "intermediate_size", "head_dim",
             "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "num_experts_per_tok"),
