@@ -138,7 +138,7 @@ KINDS: tuple[JsonKind, ...] = ("int", "float", "bool", "str", "list", "dict", "n
 PLAN_STRICTER = {("sliding_window", "float"), ("sliding_window", "bool"), ("num_hidden_layers", "bool"),
                  ("torch_dtype", "int"), ("torch_dtype", "float"), ("torch_dtype", "bool"), ("torch_dtype", "dict")}
 """Values 0.32 starts with that the plan refuses, as it reads them itself: a window of 128.0 or true, true layers,
-a torch_dtype that is no string (0.32 falls back to its default dtype; the plan does not guess)."""
+a torch_dtype that is no string (the plan resolves the model's dtype from a string only)."""
 
 
 def of_kind(value: Any, kind: JsonKind) -> Any:

@@ -23,9 +23,9 @@ from .config_values import ModelSpecError
 
 def check_field_kinds(config: Mapping[str, Any], engine_version: str) -> None:
     """Refuse the first field, in the file's order, of a config whose value its config class does not take
-    (ModelSpecError at the value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a field the class filled, a model type the plan knows no class
-    of, or DeepSeek-V4 for vLLM 0.32, passes. A multimodal wrapper's text config is checked against its class
-    (the wrapper's own fields are not)."""
+    (ModelSpecError at the value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a
+    field the class filled, a model type the plan knows no class of, or DeepSeek-V4 for vLLM 0.32, passes. A
+    multimodal wrapper's text config is checked against its class (the wrapper's own fields are not)."""
     cls = config_class(config)
     if cls is None or (config.get("model_type") == "deepseek_v4" and engine_version.startswith("0.32.")):
         return
