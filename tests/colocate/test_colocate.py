@@ -101,6 +101,11 @@ def test_the_traces_share_one_parameter_set() -> None:
     assert steps.engine.clock == "steps" != default.engine.clock
     assert (steps.trace, steps.kv, steps.budget) == (busy, default.kv, default.budget)
     assert steps.engine.model_copy(update={"clock": default.engine.clock}) == default.engine
+    shipped, noedit = load_params(BENCH / "allbusy.toml"), load_params(BENCH / "allbusy-noedit.toml")
+    same_but_the_edit = {"name": shipped.name, "source": shipped.source, "reload": shipped.reload}
+    assert noedit.model_copy(update=same_but_the_edit) == shipped  # the same run, its edit 0.1 s before the end
+    assert busy.duration_s - noedit.reload.at_s <= 0.1 + 1e-9
+    assert noedit.reload.model_copy(update={"at_s": shipped.reload.at_s}) == shipped.reload
     four = load_params(BENCH / "bursty4.toml")
     assert len(four.tenants) == 4 and set(four.reload.swap) <= set(four.tenants)
     long = load_params(BENCH / "longprompt.toml")
