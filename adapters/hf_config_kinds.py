@@ -1,4 +1,5 @@
-"""The kinds of value transformers 5.19's strict config classes take, field by field.
+"""The kinds of value transformers 5.19's strict config classes take, field by field (5.20's are the same;
+5.16-5.18 did not declare four of these fields yet, docs/vllm.md says which).
 
 vLLM loads a model's config.json with transformers' config class for its model type (0.32 and 0.33 alike,
 with transformers 5.19, but for DeepSeek-V4 on 0.32: vLLM registers a class of its own there, and
@@ -162,6 +163,13 @@ FIELD_KINDS: dict[str, dict[str, Kinds]] = {
         INT_OR_NULL: ("pad_token_id", "bos_token_id"),
         TOKEN_IDS: ("eos_token_id",),
         FLOAT_OR_NULL: ("partial_rotary_factor",),
+    }),
+    # The multimodal Gemma-3's wrapper: its own fields (its text config's are Gemma3TextConfig's, above)
+    "Gemma3Config": _table({
+        INT_OR_NULL: ("mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index"),
+        FLOAT_OR_NULL: ("initializer_range",),
+        BOOL_OR_NULL: ("tie_word_embeddings",),
+        DICT_OR_NULL: ("text_config", "vision_config"),  # a config object or null (the class's defaults)
     }),
 }
 """Config class (by name) → each field it declares → the kinds of JSON value it takes."""

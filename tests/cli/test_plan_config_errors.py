@@ -205,6 +205,16 @@ def test_a_kind_the_text_config_class_refuses_is_placed_in_the_text_config(capsy
     assert text.index('"text_config"') < text.index('"rms_norm_eps": 1')
 
 
+def test_a_kind_the_wrapper_class_refuses_is_placed_at_the_wrappers_own_field(capsys, tmp_path):
+    """Gemma-3's wrapper is a Gemma3Config, which takes a whole number or null for mm_tokens_per_image; a field
+    written after the text config is still found in the wrapper."""
+    path, text = write(tmp_path, {**wrapped(GEMMA), "mm_tokens_per_image": "256"})
+    code, _, err = plan(capsys, "vllm", path)
+    line, col = position(text, '"mm_tokens_per_image": "256"', len('"mm_tokens_per_image": '))
+    assert code == 1 and err.startswith(f'{path}:{line}:{col}: KVD007 error: mm_tokens_per_image "256": Gemma3Config '
+                                        "takes a whole number or null only, so transformers refuses")
+
+
 def test_a_refusal_in_vllms_words_is_placed_at_the_value_it_is_about(capsys, tmp_path):
     """The words are vLLM's refusal's (tests/vllm compares them); at TP 1 the config alone is at fault."""
     path, text = write(tmp_path, {**QWEN, "num_attention_heads": 12})

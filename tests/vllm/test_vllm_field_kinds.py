@@ -4,7 +4,7 @@ vLLM loads a config.json with transformers' class for its model type, a strict d
 declared field's type as the config loads (``adapters/hf_config_kinds.py``). The tables must be the classes'
 annotations (and validators). Each example writes a config of a random model type the plan knows with one
 field set to a random value of a random kind, and loads it with the class vLLM 0.33's ``get_config`` builds
-(a Gemma-3 wrapper's field in its text config): the class refuses the value's type, or its range, exactly
+(for a Gemma-3 wrapper, one of its own fields or one of its text config's): the class refuses the value's type, or its range, exactly
 where ``planning/field_kinds.py`` refuses it, at that field (where the class fails on the value otherwise, the
 plan may have refused it already). For DeepSeek-V4 on vLLM 0.32, whose own class checks nothing, the plan does
 not (tests/vllm_e2e/test_vllm_plan_v4_032.py checks what 0.32 takes instead).
@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS, FIELD_RANGES
-from kvpolicy.adapters.vllm_adapter.planning.class_defaults import CONFIG_CLASSES
+from kvpolicy.adapters.vllm_adapter.planning.class_defaults import CONFIG_CLASSES, WRAPPER_CLASSES
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
 from kvpolicy.adapters.vllm_adapter.planning.field_kinds import check_field_kinds
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
@@ -42,8 +42,16 @@ FLASH = json.loads((CONFIGS / "deepseek-v4-flash" / "config.json").read_text())
 QWEN3 = json.loads((CONFIGS / "qwen3-8b" / "config.json").read_text())
 
 
+def is_config_class(member: Any) -> bool:
+    """A wrapper's sub-config class (``Gemma3TextConfig``), which its field takes written as a JSON object."""
+    from transformers import PreTrainedConfig
+
+    return isinstance(member, type) and issubclass(member, PreTrainedConfig)
+
+
 def declared_kinds(annotation: Any) -> set[str]:
-    """The JSON kinds a field annotation takes: ``int | None`` → {"int", "null"}; ``list[int]`` → {"int list"}."""
+    """The JSON kinds a field annotation takes: ``int | None`` → {"int", "null"}; ``list[int]`` → {"int list"};
+    a sub-config's class → {"dict"}."""
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     kinds: set[str] = set()
     for member in typing.get_args(annotation) if union else (annotation,):
@@ -52,7 +60,7 @@ def declared_kinds(annotation: Any) -> set[str]:
             kinds.add("null")
         elif member in (int, float, str, bool):
             kinds.add(member.__name__)
-        elif member is dict or origin is dict or typing.is_typeddict(member):
+        elif member is dict or origin is dict or typing.is_typeddict(member) or is_config_class(member):
             kinds.add("dict")
         elif origin is list and args in ((int,), (str,)):
             kinds.add(f"{args[0].__name__} list")
@@ -65,7 +73,7 @@ def test_the_tables_are_the_classes_own_fields() -> None:
     import transformers
     from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 
-    assert {cls.name for cls in CONFIG_CLASSES.values()} == set(FIELD_KINDS)
+    assert {cls.name for cls in CONFIG_CLASSES.values()} | set(WRAPPER_CLASSES.values()) == set(FIELD_KINDS)
     for name, table in FIELD_KINDS.items():
         cls = DeepseekV4Config if name == "DeepseekV4Config" else getattr(transformers, name)
         declared = {key: declared_kinds(annotation) for key, annotation in cls.__annotations__.items()}
@@ -112,9 +120,25 @@ def test_vllm_get_config_refuses_as_the_class_does(tmp_path: Path, model_type: s
     assert real == (None if key == "attention_dropout" else "type")
 
 
-FIELD = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.tuples(
-    st.just(model_type), st.sampled_from(sorted(FIELD_KINDS[CONFIG_CLASSES[model_type].name]))))
-"""(model type, a field its class declares)."""
+def fields_of(model_type: str, in_wrapper: bool) -> st.SearchStrategy[tuple[str, str, bool]]:
+    name = WRAPPER_CLASSES[model_type] if in_wrapper else CONFIG_CLASSES[model_type].name
+    return st.tuples(st.just(model_type), st.sampled_from(sorted(FIELD_KINDS[name])), st.just(in_wrapper))
+
+
+FIELD = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.booleans().flatmap(
+    lambda in_wrapper: fields_of(model_type, in_wrapper and model_type in WRAPPER_CLASSES)))
+"""(model type, a field its class declares, whether it is the multimodal wrapper's own field)."""
+
+
+def write_field(folder: Path, model_type: str, key: str, value: Any, in_wrapper: bool) -> Path:
+    """A config of ``model_type`` with ``key`` set to ``value``: in the wrapper itself where ``in_wrapper``,
+    else where the language model's fields go (a Gemma-3 wrapper's text config)."""
+    if not in_wrapper:
+        return write(folder, model_type, {key: value}, text_type=True)
+    write(folder, model_type, {}, text_type=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, key: value}))
+    return folder
 
 
 def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -122,19 +146,22 @@ def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_fa
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(field=FIELD, value=JSON_VALUES)
-    @example(field=("qwen3", "rms_norm_eps"), value=1)  # a float field: an integer is refused
-    @example(field=("gemma3", "hidden_activation"), value=None)  # in the wrapper's text config
-    @example(field=("deepseek_v4", "hc_mult"), value=None)
-    @example(field=("llama", "attention_dropout"), value=0)  # float | int | None: taken
-    @example(field=("llama", "initializer_range"), value=2.0)  # a float out of the class's range
-    def check(field: tuple[str, str], value: Any) -> None:
-        model_type, key = field
-        folder = write(tmp_path_factory.mktemp("kinds"), model_type, {key: value}, text_type=True)
+    @example(field=("qwen3", "rms_norm_eps", False), value=1)  # a float field: an integer is refused
+    @example(field=("gemma3", "hidden_activation", False), value=None)  # in the wrapper's text config
+    @example(field=("gemma3", "mm_tokens_per_image", True), value="256")  # the wrapper's own
+    @example(field=("gemma3", "text_config", True), value=[1])
+    @example(field=("deepseek_v4", "hc_mult", False), value=None)
+    @example(field=("llama", "attention_dropout", False), value=0)  # float | int | None: taken
+    @example(field=("llama", "initializer_range", False), value=2.0)  # a float out of the class's range
+    def check(field: tuple[str, str, bool], value: Any) -> None:
+        model_type, key, in_wrapper = field
+        folder = write_field(tmp_path_factory.mktemp("kinds"), model_type, key, value, in_wrapper)
         try:
             check_field_kinds(load_config(folder / "config.json"), "0.33.0")
             ours = None
         except ModelSpecError as refused:
-            assert refused.key == (key,), (model_type, key, value)
+            # a text config written as an object is the text class's to check, field by field, as vLLM's is
+            assert refused.key == (key,) or (key == "text_config" and isinstance(value, dict)), (field, value)
             ours = {WRONG_TYPE: "type", VALUE_NOT_ALLOWED: "range"}[refused.code]
         real = refusal(lambda: load_as_vllm(folder, model_type), key)
         # Where the class refuses the kind or the range, the plan refuses the same; where it fails otherwise

@@ -191,6 +191,11 @@ max_position_embeddings, the same). A null the class turns into a default (a nul
 ``num_attention_heads``, a null ``head_dim`` is derived) the plan's own fallbacks take alike (``hf_config``)."""
 
 
+WRAPPER_CLASSES: dict[str, str] = {"gemma3": "Gemma3Config"}
+"""Model type of a multimodal wrapper → the class of the wrapper itself, which checks its own fields (its text
+config is the class ``CONFIG_CLASSES`` names)."""
+
+
 def config_class(config: Mapping[str, Any]) -> ConfigClass | None:
     model_type = config.get("model_type")
     return CONFIG_CLASSES.get(model_type) if isinstance(model_type, str) else None

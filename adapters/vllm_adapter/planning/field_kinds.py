@@ -10,14 +10,14 @@ as the class would. vLLM 0.32 loads DeepSeek-V4 with a class of its own, which c
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.validation import shown
 
 from ...hf_config_kinds import FIELD_KINDS, out_of_range, refused
-from .class_defaults import class_default, config_class
+from .class_defaults import WRAPPER_CLASSES, class_default, config_class
 from .config_values import ModelSpecError
 
 
@@ -25,29 +25,56 @@ def check_field_kinds(config: Mapping[str, Any], engine_version: str) -> None:
     """Refuse the first field, in the file's order, of a config whose value its config class does not take
     (ModelSpecError at the value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a
     field the class filled, a model type the plan knows no class of, or DeepSeek-V4 for vLLM 0.32, passes. A
-    multimodal wrapper's text config is checked against its class (the wrapper's own fields are not)."""
+    multimodal wrapper's text config is checked against its class, the wrapper's own fields against the
+    wrapper's (Gemma-3's; a field written both in the wrapper and in its text config is the text config's)."""
     cls = config_class(config)
     if cls is None or (config.get("model_type") == "deepseek_v4" and engine_version.startswith("0.32.")):
         return
-    table = FIELD_KINDS[cls.name]
+    for fields, key, class_name in _fields_in_file_order(config, cls.name):
+        if class_default(fields, key) is None:
+            _check(fields, key, class_name)
+
+
+def _fields_in_file_order(config: Mapping[str, Any], text_class: str) -> Iterator[tuple[Mapping[str, Any], str, str]]:
+    """(the object that holds it, key, the class that checks it) for each field of ``config``, in the file's
+    order: a wrapper's own fields with the wrapper's class, its text config's (at text_config's place) with
+    ``text_class``. In a config without a text config, a field only the wrapper's class declares is the
+    wrapper's."""
+    document = getattr(config, "document", None)
+    model_type = (document.data if document is not None else config).get("model_type")
+    wrapper = WRAPPER_CLASSES.get(model_type) if isinstance(model_type, str) else None
     text = config.get("text_config") if getattr(config, "home", ()) else None
-    fields: Mapping[str, Any] = text if isinstance(text, Mapping) else config
+    if not isinstance(text, Mapping):
+        own = FIELD_KINDS[wrapper].keys() - FIELD_KINDS[text_class].keys() if wrapper else set()
+        for key in config:
+            yield config, key, wrapper if wrapper and key in own else text_class
+        return
+    origins: Mapping[str, Any] = getattr(config, "origins", {})
+    for key in config:
+        if key == "text_config":
+            yield from ((text, inner, text_class) for inner in text)
+        elif wrapper and origins.get(key) == (key,):  # the wrapper's own, not a key lifted from its text config
+            yield config, key, wrapper
+
+
+def _check(fields: Mapping[str, Any], key: str, class_name: str) -> None:
+    """Refuse ``fields[key]`` where ``class_name``'s type check or validator refuses it."""
+    table = FIELD_KINDS[class_name]
+    if key not in table:
+        return
     as_written: Mapping[str, Any] = getattr(fields, "as_written", {})
-    for key in fields:
-        if key not in table or class_default(fields, key) is not None:
-            continue
-        value = as_written.get(key, fields[key])  # what the class's type check sees, before it recomputes
-        wanted = refused(table, key, value)
-        if wanted is not None:
-            raise ModelSpecError(
-                f"{key} {shown(value, 200)}: {cls.name} takes {wanted} only, so transformers refuses the config "
-                "and vLLM cannot load it", (key,), WRONG_TYPE,
-                "write the value as the model's own config.json does",
-            )
-        bounds = out_of_range(cls.name, key, value)
-        if bounds is not None:
-            raise ModelSpecError(
-                f"{key} {shown(value)}: {cls.name} takes a value {bounds} only, so transformers refuses the "
-                "config and vLLM cannot load it", (key,), VALUE_NOT_ALLOWED,
-                "write the value as the model's own config.json does",
-            )
+    value = as_written.get(key, fields[key])  # what the class's type check sees, before it recomputes
+    wanted = refused(table, key, value)
+    if wanted is not None:
+        raise ModelSpecError(
+            f"{key} {shown(value, 200)}: {class_name} takes {wanted} only, so transformers refuses the config "
+            "and vLLM cannot load it", (key,), WRONG_TYPE,
+            "write the value as the model's own config.json does",
+        )
+    bounds = out_of_range(class_name, key, value)
+    if bounds is not None:
+        raise ModelSpecError(
+            f"{key} {shown(value)}: {class_name} takes a value {bounds} only, so transformers refuses the "
+            "config and vLLM cannot load it", (key,), VALUE_NOT_ALLOWED,
+            "write the value as the model's own config.json does",
+        )
