@@ -65,16 +65,11 @@ def _check(fields: Mapping[str, Any], key: str, class_name: str) -> None:
     as_written: Mapping[str, Any] = getattr(fields, "as_written", {})
     value = as_written.get(key, fields[key])  # what the class's type check sees, before it recomputes
     wanted = refused(table, key, value)
-    if wanted is not None:
-        raise ModelSpecError(
-            f"{key} {shown(value, 200)}: {class_name} takes {wanted} only, so transformers refuses the config "
-            "and vLLM cannot load it", (key,), WRONG_TYPE,
-            "write the value as the model's own config.json does",
-        )
-    bounds = out_of_range(class_name, key, value)
-    if bounds is not None:
-        raise ModelSpecError(
-            f"{key} {shown(value)}: {class_name} takes a value {bounds} only, so transformers refuses the "
-            "config and vLLM cannot load it", (key,), VALUE_NOT_ALLOWED,
-            "write the value as the model's own config.json does",
-        )
+    bounds = out_of_range(class_name, key, value) if wanted is None else None
+    if wanted is None and bounds is None:
+        return
+    takes, code = (wanted, WRONG_TYPE) if wanted is not None else (f"a value {bounds}", VALUE_NOT_ALLOWED)
+    raise ModelSpecError(
+        f"{key} {shown(value, 200)}: {class_name} takes {takes} only, so transformers refuses the config and vLLM "
+        "cannot load it", (key,), code, "write the value as the model's own config.json does",
+    )
