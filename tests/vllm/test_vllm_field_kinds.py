@@ -3,10 +3,10 @@
 vLLM loads a config.json with transformers' class for its model type, a strict dataclass that checks every
 declared field's type as the config loads (``adapters/hf_config_kinds.py``). The tables must be the classes'
 annotations (and validators). Each example writes a config of a random model type the plan knows with one
-field set to a random value of a random kind, and loads it with the class vLLM 0.33's ``get_config`` builds
-(for a Gemma-3 wrapper, one of its own fields or one of its text config's): the class refuses the value's type, or its range, exactly
-where ``planning/field_kinds.py`` refuses it, at that field (where the class fails on the value otherwise, the
-plan may have refused it already). For DeepSeek-V4 on vLLM 0.32, whose own class checks nothing, the plan does
+field (for a Gemma-3 wrapper, one of its own or one of its text config's) set to a random value of a random
+kind, and loads it with the class vLLM 0.33's ``get_config`` builds: the class refuses the value's type, or its
+range, exactly where ``planning/field_kinds.py`` refuses it, at that field (where the class fails on the value
+otherwise, the plan may have refused it already). For DeepSeek-V4 on vLLM 0.32, whose own class checks nothing, the plan does
 not (tests/vllm_e2e/test_vllm_plan_v4_032.py checks what 0.32 takes instead).
 """
 
