@@ -34,6 +34,7 @@ BOOL_OR_NULL: Kinds = ("bool", "null")
 DICT_OR_NULL: Kinds = ("dict", "null")
 NAMES_OR_NULL: Kinds = ("str list", "null")
 TOKEN_IDS: Kinds = ("int", "int list", "null")
+INT_OR_INTS: Kinds = ("int", "int list")
 
 
 def _table(groups: dict[Kinds, tuple[str, ...]]) -> dict[str, Kinds]:
@@ -171,8 +172,19 @@ FIELD_KINDS: dict[str, dict[str, Kinds]] = {
         BOOL_OR_NULL: ("tie_word_embeddings",),
         DICT_OR_NULL: ("text_config", "vision_config"),  # a config object or null (the class's defaults)
     }),
+    "SiglipVisionConfig": _table({  # Gemma-3's vision config
+        INT: ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels"),
+        INT_OR_INTS: ("image_size", "patch_size"),
+        STR: ("hidden_act",),
+        FLOAT: ("layer_norm_eps",),
+        NUMBER: ("attention_dropout",),
+    }),
 }
 """Config class (by name) → each field it declares → the kinds of JSON value it takes."""
+
+SUB_CONFIGS: dict[str, dict[str, str]] = {"Gemma3Config": {"vision_config": "SiglipVisionConfig"}}
+"""Wrapper class → its field that holds a config of another class, written as an object → that class, whichever
+``model_type`` the object names (the text config's class is the plan's own, by model type)."""
 
 FIELD_RANGES: dict[str, dict[str, tuple[float, float]]] = {"LlamaConfig": {"initializer_range": (0.0, 1.0)}}
 """Config class → the fields whose value a validator of the class bounds → (least, most), both taken: the

@@ -215,6 +215,18 @@ def test_a_kind_the_wrapper_class_refuses_is_placed_at_the_wrappers_own_field(ca
                                         "takes a whole number or null only, so transformers refuses")
 
 
+def test_a_kind_the_vision_config_class_refuses_is_placed_in_the_vision_config(capsys, tmp_path):
+    """Gemma-3's vision config is a SiglipVisionConfig, which takes a whole number or a list of them for
+    image_size; the wrapper's other keys of the same name (num_hidden_layers in the text config) stay apart."""
+    config = wrapped(GEMMA)
+    config["vision_config"] = {**config["vision_config"], "image_size": 896.0}
+    path, text = write(tmp_path, config)
+    code, _, err = plan(capsys, "vllm", path)
+    line, col = position(text, '"image_size": 896.0', len('"image_size": '))
+    assert code == 1 and err.startswith(f"{path}:{line}:{col}: KVD007 error: vision_config.image_size 896.0: "
+                                        "SiglipVisionConfig takes a whole number or a list of whole numbers only")
+
+
 def test_a_refusal_in_vllms_words_is_placed_at_the_value_it_is_about(capsys, tmp_path):
     """The words are vLLM's refusal's (tests/vllm compares them); at TP 1 the config alone is at fault."""
     path, text = write(tmp_path, {**QWEN, "num_attention_heads": 12})

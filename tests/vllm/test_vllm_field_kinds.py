@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
-from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS, FIELD_RANGES
+from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS, FIELD_RANGES, SUB_CONFIGS
 from kvpolicy.adapters.vllm_adapter.planning.class_defaults import CONFIG_CLASSES, WRAPPER_CLASSES
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
 from kvpolicy.adapters.vllm_adapter.planning.field_kinds import check_field_kinds
@@ -64,6 +64,8 @@ def declared_kinds(annotation: Any) -> set[str]:
             kinds.add("dict")
         elif origin is list and args in ((int,), (str,)):
             kinds.add(f"{args[0].__name__} list")
+        elif origin is tuple:
+            continue  # JSON loads no tuple (SigLIP's image_size takes a list as its list[int])
         else:
             raise AssertionError(f"no JSON kind for {member!r}")
     return kinds
@@ -73,7 +75,8 @@ def test_the_tables_are_the_classes_own_fields() -> None:
     import transformers
     from transformers.models.deepseek_v4.configuration_deepseek_v4 import DeepseekV4Config
 
-    assert {cls.name for cls in CONFIG_CLASSES.values()} | set(WRAPPER_CLASSES.values()) == set(FIELD_KINDS)
+    subs = {name for fields in SUB_CONFIGS.values() for name in fields.values()}
+    assert {cls.name for cls in CONFIG_CLASSES.values()} | set(WRAPPER_CLASSES.values()) | subs == set(FIELD_KINDS)
     for name, table in FIELD_KINDS.items():
         cls = DeepseekV4Config if name == "DeepseekV4Config" else getattr(transformers, name)
         declared = {key: declared_kinds(annotation) for key, annotation in cls.__annotations__.items()}
@@ -120,25 +123,37 @@ def test_vllm_get_config_refuses_as_the_class_does(tmp_path: Path, model_type: s
     assert real == (None if key == "attention_dropout" else "type")
 
 
-def fields_of(model_type: str, in_wrapper: bool) -> st.SearchStrategy[tuple[str, str, bool]]:
-    name = WRAPPER_CLASSES[model_type] if in_wrapper else CONFIG_CLASSES[model_type].name
-    return st.tuples(st.just(model_type), st.sampled_from(sorted(FIELD_KINDS[name])), st.just(in_wrapper))
+def places(model_type: str) -> list[tuple[str, ...]]:
+    """Where a config of ``model_type`` has fields a class checks: () the language model's (a wrapper's text
+    config), ("wrapper",) a multimodal wrapper's own, ("wrapper", field) a config object the wrapper holds."""
+    wrapper = WRAPPER_CLASSES.get(model_type)
+    return [()] if wrapper is None else [(), ("wrapper",), *(("wrapper", f) for f in SUB_CONFIGS.get(wrapper, {}))]
 
 
-FIELD = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.booleans().flatmap(
-    lambda in_wrapper: fields_of(model_type, in_wrapper and model_type in WRAPPER_CLASSES)))
-"""(model type, a field its class declares, whether it is the multimodal wrapper's own field)."""
+def class_at(model_type: str, place: tuple[str, ...]) -> str:
+    if not place:
+        return CONFIG_CLASSES[model_type].name
+    wrapper = WRAPPER_CLASSES[model_type]
+    return SUB_CONFIGS[wrapper][place[1]] if len(place) > 1 else wrapper
 
 
-def write_field(folder: Path, model_type: str, key: str, value: Any, in_wrapper: bool) -> Path:
-    """A config of ``model_type`` with ``key`` set to ``value``: in the wrapper itself where ``in_wrapper``,
-    else where the language model's fields go (a Gemma-3 wrapper's text config)."""
-    if not in_wrapper:
-        return write(folder, model_type, {key: value}, text_type=True)
+FIELD = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.sampled_from(places(model_type)).flatmap(
+    lambda place: st.tuples(st.just(model_type), st.sampled_from(sorted(FIELD_KINDS[class_at(model_type, place)])),
+                            st.just(place))))
+"""(model type, a field its class declares, where the field is: ``places``)."""
+
+
+def write_field(folder: Path, model_type: str, key: str, value: Any, place: tuple[str, ...]) -> tuple[str, ...]:
+    """Write a config of ``model_type`` with ``key`` set to ``value`` at ``place``; the value's path in the file
+    as the plan reads it (a text config's key without its text_config)."""
+    if not place:
+        write(folder, model_type, {key: value}, text_type=True)
+        return (key,)
     write(folder, model_type, {}, text_type=True)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, key: value}))
-    return folder
+    config |= {place[1]: {key: value}} if len(place) > 1 else {key: value}
+    (folder / "config.json").write_text(json.dumps(config))
+    return (*place[1:], key)
 
 
 def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -146,22 +161,24 @@ def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_fa
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
     @given(field=FIELD, value=JSON_VALUES)
-    @example(field=("qwen3", "rms_norm_eps", False), value=1)  # a float field: an integer is refused
-    @example(field=("gemma3", "hidden_activation", False), value=None)  # in the wrapper's text config
-    @example(field=("gemma3", "mm_tokens_per_image", True), value="256")  # the wrapper's own
-    @example(field=("gemma3", "text_config", True), value=[1])
-    @example(field=("deepseek_v4", "hc_mult", False), value=None)
-    @example(field=("llama", "attention_dropout", False), value=0)  # float | int | None: taken
-    @example(field=("llama", "initializer_range", False), value=2.0)  # a float out of the class's range
-    def check(field: tuple[str, str, bool], value: Any) -> None:
-        model_type, key, in_wrapper = field
-        folder = write_field(tmp_path_factory.mktemp("kinds"), model_type, key, value, in_wrapper)
+    @example(field=("qwen3", "rms_norm_eps", ()), value=1)  # a float field: an integer is refused
+    @example(field=("gemma3", "hidden_activation", ()), value=None)  # in the wrapper's text config
+    @example(field=("gemma3", "mm_tokens_per_image", ("wrapper",)), value="256")  # the wrapper's own
+    @example(field=("gemma3", "text_config", ("wrapper",)), value=[1])
+    @example(field=("gemma3", "image_size", ("wrapper", "vision_config")), value=[896, "896"])
+    @example(field=("deepseek_v4", "hc_mult", ()), value=None)
+    @example(field=("llama", "attention_dropout", ()), value=0)  # float | int | None: taken
+    @example(field=("llama", "initializer_range", ()), value=2.0)  # a float out of the class's range
+    def check(field: tuple[str, str, tuple[str, ...]], value: Any) -> None:
+        model_type, key, place = field
+        folder = tmp_path_factory.mktemp("kinds")
+        path = write_field(folder, model_type, key, value, place)
         try:
             check_field_kinds(load_config(folder / "config.json"), "0.33.0")
             ours = None
         except ModelSpecError as refused:
             # a text config written as an object is the text class's to check, field by field, as vLLM's is
-            assert refused.key == (key,) or (key == "text_config" and isinstance(value, dict)), (field, value)
+            assert refused.key == path or (key == "text_config" and isinstance(value, dict)), (field, value)
             ours = {WRONG_TYPE: "type", VALUE_NOT_ALLOWED: "range"}[refused.code]
         real = refusal(lambda: load_as_vllm(folder, model_type), key)
         # Where the class refuses the kind or the range, the plan refuses the same; where it fails otherwise

@@ -16,7 +16,7 @@ from typing import Any
 from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.validation import shown
 
-from ...hf_config_kinds import FIELD_KINDS, out_of_range, refused
+from ...hf_config_kinds import FIELD_KINDS, SUB_CONFIGS, out_of_range, refused
 from .class_defaults import WRAPPER_CLASSES, class_default, config_class
 from .config_values import ModelSpecError
 
@@ -26,20 +26,24 @@ def check_field_kinds(config: Mapping[str, Any], engine_version: str) -> None:
     (ModelSpecError at the value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a
     field the class filled, a model type the plan knows no class of, or DeepSeek-V4 for vLLM 0.32, passes. A
     multimodal wrapper's text config is checked against its class, the wrapper's own fields against the
-    wrapper's (Gemma-3's; a field written both in the wrapper and in its text config is the text config's)."""
+    wrapper's, and its vision config against that config's class (Gemma-3's; a field written both in the
+    wrapper and in its text config is the text config's)."""
     cls = config_class(config)
     if cls is None or (config.get("model_type") == "deepseek_v4" and engine_version.startswith("0.32.")):
         return
-    for fields, key, class_name in _fields_in_file_order(config, cls.name):
+    for fields, key, class_name, path in _fields_in_file_order(config, cls.name):
         if class_default(fields, key) is None:
-            _check(fields, key, class_name)
+            _check(fields, key, class_name, path)
 
 
-def _fields_in_file_order(config: Mapping[str, Any], text_class: str) -> Iterator[tuple[Mapping[str, Any], str, str]]:
-    """(the object that holds it, key, the class that checks it) for each field of ``config``, in the file's
-    order: a wrapper's own fields with the wrapper's class, its text config's (at text_config's place) with
-    ``text_class``. In a config without a text config, a field only the wrapper's class declares is the
-    wrapper's."""
+Field = tuple[Mapping[str, Any], str, str, tuple[str, ...]]
+"""The object that holds a field, its key, the class that checks it, and its path as the plan reads it."""
+
+
+def _fields_in_file_order(config: Mapping[str, Any], text_class: str) -> Iterator[Field]:
+    """Each field of ``config`` in the file's order: a wrapper's own fields (and those of a config object it
+    holds) with the wrapper's classes, its text config's (at text_config's place) with ``text_class``. In a
+    config without a text config, a field only the wrapper's class declares is the wrapper's."""
     document = getattr(config, "document", None)
     model_type = (document.data if document is not None else config).get("model_type")
     wrapper = WRAPPER_CLASSES.get(model_type) if isinstance(model_type, str) else None
@@ -47,18 +51,29 @@ def _fields_in_file_order(config: Mapping[str, Any], text_class: str) -> Iterato
     if not isinstance(text, Mapping):
         own = FIELD_KINDS[wrapper].keys() - FIELD_KINDS[text_class].keys() if wrapper else set()
         for key in config:
-            yield config, key, wrapper if wrapper and key in own else text_class
+            if wrapper and key in own:
+                yield from _wrapper_field(config, key, wrapper)
+            else:
+                yield config, key, text_class, (key,)
         return
     origins: Mapping[str, Any] = getattr(config, "origins", {})
     for key in config:
         if key == "text_config":
-            yield from ((text, inner, text_class) for inner in text)
+            yield from ((text, inner, text_class, (inner,)) for inner in text)
         elif wrapper and origins.get(key) == (key,):  # the wrapper's own, not a key lifted from its text config
-            yield config, key, wrapper
+            yield from _wrapper_field(config, key, wrapper)
 
 
-def _check(fields: Mapping[str, Any], key: str, class_name: str) -> None:
-    """Refuse ``fields[key]`` where ``class_name``'s type check or validator refuses it."""
+def _wrapper_field(config: Mapping[str, Any], key: str, wrapper: str) -> Iterator[Field]:
+    """A wrapper's own field, then, where it holds a config object of another class, that object's fields."""
+    yield config, key, wrapper, (key,)
+    sub, value = SUB_CONFIGS.get(wrapper, {}).get(key), config[key]
+    if sub is not None and isinstance(value, Mapping):
+        yield from ((value, inner, sub, (key, inner)) for inner in value)
+
+
+def _check(fields: Mapping[str, Any], key: str, class_name: str, path: tuple[str, ...]) -> None:
+    """Refuse ``fields[key]`` (at ``path``) where ``class_name``'s type check or validator refuses it."""
     table = FIELD_KINDS[class_name]
     if key not in table:
         return
@@ -70,6 +85,6 @@ def _check(fields: Mapping[str, Any], key: str, class_name: str) -> None:
         return
     takes, code = (wanted, WRONG_TYPE) if wanted is not None else (f"a value {bounds}", VALUE_NOT_ALLOWED)
     raise ModelSpecError(
-        f"{key} {shown(value, 200)}: {class_name} takes {takes} only, so transformers refuses the config and vLLM "
-        "cannot load it", (key,), code, "write the value as the model's own config.json does",
+        f"{'.'.join(path)} {shown(value, 200)}: {class_name} takes {takes} only, so transformers refuses the config "
+        "and vLLM cannot load it", path, code, "write the value as the model's own config.json does",
     )
