@@ -19,12 +19,13 @@ from pydantic import (
     model_validator,
 )
 
+from kvpolicy.document_codes import VALUE_NOT_ALLOWED
 from kvpolicy.json_text import CarriesProblems
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
 from ..hf_config_kinds import FIELD_KINDS, Kinds, refused
-from .rope import RopeProblem, scaled_length
+from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, RopeProblem, scaled_length
 from .rope import problems as scaling_problems
 
 if TYPE_CHECKING:
@@ -126,9 +127,13 @@ class ModelGeometry(BaseModel):
         return self.stage_ratios.count(ratio)
 
     @property
-    def context_key_length(self) -> int:
+    def context_key(self) -> str:
         """The first of ``CONTEXT_LENGTH_KEYS`` the config has (``max_position_embeddings`` at the latest)."""
-        return next(getattr(self, key) for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
+        return next(key for key in CONTEXT_LENGTH_KEYS if getattr(self, key) is not None)
+
+    @property
+    def context_key_length(self) -> int:
+        return int(getattr(self, self.context_key))
 
     @property
     def rope(self) -> tuple[str, dict[str, Any]] | None:
@@ -139,12 +144,21 @@ class ModelGeometry(BaseModel):
         return ("rope_parameters", self.rope_parameters) if self.rope_parameters else None
 
     def rope_problems(self) -> list[RopeProblem]:
-        """What stops SGLang 0.5.23 getting a context length from the scaling (``rope.problems``); empty when
-        there is none."""
-        if self.rope is None:
-            return []
-        field, rope = self.rope
-        return scaling_problems(field, rope, self.context_key_length, self.max_position_embeddings)
+        """What stops SGLang 0.5.23 getting a context length from the scaling (``rope.problems``), or starting
+        with the length of a context key no written factor multiplies (one under ``MIN_CONTEXT_LENGTH``); empty
+        when there is none."""
+        length = self.context_key_length
+        if self.rope is not None:
+            field, rope = self.rope
+            found = scaling_problems(field, rope, length, self.max_position_embeddings)
+            if found:
+                return found
+            length = scaled_length(rope, length)  # the key's own where no factor is written or applies
+        if length < MIN_CONTEXT_LENGTH:
+            return [RopeProblem(VALUE_NOT_ALLOWED, (self.context_key,),
+                                f"{self.context_key}: {length} is the context length SGLang derives",
+                                f"{NO_ROOM}: write the model's own length")]
+        return []
 
     @property
     def derived_context_length(self) -> int:
@@ -152,7 +166,8 @@ class ModelGeometry(BaseModel):
 
         SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config has, times the
         RoPE scaling factor where it applies (``rope.factor_applies``); ValueError for a scaling SGLang gets no
-        context length from (``rope_problems``, which ``read_geometry`` places in the file).
+        context length from, or a length it does not start with (``rope_problems``, which ``read_geometry``
+        places in the file).
         Checked against the real resolution over random configs in the tests.
         """
         found = self.rope_problems()
@@ -214,7 +229,8 @@ def read_geometry(path: str | Path) -> GeometryConfig:
                             document.refusal(exc, ModelGeometry, at=at, hint_for=_sglang_hint)) from None
     rope = config.geometry.rope_problems()
     if rope:
-        raise GeometryError(f"{path}: SGLang gets no context length from it: {'; '.join(p.message for p in rope)}",
+        raise GeometryError(f"{path}: SGLang gets no context length it starts with from it: "
+                            f"{'; '.join(p.message for p in rope)}",
                             DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in rope]))
     if not at:
         _check_field_kinds(config)

@@ -20,7 +20,7 @@ hardware and the flags given, without SGLang installed:
   160 GiB, else 16384), then divided by the attention-DP size
   (``handle_data_parallelism``);
 - ``context_length``: ``--context-length`` if at most what SGLang derives from the
-  config (``ModelConfig._derive_context_length``), else refused.
+  config (``ModelConfig._derive_context_length``) and at least ``MIN_CONTEXT_LENGTH``, else refused.
 
 The tests resolve real SGLang server args on CPU for V4-Flash, V4-Pro and a
 ``deepseek_v41`` config over random hardware and flags and compare field by field.
@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from kvpolicy.units import MiB, format_bytes
 
 from .geometry import V4_ARCHITECTURE, ModelGeometry
+from .rope import MIN_CONTEXT_LENGTH, NO_ROOM
 from .plan import (
     DEFAULT_SWA_RATIO,
     V4_PAGE_SIZE,
@@ -236,6 +237,9 @@ def resolve_launch(
 
     derived = geometry.derived_context_length
     if f.context_length is not None:
+        if f.context_length < MIN_CONTEXT_LENGTH:
+            raise LaunchError(f"--context-length {f.context_length} leaves no room for a request: {NO_ROOM}",
+                              flag="--context-length")
         if f.context_length > derived and not f.allow_longer_context:
             raise LaunchError(
                 f"--context-length {f.context_length} is greater than the context length SGLang derives from "

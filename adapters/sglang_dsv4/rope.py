@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 # - get_context_length: int(factor * length) unless original_max_position_embeddings is in it or the type is llama3.
 # - ModelConfig._init_mla_scaling (compute_mla_mscale_scaling): unless the type is "default" (rope_type, or type if
 #   that is falsy) or apply_yarn_scaling / apply_scale is falsy, float(mscale_all_dim) and factor <= 1.
+MIN_CONTEXT_LENGTH = 2
+"""The least context length SGLang 0.5.23 starts with: TpModelWorker asserts, after allocating the pools, that the
+longest request (the context length − 1 tokens) holds a token ("Memory pool size is too small"), although its
+ModelConfig resolves any length."""
+NO_ROOM = (f"SGLang 0.5.23 stops at start-up with a context length under {MIN_CONTEXT_LENGTH}: its worker requires "
+           "the longest request (the context length − 1 tokens) to hold a token (\"Memory pool size is too small\")")
 SCALED_BY_ORIGINAL = ("llama3", "yarn", "longrope")
 """Rope types transformers gives an ``original_max_position_embeddings``: SGLang never applies their factor."""
 ROPE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -64,7 +70,8 @@ def scaled_length(rope: dict[str, Any], length: int) -> int:
 def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddings: int) -> list[RopeProblem]:
     """What stops SGLang 0.5.23 getting a context length from the scaling ``rope`` (the config's ``field``) of a
     config whose context length key gives ``length``, in the order it fails (loading the config,
-    ``get_context_length``, the MLA scale), then a length under 1; empty when there is none."""
+    ``get_context_length``, the MLA scale), then a factor that scales the length to one SGLang cannot start with
+    (``MIN_CONTEXT_LENGTH``); empty when there is none."""
     loaded: list[tuple[tuple[str, ...], dict[str, Any]]] = [((field,), rope)]
     if isinstance(rope.get("main"), dict) and isinstance(rope.get("compress"), dict):
         loaded = [((field, "main"), rope["main"]), ((field, "compress"), rope["compress"]), *loaded]
@@ -76,12 +83,12 @@ def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddi
     if found:
         return found[:1]
     factor = rope.get("factor", 1)
-    if factor_applies(rope) and int(factor * length) < 1:
+    if factor_applies(rope) and "factor" in rope and int(factor * length) < MIN_CONTEXT_LENGTH:
         return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
                             f"{field}.factor: {shown(factor)} scales the context length {length} to "
                             f"{int(factor * length)}",
-                            "SGLang 0.5.23 derives int(factor × length), and no request fits a context length "
-                            "under 1: write a factor of 1 or more, or leave the key out")]
+                            f"SGLang 0.5.23 derives int(factor × length); {NO_ROOM}: write a factor of 1 or more, "
+                            "or leave the key out")]
     return []
 
 

@@ -220,6 +220,11 @@ def test_launch_refusals_exit_with_sglangs_reason(capsys, monkeypatch):
     assert code == 2 and "not a multiple" in err
     code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--context-length", "2000000")
     assert code == 2 and "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN" in err
+    code, _, err = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--context-length", "1")
+    assert code == 2 and "--context-length 1 leaves no room for a request" in err and "Memory pool size" in err
+    code, out, _ = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--context-length", "2",
+                           "--format", "json")
+    assert code == 0 and json.loads(out)["settings"]["context_length"] == 2
     monkeypatch.setenv("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "1")
     code, out, _ = run_cli(capsys, "--model-config", str(FLASH), "--budget", "40GiB", "--context-length", "2000000",
                            "--format", "json")

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from kvpolicy.adapters.sglang_dsv4.geometry import GeometryConfig, GeometryError, read_geometry
 from kvpolicy.adapters.sglang_dsv4.launch import Hardware, resolve_launch
+from kvpolicy.adapters.sglang_dsv4.rope import MIN_CONTEXT_LENGTH
 from kvpolicy.cli import main
 from kvpolicy.json_positions import parse
 from tests.cli.test_plan_config_errors import assert_placed_at
@@ -117,6 +118,9 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
     @example(rope={"type": "linear", "factor": 0}, length=65536, indent=2, source="rope_scaling")
     @example(rope={"type": "linear", "factor": 0.5}, length=65537, indent=2, source="rope_scaling")
     @example(rope={"type": "linear", "factor": 1.7}, length=65537, indent=2, source="rope_scaling")
+    @example(rope={"type": "linear", "factor": 0.5}, length=3, indent=2, source="rope_scaling")  # scaled to 1
+    @example(rope={"type": "yarn", "factor": 4}, length=1, indent=2, source="rope_scaling")  # 1, not scaled
+    @example(rope=None, length=2, indent=2, source="rope_scaling")  # the least SGLang starts with
     @example(rope={"type": "linear", "factor": 1e305}, length=65536, indent=2, source="rope_scaling")
     @example(rope={"rope_type": "bogus", "factor": 3}, length=65536, indent=2, source="rope_scaling")
     @example(rope={"rope_type": None, "type": "yarn", "factor": 4}, length=65536, indent=2, source="rope_scaling")
@@ -162,8 +166,8 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
             event("accepted: scaled" if real != length else "accepted: as max_position_embeddings")
             return
         diagnostics = [d.model_dump() for d in ours.diagnostics]
-        assert diagnostics and all(d["message"].startswith(("rope_scaling", "rope_parameters")) for d in diagnostics), \
-            diagnostics
+        assert diagnostics and all(d["message"].startswith(("rope_scaling", "rope_parameters", "max_position_embeddings"))
+                                   for d in diagnostics), diagnostics
         for d in diagnostics:
             assert d["hint"], d
             assert_placed(text, config, d)
@@ -171,11 +175,13 @@ def test_the_context_length_or_refusal_is_sglangs_over_random_rope_scalings(tmp_
             seen["both refuse"] += 1
             event(f"refused: SGLang raises {type(real).__name__}, plan {diagnostics[0]['code']}")
             return
-        # SGLang resolves a launch it cannot serve: a context length under 1, or the int of a repeated string.
+        # SGLang resolves a launch it cannot serve: a context length its worker stops at start-up with (under
+        # MIN_CONTEXT_LENGTH, which its ModelConfig does not check), or the int of a repeated string.
         factor = rope.get("factor") if isinstance(rope, dict) else None  # the drawn scaling is the one read here
-        assert real < 1 or isinstance(factor, str), (rope, length, real, diagnostics)
+        assert real < MIN_CONTEXT_LENGTH or isinstance(factor, str), (rope, length, real, diagnostics)
         seen["sglang unusable"] += 1
-        event(f"refused: SGLang derives {'under 1' if real < 1 else 'a repeated string'}")
+        unusable = "a length it cannot start with" if real < MIN_CONTEXT_LENGTH else "a repeated string"
+        event(f"refused: SGLang derives {unusable}")
 
     check()
     assert seen["same length"] and seen["both refuse"], seen
@@ -216,6 +222,20 @@ def test_what_sglang_refuses_is_placed_with_the_value_and_a_hint(capsys, tmp_pat
     assert (d["code"], d["message"]) == (code, message), d
     assert hint in d["hint"], d
     assert_placed(text, {"rope_scaling": rope}, d)
+
+
+def test_a_context_length_sglang_cannot_start_with_is_refused_where_it_comes_from(capsys, tmp_path):
+    """SGLang's worker asserts that the longest request (the context length − 1 tokens) holds a token: a length of
+    1 from the context key itself, or scaled to 1 by the factor, is refused at that value; 2 is planned."""
+    text, d = plan_error(capsys, tmp_path, None, length=1)
+    assert (d["code"], d["message"]) == ("KVD008", "max_position_embeddings: 1 is the context length SGLang derives")
+    assert "Memory pool size is too small" in d["hint"], d
+    assert_placed(text, {"max_position_embeddings": 1}, d)
+    text, d = plan_error(capsys, tmp_path, {"type": "linear", "factor": 0.5}, length=3)
+    assert (d["code"], d["message"]) == ("KVD008", "rope_scaling.factor: 0.5 scales the context length 3 to 1")
+    assert_placed(text, {"rope_scaling": {"type": "linear", "factor": 0.5}}, d)
+    (tmp_path / "config.json").write_text(json.dumps({**FLASH, "max_position_embeddings": 2}))
+    assert read_geometry(tmp_path / "config.json").geometry.derived_context_length == MIN_CONTEXT_LENGTH == 2
 
 
 @pytest.mark.parametrize(("rope", "length"), [
