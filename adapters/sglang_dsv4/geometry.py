@@ -84,7 +84,7 @@ class ModelGeometry(BaseModel):
     max_seq_len: Count | None = None
     model_max_length: Count | None = None
     rope_scaling: dict[str, Any] | None = None
-    """Read as SGLang 0.5.23 reads it (``rope_problems``); a falsy value is none, as transformers takes it."""
+    """Read as SGLang 0.5.23 reads it (``context_problems``); a falsy value is none, as transformers takes it."""
     rope_parameters: dict[str, Any] | None = None
     """transformers 5's name for it, read where ``rope_scaling`` is none."""
 
@@ -143,7 +143,7 @@ class ModelGeometry(BaseModel):
             return "rope_scaling", self.rope_scaling
         return ("rope_parameters", self.rope_parameters) if self.rope_parameters else None
 
-    def rope_problems(self) -> list[RopeProblem]:
+    def context_problems(self) -> list[RopeProblem]:
         """What stops SGLang 0.5.23 getting a context length from the scaling (``rope.problems``), or starting
         with the length of a context key no written factor multiplies (one under ``MIN_CONTEXT_LENGTH``); empty
         when there is none."""
@@ -166,11 +166,11 @@ class ModelGeometry(BaseModel):
 
         SGLang's ``get_context_length``: the first of ``CONTEXT_LENGTH_KEYS`` the config has, times the
         RoPE scaling factor where it applies (``rope.factor_applies``); ValueError for a scaling SGLang gets no
-        context length from, or a length it does not start with (``rope_problems``, which ``read_geometry``
+        context length from, or a length it does not start with (``context_problems``, which ``read_geometry``
         places in the file).
         Checked against the real resolution over random configs in the tests.
         """
-        found = self.rope_problems()
+        found = self.context_problems()
         if found:
             raise ValueError(found[0].message)
         return self.context_key_length if self.rope is None else scaled_length(self.rope[1], self.context_key_length)
@@ -227,11 +227,11 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     except ValidationError as exc:
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
                             document.refusal(exc, ModelGeometry, at=at, hint_for=_sglang_hint)) from None
-    rope = config.geometry.rope_problems()
-    if rope:
-        raise GeometryError(f"{path}: SGLang gets no context length it starts with from it: "
-                            f"{'; '.join(p.message for p in rope)}",
-                            DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in rope]))
+    context = config.geometry.context_problems()
+    if context:
+        raise GeometryError(f"{path}: SGLang derives no context length it can start with from it: "
+                            f"{'; '.join(p.message for p in context)}",
+                            DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in context]))
     if not at:
         _check_field_kinds(config)
     return config

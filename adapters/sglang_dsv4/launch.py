@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 from kvpolicy.units import MiB, format_bytes
 
 from .geometry import V4_ARCHITECTURE, ModelGeometry
-from .rope import MIN_CONTEXT_LENGTH, NO_ROOM
 from .plan import (
     DEFAULT_SWA_RATIO,
     V4_PAGE_SIZE,
@@ -47,6 +46,7 @@ from .plan import (
     plan_for_budget,
     plan_for_full_tokens,
 )
+from .rope import MIN_CONTEXT_LENGTH, NO_ROOM
 
 H200_MEMORY_MIB = 143_771
 """``nvidia-smi --query-gpu=memory.total`` of an H200 (141 GB), which SGLang reads as the GPU's memory."""

@@ -17,6 +17,13 @@ from kvpolicy.validation import shown
 if TYPE_CHECKING:
     from kvpolicy.document_codes import DocumentCode
 
+MIN_CONTEXT_LENGTH = 2
+"""The least context length SGLang 0.5.23 starts with: TpModelWorker asserts, after allocating the pools, that the
+longest request (the context length − 1 tokens) holds a token ("Memory pool size is too small"), although its
+ModelConfig resolves any length."""
+NO_ROOM = (f"SGLang 0.5.23 stops at start-up with a context length under {MIN_CONTEXT_LENGTH}: its worker requires "
+           "the longest request (the context length − 1 tokens) to hold a token (\"Memory pool size is too small\")")
+
 # How SGLang 0.5.23 reads rope_scaling (transformers 5 loads it first, as rope_parameters):
 # - transformers (modeling_rope_utils: convert_rope_params_to_dict, standardize_rope_params, validate_rope): it
 #   takes `rope_scaling or rope_parameters`, so a falsy rope_scaling (null, false, 0, "", [], {}) leaves
@@ -29,12 +36,6 @@ if TYPE_CHECKING:
 # - get_context_length: int(factor * length) unless original_max_position_embeddings is in it or the type is llama3.
 # - ModelConfig._init_mla_scaling (compute_mla_mscale_scaling): unless the type is "default" (rope_type, or type if
 #   that is falsy) or apply_yarn_scaling / apply_scale is falsy, float(mscale_all_dim) and factor <= 1.
-MIN_CONTEXT_LENGTH = 2
-"""The least context length SGLang 0.5.23 starts with: TpModelWorker asserts, after allocating the pools, that the
-longest request (the context length − 1 tokens) holds a token ("Memory pool size is too small"), although its
-ModelConfig resolves any length."""
-NO_ROOM = (f"SGLang 0.5.23 stops at start-up with a context length under {MIN_CONTEXT_LENGTH}: its worker requires "
-           "the longest request (the context length − 1 tokens) to hold a token (\"Memory pool size is too small\")")
 SCALED_BY_ORIGINAL = ("llama3", "yarn", "longrope")
 """Rope types transformers gives an ``original_max_position_embeddings``: SGLang never applies their factor."""
 ROPE_NEEDS: dict[str, tuple[str, ...]] = {
@@ -47,8 +48,9 @@ ROPE_NEEDS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class RopeProblem:
-    """Why SGLang 0.5.23 gets no context length from a ``rope_scaling`` (or ``rope_parameters``): the
-    diagnostic's code, its key in the geometry (``("rope_scaling", "factor")``), the message and the hint."""
+    """Why SGLang 0.5.23 gets no context length it starts with from a ``rope_scaling`` (or ``rope_parameters``),
+    or from the context key itself (``ModelGeometry.context_problems``): the diagnostic's code, its key in the
+    geometry (``("rope_scaling", "factor")``), the message and the hint."""
 
     code: DocumentCode
     key: tuple[str, ...]
