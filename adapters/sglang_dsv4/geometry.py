@@ -147,13 +147,12 @@ class ModelGeometry(BaseModel):
         """What stops SGLang 0.5.23 getting a context length from the scaling (``rope.problems``), or starting
         with the length of a context key no written factor multiplies (one under ``MIN_CONTEXT_LENGTH``); empty
         when there is none."""
-        length = self.context_key_length
         if self.rope is not None:
             field, rope = self.rope
-            found = scaling_problems(field, rope, length, self.max_position_embeddings)
+            found = scaling_problems(field, rope, self.context_key_length, self.max_position_embeddings)
             if found:
                 return found
-            length = scaled_length(rope, length)  # the key's own where no factor is written or applies
+        length = self._context_length  # here the key's own: a written factor that scales under 2 is found above
         if length < MIN_CONTEXT_LENGTH:
             return [RopeProblem(VALUE_NOT_ALLOWED, (self.context_key,),
                                 f"{self.context_key}: {length} is the context length SGLang derives",
@@ -173,6 +172,12 @@ class ModelGeometry(BaseModel):
         found = self.context_problems()
         if found:
             raise ValueError(found[0].message)
+        return self._context_length
+
+    @property
+    def _context_length(self) -> int:
+        """The length ``get_context_length`` computes, unchecked: callers have ruled out ``context_problems``'s
+        scaling problems first."""
         return self.context_key_length if self.rope is None else scaled_length(self.rope[1], self.context_key_length)
 
 
