@@ -256,14 +256,15 @@ class JsonObjectFile:
         that lacks it."""
         return code.at(self.file, *self._places.place(tuple(path), missing=code is MISSING_FIELD), message, hint)
 
-    def refusal(self, exc: ValidationError, model: type[BaseModel], *, at: tuple[str, ...] = (),
-                hint: str | None = None, hint_for: Callable[[Problem], str | None] | None = None) -> DocumentInvalid:
-        """The problems of ``exc`` (raised validating ``model`` on the object at ``at``), each at its place;
-        ``hint_for`` hints a problem that has no hint of its own (its answer None: ``hint``)."""
+    def refusal(self, exc: ValidationError, model: type[BaseModel], *,
+                locate: Callable[[tuple[str, ...]], tuple[object, ...]] | None = None, hint: str | None = None,
+                hint_for: Callable[[Problem], str | None] | None = None) -> DocumentInvalid:
+        """The problems of ``exc`` (raised validating ``model`` on data read from this file), each at its place
+        (``locate``: the path in the file of a path in that data; None: the same); ``hint_for`` hints a problem
+        that has no hint of its own (its answer None: ``hint``)."""
         from kvpolicy.validation import problems
 
-        return refused(_diagnostics(problems(exc, model), self._places, self.file, hint, lambda path: (*at, *path),
-                                    hint_for))
+        return refused(_diagnostics(problems(exc, model), self._places, self.file, hint, locate, hint_for))
 
     @cached_property
     def _places(self) -> Places:
@@ -303,7 +304,7 @@ PROBLEM_CODES: dict[str, DocumentCode] = {"wrong-type": WRONG_TYPE, "value-not-a
 
 
 def _diagnostics(problems: Iterable[Problem], places: Places, file: str, hint: str | None,
-                 locate: Callable[[tuple[str, ...]], tuple[str, ...]] | None,
+                 locate: Callable[[tuple[str, ...]], tuple[object, ...]] | None,
                  hint_for: Callable[[Problem], str | None] | None = None) -> list[Diagnostic]:
     """A diagnostic per problem, at its place (``locate``: the path in the text of a path in what was validated);
     for those without a hint of their own, ``hint_for``'s, else ``hint``."""

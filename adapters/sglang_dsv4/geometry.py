@@ -6,7 +6,9 @@ or the trimmed copies in ``policies/models/`` (unknown fields are ignored).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -19,13 +21,15 @@ from pydantic import (
     model_validator,
 )
 
-from kvpolicy.document_codes import VALUE_NOT_ALLOWED
-from kvpolicy.json_text import CarriesProblems
+from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED
+from kvpolicy.json_text import CarriesProblems, refused
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
-from ..hf_config_kinds import FIELD_KINDS, Kinds, refused
-from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, RopeProblem, scaled_length
+from ..hf_config_kinds import FIELD_KINDS, Kinds
+from ..hf_config_kinds import refused as kinds_wanted
+from .config_fields import V4_MODEL_TYPE, ConfigFields, ConfigProblem, ConfigShapeError, config_fields
+from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
 
 if TYPE_CHECKING:
@@ -55,25 +59,36 @@ Count = Annotated[int, Field(strict=True, gt=0)]
 Int = Annotated[int, Field(strict=True)]
 STRICT_HINT = ("SGLang 0.5.23 reads it through transformers' strict DeepseekV4Config, which refuses true, "
                "\"43\" and 43.0: write a bare integer")
-NULL_HINT = "SGLang 0.5.23 (transformers' strict DeepseekV4Config) refuses null too: leave the key out for its default"
+FILE_DEFAULTS: dict[str, int] = {"num_hidden_layers": 61, "max_position_embeddings": 4096, "head_dim": 64,
+                                 "qk_rope_head_dim": 64}
+"""What SGLang 0.5.23 takes for a geometry field a ``config.json`` leaves out: the defaults of transformers'
+``DeepseekV3Config``, the class it loads ``deepseek_v4`` and ``deepseek_v41`` configs with last (not
+``DeepseekV4Config``'s, which it loads a V4 config with first). Checked against the class in the tests."""
+FILE_REQUIRED = ("architectures", "compress_ratios", "index_head_dim", "sliding_window")
+"""The fields the pools need that ``DeepseekV3Config`` gives no default: SGLang stops without them."""
+REQUIRED_HINT = ("SGLang 0.5.23 stops without it (its DeepseekV3Config gives it no default): write the model's value, "
+                 "as DeepSeek-V4's own config.json does")
 ROPE_OBJECT_HINT = ("SGLang 0.5.23 (transformers' strict config) takes an object here, such as {\"type\": \"yarn\", "
                     "\"factor\": 16}, or none: leave the key out")
 
 
 class ModelGeometry(BaseModel):
-    """DeepSeek-V4 fields that matter for the KV pools (names as in ``config.json``)."""
+    """DeepSeek-V4 fields that matter for the KV pools (names as in ``config.json``).
+
+    The defaults are DeepSeek-V4's own values, for code that builds a geometry; ``read_geometry`` reads a
+    ``config.json`` with SGLang's (``FILE_DEFAULTS``, ``FILE_REQUIRED``) instead."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     architectures: tuple[str, ...] = (V4_ARCHITECTURE,)
-    model_type: str = "deepseek_v4"
+    model_type: str = V4_MODEL_TYPE
     """``deepseek_v4`` or ``deepseek_v41``: SGLang's launch defaults differ (see ``launch.py``)."""
     num_hidden_layers: Count
     head_dim: Count = 512
     qk_rope_head_dim: Count = 64
     index_head_dim: Count = 128
     sliding_window: Count = 128
-    """Absent: transformers' default, 128; null is refused, as transformers refuses it (no Optional)."""
+    """Null is refused, as transformers refuses it (no Optional)."""
     compress_ratios: tuple[Int, ...]
     kv_source_layer_ids: tuple[Int, ...] = ()
     max_position_embeddings: Count
@@ -143,7 +158,7 @@ class ModelGeometry(BaseModel):
             return "rope_scaling", self.rope_scaling
         return ("rope_parameters", self.rope_parameters) if self.rope_parameters else None
 
-    def context_problems(self) -> list[RopeProblem]:
+    def context_problems(self) -> list[ConfigProblem]:
         """What stops SGLang 0.5.23 getting a context length from the scaling (``rope.problems``), or starting
         with the length of a context key no written factor multiplies (one under ``MIN_CONTEXT_LENGTH``); empty
         when there is none."""
@@ -154,7 +169,7 @@ class ModelGeometry(BaseModel):
                 return found
         length = self._context_length  # here the key's own: a written factor that scales under 2 is found above
         if length < MIN_CONTEXT_LENGTH:
-            return [RopeProblem(VALUE_NOT_ALLOWED, (self.context_key,),
+            return [ConfigProblem(VALUE_NOT_ALLOWED, (self.context_key,),
                                 f"{self.context_key}: {length} is the context length SGLang derives",
                                 f"{NO_ROOM}: write the model's own length")]
         return []
@@ -196,17 +211,17 @@ class ConfigUnreadable(GeometryError):
 
 @dataclass(frozen=True)
 class GeometryConfig:
-    """A ``config.json`` read for its DeepSeek-V4 geometry: the geometry, the file, and where its fields are in
-    it (``("text_config",)`` for a multimodal wrapper's)."""
+    """A ``config.json`` read for its DeepSeek-V4 geometry: the geometry, the file, and the fields it was read
+    from with their places in the file (``config_fields``: a V4.1 config's ``text_config`` laid out flat)."""
 
     geometry: ModelGeometry
     document: JsonObjectFile
-    at: tuple[str, ...] = ()
+    fields: ConfigFields
 
     def diagnostic(self, code: DocumentCode, key: tuple[str | int, ...], message: str,
                    hint: str | None = None) -> Diagnostic:
-        """``code``'s diagnostic at the geometry's field ``key`` in the file."""
-        return self.document.diagnostic(code, (*self.at, *key), message, hint)
+        """``code``'s diagnostic at the geometry's field ``key`` (a path in the fields) in the file."""
+        return self.document.diagnostic(code, self.fields.path(key), message, hint)
 
 
 def read_geometry(path: str | Path) -> GeometryConfig:
@@ -222,23 +237,30 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         raise ConfigUnreadable(f"{path}: cannot read the model config: {exc.strerror}") from None
     except DocumentInvalid as exc:
         raise GeometryError(str(exc), exc) from None
-    data: dict[str, Any] = document.data
-    at: tuple[str, ...] = ()
-    # Multimodal wrappers keep the language model's fields under text_config.
-    if "compress_ratios" not in data and isinstance(data.get("text_config"), dict):
-        data, at = data["text_config"], ("text_config",)
     try:
-        config = GeometryConfig(ModelGeometry.model_validate(data), document, at)
+        fields = config_fields(document.data)
+    except ConfigShapeError as exc:
+        p = exc.problem
+        raise GeometryError(f"{path}: {p.message}", DocumentInvalid([document.diagnostic(p.code, p.key, p.message,
+                                                                                         p.hint)])) from None
+    missing = [key for key in FILE_REQUIRED if key not in fields.data]
+    if missing:
+        problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
+                                               REQUIRED_HINT) for key in missing)
+        raise GeometryError(f"{path}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
+    try:
+        geometry = ModelGeometry.model_validate({**FILE_DEFAULTS, **fields.data})
     except ValidationError as exc:
+        hint_for = partial(_sglang_hint, defaulted=set(FILE_DEFAULTS) - set(fields.data))
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
-                            document.refusal(exc, ModelGeometry, at=at, hint_for=_sglang_hint)) from None
+                            document.refusal(exc, ModelGeometry, locate=fields.path, hint_for=hint_for)) from None
+    config = GeometryConfig(geometry, document, fields)
     context = config.geometry.context_problems()
     if context:
         raise GeometryError(f"{path}: SGLang derives no context length it can start with from it: "
                             f"{'; '.join(p.message for p in context)}",
                             DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in context]))
-    if not at:
-        _check_field_kinds(config)
+    _check_field_kinds(config)
     return config
 
 
@@ -251,27 +273,35 @@ STRICT_CLASSES: dict[str, tuple[tuple[str, dict[str, Kinds]], ...]] = {
 
 
 def _check_field_kinds(config: GeometryConfig) -> None:
-    """Refuse the first field, in the file's order, whose value a class of ``STRICT_CLASSES`` does not take
-    (after the geometry's own checks, which say more about the fields the plan reads)."""
+    """Refuse each field whose value a class of ``STRICT_CLASSES`` does not take, at its place (after the
+    geometry's own checks, which say more about the fields the plan reads)."""
     from kvpolicy.document_codes import WRONG_TYPE
-    from kvpolicy.json_text import DocumentInvalid
     from kvpolicy.validation import shown
 
-    for key, value in config.document.data.items():
+    found = []
+    for key, value in config.fields.data.items():
         for name, table in STRICT_CLASSES.get(config.geometry.model_type, ()):
-            wanted = refused(table, key, value)
+            wanted = kinds_wanted(table, key, value)
             if wanted is not None:
-                message = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load "
-                           "the config")
-                raise GeometryError(f"{config.document.file}: {message}", DocumentInvalid([config.diagnostic(
-                    WRONG_TYPE, (key,), message, "write the value as DeepSeek-V4's own config.json does")]))
+                message = f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load the config"
+                found.append(config.diagnostic(WRONG_TYPE, (key,), message,
+                                               "write the value as DeepSeek-V4's own config.json does"))
+                break
+    if found:
+        problems = refused(found)
+        raise GeometryError(f"{config.document.file}: {problems.diagnostics[0].message}", problems)
 
 
-def _sglang_hint(problem: Problem) -> str | None:
+def _sglang_hint(problem: Problem, defaulted: set[str]) -> str | None:
     """Why SGLang refuses an integer refused for its type (true, "43", 43.0, null), where a bare "must be a
-    whole number, not 43.0" would puzzle, or a ``rope_scaling`` that is no object; None for any other problem."""
+    whole number, not 43.0" would puzzle, a ``rope_scaling`` that is no object, or a value the file does not
+    give (one of ``defaulted``, ``FILE_DEFAULTS``' keys it leaves out); None for any other problem."""
     from kvpolicy.validation import WHOLE_NUMBER_ERRORS
 
+    given_by_default = [key for key in defaulted if re.search(rf"\b{key}\b", problem.message)]
+    if given_by_default:
+        taken = ", ".join(f"{key}={FILE_DEFAULTS[key]}" for key in sorted(given_by_default))
+        return f"the file leaves it out, so SGLang 0.5.23 takes DeepseekV3Config's default ({taken}): write the model's value"
     error = problem.error
     if error is None:
         return None
@@ -279,7 +309,12 @@ def _sglang_hint(problem: Problem) -> str | None:
         return ROPE_OBJECT_HINT
     if error["type"] not in WHOLE_NUMBER_ERRORS:
         return None
-    return NULL_HINT if "input" in error and error["input"] is None else STRICT_HINT
+    if "input" not in error or error["input"] is not None:
+        return STRICT_HINT
+    key = str(problem.path[0])
+    if key in FILE_DEFAULTS:
+        return f"SGLang 0.5.23 (transformers' strict config classes) refuses null: leave the key out for its default, {FILE_DEFAULTS[key]}"
+    return f"SGLang 0.5.23 (transformers' strict config classes) refuses null and has no default for {key}: write the model's value"
 
 
 def load_geometry(path: str | Path) -> ModelGeometry:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from kvpolicy.units import MiB, format_bytes
 
+from .config_fields import V41_MODEL_TYPE
 from .geometry import V4_ARCHITECTURE, ModelGeometry
 from .plan import (
     DEFAULT_SWA_RATIO,
@@ -51,7 +52,6 @@ from .rope import MIN_CONTEXT_LENGTH, NO_ROOM
 H200_MEMORY_MIB = 143_771
 """``nvidia-smi --query-gpu=memory.total`` of an H200 (141 GB), which SGLang reads as the GPU's memory."""
 DEFAULT_MAX_RUNNING_REQUESTS = 256
-V41_MODEL_TYPE = "deepseek_v41"
 KV_CACHE_DTYPES = ("auto", "fp8_e4m3", "bfloat16")
 """What SGLang's DeepSeek-V4 resolution accepts for --kv-cache-dtype (``auto`` becomes fp8_e4m3)."""
 # handle_gpu_memory_settings: (GPU memory below, in MiB) → chunked prefill size.

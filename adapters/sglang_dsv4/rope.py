@@ -1,5 +1,5 @@
 """A config's RoPE scaling as SGLang 0.5.23 reads it for the context length: which scaling it takes, whether
-its factor scales the length, and what stops SGLang getting a length from it (each a ``RopeProblem`` that
+its factor scales the length, and what stops SGLang getting a length from it (each a ``ConfigProblem`` that
 ``geometry.read_geometry`` places in the file).
 
 Pure code: checked against SGLang's own resolution over random scalings (tests/sglang/test_sglang_rope_scaling.py).
@@ -8,14 +8,12 @@ Pure code: checked against SGLang's own resolution over random scalings (tests/s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.validation import shown
 
-if TYPE_CHECKING:
-    from kvpolicy.document_codes import DocumentCode
+from .config_fields import ConfigProblem
 
 MIN_CONTEXT_LENGTH = 2
 """The least context length SGLang 0.5.23 starts with: TpModelWorker asserts, after allocating the pools, that the
@@ -46,18 +44,6 @@ ROPE_NEEDS: dict[str, tuple[str, ...]] = {
 ``rope_type``, ``rope_theta`` and ``original_max_position_embeddings``)."""
 
 
-@dataclass(frozen=True)
-class RopeProblem:
-    """Why SGLang 0.5.23 gets no context length it starts with from a ``rope_scaling`` (or ``rope_parameters``),
-    or from the context key itself (``ModelGeometry.context_problems``): the diagnostic's code, its key in the
-    geometry (``("rope_scaling", "factor")``), the message and the hint."""
-
-    code: DocumentCode
-    key: tuple[str, ...]
-    message: str
-    hint: str
-
-
 def factor_applies(rope: dict[str, Any]) -> bool:
     """Whether ``get_context_length`` multiplies by the factor: not when the scaling has (or transformers
     gives it) its own ``original_max_position_embeddings``, nor for llama3."""
@@ -69,7 +55,7 @@ def scaled_length(rope: dict[str, Any], length: int) -> int:
     return int(rope.get("factor", 1) * length) if factor_applies(rope) else length
 
 
-def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddings: int) -> list[RopeProblem]:
+def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddings: int) -> list[ConfigProblem]:
     """What stops SGLang 0.5.23 getting a context length from the scaling ``rope`` (the config's ``field``) of a
     config whose context length key gives ``length``, in the order it fails (loading the config,
     ``get_context_length``, the MLA scale), then a factor that scales the length to one SGLang cannot start with
@@ -86,7 +72,7 @@ def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddi
         return found[:1]
     factor = rope.get("factor", 1)
     if factor_applies(rope) and "factor" in rope and int(factor * length) < MIN_CONTEXT_LENGTH:
-        return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
+        return [ConfigProblem(VALUE_NOT_ALLOWED, (field, "factor"),
                             f"{field}.factor: {shown(factor)} scales the context length {length} to "
                             f"{int(factor * length)}",
                             f"SGLang 0.5.23 derives int(factor × length); {NO_ROOM}: write a factor of 1 or more, "
@@ -94,7 +80,7 @@ def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddi
     return []
 
 
-def _length_problems(field: str, rope: dict[str, Any], length: int) -> list[RopeProblem]:
+def _length_problems(field: str, rope: dict[str, Any], length: int) -> list[ConfigProblem]:
     """What ``get_context_length``'s ``int(factor * length)`` fails on, where the factor applies."""
     if not factor_applies(rope):
         return []
@@ -104,13 +90,13 @@ def _length_problems(field: str, rope: dict[str, Any], length: int) -> list[Rope
         return [_factor_wrong_type(field, factor, f"{formula}, which {_fails_on(factor, repeats=True)}")]
     product = factor * length  # an int for an int factor, which may be past any float
     if isinstance(product, float) and not math.isfinite(product):
-        return [RopeProblem(VALUE_NOT_ALLOWED, (field, "factor"),
+        return [ConfigProblem(VALUE_NOT_ALLOWED, (field, "factor"),
                             f"{field}.factor: {shown(factor)} × {length} is no finite number",
                             f"{formula}, which fails on an infinite or NaN product")]
     return []
 
 
-def _mscale_problems(field: str, rope: dict[str, Any]) -> list[RopeProblem]:
+def _mscale_problems(field: str, rope: dict[str, Any]) -> list[ConfigProblem]:
     """What ``compute_mla_mscale_scaling`` fails on: ``float(mscale_all_dim)`` and ``factor <= 1``, unless the
     type is "default" (``rope_type``, or ``type`` where that is falsy) or the scale is switched off."""
     kind = rope_type(rope)
@@ -121,7 +107,7 @@ def _mscale_problems(field: str, rope: dict[str, Any]) -> list[RopeProblem]:
     where = "SGLang 0.5.23 scales MLA attention by it (compute_mla_mscale_scaling)"
     mscale_all_dim = rope.get("mscale_all_dim", False)
     if not _floats(mscale_all_dim):
-        return [RopeProblem(WRONG_TYPE, (field, "mscale_all_dim"),
+        return [ConfigProblem(WRONG_TYPE, (field, "mscale_all_dim"),
                             f"{field}.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
                             f"{where} through float(), which fails on it")]
     factor = rope.get("factor", 1)
@@ -136,13 +122,13 @@ def rope_type(rope: dict[str, Any]) -> Any:
     return rope["rope_type"] if "rope_type" in rope else rope.get("type", "default")
 
 
-def _load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embeddings: int) -> list[RopeProblem]:
+def _load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embeddings: int) -> list[ConfigProblem]:
     """What transformers' rope validation refuses in the parameters at ``at`` (SGLang 0.5.23 loading the config)."""
     kind = rope_type(rope)
     where = ".".join(at)
     missing = [key for key in ROPE_NEEDS.get(kind, ()) if key not in rope] if isinstance(kind, str) else []
     if missing:
-        return [RopeProblem(MISSING_FIELD, (*at, key), f"{where}.{key}: required, not given",
+        return [ConfigProblem(MISSING_FIELD, (*at, key), f"{where}.{key}: required, not given",
                             f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope scaling "
                             f"without {key}") for key in missing]
     compared = _uncomparable(at, rope, kind)
@@ -156,16 +142,16 @@ def _load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embed
     fix = "write the pretraining context length, or leave the key out for max_position_embeddings"
     key = (*at, "original_max_position_embeddings")
     if not _is_number(original):
-        return [RopeProblem(WRONG_TYPE, key, f"{where}.original_max_position_embeddings: must be a number, not "
+        return [ConfigProblem(WRONG_TYPE, key, f"{where}.original_max_position_embeddings: must be a number, not "
                             f"{shown(original)}", f"transformers' {kind} check (SGLang 0.5.23 loading the config) "
                             f"{how}: {fix}")]
     if kind == "yarn" and original == 0:
-        return [RopeProblem(VALUE_NOT_ALLOWED, key, f"{where}.original_max_position_embeddings: must not be 0",
+        return [ConfigProblem(VALUE_NOT_ALLOWED, key, f"{where}.original_max_position_embeddings: must not be 0",
                             f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: {fix}")]
     return []
 
 
-def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> RopeProblem | None:
+def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> ConfigProblem | None:
     """The value transformers' yarn, llama3 or longrope check fails on before it reaches
     ``original_max_position_embeddings``: yarn compares ``beta_fast or 32`` with ``beta_slow or 1``, llama3
     ``high_freq_factor`` with ``low_freq_factor``, longrope takes the length of ``short_factor`` and ``long_factor``."""
@@ -174,7 +160,7 @@ def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> Ro
     if kind == "longrope":
         for key in ("short_factor", "long_factor"):
             if not hasattr(rope[key], "__len__"):
-                return RopeProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a list ([...]), not "
+                return ConfigProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a list ([...]), not "
                                    f"{shown(rope[key])}", f"{check} takes its length: write one number per rotary "
                                    "frequency")
         return None
@@ -188,7 +174,7 @@ def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> Ro
         values[0] < values[1]  # noqa: B015 - only whether Python can compare them, as transformers does
     except TypeError:
         key = next(k for k, v in zip(keys, values, strict=True) if not _is_number(v))
-        return RopeProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a number, not {shown(rope.get(key))}",
+        return ConfigProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a number, not {shown(rope.get(key))}",
                            f"{check} compares {keys[0]} with {keys[1]}, and fails on it")
     return None
 
@@ -216,5 +202,5 @@ def _fails_on(value: object, *, repeats: bool = False) -> str:
     return f"fails on {'a string' if isinstance(value, str) else 'a list' if isinstance(value, list) else 'an object'}"
 
 
-def _factor_wrong_type(field: str, factor: object, hint: str) -> RopeProblem:
-    return RopeProblem(WRONG_TYPE, (field, "factor"), f"{field}.factor: must be a number, not {shown(factor)}", hint)
+def _factor_wrong_type(field: str, factor: object, hint: str) -> ConfigProblem:
+    return ConfigProblem(WRONG_TYPE, (field, "factor"), f"{field}.factor: must be a number, not {shown(factor)}", hint)

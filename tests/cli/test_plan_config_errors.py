@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.adapters.sglang_dsv4.geometry import STRICT_HINT
+from kvpolicy.adapters.sglang_dsv4.geometry import REQUIRED_HINT, STRICT_HINT
 from kvpolicy.adapters.vllm_adapter.planning.deepseek_v4_032 import READ_WITHOUT_DEFAULT
 from kvpolicy.cli import main
 from kvpolicy.json_positions import parse
@@ -35,6 +35,14 @@ def wrapped(text: dict[str, Any], **outer: Any) -> dict[str, Any]:
     vision = {"head_dim": 64, "max_position_embeddings": 10, "num_hidden_layers": 4, "compress_ratios": [1]}
     return {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", **outer,
             "text_config": inner, "vision_config": vision}
+
+
+def v41_wrapped(text: dict[str, Any]) -> dict[str, Any]:
+    """A DeepSeek-V4.1 multimodal config: the language model's keys under text_config, which SGLang lays out flat,
+    beside a vision config (whose keys SGLang reads under other names)."""
+    inner = {k: v for k, v in text.items() if k not in ("architectures", "model_type")}
+    return {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": inner,
+            "vision_config": {"num_hidden_layers": 4, "hidden_size": 64}}
 
 
 def write(tmp_path: Path, config: object, indent: int | None = 2) -> tuple[Path, str]:
@@ -277,11 +285,12 @@ def test_sglang_places_a_ratio_and_a_missing_field(capsys, tmp_path):
     assert code == 1 and err.startswith(f"{path}:{line}:{col}: KVD008 error: compress_ratios.5: compress ratios [2] "
                                         "are not DeepSeek-V4 ratios")
     path, _ = write(tmp_path, {k: v for k, v in FLASH.items() if k != "compress_ratios"})
-    assert plan(capsys, "sglang", path)[2] == f"{path}:1:1: KVD009 error: compress_ratios: required, not given\n"
+    assert plan(capsys, "sglang", path)[2] == (f"{path}:1:1: KVD009 error: compress_ratios: required, not given\n"
+                                               f"  hint: {REQUIRED_HINT}\n")
 
 
 def test_sglang_places_a_text_configs_field_inside_it(capsys, tmp_path):
-    path, text = write(tmp_path, wrapped({**FLASH, "sliding_window": 0}))
+    path, text = write(tmp_path, v41_wrapped({**FLASH, "sliding_window": 0}))
     code, _, err = plan(capsys, "sglang", path)
     line, col = position(text, '"sliding_window": 0', len('"sliding_window": '))
     assert code == 1 and err == f"{path}:{line}:{col}: KVD008 error: sliding_window: must be greater than 0, not 0\n"
@@ -366,7 +375,7 @@ def test_a_wrong_value_anywhere_the_vllm_plan_reads_is_placed_at_it(capsys, tmp_
 @given(key=st.sampled_from(SGLANG_READS), bad=st.sampled_from(SGLANG_WRONG), indent=st.sampled_from([None, 1, 2, 4]),
        text_config=st.booleans())
 def test_a_wrong_value_anywhere_the_sglang_plan_reads_is_placed_at_it(capsys, tmp_path, key, bad, indent, text_config):
-    config = wrapped(FLASH) if text_config else FLASH
+    config = v41_wrapped(FLASH) if text_config else FLASH
     where = ("text_config", *key) if text_config else key
     _, text = write(tmp_path, corrupted(config, where, bad), indent)
     (d,) = error_document(capsys, "sglang", tmp_path / "config.json")["diagnostics"]

@@ -77,8 +77,9 @@ def dsv4_model_config(geometry):
     )
 
 
-def kv_cache_configurator(geometry, server_args_obj, *, gpu_id=0, draft=False):
-    """A real ``KVCacheConfigurator`` for a DeepSeek-V4 target on CPU.
+def kv_cache_configurator(geometry, server_args_obj, *, gpu_id=0, draft=False, model_config=None):
+    """A real ``KVCacheConfigurator`` for a DeepSeek-V4 target on CPU, of ``geometry`` or, given instead, of a real
+    ``ModelConfig`` (its layers and sliding window too).
 
     Built with ``object.__new__`` and its fields set, as SGLang's own tests stub it:
     ``__init__`` wants a loaded model; every method the V4 sizing and pool paths run
@@ -88,16 +89,19 @@ def kv_cache_configurator(geometry, server_args_obj, *, gpu_id=0, draft=False):
     from sglang.srt.mem_cache.kv_cache_configurator import KVCacheConfigurator
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+    if model_config is None:
+        model_config, layers, window = dsv4_model_config(geometry), geometry.num_hidden_layers, geometry.sliding_window
+    else:
+        layers, window = model_config.num_hidden_layers, model_config.sliding_window_size
     kvc = object.__new__(KVCacheConfigurator)
     fields = dict(
         device="cpu", gpu_id=gpu_id, attn_dp_size=1, pp_size=1, pp_group=None, model=None,
-        model_config=dsv4_model_config(geometry), server_args=server_args_obj,
+        model_config=model_config, server_args=server_args_obj,
         kv_cache_dtype=torch.float8_e4m3fn, model_dtype=torch.bfloat16, page_size=256,
-        sliding_window_size=geometry.sliding_window, spec_algorithm=SpeculativeAlgorithm.NONE,
+        sliding_window_size=window, spec_algorithm=SpeculativeAlgorithm.NONE,
         is_draft_worker=draft, post_capture_kv_active=False, spec_aux_config=None, is_hybrid_swa=True,
         is_hybrid_swa_compress=False, use_mla_backend=False,
-        layer_info=NS(start_layer=0, end_layer=geometry.num_hidden_layers,
-                      num_effective_layers=geometry.num_hidden_layers),
+        layer_info=NS(start_layer=0, end_layer=layers, num_effective_layers=layers),
         forward_stream=None, req_to_token_pool=None, token_to_kv_pool_allocator=None,
         memory_pool_config=None, draft_parallel_layout=None, dflash_draft_cell_size_per_token=None,
         draft_model_idx=None, kv_cache_dtype_str="fp8_e4m3", extra_mamba_cache_bytes_per_req=0,
@@ -218,15 +222,13 @@ def resolve_for_real(model_dir, hardware, argv: list[str]):
     return args
 
 
-def engine_reading(model_dir, server_args, device: str = "meta"):
+def engine_reading(server_args, device: str = "meta"):
     """With ``server_args`` published: (what the adapter's hooks read, the KV dtype, a configurator on the
-    real ``ModelConfig`` of the resolution)."""
+    real ``ModelConfig`` of the resolution, SGLang's reading of the config alone)."""
     from kvpolicy.adapters.sglang_dsv4 import hooks
-    from kvpolicy.adapters.sglang_dsv4.geometry import load_geometry
     from sglang.srt.arg_groups.overrides import model_config_of, resolution_result
 
-    kvc = kv_cache_configurator(load_geometry(Path(model_dir) / "config.json"), server_args)
-    kvc.model_config = model_config_of(server_args)  # the real ModelConfig: its context length, ratios, window
+    kvc = kv_cache_configurator(None, server_args, model_config=model_config_of(server_args))
     kvc.attn_dp_size = resolution_result(server_args, "attn_dp_size")
     kvc.page_size = resolution_result(server_args, "page_size")
     kvc.device = device

@@ -4,7 +4,8 @@ SGLang loads a ``deepseek_v4`` config.json with transformers' ``DeepseekV4Config
 ``DeepseekV3Config``, a ``deepseek_v41`` one with its ``DeepseekV41Config`` (a ``DeepseekV3Config``), all strict
 dataclasses that check each declared field's type as the config loads
 (``adapters/hf_config_kinds.py``). Each example writes DeepSeek-V4-Flash's config with one field of
-either class set to a random value of a random kind and resolves it with SGLang's own ``prepare_server_args``
+either class set to a random value of a random kind (for V4.1, at the top level or in ``text_config``, which
+SGLang lays out flat) and resolves it with SGLang's own ``prepare_server_args``
 (on the CPU): SGLang refuses the value's type exactly when ``kvpolicy plan --engine sglang`` refuses the config
 with KVD007 at that value (or SGLang's own code fails with the value before the classes see it).
 """
@@ -24,6 +25,7 @@ from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS
 from kvpolicy.adapters.sglang_dsv4.geometry import ModelGeometry
 from kvpolicy.adapters.sglang_dsv4.launch import Hardware
 from kvpolicy.cli import main
+from kvpolicy.json_positions import parse
 from tests.cli.test_plan_config_errors import assert_placed_at
 from tests.sglang.sglang_support import MODELS, RANDOM_EXAMPLES, resolve_for_real, single_process_parallel
 from tests.support.json_values import JSON_VALUES
@@ -38,6 +40,8 @@ FIELDS = {
     # (test_sglang_strict_config.py), as V4 takes them, which is stricter than SGLang for V4.1's head_dim.
     "deepseek_v41": sorted(set(V3_FIELD_KINDS) | (set(V4_FIELD_KINDS) - set(ModelGeometry.model_fields))),
 }
+V41_TOP = {"architectures": FLASH["architectures"], "model_type": "deepseek_v41"}
+V41_TEXT = {k: v for k, v in FLASH.items() if k not in V41_TOP}
 FIELD = st.sampled_from(sorted(FIELDS)).flatmap(lambda model_type: st.tuples(
     st.just(model_type), st.sampled_from(FIELDS[model_type])))
 """(model type, one of the fields its classes declare)."""
@@ -76,24 +80,29 @@ def test_a_field_of_a_kind_sglang_refuses_is_refused_at_its_value(tmp_path_facto
     seen = {"refused": 0, "taken": 0}
 
     @settings(max_examples=RANDOM_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(field=FIELD, value=JSON_VALUES)
-    @example(field=("deepseek_v4", "hc_mult"), value=None)
-    @example(field=("deepseek_v4", "swiglu_limit"), value=10)  # a float field: an integer is refused
-    @example(field=("deepseek_v4", "kv_lora_rank"), value=512.0)  # DeepseekV3Config's only
-    @example(field=("deepseek_v4", "rope_theta"), value=10000.0)  # float | int: taken
-    @example(field=("deepseek_v41", "hc_mult"), value=4.0)  # V4.1: DeepseekV4Config's only, not checked
-    @example(field=("deepseek_v41", "q_lora_rank"), value="1024")
-    def check(field: tuple[str, str], value: Any) -> None:
+    @given(field=FIELD, value=JSON_VALUES, nested=st.booleans())
+    @example(field=("deepseek_v4", "hc_mult"), value=None, nested=False)
+    @example(field=("deepseek_v4", "swiglu_limit"), value=10, nested=False)  # a float field: an integer is refused
+    @example(field=("deepseek_v4", "kv_lora_rank"), value=512.0, nested=False)  # DeepseekV3Config's only
+    @example(field=("deepseek_v4", "rope_theta"), value=10000.0, nested=False)  # float | int: taken
+    @example(field=("deepseek_v41", "hc_mult"), value=4.0, nested=False)  # V4.1: DeepseekV4Config's only, not checked
+    @example(field=("deepseek_v41", "q_lora_rank"), value="1024", nested=False)
+    @example(field=("deepseek_v41", "q_lora_rank"), value="1024", nested=True)  # in text_config, laid out flat
+    def check(field: tuple[str, str], value: Any, nested: bool) -> None:
         model_type, key = field
         model_dir = root / str(next(dirs))
         model_dir.mkdir()
-        text = json.dumps({**FLASH, "model_type": model_type, key: value}, indent=2)
+        if nested and model_type == "deepseek_v41":  # a multimodal V4.1 config: SGLang reads text_config flat
+            config, path = {**V41_TOP, "text_config": {**V41_TEXT, key: value}}, ("text_config", key)
+        else:
+            config, path = {**FLASH, "model_type": model_type, key: value}, (key,)
+        text = json.dumps(config, indent=2)
         (model_dir / "config.json").write_text(text)
         capsys.readouterr()
         code = main(["plan", "--engine", "sglang", "--model-config", str(model_dir / "config.json"),
                      "--budget", "40GiB", "--format", "json"])
         out = json.loads(capsys.readouterr().out)
-        at_key = [d for d in out["error"]["diagnostics"] if (d["line"], d["col"]) == place(text, key)] if code else []
+        at_key = [d for d in out["error"]["diagnostics"] if (d["line"], d["col"]) == place(text, path)] if code else []
         ours = any(d["code"] == "KVD007" for d in at_key)
         real = sglang_refusal(model_dir, key)
         # The type checks are the classes': refused by them exactly where the plan refuses the kind. SGLang's
@@ -101,7 +110,7 @@ def test_a_field_of_a_kind_sglang_refuses_is_refused_at_its_value(tmp_path_facto
         assert ours == (real == "type") or (ours and real == "other"), (key, value, real, at_key)
         if ours:
             (d,) = at_key
-            assert_placed_at(text, (key,), value, d)
+            assert_placed_at(text, path, value, d)
         seen["refused" if ours else "taken"] += 1
 
     with single_process_parallel():
@@ -109,7 +118,9 @@ def test_a_field_of_a_kind_sglang_refuses_is_refused_at_its_value(tmp_path_facto
     assert seen["refused"] and seen["taken"], seen
 
 
-def place(text: str, key: str) -> tuple[int, int]:
-    """The line and column of ``key``'s value in ``text`` (written with indent 2, one key a line)."""
-    before = text[:text.index(f'\n  "{key}": ')]
-    return before.count("\n") + 2, len(f'  "{key}": ') + 1
+def place(text: str, path: tuple[str, ...]) -> tuple[int, int]:
+    """The line and column of the value at ``path`` in ``text``."""
+    document = parse(text)
+    assert document is not None
+    start, _end = document.span_of(path)
+    return text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)

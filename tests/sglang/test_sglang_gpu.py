@@ -47,7 +47,7 @@ def test_a_launch_on_this_gpu_resolves_what_plan_assumes(sglang_env, tmp_path, m
     args.resolve_once()
     mib = get_device_memory_capacity("cuda")
     with single_process_parallel(), published_resolution(args):
-        live, kv_cache_dtype, _kvc = engine_reading(tmp_path / model, args)
+        live, kv_cache_dtype, _kvc = engine_reading(args)
     geometry = load_geometry(tmp_path / model / "config.json")
     ours = resolve_launch(geometry, Hardware(gpu_memory=int(mib * MiB)))
     assert (live, kv_cache_dtype) == (ours.settings, ours.report.kv_cache_dtype), mib

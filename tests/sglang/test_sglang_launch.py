@@ -153,7 +153,7 @@ def test_the_mirror_resolves_what_sglang_resolves(model_dirs):
         assert case.fault is None, f"SGLang refuses {case.fault}, the mirror resolves it"
         real = resolve_for_real(model_dir, case.hardware, argv_of(case.flags))
         with published_resolution(real):
-            live, kv_cache_dtype, _kvc = engine_reading(model_dir, real)
+            live, kv_cache_dtype, _kvc = engine_reading(real)
         assert live == ours.settings
         assert kv_cache_dtype == ours.report.kv_cache_dtype
         event(f"{ours.report.model_type}, SWA {'by ratio' if ours.settings.swa_ratio else 'from the request cap'}")
@@ -210,7 +210,7 @@ def test_the_context_length_is_sglangs_over_random_configs(tmp_path_factory, sgl
         ours = resolve_launch(load_geometry(model_dir / "config.json")).settings.context_length
         real = resolve_for_real(model_dir, Hardware(), [])
         with published_resolution(real):
-            live, _dtype, _kvc = engine_reading(model_dir, real)
+            live, _dtype, _kvc = engine_reading(real)
         assert ours == live.context_length, config
         scaling = config.get("rope_scaling") or {}
         event(f"rope {scaling.get('type') or scaling.get('rope_type') or 'none'}")
@@ -227,7 +227,7 @@ def test_a_default_launch_on_an_h200(model_dirs, model, capsys):
 
     real = resolve_for_real(model_dirs[model], Hardware(), [])
     with single_process_parallel(), published_resolution(real):
-        live, kv_cache_dtype, _kvc = engine_reading(model_dirs[model], real)
+        live, kv_cache_dtype, _kvc = engine_reading(real)
     ours = resolve_launch(load_geometry(model_dirs[model] / "config.json"))
     assert (live, kv_cache_dtype) == (ours.settings, ours.report.kv_cache_dtype)
     # What ``kvpolicy plan`` itself prints without a launch flag: the same values, and the hardware assumed.
@@ -257,7 +257,7 @@ def test_plan_of_a_default_launch_equals_what_sglang_builds(model_dirs, model):
     launch = resolve_launch(geometry)
     refused = []
     with single_process_parallel(), published_resolution(real):
-        _live, _dtype, kvc = engine_reading(model_dirs[model], real)
+        _live, _dtype, kvc = engine_reading(real)
         for budget in BUDGETS:
             try:
                 planned = plan_launch(geometry, launch, budget=budget)
@@ -290,7 +290,7 @@ def test_the_flash_example_of_the_issue_is_accepted_as_sglang_accepts_it(model_d
     planned = plan_launch(geometry, resolve_launch(geometry, flags=LaunchFlags(max_running_requests=256)),
                           budget=4 * GiB)
     with single_process_parallel(), published_resolution(real):
-        _live, _dtype, kvc = engine_reading(model_dirs["flash"], real)
+        _live, _dtype, kvc = engine_reading(real)
         config = real_sizes(kvc, 4 * GiB)
     assert planned.mode == "ratio" and planned.tokens.full == config.max_total_num_tokens > 0
 
@@ -305,7 +305,7 @@ def test_a_bfloat16_kv_cache_resolves_but_sglang_cannot_build_the_pool(model_dir
     import torch
 
     with single_process_parallel(), published_resolution(real):
-        _live, kv_cache_dtype, kvc = engine_reading(model_dirs["flash"], real)
+        _live, kv_cache_dtype, kvc = engine_reading(real)
         assert kv_cache_dtype == launch.report.kv_cache_dtype == "bfloat16"
         kvc.kv_cache_dtype = torch.bfloat16
         config = real_sizes(kvc, 8 * GiB)

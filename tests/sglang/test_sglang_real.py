@@ -300,7 +300,7 @@ def test_plan_with_a_policy_plans_what_the_budget_hook_builds(sglang_env, tmp_pa
     env = AdapterEnv(enabled=True, policy=policy, model="tiny-v4", ledger_dir=ledger.root)
     state = hooks.AdapterState(reserve_source=policy_reserve(env), connect=ledger.connect, model_name="tiny-v4")
     with single_process_parallel(), published_resolution(real):
-        _live, _dtype, kvc = engine_reading(model_dir, real, device="cpu")
+        _live, _dtype, kvc = engine_reading(real, device="cpu")
         free_memory_is(kvc, 64 * GiB, monkeypatch)
         hooks.install(state)
         try:
