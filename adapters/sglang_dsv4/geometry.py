@@ -170,8 +170,8 @@ class ModelGeometry(BaseModel):
         length = self._context_length  # here the key's own: a written factor that scales under 2 is found above
         if length < MIN_CONTEXT_LENGTH:
             return [ConfigProblem(VALUE_NOT_ALLOWED, (self.context_key,),
-                                f"{self.context_key}: {length} is the context length SGLang derives",
-                                f"{NO_ROOM}: write the model's own length")]
+                                  f"{self.context_key}: {length} is the context length SGLang derives",
+                                  f"{NO_ROOM}: write the model's own length")]
         return []
 
     @property
@@ -283,7 +283,8 @@ def _check_field_kinds(config: GeometryConfig) -> None:
         for name, table in STRICT_CLASSES.get(config.geometry.model_type, ()):
             wanted = kinds_wanted(table, key, value)
             if wanted is not None:
-                message = f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load the config"
+                message = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load "
+                           "the config")
                 found.append(config.diagnostic(WRONG_TYPE, (key,), message,
                                                "write the value as DeepSeek-V4's own config.json does"))
                 break
@@ -301,7 +302,8 @@ def _sglang_hint(problem: Problem, defaulted: set[str]) -> str | None:
     given_by_default = [key for key in defaulted if re.search(rf"\b{key}\b", problem.message)]
     if given_by_default:
         taken = ", ".join(f"{key}={FILE_DEFAULTS[key]}" for key in sorted(given_by_default))
-        return f"the file leaves it out, so SGLang 0.5.23 takes DeepseekV3Config's default ({taken}): write the model's value"
+        return (f"the file leaves it out, so SGLang 0.5.23 takes DeepseekV3Config's default ({taken}): "
+                "write the model's value")
     error = problem.error
     if error is None:
         return None
@@ -312,9 +314,10 @@ def _sglang_hint(problem: Problem, defaulted: set[str]) -> str | None:
     if "input" not in error or error["input"] is not None:
         return STRICT_HINT
     key = str(problem.path[0])
+    refuses = "SGLang 0.5.23 (transformers' strict config classes) refuses null"
     if key in FILE_DEFAULTS:
-        return f"SGLang 0.5.23 (transformers' strict config classes) refuses null: leave the key out for its default, {FILE_DEFAULTS[key]}"
-    return f"SGLang 0.5.23 (transformers' strict config classes) refuses null and has no default for {key}: write the model's value"
+        return f"{refuses}: leave the key out for its default, {FILE_DEFAULTS[key]}"
+    return f"{refuses} and has no default for {key}: write the model's value"
 
 
 def load_geometry(path: str | Path) -> ModelGeometry:

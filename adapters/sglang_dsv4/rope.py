@@ -73,10 +73,10 @@ def problems(field: str, rope: dict[str, Any], length: int, max_position_embeddi
     factor = rope.get("factor", 1)
     if factor_applies(rope) and "factor" in rope and int(factor * length) < MIN_CONTEXT_LENGTH:
         return [ConfigProblem(VALUE_NOT_ALLOWED, (field, "factor"),
-                            f"{field}.factor: {shown(factor)} scales the context length {length} to "
-                            f"{int(factor * length)}",
-                            f"SGLang 0.5.23 derives int(factor × length); {NO_ROOM}: write a factor of 1 or more, "
-                            "or leave the key out")]
+                              f"{field}.factor: {shown(factor)} scales the context length {length} to "
+                              f"{int(factor * length)}",
+                              f"SGLang 0.5.23 derives int(factor × length); {NO_ROOM}: write a factor of 1 or more, "
+                              "or leave the key out")]
     return []
 
 
@@ -91,8 +91,8 @@ def _length_problems(field: str, rope: dict[str, Any], length: int) -> list[Conf
     product = factor * length  # an int for an int factor, which may be past any float
     if isinstance(product, float) and not math.isfinite(product):
         return [ConfigProblem(VALUE_NOT_ALLOWED, (field, "factor"),
-                            f"{field}.factor: {shown(factor)} × {length} is no finite number",
-                            f"{formula}, which fails on an infinite or NaN product")]
+                              f"{field}.factor: {shown(factor)} × {length} is no finite number",
+                              f"{formula}, which fails on an infinite or NaN product")]
     return []
 
 
@@ -108,8 +108,8 @@ def _mscale_problems(field: str, rope: dict[str, Any]) -> list[ConfigProblem]:
     mscale_all_dim = rope.get("mscale_all_dim", False)
     if not _floats(mscale_all_dim):
         return [ConfigProblem(WRONG_TYPE, (field, "mscale_all_dim"),
-                            f"{field}.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
-                            f"{where} through float(), which fails on it")]
+                              f"{field}.mscale_all_dim: must be a number, not {shown(mscale_all_dim)}",
+                              f"{where} through float(), which fails on it")]
     factor = rope.get("factor", 1)
     if not _is_number(factor):
         return [_factor_wrong_type(field, factor, f"{where} after comparing it with 1, which {_fails_on(factor)}")]
@@ -129,8 +129,8 @@ def _load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embed
     missing = [key for key in ROPE_NEEDS.get(kind, ()) if key not in rope] if isinstance(kind, str) else []
     if missing:
         return [ConfigProblem(MISSING_FIELD, (*at, key), f"{where}.{key}: required, not given",
-                            f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope scaling "
-                            f"without {key}") for key in missing]
+                              f"transformers, which loads the config for SGLang 0.5.23, refuses a {kind} rope scaling "
+                              f"without {key}") for key in missing]
     compared = _uncomparable(at, rope, kind)
     if compared is not None:
         return [compared]
@@ -143,11 +143,11 @@ def _load_problems(at: tuple[str, ...], rope: dict[str, Any], max_position_embed
     key = (*at, "original_max_position_embeddings")
     if not _is_number(original):
         return [ConfigProblem(WRONG_TYPE, key, f"{where}.original_max_position_embeddings: must be a number, not "
-                            f"{shown(original)}", f"transformers' {kind} check (SGLang 0.5.23 loading the config) "
-                            f"{how}: {fix}")]
+                              f"{shown(original)}", f"transformers' {kind} check (SGLang 0.5.23 loading the config) "
+                              f"{how}: {fix}")]
     if kind == "yarn" and original == 0:
         return [ConfigProblem(VALUE_NOT_ALLOWED, key, f"{where}.original_max_position_embeddings: must not be 0",
-                            f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: {fix}")]
+                              f"transformers' yarn check (SGLang 0.5.23 loading the config) {how}: {fix}")]
     return []
 
 
@@ -161,8 +161,8 @@ def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> Co
         for key in ("short_factor", "long_factor"):
             if not hasattr(rope[key], "__len__"):
                 return ConfigProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a list ([...]), not "
-                                   f"{shown(rope[key])}", f"{check} takes its length: write one number per rotary "
-                                   "frequency")
+                                     f"{shown(rope[key])}", f"{check} takes its length: write one number per rotary "
+                                     "frequency")
         return None
     if kind == "yarn":  # an absent or falsy beta is its default
         keys, values = ("beta_fast", "beta_slow"), (rope.get("beta_fast") or 32, rope.get("beta_slow") or 1)
@@ -175,7 +175,7 @@ def _uncomparable(at: tuple[str, ...], rope: dict[str, Any], kind: object) -> Co
     except TypeError:
         key = next(k for k, v in zip(keys, values, strict=True) if not _is_number(v))
         return ConfigProblem(WRONG_TYPE, (*at, key), f"{where}.{key}: must be a number, not {shown(rope.get(key))}",
-                           f"{check} compares {keys[0]} with {keys[1]}, and fails on it")
+                             f"{check} compares {keys[0]} with {keys[1]}, and fails on it")
     return None
 
 
