@@ -52,13 +52,14 @@ CONTEXT_LENGTH_KEYS = (
 )
 
 # SGLang 0.5.23 loads a deepseek_v4 config through transformers' DeepseekV4Config and then its own
-# DeepseekV3Config alias, both strict dataclasses (huggingface_hub): an int field refuses true, "43"
-# and 43.0 alike. So the plan reads every integer strictly, where pydantic's lax mode would plan them.
+# DeepseekV3Config alias (a deepseek_v41 one through the latter only), strict dataclasses (huggingface_hub):
+# an int field refuses true, "43" and 43.0 alike. So the plan reads every integer strictly, where pydantic's
+# lax mode would plan them.
 Count = Annotated[int, Field(strict=True, gt=0)]
 """A positive JSON integer: no bool, string or float."""
 Int = Annotated[int, Field(strict=True)]
-STRICT_HINT = ("SGLang 0.5.23 reads it through transformers' strict DeepseekV4Config, which refuses true, "
-               "\"43\" and 43.0: write a bare integer")
+STRICT_HINT = ("SGLang 0.5.23 reads it through transformers' strict config classes (DeepseekV4Config, "
+               "DeepseekV3Config), which refuse true, \"43\" and 43.0: write a bare integer")
 FILE_DEFAULTS: dict[str, int] = {"num_hidden_layers": 61, "max_position_embeddings": 4096, "head_dim": 64,
                                  "qk_rope_head_dim": 64}
 """What SGLang 0.5.23 takes for a geometry field a ``config.json`` leaves out: the defaults of transformers'

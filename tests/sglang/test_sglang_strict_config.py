@@ -81,7 +81,7 @@ def test_a_lax_integer_is_refused_at_it_and_sglang_refuses_it_too(tmp_path_facto
                      "--budget", "40GiB", "--format", "json"]) == 1
         (d,) = json.loads(capsys.readouterr().out)["error"]["diagnostics"]
         assert d["code"] == "KVD007", d
-        assert d["hint"] and "strict DeepseekV4Config" in d["hint"], d
+        assert d["hint"] and "strict config classes (DeepseekV4Config, DeepseekV3Config)" in d["hint"], d
         assert_placed_at(text, key, bad, d)
         assert sglang_refuses_or_differs(model_dir, key), (key, bad)
         event(f"{key[0]} {type(bad).__name__}")
