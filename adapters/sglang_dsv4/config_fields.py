@@ -6,9 +6,11 @@ lays a multimodal release's nesting out flat: the fields of ``text_config`` but 
 top level's over them; ``vision_config``'s go to ``vision_*`` fields (none sizes a pool), ``model_type``
 becomes ``deepseek_v41`` and the architecture list ``["DeepseekV41ForCausalLM"]`` becomes
 ``["DeepseekV4ForCausalLM"]``. It reads each nested value as ``dict(value)`` (null: nothing), and passes the
-fields on as keyword arguments. Every other config is read at its top level, and a ``deepseek_v4`` one with
-a ``text_config`` (of any value) stops SGLang: its text-config lookup asserts that the value has a
-``num_attention_heads`` attribute, which no JSON value has. So does a V4.1 ``text_config`` that holds one.
+fields on as keyword arguments. A ``deepseek_v4`` config is read at its top level, and a ``text_config`` in it
+(of any value) stops SGLang: its text-config lookup asserts that the value has a ``num_attention_heads``
+attribute, which no JSON value has. So does a V4.1 ``text_config`` that holds one. A config of no model type
+stops transformers before SGLang; one of another type the plan does not read (it would load through another
+class, with other defaults).
 
 Pure data: no sglang.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
+from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 
 if TYPE_CHECKING:
     from kvpolicy.document_codes import DocumentCode
@@ -73,9 +75,10 @@ class ConfigFields:
 
 def config_fields(data: dict[str, Any]) -> ConfigFields:
     """The fields of the config ``data`` (a file's top level) as SGLang 0.5.23 reads them; ConfigShapeError where
-    its nesting stops SGLang first."""
-    if data.get("model_type") not in V41_LOADED_AS_ONE:
-        if TEXT_CONFIG in data and data.get("model_type", V4_MODEL_TYPE) == V4_MODEL_TYPE:
+    its model type or nesting stops SGLang first, or is not a DeepSeek-V4 one."""
+    _check_model_type(data)
+    if data["model_type"] == V4_MODEL_TYPE:
+        if TEXT_CONFIG in data:
             raise ConfigShapeError(ConfigProblem(
                 VALUE_NOT_ALLOWED, (TEXT_CONFIG,),
                 f"{TEXT_CONFIG}: SGLang 0.5.23 lays one out only in a {V41_MODEL_TYPE} config, and stops at it in "
@@ -98,6 +101,26 @@ def config_fields(data: dict[str, Any]) -> ConfigFields:
             "(its text-config lookup asserts the value has num_attention_heads as an attribute)",
             f"write the language model's fields in {TEXT_CONFIG} itself"))
     return ConfigFields(fields, nested, absent_at)
+
+
+def _check_model_type(data: dict[str, Any]) -> None:
+    """ConfigShapeError unless ``model_type`` names a DeepSeek-V4 config: transformers, which loads the config for
+    SGLang, picks the class by it and stops without it (or with a name it does not know); the plan knows what
+    SGLang reads of the V4 and V4.1 types only."""
+    from kvpolicy.validation import shown
+
+    known = (V4_MODEL_TYPE, *V41_LOADED_AS_ONE)
+    hint = f"write \"{V4_MODEL_TYPE}\" (or \"{V41_MODEL_TYPE}\"), as DeepSeek-V4's own config.json does"
+    if "model_type" not in data:
+        raise ConfigShapeError(ConfigProblem(
+            MISSING_FIELD, ("model_type",), "model_type: required, not given",
+            f"transformers, which loads the config for SGLang 0.5.23, picks the config class by it: {hint}"))
+    model_type = data["model_type"]
+    if model_type not in known:
+        raise ConfigShapeError(ConfigProblem(
+            VALUE_NOT_ALLOWED if isinstance(model_type, str) else WRONG_TYPE, ("model_type",),
+            f"model_type {shown(model_type)}: the plan reads the DeepSeek-V4 types {', '.join(known)} only",
+            hint))
 
 
 def _as_fields(data: dict[str, Any], key: str) -> dict[str, Any]:

@@ -3,12 +3,11 @@ what it takes for a field no level gives is what SGLang takes.
 
 Each example writes DeepSeek-V4-Flash's fields spread at random over a config's top level and its
 ``text_config`` (some in both, with different values where the config stays valid; some in neither), with a
-``model_type`` of
-V4 or V4.1, architectures at either level or both, a ``vision_config`` and now and then a ``text_config`` that
-is null, no object or holds another ``text_config``. SGLang's own resolution (``prepare_server_args``, its
-``ModelConfig`` and its configurator building the pools for 40 GiB on the ``meta`` device, on the CPU) and
-``kvpolicy plan``'s reading must agree: both refuse, or both get the same launch settings, the same fields of
-the pools' geometry and the same tensors.
+``model_type`` of V4 or V4.1 (or none), architectures at either level or both, a ``vision_config`` and now
+and then a ``text_config`` that is null, no object or holds another ``text_config``. SGLang's own resolution
+(``prepare_server_args``, its ``ModelConfig`` and its configurator building the pools for 40 GiB on the
+``meta`` device, on the CPU) and ``kvpolicy plan``'s reading must agree: both refuse, or both get the same
+launch settings, the same fields of the pools' geometry and the same tensors.
 """
 
 from __future__ import annotations
@@ -68,10 +67,10 @@ def often(first: Any, *others: Any, times: int = 8) -> st.SearchStrategy[Any]:
 
 @st.composite
 def nested_configs(draw) -> dict[str, Any]:
-    model_type = draw(st.sampled_from(("deepseek_v41", "deepseek_v41_text", "deepseek_v4")))
+    model_type = draw(often(draw(st.sampled_from(("deepseek_v41", "deepseek_v41_text", "deepseek_v4"))), None))
     # SGLang reads a deepseek_v4 config at its top level only: there, a text_config is mostly left out.
-    nests = model_type != "deepseek_v4" or draw(often(False, True))
-    top: dict[str, Any] = {"model_type": model_type}
+    nests = model_type not in ("deepseek_v4", None) or draw(often(False, True))
+    top: dict[str, Any] = {} if model_type is None else {"model_type": model_type}
     text: dict[str, Any] = {}
     for key in FIELDS:
         where = draw(often(draw(st.sampled_from(("top", "text", "both"))), "neither", times=20))
@@ -202,6 +201,21 @@ def test_a_v41_text_configs_problem_is_placed_inside_it(capsys, tmp_path):
         d = error_diagnostic(capsys, path)
         assert d["code"] == code, d
         assert_placed_at(text, (TEXT_CONFIG, key), bad, d)
+
+
+def test_a_model_type_the_plan_does_not_read_is_refused_at_it(capsys, tmp_path, sglang_env):
+    """transformers stops without a model type; a config of another type loads through another class, with
+    other defaults, which the plan does not know: refused at the key, though SGLang may build it."""
+    path, _ = write(tmp_path, {k: v for k, v in FLASH.items() if k != "model_type"})
+    d = error_diagnostic(capsys, path)
+    assert (d["code"], d["line"], d["col"], d["message"]) == ("KVD009", 1, 1, "model_type: required, not given"), d
+    with single_process_parallel(), pytest.raises(ValueError, match="Should have a `model_type` key"):
+        resolve_for_real(tmp_path, Hardware(), [])
+    for other in ("deepseek_v3", "llama"):
+        path, text = write(tmp_path, {**FLASH, "model_type": other})
+        d = error_diagnostic(capsys, path)
+        assert d["code"] == "KVD008" and "the plan reads the DeepSeek-V4 types" in d["message"], d
+        assert_placed_at(text, ("model_type",), other, d)
 
 
 def test_a_text_config_sglang_stops_at_is_refused_at_it(capsys, tmp_path):

@@ -93,7 +93,8 @@ def test_without_max_running_requests_a_small_reserve_is_refused_with_the_reason
 
 def test_geometry_errors_name_the_file(tmp_path):
     bad = tmp_path / "config.json"
-    bad.write_text(json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "num_hidden_layers": 3, "head_dim": 512,
+    bad.write_text(json.dumps({"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4",
+                               "num_hidden_layers": 3, "head_dim": 512,
                                "index_head_dim": 128, "sliding_window": 128, "compress_ratios": [0, 2, 4],
                                "max_position_embeddings": 8}))
     with pytest.raises(GeometryError, match=r"config.json.*ratio-1/2"):
