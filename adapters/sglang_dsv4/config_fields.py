@@ -47,7 +47,8 @@ class ConfigProblem:
 
 
 class ConfigShapeError(ValueError):
-    """The file's nesting stops SGLang before any field is read: ``problem`` says where (a path in the file)."""
+    """The file's model type or nesting stops SGLang (or is a type the plan does not read) before any field is
+    read: ``problem`` says where (a path in the file)."""
 
     def __init__(self, problem: ConfigProblem) -> None:
         super().__init__(problem.message)
