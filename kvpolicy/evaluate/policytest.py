@@ -26,9 +26,18 @@ import copy
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SkipValidation,
+    Tag,
+    ValidationError,
+    create_model,
+)
 from pydantic.fields import FieldInfo
 
 from kvpolicy.diagnostics import Diagnostic, PolicyError
@@ -38,10 +47,12 @@ from kvpolicy.evaluate.decision import Decision, State
 from kvpolicy.facts import Facts, GpuFacts, InstanceFacts, Size
 from kvpolicy.facts_io import FactsError, FactsUnreadable, read_facts
 from kvpolicy.json_text import (
+    FACTS,
     POLICY_TEST,
     PROBLEM_CODES,
     STATE,
     CarriesProblems,
+    DocumentKind,
     DocumentInvalid,
     Places,
     load_document,
@@ -55,6 +66,9 @@ from kvpolicy.paths import reason
 from kvpolicy.suggest import closest
 from kvpolicy.units import format_bytes
 from kvpolicy.validation import Problem, problems
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 def _expected_kind(value: Any) -> str:
@@ -174,8 +188,10 @@ class Case(_Strict):
 
     name: str
     """What the case shows; printed with its result."""
+    # Inline facts are validated when the case runs (``_case_facts``), so that their problems fail this case
+    # alone, as a facts file's do; the schema still describes them as facts, for editors.
     facts: Annotated[
-        Annotated[str, Tag("file")] | Annotated[Facts, Tag("inline")],
+        Annotated[str, Tag("file")] | Annotated[Facts, SkipValidation, Tag("inline")],
         Discriminator(lambda value: "file" if isinstance(value, str) else "inline"),
     ]
     """A facts file relative to the test file, or the facts inline (sizes may have units)."""
@@ -304,11 +320,12 @@ def _run_case(policy: PreparedPolicy, case: Case, base: Path, where: _Where) -> 
     return failures
 
 
-def _case_facts(given: str | Facts, base: Path, at: _Where) -> Facts:
-    """The case's facts: inline, or the file it names (relative to the test file); one that cannot be read at
-    all is a problem at its name in the test file, one with problems a ``FactsError`` with them."""
-    if not isinstance(given, str):
-        return given
+def _case_facts(given: object, base: Path, at: _Where) -> Facts:
+    """The case's facts: inline (``DocumentInvalid`` with their problems, each at its place in the test file), or
+    the file it names (relative to the test file); one that cannot be read at all is a problem at its name in the
+    test file, one with problems a ``FactsError`` with them."""
+    if not isinstance(given, str):  # inline: as written, validated here (``Case.facts``)
+        return _validated(Facts, FACTS, given, at.below("facts"))
     try:
         return read_facts(base / given)
     except FactsUnreadable as exc:
@@ -318,18 +335,22 @@ def _case_facts(given: str | Facts, base: Path, at: _Where) -> Facts:
 
 def _state(given: dict[str, Any] | None, at: _Where) -> State | None:
     """The case's starting state; ``DocumentInvalid`` with its problems, each at its place in the test file."""
-    if given is None:
-        return None
+    return None if given is None else _validated(State, STATE, given, at)
+
+
+def _validated(model: type[M], kind: DocumentKind, given: object, at: _Where) -> M:
+    """``given``, a document of ``kind`` written inside the test file at ``at``, as ``model``; ``DocumentInvalid``
+    with its problems, each at its place in the test file."""
     try:
-        return State.model_validate(given)
+        return model.model_validate(given)
     except ValidationError as exc:
-        wrong = wrong_document(exc, given, STATE)  # another schema version, or another kind of document
+        wrong = wrong_document(exc, given, kind)  # another schema version, or another kind of document
         if wrong is not None:
             path, message, hint = wrong
             raise refused([at.problem(WRONG_DOCUMENT, path, message, hint)]) from None
-        described = f"kvpolicy schema {STATE.schema} describes every field"
+        described = f"kvpolicy schema {kind.schema} describes every field"
         raise refused(at.problem(PROBLEM_CODES[p.kind], p.path, _said(p), p.hint or described, key=p.is_key,
-                                 missing=p.kind == "missing-field") for p in problems(exc, State)) from None
+                                 missing=p.kind == "missing-field") for p in problems(exc, model)) from None
 
 
 def _said(problem: Problem) -> str:

@@ -1,7 +1,7 @@
 """`kvpolicy test`: the problems a case meets as it runs are placed in the test file, with their codes.
 
-An inline state that is no evaluator state (or of another schema version, or another kind of
-document), an id a step's ``set`` or ``remove`` names that the facts lack, facts that a step makes
+Inline facts or an inline state that are no facts or evaluator state (or of another schema version, or
+another kind of document), an id a step's ``set`` or ``remove`` names that the facts lack, facts that a step makes
 invalid, a facts file that cannot be read: each is a diagnostic at the value the user wrote
 (``t.kvtest.json:LINE:COL: KVDnnn error: ...`` and its hint), in the text output under the case
 and in ``--format json`` in the case's result. The case fails; the others still run. The
@@ -49,7 +49,8 @@ TESTS = """{"schema": 1, "policy": "p.kvp",
   {"name": "a newer state", "facts": "p.facts.json", "state": {"schema": 2}},
   {"name": "facts as state", "facts": "p.facts.json", "state": {"schema": 1, "gpus": []}},
   {"name": "no facts file", "facts": "gone.facts.json"},
-  {"name": "removed earlier", "facts": "p.facts.json", "steps": [{"set": {"remove": ["batch/0"]}}, {"set": {"instances": {"batch/0": {"idle_seconds": 1}}, "remove": ["batch/0"]}}]}
+  {"name": "removed earlier", "facts": "p.facts.json", "steps": [{"set": {"remove": ["batch/0"]}}, {"set": {"instances": {"batch/0": {"idle_seconds": 1}}, "remove": ["batch/0"]}}]},
+  {"name": "bad inline facts", "facts": {"gpus": [{"id": "cuda:0", "capacity": "eighty"}], "instancs": []}}
  ]}
 """
 PROBLEMS = {
@@ -97,6 +98,13 @@ PROBLEMS = {
         ("t.kvtest.json:21:167: KVD008 error: cases.9.steps.1.set.remove.0: no instance 'batch/0' in the facts: "
          "step 1 removed it", "a step's `remove` takes the instance out of the facts for every later step"),
     ],
+    "bad inline facts": [  # as a facts file's problems: this case fails, the others run
+        ("t.kvtest.json:22:80: KVD008 error: cases.10.facts.gpus.0.capacity: 'eighty' is not a size: write a number "
+         "and a unit, e.g. 80 GiB", "capacity: Bytes of memory the GPU has (cuMemGetInfo's total, or the policy's "
+                                    "capacity)."),
+        ("t.kvtest.json:22:92: KVD010 error: cases.10.facts.instancs: unknown field 'instancs'",
+         "did you mean 'instances'?"),
+    ],
 }
 
 
@@ -122,7 +130,7 @@ def test_the_places_are_the_values_written() -> None:
     assert [start[:14] for start in starts] == ['"holding_snce"', '"soon"}}}}},', '"chat/1": {"id', '"gpu-x": {"oth',
                                                 '"chat/9"]}}]},', '"cuda:1"}}}}]}', '1.7e308}]},',
                                                 '2}},', '{"schema": 1, ', '"gone.facts.js', '"batch/0": {"i',
-                                                '"batch/0"]}}]}']
+                                                '"batch/0"]}}]}', '"eighty"}], "i', '"instancs": []']
 
 
 def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> None:
@@ -133,7 +141,7 @@ def test_text_places_each_problem_under_its_case_with_its_hint(folder: Path) -> 
         expected.append(f"FAIL  t.kvtest.json :: {case}")
         for first, hint in found:
             expected += [f"      cannot run: {first}", f"        hint: {hint}"]
-    expected.append("1 passed, 9 failed, 0 file error(s) in 1 file(s)")
+    expected.append("1 passed, 10 failed, 0 file error(s) in 1 file(s)")
     assert done.stdout.split("\n")[:-1] == expected
     (shown,) = re.findall(r"```\n(FAIL  t\.kvtest\.json .*?)\n```", (Path(__file__).parents[2] / "docs" / "policy-tests.md").read_text(),
                           flags=re.S)
@@ -144,7 +152,7 @@ def test_json_carries_each_problem_in_its_case_s_result(folder: Path) -> None:
     done = kvpolicy_test(folder, "--format", "json")
     assert done.returncode == 1 and done.stderr == ""
     report = json.loads(done.stdout)
-    assert report["summary"] == {"files": 1, "cases": 10, "passed": 1, "failed": 9}
+    assert report["summary"] == {"files": 1, "cases": 11, "passed": 1, "failed": 10}
     assert (report["errors"], report["diagnostics"], report["more"]) == ([], [], 0), "no problem of the file as a whole"
     passed, *failed = report["results"]
     assert (passed["passed"], passed["failures"], passed["diagnostics"]) == (True, [], [])
