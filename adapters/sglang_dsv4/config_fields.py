@@ -29,7 +29,9 @@ V4_MODEL_TYPE = "deepseek_v4"
 V41_MODEL_TYPE = "deepseek_v41"
 V41_LOADED_AS_ONE = (V41_MODEL_TYPE, "deepseek_v41_text")
 """The model types ``DeepseekV41Config.__init__`` loads (its text config shares it), flat, as ``deepseek_v41``."""
-V41_ARCHITECTURES, V4_ARCHITECTURES = ["DeepseekV41ForCausalLM"], ["DeepseekV4ForCausalLM"]
+V4_ARCHITECTURE = "DeepseekV4ForCausalLM"
+"""The architecture SGLang 0.5.23 builds DeepSeek-V4 pools for (V4 and V4.1 configs alike)."""
+V41_ARCHITECTURES = ["DeepseekV41ForCausalLM"]
 TEXT_CONFIG, VISION_CONFIG = "text_config", "vision_config"
 FLAT_HINT = "write the language model's fields at the top level, or make the config a deepseek_v41 one"
 
@@ -92,7 +94,7 @@ def config_fields(data: dict[str, Any]) -> ConfigFields:
     top = {k: v for k, v in data.items() if k not in (TEXT_CONFIG, VISION_CONFIG)}
     fields = {**text, **top, "model_type": V41_MODEL_TYPE}
     if fields.get("architectures") == V41_ARCHITECTURES:
-        fields["architectures"] = list(V4_ARCHITECTURES)
+        fields["architectures"] = [V4_ARCHITECTURE]
     nested = frozenset(text) - frozenset(top)
     absent_at = (TEXT_CONFIG,) if isinstance(data.get(TEXT_CONFIG), dict) else ()
     if TEXT_CONFIG in nested:

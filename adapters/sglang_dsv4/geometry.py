@@ -28,7 +28,15 @@ from kvpolicy.validation import Conflict, Conflicts
 from ..common import read_config_json
 from ..hf_config_kinds import FIELD_KINDS, Kinds
 from ..hf_config_kinds import refused as kinds_wanted
-from .config_fields import V4_MODEL_TYPE, ConfigFields, ConfigProblem, ConfigShapeError, config_fields
+from .config_fields import (
+    V4_ARCHITECTURE,
+    V4_MODEL_TYPE,
+    V41_MODEL_TYPE,
+    ConfigFields,
+    ConfigProblem,
+    ConfigShapeError,
+    config_fields,
+)
 from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
 
@@ -43,8 +51,6 @@ if TYPE_CHECKING:
 V4_NOPE_DIM = 448
 V4_ROPE_DIM = 64
 SUPPORTED_RATIOS = frozenset({0, 4, 128})
-V4_ARCHITECTURE = "DeepseekV4ForCausalLM"
-"""The architecture SGLang 0.5.23 builds DeepSeek-V4 pools for (V4 and V4.1 configs alike)."""
 # Where SGLang looks for a model's context length, first match wins
 # (sglang/srt/utils/hf_transformers/common.py, CONTEXT_LENGTH_KEYS).
 CONTEXT_LENGTH_KEYS = (
@@ -266,11 +272,12 @@ def read_geometry(path: str | Path) -> GeometryConfig:
 
 
 STRICT_CLASSES: dict[str, tuple[tuple[str, dict[str, Kinds]], ...]] = {
-    "deepseek_v4": (("transformers' DeepseekV4Config", FIELD_KINDS["DeepseekV4Config"]),
+    V4_MODEL_TYPE: (("transformers' DeepseekV4Config", FIELD_KINDS["DeepseekV4Config"]),
                     ("DeepseekV3Config (SGLang's deepseek_v4 alias of it)", FIELD_KINDS["DeepseekV3Config"])),
-    "deepseek_v41": (("DeepseekV3Config (SGLang's DeepseekV41Config is one)", FIELD_KINDS["DeepseekV3Config"]),),
+    V41_MODEL_TYPE: (("DeepseekV3Config (SGLang's DeepseekV41Config is one)", FIELD_KINDS["DeepseekV3Config"]),),
 }
-"""The strict classes SGLang 0.5.23 loads a config.json of each model type with, and the kinds each takes."""
+"""The strict classes SGLang 0.5.23 loads a config.json of each model type with (``config_fields`` lets no other
+type through), and the kinds each takes."""
 
 
 def _check_field_kinds(config: GeometryConfig) -> None:
@@ -281,7 +288,7 @@ def _check_field_kinds(config: GeometryConfig) -> None:
 
     found = []
     for key, value in config.fields.data.items():
-        for name, table in STRICT_CLASSES.get(config.geometry.model_type, ()):
+        for name, table in STRICT_CLASSES[config.geometry.model_type]:
             wanted = kinds_wanted(table, key, value)
             if wanted is not None:
                 message = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load "
