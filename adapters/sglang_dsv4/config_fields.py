@@ -6,11 +6,19 @@ lays a multimodal release's nesting out flat: the fields of ``text_config`` but 
 top level's over them; ``vision_config``'s go to ``vision_*`` fields (none sizes a pool), ``model_type``
 becomes ``deepseek_v41`` and the architecture list ``["DeepseekV41ForCausalLM"]`` becomes
 ``["DeepseekV4ForCausalLM"]``. It reads each nested value as ``dict(value)`` (null: nothing), and passes the
-fields on as keyword arguments. A ``deepseek_v4`` config is read at its top level, and a ``text_config`` in it
-(of any value) stops SGLang: its text-config lookup asserts that the value has a ``num_attention_heads``
-attribute, which no JSON value has. So does a V4.1 ``text_config`` that holds one. A config of no model type
+fields on as keyword arguments. A ``deepseek_v4`` config is read at its top level. A config of no model type
 stops transformers before SGLang; one of another type the plan does not read (it would load through another
 class, with other defaults).
+
+SGLang's text-config lookup (``get_hf_text_config``) then looks, in the laid-out fields, for a sub-config to
+read the language model from: ``thinker_config``, ``llm_config``, ``language_config``, ``text_config``, the
+first present (``SUB_CONFIGS``). From one it reads the layer count and context length, while the pools'
+geometry (window, compress ratios) stays the top level's; where it cannot (``llm_config`` and ``text_config``
+without ``num_attention_heads``, null too; any value no object), it stops. The plan reads one level, so it
+refuses the key either way. A null ``thinker_config`` or ``language_config`` ends the lookup at the top level,
+the keys after it unread. Before the lookup SGLang gives each sub-config that is no object the config's
+``dtype``, which a JSON list, string, number or boolean cannot take: with a dtype in the config, such a value
+stops it under any of the four keys.
 
 Pure data: no sglang.
 """
@@ -33,6 +41,10 @@ V4_ARCHITECTURE = "DeepseekV4ForCausalLM"
 """The architecture SGLang 0.5.23 builds DeepSeek-V4 pools for (V4 and V4.1 configs alike)."""
 V41_ARCHITECTURES = ["DeepseekV41ForCausalLM"]
 TEXT_CONFIG, VISION_CONFIG = "text_config", "vision_config"
+SUB_CONFIGS = ("thinker_config", "llm_config", "language_config", TEXT_CONFIG)
+"""The keys SGLang 0.5.23's text-config lookup reads the language model from, in the order it tries them."""
+ENDS_LOOKUP_WHEN_NULL = ("thinker_config", "language_config")
+"""The sub-config keys whose null value sends the lookup to the top level (the others' null stops SGLang)."""
 FLAT_HINT = "write the language model's fields at the top level, or make the config a deepseek_v41 one"
 
 
@@ -80,14 +92,13 @@ def config_fields(data: dict[str, Any]) -> ConfigFields:
     """The fields of the config ``data`` (a file's top level) as SGLang 0.5.23 reads them; ConfigShapeError where
     its model type or nesting stops SGLang first, or is not a DeepSeek-V4 one."""
     _check_model_type(data)
-    if data["model_type"] == V4_MODEL_TYPE:
-        if TEXT_CONFIG in data:
-            raise ConfigShapeError(ConfigProblem(
-                VALUE_NOT_ALLOWED, (TEXT_CONFIG,),
-                f"{TEXT_CONFIG}: SGLang 0.5.23 lays one out only in a {V41_MODEL_TYPE} config, and stops at it in "
-                f"a {V4_MODEL_TYPE} one (its text-config lookup asserts the value has num_attention_heads as an "
-                "attribute)", FLAT_HINT))
-        return ConfigFields(data)
+    fields = ConfigFields(data) if data["model_type"] == V4_MODEL_TYPE else _laid_out_flat(data)
+    _check_text_config_lookup(fields)
+    return fields
+
+
+def _laid_out_flat(data: dict[str, Any]) -> ConfigFields:
+    """A V4.1 config's fields as ``DeepseekV41Config`` lays them out (the module's docstring)."""
     text = _as_fields(data, TEXT_CONFIG)
     _as_fields(data, VISION_CONFIG)  # read for its vision_* fields only: it need be one dict() takes
     text.pop("model_type", None)
@@ -97,13 +108,41 @@ def config_fields(data: dict[str, Any]) -> ConfigFields:
         fields["architectures"] = [V4_ARCHITECTURE]
     nested = frozenset(text) - frozenset(top)
     absent_at = (TEXT_CONFIG,) if isinstance(data.get(TEXT_CONFIG), dict) else ()
-    if TEXT_CONFIG in nested:
-        raise ConfigShapeError(ConfigProblem(
-            VALUE_NOT_ALLOWED, (TEXT_CONFIG, TEXT_CONFIG),
-            f"{TEXT_CONFIG}.{TEXT_CONFIG}: SGLang 0.5.23 lays {TEXT_CONFIG} out flat, and stops at one left in it "
-            "(its text-config lookup asserts the value has num_attention_heads as an attribute)",
-            f"write the language model's fields in {TEXT_CONFIG} itself"))
     return ConfigFields(fields, nested, absent_at)
+
+
+def _check_text_config_lookup(fields: ConfigFields) -> None:
+    """ConfigShapeError where SGLang's text-config lookup stops at a sub-config, or would read the language model
+    from one (the module's docstring): at the key, where it is written."""
+    from kvpolicy.validation import shown
+
+    data = fields.data
+    if data.get("dtype") is not None or data.get("torch_dtype") is not None:
+        for key in SUB_CONFIGS:
+            value = data.get(key)
+            if value is not None and not isinstance(value, dict):
+                where = fields.path((key,))
+                raise ConfigShapeError(ConfigProblem(
+                    WRONG_TYPE, where, f"{_dotted(where)} {shown(value)}: SGLang 0.5.23 gives a sub-config that is "
+                    "no object the config's dtype, which this value cannot take",
+                    f"leave {key} out: the plan reads the model at the top level"))
+    for key in SUB_CONFIGS:
+        if key not in data:
+            continue
+        if data[key] is None and key in ENDS_LOOKUP_WHEN_NULL:
+            return
+        where = fields.path((key,))
+        raise ConfigShapeError(ConfigProblem(
+            VALUE_NOT_ALLOWED, where,
+            f"{_dotted(where)}: SGLang 0.5.23 reads the model's layer count and context length from "
+            f"{key} (the pools' window and compress ratios from the top level), or stops at it; the plan reads "
+            "one level",
+            FLAT_HINT if where == (TEXT_CONFIG,) else f"leave {key} out and write the language model's fields "
+            + (f"in {TEXT_CONFIG} itself" if len(where) > 1 else "at the top level")))
+
+
+def _dotted(key: tuple[str | int, ...]) -> str:
+    return ".".join(map(str, key))
 
 
 def _check_model_type(data: dict[str, Any]) -> None:

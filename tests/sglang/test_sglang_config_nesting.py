@@ -7,13 +7,18 @@ Each example writes DeepSeek-V4-Flash's fields spread at random over a config's 
 and then a ``text_config`` that is null, no object or holds another ``text_config``. SGLang's own resolution
 (``prepare_server_args``, its ``ModelConfig`` and its configurator building the pools for 40 GiB on the
 ``meta`` device, on the CPU) and ``kvpolicy plan``'s reading must agree: both refuse, or both get the same
-launch settings, the same fields of the pools' geometry and the same tensors.
+launch settings, the same fields of the pools' geometry and the same tensors. Now and then a config also holds a
+sub-config SGLang's text-config lookup tries (``thinker_config``, ``llm_config``, ``language_config``: null, an
+object SGLang cannot build from, one it can, or no object) and a dtype: where SGLang reads the model's layer
+count and context length from such a sub-config, the plan refuses it (documented as stricter than SGLang), and
+the test requires that SGLang did read them from there.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from functools import cache
 from itertools import count
 from pathlib import Path
 from typing import Any
@@ -22,7 +27,13 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG, VISION_CONFIG
+from kvpolicy.adapters.sglang_dsv4.config_fields import (
+    SUB_CONFIGS,
+    TEXT_CONFIG,
+    VISION_CONFIG,
+    ConfigShapeError,
+    config_fields,
+)
 from kvpolicy.adapters.sglang_dsv4.geometry import (
     FILE_DEFAULTS,
     FILE_REQUIRED,
@@ -33,6 +44,7 @@ from kvpolicy.adapters.sglang_dsv4.geometry import (
 from kvpolicy.adapters.sglang_dsv4.launch import Hardware, LaunchError, resolve_launch
 from kvpolicy.adapters.sglang_dsv4.plan import PlanError, pool_tensors, size_from_budget
 from kvpolicy.cli import main
+from kvpolicy.document_codes import VALUE_NOT_ALLOWED
 from kvpolicy.units import GiB
 from tests.cli.test_plan_config_errors import assert_placed_at
 from tests.sglang.sglang_support import (
@@ -60,6 +72,33 @@ ODD_TEXT_CONFIGS = (None, [], "", 0, False, [["max_position_embeddings", 4096]],
 pairs (a non-string name stops it), the rest stop it."""
 
 
+LOOKUP_KEYS = tuple(key for key in SUB_CONFIGS if key != TEXT_CONFIG)
+
+
+@cache
+def buildable_sub_config() -> dict[str, Any]:
+    """A sub-config SGLang can build the language model from: every field ``DeepseekV3Config`` has, with Flash's
+    fields over them (a sub-config gets no class defaults)."""
+    from transformers import DeepseekV3Config
+
+    fields = {k: v for k, v in DeepseekV3Config().to_dict().items() if not k.startswith("_")}
+    fields.pop("transformers_version", None)
+    return {**fields, **{k: FLASH[k] for k in FIELDS}}
+
+
+@st.composite
+def sub_configs(draw) -> Any:
+    """A value for a key SGLang's text-config lookup tries: null, an object it cannot build from, one it can (with
+    Flash's context length or another), or no object."""
+    kind = draw(st.sampled_from(("null", "empty", "buildable", "other context", "number", "list")))
+    if kind in ("buildable", "other context"):
+        sub = dict(buildable_sub_config())
+        if kind == "other context":
+            sub["max_position_embeddings"] = draw(st.integers(4096, 1 << 19))
+        return sub
+    return {"null": None, "empty": {}, "number": 7, "list": []}[kind]
+
+
 def often(first: Any, *others: Any, times: int = 8) -> st.SearchStrategy[Any]:
     """``first`` about ``times`` times as often as each of ``others`` (and what an example shrinks to)."""
     return st.sampled_from((first,) * times + others)
@@ -84,8 +123,13 @@ def nested_configs(draw) -> dict[str, Any]:
         text["model_type"] = draw(st.sampled_from(("deepseek_v4", "deepseek_v41_text", "gemma3_text")))
     if draw(st.integers(0, 19)) == 0:
         text[TEXT_CONFIG] = {"max_position_embeddings": 4096}
+    if draw(st.integers(0, 4)) == 0:  # a sub-config the text-config lookup tries, at either level
+        for key in draw(st.lists(st.sampled_from(LOOKUP_KEYS), min_size=1, max_size=2, unique=True)):
+            draw(st.sampled_from((top, text) if nests else (top,)))[key] = draw(sub_configs())
+    if draw(st.integers(0, 3)) == 0:
+        top[draw(st.sampled_from(("dtype", "torch_dtype")))] = "bfloat16"
     if nests:
-        top[TEXT_CONFIG] = draw(often(text, *ODD_TEXT_CONFIGS))
+        top[TEXT_CONFIG] = draw(often(text, *ODD_TEXT_CONFIGS, draw(sub_configs())))
     vision = draw(often("absent", "object", "null", "number"))
     if vision != "absent":
         top[VISION_CONFIG] = {"object": {"num_hidden_layers": 3, "hidden_size": 64}, "null": None, "number": 1}[vision]
@@ -139,6 +183,12 @@ def test_the_plan_reads_a_nested_config_where_sglang_does(tmp_path_factory, sgla
         model_dir.mkdir()
         (model_dir / "config.json").write_text(json.dumps(config, indent=2))
         mine, real = ours(model_dir), sglangs(model_dir)
+        if refuses_a_sub_config(config) and not isinstance(real, Exception):
+            model_config = real[0]  # stricter than SGLang, where SGLang reads the model from the sub-config:
+            assert model_config.hf_text_config is not model_config.hf_config, config
+            event("refused: a sub-config SGLang reads the model from")
+            seen["stricter"] += 1
+            return
         if isinstance(mine, Exception) or isinstance(real, Exception):
             assert isinstance(mine, Exception) and isinstance(real, Exception), (config, mine, real)
             event(f"refused: {type(mine).__name__}, SGLang: {type(real).__name__}")
@@ -158,6 +208,15 @@ def test_the_plan_reads_a_nested_config_where_sglang_does(tmp_path_factory, sgla
     with single_process_parallel():
         check()
     assert seen["refused"] and seen["nested"] and seen["flat"], seen
+
+
+def refuses_a_sub_config(config: dict[str, Any]) -> bool:
+    """Whether the plan refuses ``config`` for a sub-config that SGLang's text-config lookup would read."""
+    try:
+        config_fields(config)
+    except ConfigShapeError as exc:
+        return exc.problem.code == VALUE_NOT_ALLOWED and exc.problem.key[-1] in SUB_CONFIGS
+    return False
 
 
 def test_the_defaults_are_the_class_sglang_loads_with_last(sglang_env):
@@ -218,11 +277,41 @@ def test_a_model_type_the_plan_does_not_read_is_refused_at_it(capsys, tmp_path, 
         assert_placed_at(text, ("model_type",), other, d)
 
 
-def test_a_text_config_sglang_stops_at_is_refused_at_it(capsys, tmp_path):
+def test_a_sub_config_sglang_would_read_the_model_from_is_refused_at_it(capsys, tmp_path, sglang_env):
+    """A V4 config's text_config (SGLang stops at ours), a language_config SGLang builds the model from (its
+    context length, not the top level's: the plan would have planned another model), one inside a V4.1
+    text_config, and a value no object in a config with a dtype (SGLang stops giving it the dtype)."""
     path, text = write(tmp_path, {**FLASH, TEXT_CONFIG: {}})
     d = error_diagnostic(capsys, path)
-    assert d["code"] == "KVD008" and "stops at it in a deepseek_v4 one" in d["message"], d
+    assert d["code"] == "KVD008" and "reads the model's layer count and context length from" in d["message"], d
     assert_placed_at(text, (TEXT_CONFIG,), {}, d)
+
+    sub = {**buildable_sub_config(), "max_position_embeddings": 8192}
+    path, text = write(tmp_path, {**FLASH, "language_config": sub})
+    d = error_diagnostic(capsys, path)
+    assert d["code"] == "KVD008" and d["message"].startswith("language_config: "), d
+    assert_placed_at(text, ("language_config",), sub, d)
+    with single_process_parallel():
+        real = resolve_for_real(tmp_path, Hardware(), [])
+        with published_resolution(real):
+            _live, _dtype, kvc = engine_reading(real)
+    assert (kvc.model_config.context_len, FLASH["max_position_embeddings"]) == (8192, 1 << 20)
+
+    config = json.loads(json.dumps(V41_WRAPPED))
+    config[TEXT_CONFIG]["thinker_config"] = {}
+    path, text = write(tmp_path, config)
+    d = error_diagnostic(capsys, path)
+    assert d["code"] == "KVD008" and d["message"].startswith(f"{TEXT_CONFIG}.thinker_config: "), d
+    assert_placed_at(text, (TEXT_CONFIG, "thinker_config"), {}, d)
+
+    path, text = write(tmp_path, {**FLASH, "thinker_config": None, "language_config": [], "dtype": "bfloat16"})
+    d = error_diagnostic(capsys, path)
+    assert d["code"] == "KVD007" and "the config's dtype" in d["message"], d
+    assert_placed_at(text, ("language_config",), [], d)
+    path, _ = write(tmp_path, {**FLASH, "thinker_config": None, "language_config": [], TEXT_CONFIG: {}})
+    assert main(["plan", "--engine", "sglang", "--model-config", str(path), "--budget", "40GiB"]) == 0, \
+        "a null thinker_config ends SGLang's lookup at the top level: the keys after it are not read"
+
     path, text = write(tmp_path, {**V41_WRAPPED, TEXT_CONFIG: 7})
     d = error_diagnostic(capsys, path)
     assert d["code"] == "KVD007" and "dict(text_config)" in d["message"], d
