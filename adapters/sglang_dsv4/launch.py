@@ -170,6 +170,14 @@ def resolve_launch(
             f"pools for {V4_ARCHITECTURE} only",
             key=("architectures", 0) if geometry.architectures else ("architectures",),
         )  # the config is at fault: no flag
+    for i, other in enumerate(geometry.architectures[1:], start=1):
+        if other != V4_ARCHITECTURE:
+            raise LaunchError(
+                f"architecture {other} after {V4_ARCHITECTURE}: SGLang 0.5.23 reads the list by its first name and "
+                "by whether it holds a name (a DeepseekV3ForCausalLM anywhere in it makes the model MLA, and the V4 "
+                f"pools cannot be sized); the plan reads [\"{V4_ARCHITECTURE}\"] only",
+                key=("architectures", i),
+            )
     sources: dict[str, str] = {}
     v41 = geometry.model_type == V41_MODEL_TYPE
 

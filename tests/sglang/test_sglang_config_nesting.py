@@ -316,3 +316,27 @@ def test_a_sub_config_sglang_would_read_the_model_from_is_refused_at_it(capsys, 
     d = error_diagnostic(capsys, path)
     assert d["code"] == "KVD007" and "dict(text_config)" in d["message"], d
     assert_placed_at(text, (TEXT_CONFIG,), 7, d)
+
+
+@pytest.mark.parametrize("architectures, sglang_builds_v4_pools", [
+    ([V4_ARCHITECTURE], True),
+    ([V4_ARCHITECTURE, V4_ARCHITECTURE], True),
+    ([V4_ARCHITECTURE, "DeepseekV3ForCausalLM"], False),  # V3 in the list: MLA, V4's pools cannot be sized
+    ([V4_ARCHITECTURE, "FooForCausalLM"], True),  # refused all the same: stricter than SGLang
+    (["FooForCausalLM", V4_ARCHITECTURE], False),  # another first name: SGLang's hybrid-SWA configurator, not V4's
+])
+def test_a_list_of_architectures_is_planned_only_of_v4_alone(capsys, tmp_path, sglang_env, architectures,
+                                                              sglang_builds_v4_pools):
+    """SGLang reads the architecture list by its first name in some places and by membership in others; the plan
+    reads lists of V4's name alone, and refuses any other name at its place."""
+    path, text = write(tmp_path, {**FLASH, "architectures": architectures})
+    real = sglangs(tmp_path)
+    assert isinstance(real, Exception) != sglang_builds_v4_pools, real
+    if set(architectures) == {V4_ARCHITECTURE}:
+        assert main(["plan", "--engine", "sglang", "--model-config", str(path), "--budget", "40GiB"]) == 0
+        assert real[1] == resolve_launch(load_geometry(path)).settings
+        return
+    d = error_diagnostic(capsys, path)
+    at = next(i for i, name in enumerate(architectures) if name != V4_ARCHITECTURE)
+    assert d["code"] == "KVD008" and architectures[at] in d["message"], d
+    assert_placed_at(text, ("architectures", at), architectures[at], d)
