@@ -16,12 +16,14 @@ import secrets
 import stat
 from pathlib import Path
 
-from kvpolicy.paths import reason
+from kvpolicy.paths import MAX_INPUT_BYTES, reason
 from kvpolicy.runtime.errors import LedgerError
 from kvpolicy.runtime.segment import Access, check_owner
 
-MAX_DOCUMENT_BYTES = 16 * 1024 * 1024
-"""The largest document read (a full node's status is well under 1 MiB); a larger one is refused."""
+MAX_DOCUMENT_BYTES = MAX_INPUT_BYTES
+"""The largest document read (a full node's status is well under 1 MiB); a larger one is refused. The cap of
+every JSON document kvpolicy reads, so that ``kvpolicy explain --state`` and a restarted controller take the
+same rule state files."""
 
 
 def write_document(path: Path, text: str, access: Access | None = None) -> Path:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,26 @@ def test_explain_live_shows_a_damaged_state_file_s_problems_with_their_hints(tmp
     assert capsys.readouterr().err == (f"{ledger / STATE_FILE}:1:52: KVD007 error: rules.r.i/0.shrink_to: must be a "
                                        'whole number, not "lots"\n  hint: shrink_to: The shrink in force, in bytes '
                                        "(null: none).\n")
+
+
+def test_the_controller_and_explain_take_state_files_of_the_same_sizes(tmp_path, capsys):
+    """A rule state file is read to the one cap of every document (64 MiB), by the controller when it starts and
+    by ``explain --state`` alike: one padded past the controller's old 16 MiB cap is read by both, one a byte over
+    the cap is refused by both."""
+    from kvpolicy.paths import MAX_INPUT_BYTES
+
+    policy = Path(__file__).parents[2] / "policies" / "two-models.kvp"
+    path = tmp_path / STATE_FILE
+    text = STATE.to_json()
+    for size, readable in ((20 << 20, True), (MAX_INPUT_BYTES + 1, False)):
+        path.write_text(text + " " * (size - len(text)))  # trailing whitespace: still the same document
+        path.chmod(0o600)
+        assert path.stat().st_size == size
+        if readable:
+            assert read_rule_state(tmp_path) == STATE
+        else:
+            with pytest.raises(LedgerError, match="refusing to read it"):
+                read_rule_state(tmp_path)
+        assert main(["explain", str(policy), "--state", str(path)]) == (0 if readable else 1)
+        err = capsys.readouterr().err
+        assert ("KVD003" in err) != readable, err
