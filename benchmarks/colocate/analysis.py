@@ -6,6 +6,8 @@ so ``--combine`` can recompute them from fetched files.
 
 from __future__ import annotations
 
+import math
+import statistics
 from typing import Any
 
 
@@ -125,3 +127,13 @@ def drains_after_edit(tenants: dict[str, dict[str, Any]], at_s: float, reserve_b
     """``drain_after_edit`` for every tenant the edit left above its target (each with its pool's tolerance)."""
     out = {n: drain_after_edit(t, at_s, drain_tolerance(t["pool"], reserve_blocks)) for n, t in tenants.items()}
     return {n: d for n, d in out.items() if d is not None}
+
+
+def mean_and_spread(values: list[float | None]) -> dict[str, Any]:
+    """Over the values given (None: not measured, left out): their mean, its standard error, one value's standard
+    deviation, and how many there were; None where too few to say."""
+    xs = [v for v in values if v is not None]
+    sd = statistics.stdev(xs) if len(xs) > 1 else None
+    return {"mean": statistics.fmean(xs) if xs else None, "se": None if sd is None else sd / math.sqrt(len(xs)),
+            "sd": sd, "n": len(xs)}
+

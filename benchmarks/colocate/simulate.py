@@ -22,17 +22,16 @@ import argparse
 import json
 import math
 import random
-import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.append(str(HERE))
 
-from analysis import drain_after_edit, drain_tolerance
+from analysis import drain_after_edit, drain_tolerance, mean_and_spread
 from engine import Engine
 from params import Params, load_params
 from policyedit import swap_settings
@@ -341,11 +340,8 @@ def seed_summary(per_seed: dict[int, dict[str, dict[str, dict]]]) -> dict[str, d
     def ratio(a: float | None, b: float | None) -> float | None:
         return None if a is None or not b else a / b
 
-    def stats(values: list[float | None]) -> dict[str, float | None]:
-        xs = [v for v in values if v is not None]
-        mean = statistics.fmean(xs) if xs else None
-        se = statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
-        return {"mean": mean, "se": se, "values": values}
+    def stats(values: list[float | None]) -> dict[str, Any]:
+        return {**mean_and_spread(values), "values": values}
 
     labels = [label for label in next(iter(per_seed.values())) if label != "static"]
     out: dict[str, dict] = {}
