@@ -159,18 +159,17 @@ def default_chunked_prefill_size(gpu_memory_mib: float) -> int:
     return CHUNKED_PREFILL_LARGEST_GPU
 
 
-def resolve_launch(
-    geometry: ModelGeometry, hardware: Hardware | None = None, flags: LaunchFlags | None = None
-) -> ResolvedLaunch:
-    """The settings a ``sglang serve`` of this model with ``flags`` on ``hardware`` resolves to."""
-    hw, f = hardware or Hardware(), flags or LaunchFlags()
-    if not geometry.architectures or geometry.architectures[0] != V4_ARCHITECTURE:
+def _check_architectures(architectures: tuple[str, ...]) -> None:
+    """LaunchError unless the list is V4's name alone (the config is at fault: no flag). SGLang reads the list by
+    its first name in some places and by whether it holds a name in others, so another name anywhere in it may
+    make the model another (a DeepseekV3ForCausalLM: MLA, whose pools are not V4's)."""
+    if not architectures or architectures[0] != V4_ARCHITECTURE:
         raise LaunchError(
-            f"architecture {', '.join(geometry.architectures) or 'none'}: SGLang 0.5.23 builds DeepSeek-V4 "
-            f"pools for {V4_ARCHITECTURE} only",
-            key=("architectures", 0) if geometry.architectures else ("architectures",),
-        )  # the config is at fault: no flag
-    for i, other in enumerate(geometry.architectures[1:], start=1):
+            f"architecture {', '.join(architectures) or 'none'}: SGLang 0.5.23 builds DeepSeek-V4 pools for "
+            f"{V4_ARCHITECTURE} only",
+            key=("architectures", 0) if architectures else ("architectures",),
+        )
+    for i, other in enumerate(architectures[1:], start=1):
         if other != V4_ARCHITECTURE:
             raise LaunchError(
                 f"architecture {other} after {V4_ARCHITECTURE}: SGLang 0.5.23 reads the list by its first name and "
@@ -178,6 +177,14 @@ def resolve_launch(
                 f"pools cannot be sized); the plan reads [\"{V4_ARCHITECTURE}\"] only",
                 key=("architectures", i),
             )
+
+
+def resolve_launch(
+    geometry: ModelGeometry, hardware: Hardware | None = None, flags: LaunchFlags | None = None
+) -> ResolvedLaunch:
+    """The settings a ``sglang serve`` of this model with ``flags`` on ``hardware`` resolves to."""
+    hw, f = hardware or Hardware(), flags or LaunchFlags()
+    _check_architectures(geometry.architectures)
     sources: dict[str, str] = {}
     v41 = geometry.model_type == V41_MODEL_TYPE
 
