@@ -27,7 +27,13 @@ same rule state files."""
 
 
 def write_document(path: Path, text: str, access: Access | None = None) -> Path:
-    """Replace ``path`` with ``text`` atomically and durably; LedgerError naming the cause if it fails."""
+    """Replace ``path`` with ``text`` atomically and durably; LedgerError naming the cause if it fails. A
+    document over ``MAX_DOCUMENT_BYTES`` is not written: no reader would take it, and the last one written,
+    which a reader does take, stays."""
+    data = text.encode("utf-8")
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise LedgerError(f"kvpolicy ledger: not writing {path}: {len(data)} B is over the {MAX_DOCUMENT_BYTES} B a "
+                          "reader takes; the last one written stays")
     access = access or Access()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
@@ -38,9 +44,9 @@ def write_document(path: Path, text: str, access: Access | None = None) -> Path:
         if access.group is not None:
             os.fchown(fd, -1, access.group)
         os.fchmod(fd, access.file_mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") as f:
             fd = -1
-            f.write(text)
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -113,3 +113,17 @@ def test_the_controller_and_explain_take_state_files_of_the_same_sizes(tmp_path,
         assert main(["explain", str(policy), "--state", str(path)]) == (0 if readable else 1)
         err = capsys.readouterr().err
         assert ("KVD003" in err) != readable, err
+
+
+def test_a_document_no_reader_would_take_is_not_written_and_the_last_one_stays(tmp_path):
+    """The controller never replaces a readable state file by one over the read cap (a restart would refuse it and
+    start without the rules' memory): the write is refused, and the file and directory are as they were."""
+    from kvpolicy.runtime.stores import MAX_DOCUMENT_BYTES, write_document
+
+    path = write_rule_state(tmp_path, STATE)
+    with pytest.raises(LedgerError, match=f"is over the {MAX_DOCUMENT_BYTES} B a reader takes; the last one written"):
+        write_document(path, " " * (MAX_DOCUMENT_BYTES + 1))
+    assert read_rule_state(tmp_path) == STATE
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_FILE]
+    write_document(path, STATE.to_json() + " " * (MAX_DOCUMENT_BYTES - len(STATE.to_json())))  # at the cap: written
+    assert read_rule_state(tmp_path) == STATE and path.stat().st_size == MAX_DOCUMENT_BYTES
