@@ -136,4 +136,3 @@ def mean_and_spread(values: list[float | None]) -> dict[str, Any]:
     sd = statistics.stdev(xs) if len(xs) > 1 else None
     return {"mean": statistics.fmean(xs) if xs else None, "se": None if sd is None else sd / math.sqrt(len(xs)),
             "sd": sd, "n": len(xs)}
-
