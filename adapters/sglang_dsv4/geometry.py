@@ -26,6 +26,7 @@ from kvpolicy.json_text import CarriesProblems, refused
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
+from ..hf_dtype import dtype_problem
 from ..hf_config_kinds import FIELD_KINDS, Kinds
 from ..hf_config_kinds import refused as kinds_wanted
 from .config_fields import (
@@ -268,6 +269,7 @@ def read_geometry(path: str | Path) -> GeometryConfig:
                             f"{'; '.join(p.message for p in context)}",
                             DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in context]))
     _check_field_kinds(config)
+    _check_dtype(config)
     return config
 
 
@@ -299,6 +301,16 @@ def _check_field_kinds(config: GeometryConfig) -> None:
     if found:
         problems = refused(found)
         raise GeometryError(f"{config.document.file}: {problems.diagnostics[0].message}", problems)
+
+
+def _check_dtype(config: GeometryConfig) -> None:
+    """Refuse a dtype that names no torch dtype (``hf_dtype``), at its place."""
+    from kvpolicy.validation import shown
+
+    problem = dtype_problem(config.fields.data, shown)
+    if problem is not None:
+        diagnostic = config.diagnostic(problem.code, (problem.key,), problem.message, problem.hint)
+        raise GeometryError(f"{config.document.file}: {problem.message}", refused([diagnostic]))
 
 
 def _sglang_hint(problem: Problem, defaulted: set[str]) -> str | None:

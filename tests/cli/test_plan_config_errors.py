@@ -113,9 +113,8 @@ def test_the_json_error_document_carries_the_diagnostic(capsys, tmp_path):
     assert error["diagnostics"] == [{
         "file": str(path), "line": line, "col": col, "end_line": line, "end_col": col + len('"bf16"'),
         "code": "KVD008", "name": "value-not-allowed", "severity": "error",
-        "message": "torch_dtype 'bf16' is not a torch dtype (transformers cannot load the config); give e.g. "
-                   "bfloat16, float16 or float32",
-        "hint": None,
+        "message": "torch_dtype 'bf16' is not a torch dtype",
+        "hint": "write the checkpoint's dtype as torch names it: bfloat16, float16 or float32",
     }]
     assert error["more"] == 0 and error["message"].startswith(f"{path}:{line}:{col}: KVD008 error: torch_dtype")
 

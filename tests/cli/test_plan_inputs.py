@@ -101,7 +101,7 @@ def test_a_message_names_a_value_without_dumping_it(capsys, tmp_path):
 
 V4_FLASH = REPO / "tests" / "vllm" / "configs" / "deepseek-v4-flash" / "config.json"
 WRONG_TYPES = [
-    (QWEN, {"torch_dtype": ["bf16"]}, "torch_dtype ['bf16'] is not a torch dtype"),
+    (QWEN, {"torch_dtype": ["bf16"]}, "torch_dtype ['bf16']: a dtype is the name of a torch dtype"),
     (QWEN, {"head_dim": "x"}, "'head_dim' must be a non-negative integer, got 'x'"),
     (QWEN, {"head_dim": 1.5}, "'head_dim' must be a non-negative integer, got 1.5"),
     (V4_FLASH, {"compress_ratios": [0, "a", 5] * 30}, "supports 0, 4 and 128, got 'a', 5"),

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 
 from ...common import read_config_json
+from ...hf_dtype import dtype_key, dtype_problem
 from .class_defaults import MAX_LAYERS, FilledConfig, class_default, config_class, with_class_defaults
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
@@ -59,11 +60,6 @@ from .sliding_window import check_window, layer_window, model_level_window
 Family = Literal["deepseek_v4", "mla", "standard"]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "float": 4}
-TORCH_DTYPE_NAMES = frozenset({
-    *DTYPE_BYTES, "float64", "double", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
-    "float8_e8m0fnu", "float4_e2m1fn_x2", "int8", "uint8", "int16", "short", "int32", "int", "int64", "long", "bool",
-})
-"""Dtype names a config.json may give (torch's); transformers refuses a name torch lacks."""
 FLOAT16_REFUSED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 """Model types vLLM refuses float16 for (numerical instability): ``--dtype auto`` serves a float16 checkpoint of
 theirs in bfloat16, an explicit ``--dtype float16`` is a start-up error."""
@@ -254,20 +250,12 @@ def auto_dtype_reason(config: Mapping[str, Any]) -> str:
     return _auto_dtype(config)[1]
 
 
-def dtype_key(config: Mapping[str, Any]) -> str | None:
-    """The key the config gives its dtype by (transformers reads ``dtype`` first), None if neither."""
-    return next((key for key in ("dtype", "torch_dtype") if config.get(key) is not None), None)
-
-
 def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
-    key = dtype_key(config) or "torch_dtype"
-    name = config.get(key)
-    if name is not None and (not isinstance(name, str) or name not in TORCH_DTYPE_NAMES):
-        raise ModelSpecError(
-            f"{key} {_shown(name)} is not a torch dtype (transformers cannot load the config); "
-            "give e.g. bfloat16, float16 or float32",
-            (key,), VALUE_NOT_ALLOWED if isinstance(name, str) else WRONG_TYPE,
-        )
+    problem = dtype_problem(config, _shown)
+    if problem is not None:
+        raise ModelSpecError(problem.message, (problem.key,), problem.code, problem.hint)
+    key = dtype_key(config)
+    name = config[key] if key is not None else None
     if name is None:
         return "bfloat16", "the config gives no dtype: float32, which vLLM serves in bfloat16"
     if name in ("float16", "half") and config.get("model_type") in FLOAT16_REFUSED_MODEL_TYPES:

@@ -29,7 +29,8 @@ from typing import Any, Literal
 
 from kvpolicy.document_codes import LAUNCH_REFUSED
 
-from .hf_config import Family, ModelSpecError, dtype_key, model_dtype
+from ...hf_dtype import dtype_key
+from .hf_config import Family, ModelSpecError, model_dtype
 from .kv_dtype import KvDtype
 
 Platform = Literal["cuda", "cpu"]

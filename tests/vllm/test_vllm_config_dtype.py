@@ -1,0 +1,78 @@
+"""A config's dtype is refused by the vLLM plan exactly where vLLM 0.33 cannot start with it, or where
+transformers reads it as something that is no torch dtype (``kvpolicy.adapters.hf_dtype``: stricter there);
+otherwise the plan's model dtype is the one vLLM serves in.
+
+Each example writes a Qwen3-, Gemma-3- or DeepSeek-V2-shaped config with a random dtype
+(``tests/support/dtype_values.py``) and resolves it with vLLM's own ``EngineArgs.create_engine_config``
+(milliseconds, no model is built) under ``--dtype auto``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config, model_dtype
+from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
+from tests.support.dtype_values import dtype_entries, is_torch_dtype
+from tests.vllm.test_vllm_max_model_len import resolve
+from tests.vllm.vllm_paths import CONFIGS
+
+pytestmark = pytest.mark.vllm
+
+EXAMPLES = int(os.environ.get("KVPOLICY_DTYPE_EXAMPLES", "200"))
+"""Each example is one config resolution (about 10 ms once vLLM is imported)."""
+
+BASES = {name: {k: v for k, v in json.loads((CONFIGS / name / "config.json").read_text()).items()
+                if k not in ("dtype", "torch_dtype")}
+         for name in ("qwen3-8b", "gemma-3-1b", "deepseek-v2-lite")}
+
+
+def test_the_plan_reads_a_dtype_where_vllm_does(tmp_path_factory: pytest.TempPathFactory) -> None:
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(base=st.sampled_from(sorted(BASES)), entries=dtype_entries())
+    @example(base="qwen3-8b", entries={"torch_dtype": "bf16"})  # no such attribute: transformers stops
+    @example(base="qwen3-8b", entries={"dtype": 5})  # vLLM serves bfloat16; transformers read no dtype
+    @example(base="qwen3-8b", entries={"dtype": None, "torch_dtype": "uint16"})  # served in bfloat16
+    @example(base="gemma-3-1b", entries={"dtype": "half"})  # float16, which vLLM refuses for Gemma-3: bfloat16
+    @example(base="qwen3-8b", entries={"dtype": "float16", "torch_dtype": []})  # transformers ignores the second
+    def check(base: str, entries: dict[str, Any]) -> None:
+        folder = tmp_path_factory.mktemp("dtype")
+        (folder / "config.json").write_text(json.dumps({**BASES[base], **entries}))
+        try:
+            real = resolve(folder, 4096)
+        except Exception as exc:  # noqa: BLE001 - whatever vLLM raises, it does not start
+            real = exc
+        try:
+            served = model_dtype(load_config(folder / "config.json"))
+        except ModelSpecError as exc:
+            assert exc.code in (VALUE_NOT_ALLOWED, WRONG_TYPE) and exc.key and "dtype" in str(exc.key[0]), exc
+            if isinstance(real, Exception):
+                seen["both refuse"] += 1
+                event(f"both refuse (vLLM: {type(real).__name__})")
+            else:  # stricter than vLLM: what transformers read is no dtype (vLLM serves its preferred one)
+                read = real.model_config.hf_config.dtype
+                assert not is_torch_dtype(read), (entries, read)
+                seen["stricter"] += 1
+                event(f"stricter: transformers read a {type(read).__name__}")
+            return
+        assert not isinstance(real, Exception), (entries, real)
+        assert served == str(real.model_config.dtype).removeprefix("torch."), entries
+        seen["both plan"] += 1
+        event(f"both: {served}")
+
+    # vLLM reads a config again 2 s after it fails to load (for a cache being refreshed): not here
+    from vllm.transformers_utils import repo_utils
+
+    with mock.patch.object(repo_utils, "time", SimpleNamespace(sleep=lambda seconds: None)):
+        check()
+    assert seen["both refuse"] and seen["stricter"] and seen["both plan"], seen
