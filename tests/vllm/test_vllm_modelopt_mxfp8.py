@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
@@ -176,10 +176,44 @@ def test_nested_mxfp8_needs_its_fields(tmp_path: Path, fields: tuple[str, ...]) 
     assert refused.value.code == MISSING_FIELD
 
 
+LAYER_ALGOS = ["FP8", "NVFP4", "W4A16_NVFP4", "FP8_PB_WO", "FP8_BLOCK_SCALES", "MXFP8", "iq2_xs", "IQ2_XXS", "q8_0",
+               "Q8_0", "fp8_block_scales", ""]
+CODEC_CONTRACTS = [{"group_size": 256, "block_payload_bytes": 74, "packing": "ggml"},
+                   {"group_size": 256, "block_payload_bytes": 66, "packing": "ggml"},
+                   {"group_size": 32, "block_payload_bytes": 34, "packing": "ggml"},
+                   {"group_size": 32.0, "block_payload_bytes": 34, "packing": "ggml"}]
+
+
+@st.composite
+def recipes(draw: st.DrawFn) -> Any:
+    """A layer's recipe in a mixed-precision config: an algorithm (GGML codecs with their block contract, or
+    part of one), a group size of any kind; at times no object, or an algorithm that is no name."""
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.sampled_from([None, [], "FP8", 3, {"quant_algo": None}, {"quant_algo": 8}]))
+    recipe: dict[str, Any] = {}
+    put(recipe, "quant_algo", draw(st.sampled_from([ABSENT, *LAYER_ALGOS])))
+    if draw(st.booleans()):
+        recipe.update(draw(st.sampled_from(CODEC_CONTRACTS)))
+        if draw(st.booleans()):
+            key = draw(st.sampled_from(sorted(recipe)))
+            recipe[key] = draw(st.sampled_from([None, 0, "ggml", 256, "x"]))
+    elif draw(st.booleans()):
+        recipe["group_size"] = draw(st.sampled_from([16, 64, 128, 128.0, "128", "x", None, True]))
+    return recipe
+
+
+QUANTIZED_LAYERS = st.one_of(
+    st.dictionaries(st.sampled_from(["model.layers.0.mlp.experts", "model.layers.1.mlp.experts",
+                                     "model.layers.0.self_attn.qkv_proj", "lm_head"]), recipes(), max_size=4),
+    st.sampled_from([ABSENT, None, [], "x", 0, True, [{"quant_algo": "FP8"}]]))
+"""What a mixed-precision config gives as its ``quantized_layers``: an object of recipes (empty too), or not."""
+
+
 @st.composite
 def modelopt_fields(draw: st.DrawFn) -> dict[str, Any]:
     """A ModelOpt config with the fields its config classes read beside the algorithm (exclude lists, group
-    size, the KV algorithm), each absent, valid or of a wrong kind; at times MiniMax's ``mxfp8`` layout."""
+    size, the KV algorithm, a mixed-precision config's ``quantized_layers``), each absent, valid or of a wrong
+    kind; at times MiniMax's ``mxfp8`` layout."""
     if draw(st.integers(0, 7)) == 0:
         return {"quant_method": "mxfp8", **draw(st.sampled_from([{}, {"ignored_layers": ["lm_head"]},
                                                                   {"quant_algo": "FP8"}]))}
@@ -189,27 +223,29 @@ def modelopt_fields(draw: st.DrawFn) -> dict[str, Any]:
                         ("group_size", [16, "16", "x", 16.5, None]), ("kv_cache_quant_algo", ["FP8", None])):
         if draw(st.integers(0, 2)) == 0:
             inner[key] = draw(st.sampled_from(values))
+    if isinstance(inner, dict) and draw(st.integers(0, 3)) > 0:
+        put(inner, "quantized_layers", draw(QUANTIZED_LAYERS))
     return config
 
 
 @settings(SETTINGS, max_examples=max(EXAMPLES, 30))
 @given(quant=modelopt_fields())
 def test_modelopt_config_classes_refuse_what_vllm_refuses(quant: dict[str, Any]) -> None:
-    """The served class's ``from_config``, vLLM's own (but the mixed-precision class's, whose per-layer needs the
-    plan does not check)."""
+    """The served class's ``from_config``, vLLM's own (the mixed-precision class's fails reading a recipe as
+    well as with its own ValueErrors)."""
     import copy
 
     from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_method_fields
     from vllm.model_executor.layers.quantization import get_quantization_config
 
     served = served_by_vllm(copy.deepcopy(quant))
-    if served.startswith("refused") or served == "modelopt_mixed":
+    if served.startswith("refused"):
         return
     try:
         get_quantization_config(served).from_config(copy.deepcopy(quant))
         theirs = None
-    except ValueError as exc:
-        theirs = str(exc)
+    except (ValueError, AttributeError, TypeError) as exc:  # each stops vLLM building its config
+        theirs = f"{type(exc).__name__}: {exc}"
     try:
         check_method_fields({"quantization_config": quant})
         mine = None
@@ -217,3 +253,79 @@ def test_modelopt_config_classes_refuse_what_vllm_refuses(quant: dict[str, Any])
         mine = str(exc)
     assert (mine is None) == (theirs is None), (quant, served, mine, theirs)
     event(f"{served}: {'refused' if theirs else 'taken'}")
+
+
+@st.composite
+def mixed_precision_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """A ModelOpt mixed-precision config whose other fields vLLM takes, flat or nested, with random recipes."""
+    inner: dict[str, Any] = {"quant_algo": draw(random_case("MIXED_PRECISION"))}
+    put(inner, "group_size", draw(st.sampled_from([ABSENT, ABSENT, 16])))  # given: vLLM reads no recipe's
+    put(inner, "quantized_layers", draw(QUANTIZED_LAYERS))
+    if draw(st.booleans()):
+        return {"quant_method": draw(st.sampled_from(["modelopt", "modelopt_mixed"])), **inner}
+    return {"quant_method": "modelopt", "quantization": {**inner, "kv_cache_quant_algo": None, "exclude_modules": []}}
+
+
+def test_mixed_precision_recipes_are_refused_where_vllm_refuses() -> None:
+    """vLLM's ``ModelOptMixedPrecisionConfig.from_config`` over random ``quantized_layers``: the plan refuses
+    exactly the configs it fails on, at a place in ``quantized_layers``."""
+    import copy
+
+    from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_method_fields
+    from vllm.model_executor.layers.quantization.modelopt import ModelOptMixedPrecisionConfig
+
+    seen: set[str] = set()
+
+    @settings(SETTINGS, max_examples=max(EXAMPLES * 5, 100))
+    @given(quant=mixed_precision_configs())
+    @example(quant={"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                    "quantized_layers": {"a": {"quant_algo": "IQ2_XS", "group_size": 256.0,
+                                               "block_payload_bytes": 74, "packing": "ggml"}}})
+    @example(quant={"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                    "quantized_layers": {"a": {"quant_algo": "FP8_PB_WO"},
+                                         "b": {"quant_algo": "fp8_block_scales", "group_size": "128"}}})
+    def check(quant: dict[str, Any]) -> None:
+        assert served_by_vllm(copy.deepcopy(quant)) == "modelopt_mixed"
+        try:
+            ModelOptMixedPrecisionConfig.from_config(copy.deepcopy(quant))
+            theirs = None
+        except (ValueError, AttributeError, TypeError) as exc:  # each stops vLLM building its config
+            theirs = f"{type(exc).__name__}: {exc}"
+        try:
+            check_method_fields({"quantization_config": quant})
+            mine = None
+        except ModelSpecError as exc:
+            mine = exc
+            assert exc.key is not None and "quantized_layers" in exc.key, exc
+        assert (mine is None) == (theirs is None), (quant, mine, theirs)
+        seen.add("refused" if theirs else "taken")
+        event("refused" if theirs else "taken")
+
+    check()
+    assert seen == {"refused", "taken"}
+
+
+@pytest.mark.parametrize("layers", [
+    {"model.layers.0.mlp": {"quant_algo": "FP8"}},
+    {},
+    {"model.layers.0.mlp": None},
+    {"model.layers.0.mlp": {"quant_algo": "q8_0"}},
+    {"model.layers.0.mlp": {"quant_algo": "FP8_PB_WO"}, "model.layers.1.mlp": {"quant_algo": "FP8_PB_WO",
+                                                                                "group_size": 64}},
+], ids=["taken", "empty", "no-object", "codec-contract", "two-block-sizes"])
+def test_vllm_refuses_mixed_precision_recipes_at_start_up(tmp_path: Path, layers: dict[str, Any]) -> None:
+    """What the random test finds in the config class stops vLLM's real config (``create_engine_config``)."""
+    from tests.vllm.real_vllm import Case, vllm_config
+
+    folder = checkpoint(tmp_path, QWEN, {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION",
+                                         "quantized_layers": layers})
+    settings_ = PlanSettings(max_model_len=4096, block_size=16)
+    if layers == {"model.layers.0.mlp": {"quant_algo": "FP8"}}:
+        assert vllm_config(Case(str(folder), 16, max_model_len=4096)).model_config.quantization == "modelopt_mixed"
+        make_plan(load_config(folder / "config.json"), settings_, budget=1 << 30, platform="cpu")
+        return
+    with pytest.raises((ValueError, AttributeError)):  # pydantic's ValidationError is a ValueError
+        vllm_config(Case(str(folder), 16, max_model_len=4096))
+    with pytest.raises(ModelSpecError) as refused:
+        make_plan(load_config(folder / "config.json"), settings_, budget=1 << 30, platform="cpu")
+    assert refused.value.key is not None and refused.value.key[:2] == ("quantization_config", "quantized_layers")

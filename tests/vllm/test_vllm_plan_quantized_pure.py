@@ -171,10 +171,11 @@ def test_fp8_e5m2_is_refused_where_the_attention_loads_kv_scales(base: dict[str,
 
 def test_vllm_032_knows_no_mixed_precision_modelopt_export() -> None:
     """0.32 normalises a ModelOpt export named by its producer without MIXED_PRECISION, and refuses it as it loads
-    the config; 0.33 takes it (and mixed precision loads KV scales in standard attention only when it names a KV
-    algorithm)."""
-    mixed = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "MIXED_PRECISION",
-                                                                "kv_cache_quant_algo": "FP8"}}
+    the config; 0.33 takes it with its recipes (and mixed precision loads KV scales in standard attention only
+    when it names a KV algorithm)."""
+    mixed = {"producer": {"name": "modelopt"}, "quantization": {
+        "quant_algo": "MIXED_PRECISION", "kv_cache_quant_algo": "FP8",
+        "quantized_layers": {"model.layers.0.mlp.down_proj": {"quant_algo": "FP8"}}}}
     config = {**QWEN, "quantization_config": mixed}
     with pytest.raises(ModelSpecError, match=r"vLLM 0\.32\.0 knows no such ModelOpt algorithm"):
         plan(config, engine_version="0.32.0")

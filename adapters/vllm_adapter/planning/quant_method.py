@@ -14,7 +14,8 @@ tests/vllm/test_vllm_quant_method.py):
   model dtype must be one the method's kernels take (``get_supported_act_dtypes``): 16-bit for most, bfloat16
   only for MXFP4/MXFP8 (a flat ModelOpt ``quant_algo: MXFP8`` is served as ``modelopt_mxfp8``), float32 too for
   compressed-tensors and torchao. Before that, ModelOpt's MXFP8 config refuses a nested (hf_quant_config.json
-  style) ``quantization`` without ``kv_cache_quant_algo`` and ``exclude_modules`` (``check_method_fields``).
+  style) ``quantization`` without ``kv_cache_quant_algo`` and ``exclude_modules``, and its mixed-precision config
+  the ``quantized_layers`` it cannot read (``modelopt_mixed``; both in ``check_method_fields``).
 
 Pure code (no torch, no vllm).
 """
@@ -28,6 +29,7 @@ from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALL
 
 from .config_values import ModelSpecError
 from .config_values import shown as _shown
+from .modelopt_mixed import check_mixed_layers
 from .quant_config import Quantization, quantization
 
 QUANTIZATION_METHODS = (
@@ -115,8 +117,8 @@ def check_act_dtype(config: Mapping[str, Any], dtype: str, dtype_flag: str, dtyp
 def check_method_fields(config: Mapping[str, Any]) -> None:
     """Refuse what a ModelOpt config class refuses of the checkpoint's fields as vLLM builds its config
     (``from_config``): no ``quant_algo``, one vLLM or the class serving it does not take, an exclude list that is
-    no list, a group size that is no integer, nested NVFP4 or MXFP8 configs without their fields; ModelSpecError.
-    The mixed-precision class's own needs (``quantized_layers``) are not checked."""
+    no list, a group size that is no integer, nested NVFP4 or MXFP8 configs without their fields, the
+    mixed-precision class's ``quantized_layers`` (``modelopt_mixed``); ModelSpecError."""
     quant = quantization(config)
     if quant is None or not quant.method:
         return
@@ -179,7 +181,10 @@ def _check_class_fields(quant: Quantization, inner: Mapping[str, Any], prefix: t
             f"{quant.named}.quantization: vLLM's ModelOpt {name} config needs {' and '.join(missing)} there "
             f"(\"{name} quantization requires the following fields\") and refuses the config",
             quant.at("quantization", missing[0]), MISSING_FIELD)
-    if served == "modelopt_mixed" or algo in MODELOPT_ALGOS[served]:
+    if served == "modelopt_mixed":
+        check_mixed_layers(quant, inner, prefix)
+        return
+    if algo in MODELOPT_ALGOS[served]:
         return
     raise ModelSpecError(
         f"{quant.named}.{'.'.join((*prefix, 'quant_algo'))} {_shown(inner.get('quant_algo'))}: vLLM serves the "
