@@ -10,6 +10,7 @@ linear kernel, so it cannot build the whole model here.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,7 +23,7 @@ from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
 from kvpolicy.adapters.vllm_adapter.planning.kv_dtype import KvDtype, check_attention_kv, kv_dtype
 from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
-from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_quant_method
+from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_method_fields, check_quant_method
 from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD
 from tests.vllm.quant_configs import ABSENT, put, random_case
 from tests.vllm.test_vllm_plan_random import EXAMPLES, SETTINGS
@@ -233,26 +234,33 @@ def modelopt_fields(draw: st.DrawFn) -> dict[str, Any]:
 def test_modelopt_config_classes_refuse_what_vllm_refuses(quant: dict[str, Any]) -> None:
     """The served class's ``from_config``, vLLM's own (the mixed-precision class's fails reading a recipe as
     well as with its own ValueErrors)."""
-    import copy
-
-    from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_method_fields
     from vllm.model_executor.layers.quantization import get_quantization_config
 
     served = served_by_vllm(copy.deepcopy(quant))
     if served.startswith("refused"):
         return
-    try:
-        get_quantization_config(served).from_config(copy.deepcopy(quant))
-        theirs = None
-    except (ValueError, AttributeError, TypeError) as exc:  # each stops vLLM building its config
-        theirs = f"{type(exc).__name__}: {exc}"
-    try:
-        check_method_fields({"quantization_config": quant})
-        mine = None
-    except ModelSpecError as exc:
-        mine = str(exc)
+    theirs = class_refusal(get_quantization_config(served), quant)
+    mine = plan_refusal(quant)
     assert (mine is None) == (theirs is None), (quant, served, mine, theirs)
     event(f"{served}: {'refused' if theirs else 'taken'}")
+
+
+def class_refusal(config_class: Any, quant: dict[str, Any]) -> str | None:
+    """What a vLLM quantization config class's ``from_config`` raises for ``quant`` (None: it builds)."""
+    try:
+        config_class.from_config(copy.deepcopy(quant))
+    except (ValueError, AttributeError, TypeError) as exc:  # each stops vLLM building its config
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def plan_refusal(quant: dict[str, Any]) -> ModelSpecError | None:
+    """What the plan refuses of the ModelOpt config classes' fields in ``quant`` (None: nothing)."""
+    try:
+        check_method_fields({"quantization_config": quant})
+    except ModelSpecError as exc:
+        return exc
+    return None
 
 
 @st.composite
@@ -269,9 +277,6 @@ def mixed_precision_configs(draw: st.DrawFn) -> dict[str, Any]:
 def test_mixed_precision_recipes_are_refused_where_vllm_refuses() -> None:
     """vLLM's ``ModelOptMixedPrecisionConfig.from_config`` over random ``quantized_layers``: the plan refuses
     exactly the configs it fails on, at a place in ``quantized_layers``."""
-    import copy
-
-    from kvpolicy.adapters.vllm_adapter.planning.quant_method import check_method_fields
     from vllm.model_executor.layers.quantization.modelopt import ModelOptMixedPrecisionConfig
 
     seen: set[str] = set()
@@ -286,18 +291,10 @@ def test_mixed_precision_recipes_are_refused_where_vllm_refuses() -> None:
                                          "b": {"quant_algo": "fp8_block_scales", "group_size": "128"}}})
     def check(quant: dict[str, Any]) -> None:
         assert served_by_vllm(copy.deepcopy(quant)) == "modelopt_mixed"
-        try:
-            ModelOptMixedPrecisionConfig.from_config(copy.deepcopy(quant))
-            theirs = None
-        except (ValueError, AttributeError, TypeError) as exc:  # each stops vLLM building its config
-            theirs = f"{type(exc).__name__}: {exc}"
-        try:
-            check_method_fields({"quantization_config": quant})
-            mine = None
-        except ModelSpecError as exc:
-            mine = exc
-            assert exc.key is not None and "quantized_layers" in exc.key, exc
+        theirs = class_refusal(ModelOptMixedPrecisionConfig, quant)
+        mine = plan_refusal(quant)
         assert (mine is None) == (theirs is None), (quant, mine, theirs)
+        assert mine is None or (mine.key is not None and "quantized_layers" in mine.key), mine
         seen.add("refused" if theirs else "taken")
         event("refused" if theirs else "taken")
 
