@@ -14,7 +14,7 @@ tests/sglang/test_sglang_config_dtype.py hold the plans to each engine over rand
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,7 +54,7 @@ def dtype_key(config: Mapping[str, Any]) -> str | None:
     return next((key for key in DTYPE_KEYS if config.get(key) is not None), None)
 
 
-def dtype_problem(config: Mapping[str, Any], shown: Any = repr) -> DtypeProblem | None:
+def dtype_problem(config: Mapping[str, Any], shown: Callable[[Any], str] = repr) -> DtypeProblem | None:
     """What the plans refuse in the config's dtype (the module's docstring), None if it is a torch dtype's name
     or not given; ``shown`` writes the value in the message as the caller's other messages do."""
     key = dtype_key(config)

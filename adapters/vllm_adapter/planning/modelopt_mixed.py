@@ -43,12 +43,14 @@ def check_mixed_layers(quant: Quantization, inner: Mapping[str, Any], prefix: tu
     if not isinstance(layers, Mapping):
         raise ModelSpecError(f"{said} must be an object of layer names to recipes (vLLM cannot read "
                              f"{_shown(layers)})", quant.at(*where), WRONG_TYPE)
-    block_sizes: dict[int, str] = {}
+    algos = {}  # in vLLM's order: every recipe read and its codec checked, then the block group sizes
     for name, recipe in layers.items():
-        algo = _recipe_algo(quant, said, where, name, recipe)
-        _check_codec_contract(quant, said, where, name, recipe, algo)
+        algos[name] = _recipe_algo(quant, said, where, name, recipe)
+        _check_codec_contract(quant, said, where, name, recipe, algos[name])
+    block_sizes: dict[int, str] = {}  # a group size → the first recipe that gives it
+    for name, algo in algos.items():
         if algo.upper() in BLOCK_FP8_MOE_ALGOS:
-            block_sizes.setdefault(_block_group_size(quant, said, where, name, recipe), name)
+            block_sizes.setdefault(_block_group_size(quant, said, where, name, layers[name]), name)
     if len(block_sizes) > 1:
         sizes = ", ".join(f"{size} ({name})" for size, name in sorted(block_sizes.items()))
         raise ModelSpecError(
