@@ -70,9 +70,64 @@ def test_the_plan_reads_a_dtype_where_vllm_does(tmp_path_factory: pytest.TempPat
         seen["both plan"] += 1
         event(f"both: {served}")
 
-    # vLLM reads a config again 2 s after it fails to load (for a cache being refreshed): not here
+    with no_retry_sleep():
+        check()
+    assert seen["both refuse"] and seen["stricter"] and seen["both plan"], seen
+
+
+def no_retry_sleep() -> Any:
+    """vLLM reads a config again 2 s after it fails to load (for a cache being refreshed): not here."""
     from vllm.transformers_utils import repo_utils
 
-    with mock.patch.object(repo_utils, "time", SimpleNamespace(sleep=lambda seconds: None)):
+    return mock.patch.object(repo_utils, "time", SimpleNamespace(sleep=lambda seconds: None))
+
+
+GEMMA3_TEXT = {k: v for k, v in BASES["gemma-3-1b"].items() if k not in ("architectures", "model_type")}
+SIGLIP = {"model_type": "siglip_vision_model", "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+          "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14}
+
+
+def test_a_wrappers_dtypes_are_read_where_vllm_reads_them(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A Gemma-3 multimodal config with random dtypes on the wrapper, its text config and its vision config:
+    transformers builds each with its own dtype, and vLLM serves the wrapper's, else the text config's. vLLM's CPU
+    build cannot inspect Gemma-3's multimodal model, so vLLM's own steps are run one by one: its config loader
+    (``get_config``), the dtype it reads (``get_torch_dtype``) and the one it serves (``_resolve_auto_dtype``)."""
+    from vllm.config.model import _resolve_auto_dtype
+    from vllm.transformers_utils.config import get_config
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(top=dtype_entries(), text=dtype_entries(), vision=dtype_entries())
+    @example(top={"dtype": "float32"}, text={"dtype": "bf16"}, vision={})  # the text config's stops transformers
+    @example(top={"dtype": "bf16"}, text={"dtype": "float32"}, vision={})
+    @example(top={}, text={}, vision={"torch_dtype": "bf16"})
+    def check(top: dict[str, Any], text: dict[str, Any], vision: dict[str, Any]) -> None:
+        folder = tmp_path_factory.mktemp("wrapped")
+        (folder / "config.json").write_text(json.dumps({
+            "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", **top,
+            "text_config": {**GEMMA3_TEXT, **text}, "vision_config": {**SIGLIP, **vision}}))
+        try:
+            loaded = get_config(str(folder), trust_remote_code=False)
+            read = [loaded.dtype, loaded.text_config.dtype, loaded.vision_config.dtype]
+            served = _resolve_auto_dtype("gemma3", ModelArchConfigConvertorBase.get_torch_dtype(
+                loaded, str(folder), revision=None, config_format="hf"), is_pooling_model=False)
+        except Exception as exc:  # noqa: BLE001 - whatever the loader raises, vLLM does not start
+            loaded, read, served = exc, [], None
+        try:
+            mine = model_dtype(load_config(folder / "config.json"))
+        except ModelSpecError as exc:
+            assert exc.key and "dtype" in str(exc.key[-1]), exc
+            stricter = not isinstance(loaded, Exception)
+            if stricter:  # transformers read a value that is no dtype at some level
+                assert any(value is not None and not is_torch_dtype(value) for value in read), (top, text, vision)
+            seen["stricter" if stricter else "both refuse"] += 1
+            return
+        assert not isinstance(loaded, Exception), (top, text, vision, loaded)
+        assert mine == str(served).removeprefix("torch."), (top, text, vision)
+        seen["both plan"] += 1
+
+    with no_retry_sleep():
         check()
     assert seen["both refuse"] and seen["stricter"] and seen["both plan"], seen

@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 
 from ...common import read_config_json
-from ...hf_dtype import dtype_key, dtype_problem
+from ...hf_dtype import DTYPE_KEYS, dtype_key, dtype_problem
 from .class_defaults import MAX_LAYERS, FilledConfig, class_default, config_class, with_class_defaults
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
@@ -60,6 +60,8 @@ from .sliding_window import check_window, layer_window, model_level_window
 Family = Literal["deepseek_v4", "mla", "standard"]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "float": 4}
+WRAPPER_SUB_CONFIGS = ("text_config", "vision_config")
+"""The sub-configs of a multimodal wrapper (Gemma-3's) that transformers builds as configs of their own."""
 FLOAT16_REFUSED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 """Model types vLLM refuses float16 for (numerical instability): ``--dtype auto`` serves a float16 checkpoint of
 theirs in bfloat16, an explicit ``--dtype float16`` is a start-up error."""
@@ -142,6 +144,11 @@ def load_config(path: Path | str) -> FilledConfig:
     for key in (QUANTIZATION_KEY, COMPRESSION_KEY):  # vLLM reads the wrapper's own before its text config's
         if key in data:
             merged[key], origins[key] = data[key], (key,)
+    if dtype_key(data) is not None:  # the wrapper's dtype too: its keys alone, as transformers resolved them there
+        for key in DTYPE_KEYS:
+            merged.pop(key, None)
+            if key in data:
+                merged[key], origins[key] = data[key], (key,)
     filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document, inner.as_written)
     return _with_quant_file(filled, data, p)
 
@@ -251,9 +258,7 @@ def auto_dtype_reason(config: Mapping[str, Any]) -> str:
 
 
 def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
-    problem = dtype_problem(config, _shown)
-    if problem is not None:
-        raise ModelSpecError(problem.message, (problem.key,), problem.code, problem.hint)
+    _check_dtypes(config)
     key = dtype_key(config)
     name = config[key] if key is not None else None
     if name is None:
@@ -265,6 +270,20 @@ def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
     if name in ("float32", "float"):
         return "bfloat16", "the checkpoint's float32, which vLLM serves in bfloat16"
     return "bfloat16", f"the checkpoint's {name}, which vLLM serves in bfloat16"
+
+
+def _check_dtypes(config: Mapping[str, Any]) -> None:
+    """Refuse a dtype ``hf_dtype`` refuses in any config transformers builds from the file: the one vLLM reads
+    (a multimodal wrapper's own where it gives one, else its text config's: ``load_config``) and, for a
+    wrapper, each sub-config (``text_config``, ``vision_config``), which transformers loads with its own dtype."""
+    levels: list[tuple[tuple[str, ...], Any]] = [((), config)]
+    if isinstance(config, FilledConfig) and config.home == ("text_config",):
+        levels += [((key,), config.get(key)) for key in WRAPPER_SUB_CONFIGS]
+    for where, level in levels:
+        problem = dtype_problem(level, _shown) if isinstance(level, Mapping) else None
+        if problem is not None:
+            prefix = f"{where[0]}." if where else ""
+            raise ModelSpecError(prefix + problem.message, (*where, problem.key), problem.code, problem.hint)
 
 
 def model_dtype(config: Mapping[str, Any], dtype: str = "auto") -> str:
