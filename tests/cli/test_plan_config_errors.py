@@ -126,6 +126,23 @@ def test_a_key_read_from_text_config_is_placed_inside_it(capsys, tmp_path):
     assert code == 1 and err == f"{path}:{line}:{col}: KVD007 error: 'head_dim' must be a non-negative integer, got 'x'\n"
 
 
+@pytest.mark.parametrize(("level", "key", "bad"), [
+    ((), "dtype", "bf16"), (("text_config",), "dtype", "bf16"), (("vision_config",), "torch_dtype", "bf16"),
+    (("text_config",), "torch_dtype", 5),
+])
+def test_a_wrappers_dtype_is_placed_at_the_level_transformers_reads_it(capsys, tmp_path, level, key, bad):
+    """transformers builds the wrapper, its text config and its vision config each with its own dtype; the
+    others are valid, so the refusal is the bad one's, where it is written."""
+    config = wrapped({k: v for k, v in GEMMA.items() if k not in ("dtype", "torch_dtype")}, dtype="float32")
+    config["text_config"]["dtype"] = config["vision_config"]["dtype"] = "bfloat16"
+    (config if not level else config[level[0]]).pop("dtype")
+    (config if not level else config[level[0]])[key] = bad
+    path, text = write(tmp_path, config)
+    d = error_document(capsys, "vllm", path)["diagnostics"][0]
+    assert_placed_at(text, (*level, key), bad, d)
+    assert d["code"] == ("KVD008" if isinstance(bad, str) else "KVD007")
+
+
 def test_a_length_read_from_text_config_that_the_flag_passes_is_placed_inside_it(capsys, tmp_path):
     path, text = write(tmp_path, wrapped(GEMMA))
     code, _, err = plan(capsys, "vllm", path, "--max-model-len", "99999")

@@ -19,10 +19,11 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG
-from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, read_geometry
+from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError
 from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
 from tests.sglang.sglang_support import RANDOM_EXAMPLES, single_process_parallel
-from tests.sglang.test_sglang_config_nesting import FIELDS, FLASH, ours, sglangs
+from tests.cli.test_plan_config_errors import assert_placed_at
+from tests.sglang.test_sglang_config_nesting import FIELDS, FLASH, error_diagnostic, ours, sglangs, write
 from tests.support.dtype_values import dtype_entries, is_torch_dtype
 
 pytestmark = pytest.mark.sglang
@@ -83,16 +84,11 @@ def test_the_plan_refuses_a_dtype_where_sglang_stops_or_reads_no_dtype(tmp_path_
     assert seen["both refuse"] and seen["stricter"] and seen["both build"], seen
 
 
-def test_the_refusal_is_placed_at_the_value_transformers_reads(tmp_path):
+def test_the_refusal_is_placed_at_the_value_transformers_reads(capsys, tmp_path):
     nested = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41",
               TEXT_CONFIG: {**{k: V4[k] for k in FIELDS if k in V4}, "torch_dtype": "bf16"}, "dtype": None}
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(nested, indent=2))
-    with pytest.raises(GeometryError) as refused:
-        read_geometry(path)
-    (diagnostic,) = refused.value.problems.diagnostics
-    text = path.read_text()
-    line = text[: text.index('"bf16"')].count("\n") + 1
-    assert (diagnostic.code, diagnostic.line, diagnostic.message) == (
-        VALUE_NOT_ALLOWED.code, line, 'torch_dtype "bf16" is not a torch dtype')
-    assert "bfloat16, float16 or float32" in (diagnostic.hint or "")
+    path, text = write(tmp_path, nested)
+    d = error_diagnostic(capsys, path)
+    assert_placed_at(text, (TEXT_CONFIG, "torch_dtype"), "bf16", d)
+    assert (d["code"], d["message"]) == (VALUE_NOT_ALLOWED.code, 'torch_dtype "bf16" is not a torch dtype')
+    assert "bfloat16, float16 or float32" in (d["hint"] or "")
