@@ -1,6 +1,6 @@
 """A command whose optional extra is not installed says which to install, in one line, and exits 2.
 
-The base install (lark, pydantic) runs lint, fmt, explain, test and plan; ``kvpolicy run``
+The base install (lark, pydantic, regex) runs lint, fmt, explain, test and plan; ``kvpolicy run``
 needs ``kvpolicy[runtime]``. Here the extra's modules are hidden from a fresh interpreter
 by an import hook that refuses them, as in an environment where they were never installed.
 """

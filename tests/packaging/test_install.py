@@ -133,12 +133,12 @@ def test_the_wheel_ships_adapters_and_grammar_inside_kvpolicy(wheel: zipfile.Zip
     assert not [n for n in names if n.split("/")[0] in ("adapters", "grammar")]
 
 
-def test_the_wheel_depends_on_lark_and_pydantic_and_offers_the_extras(wheel: zipfile.ZipFile) -> None:
+def test_the_wheel_depends_on_lark_pydantic_and_regex_and_offers_the_extras(wheel: zipfile.ZipFile) -> None:
     info = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     meta = email.message_from_bytes(wheel.read(info))
     requires = meta.get_all("Requires-Dist") or []
     base = sorted(r.split(">")[0].split("<")[0].strip() for r in requires if "extra ==" not in r)
-    assert base == ["lark", "pydantic"]
+    assert base == ["lark", "pydantic", "regex"]
     assert {"runtime", "gpu", "engine", "test", "bench"} <= set(meta.get_all("Provides-Extra") or [])
     points = wheel.read(next(n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "kvpolicy = kvpolicy.adapters.vllm_adapter.plugin:register" in points

@@ -46,6 +46,12 @@ REFUSALS = {  # vLLM's words → the plan's
 KV_DTYPES = ["auto", "auto", "fp8_e5m2", "fp8_e5m2", "bfloat16", "fp8"]
 
 
+REGEX_ONLY = ["re:[[:alpha:]]+\\.layers\\.0\\..*", "re:\\p{Ll}+\\.layers\\.\\d+\\.self_attn\\.attn",
+              "re:(?:model\\.layers\\.1\\.self_attn\\.atn){e<=1}$"]
+"""Patterns the ``regex`` package, which vLLM matches with, reads otherwise than ``re``: a POSIX class (a set of
+characters to ``re``), a Unicode property (an error in ``re``), fuzzy matching (literal braces to ``re``)."""
+
+
 def attention(layer: int, name: str = "self_attn") -> str:
     return f"model.layers.{layer}.{name}.attn"
 
@@ -58,7 +64,7 @@ def exclude_entries(layers: int) -> st.SearchStrategy[str]:
     return st.one_of(exact, exact, st.integers(0, layers - 1).map(lambda i: f"model.layers.{i}.self_attn"),
                      st.sampled_from(["lm_head", "re:.*attn$", "re:.*self_attn.*", "re:model\\.layers\\.0\\..*",
                                       "re:.*layers\\.[1-9].*", "*self_attn*", "model.layers.*.self_attn.attn",
-                                      "re:.*mlp.*"]))
+                                      "re:.*mlp.*", *REGEX_ONLY]))
 
 
 def excludes(layers: int) -> st.SearchStrategy[Any]:
@@ -163,6 +169,17 @@ def test_excluded_attention_layers_take_fp8_e5m2(tmp_path: Path, exclude: list[s
     (tmp_path / "config.json").write_text(json.dumps({**QWEN, **SMALL, "num_hidden_layers": 2,
                                                       "quantization_config": quark_config(exclude, [], {})}))
     assert compare(tmp_path, "fp8_e5m2") == verdict
+
+
+@pytest.mark.parametrize("pattern", REGEX_ONLY)
+def test_exclude_patterns_are_vllms_regular_expressions(tmp_path: Path, pattern: str) -> None:
+    """Each of these matches a layer as vLLM reads it (the ``regex`` package), where ``re`` matches none or cannot
+    compile it: the layer it names is excluded, and with the other one named too, the model plans."""
+    others = {"re:[[:alpha:]]+\\.layers\\.0\\..*": attention(1)}
+    exclude = ["lm_head", pattern, others.get(pattern, attention(0))]
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN, **SMALL, "num_hidden_layers": 2,
+                                                      "quantization_config": quark_config(exclude, [], {})}))
+    assert compare(tmp_path, "fp8_e5m2") == "planned: fp8_e5m2"
 
 
 OSS = {k: v for k, v in json.loads((CONFIGS / "gpt-oss-20b" / "config.json").read_text()).items()

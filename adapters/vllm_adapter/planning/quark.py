@@ -13,9 +13,11 @@ run the same code for it (tests/vllm/test_vllm_quark.py):
   with fp8 checkpoints"). An excluded attention layer gets no method and takes fp8_e5m2 or any KV config; since
   vLLM builds layer by layer, a model is refused at its first attention layer that is not excluded.
 - **``exclude``** names a layer by its vLLM name (``model.layers.N.self_attn.attn``) exactly, or with a
-  ``re:PATTERN`` entry where ``re.match`` finds the pattern at the name's start; shell globs match nothing. The
+  ``re:PATTERN`` entry where ``match`` finds the pattern at the name's start; shell globs match nothing. The
   model class's renames apply to the entries first (gpt-oss: ``.self_attn.`` → ``.attn.``). vLLM reads the list
-  at every layer it builds: null (or absent), or not iterable, fails the first one (a TypeError).
+  at every layer it builds: null (or absent), or not iterable, fails the first one (a TypeError). vLLM compiles
+  and matches the patterns with the ``regex`` package, and so does the plan: it reads some patterns otherwise
+  than ``re`` does (POSIX classes, Unicode properties, fuzzy matching).
 
 Pure code (no torch, no vllm).
 """
@@ -23,10 +25,10 @@ Pure code (no torch, no vllm).
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import regex
 from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 
 from .class_defaults import config_class
@@ -134,8 +136,8 @@ def _check_pattern(quant: Quantization, entry: str, i: int) -> None:
     if not entry.startswith("re:"):
         return
     try:
-        re.compile(entry[3:])
-    except re.error as exc:
+        regex.compile(entry[3:])
+    except regex.error as exc:
         raise ModelSpecError(f"{quant.named}.exclude[{i}] {_shown(entry)}: no regular expression ({exc}), and vLLM "
                              "fails on it as it builds the model", _index(quant.at("exclude"), i),
                              VALUE_NOT_ALLOWED) from None
@@ -151,7 +153,7 @@ def excludes(quant: Quantization, config: Mapping[str, Any], layer: str) -> bool
     for entry in exclude_patterns(quant):
         if old:
             entry = entry.replace(old, new, 1)
-        if (entry.startswith("re:") and re.match(entry[3:], layer)) or entry == layer:
+        if (entry.startswith("re:") and regex.match(entry[3:], layer)) or entry == layer:
             return True
     return False
 
