@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 from unittest import mock
@@ -20,8 +21,10 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import ModelSpecError, load_config, model_dtype
+from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
 from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
 from tests.support.dtype_values import dtype_entries, is_torch_dtype
+from tests.vllm.real_vllm import Case, layer_specs
 from tests.vllm.test_vllm_max_model_len import resolve
 from tests.vllm.vllm_paths import CONFIGS
 
@@ -73,6 +76,35 @@ def test_the_plan_reads_a_dtype_where_vllm_does(tmp_path_factory: pytest.TempPat
     with no_retry_sleep():
         check()
     assert seen["both refuse"] and seen["stricter"] and seen["both plan"], seen
+
+
+ROPE_FAULTS = {  # each refused by vLLM or transformers after the config's dtype is read
+    "not a mapping": {"rope_scaling": 5},
+    "a list": {"rope_scaling": [1]},
+    "rope_type and type conflict": {"rope_scaling": {"rope_type": "linear", "type": "dynamic", "factor": 2.0}},
+    "rope_type no name": {"rope_scaling": {"rope_type": 5, "factor": 2.0}},
+    "legacy type no name": {"rope_scaling": {"type": 5, "factor": 2.0}},
+    "rope_parameters conflict": {"rope_parameters": {"rope_type": "linear", "type": "dynamic", "rope_theta": 1e6}},
+}
+
+
+@pytest.mark.parametrize("fault", sorted(ROPE_FAULTS))
+def test_a_dtype_transformers_cannot_read_is_named_before_the_rope_parameters(tmp_path: Path, fault: str) -> None:
+    """With a dtype name torch lacks beside a RoPE fault, vLLM stops on the dtype, as transformers loads the
+    config; the plan names the dtype too. Without the dtype's fault both refuse for the RoPE parameters (here,
+    as every plan, in ``make_plan``'s order)."""
+    for dtype, expected in (("bf16", "dtype"), ("bfloat16", "rope")):
+        folder = tmp_path / dtype
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**BASES["qwen3-8b"], **ROPE_FAULTS[fault], "dtype": dtype}))
+        with no_retry_sleep(), pytest.raises(Exception) as vllm_refusal:
+            layer_specs(Case(str(folder), 16, max_model_len=4096))
+        assert ("'bf16'" in str(vllm_refusal.value)) == (expected == "dtype"), vllm_refusal.value
+        with pytest.raises(ModelSpecError) as plan_refusal:
+            make_plan(load_config(folder / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
+                      budget=1 << 30, platform="cpu")
+        assert plan_refusal.value.key is not None
+        assert plan_refusal.value.key[0] == ("dtype" if expected == "dtype" else next(iter(ROPE_FAULTS[fault])))
 
 
 def no_retry_sleep() -> Any:

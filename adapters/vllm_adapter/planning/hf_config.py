@@ -258,7 +258,7 @@ def auto_dtype_reason(config: Mapping[str, Any]) -> str:
 
 
 def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
-    _check_dtypes(config)
+    check_config_dtypes(config)
     key = dtype_key(config)
     name = config[key] if key is not None else None
     if name is None:
@@ -272,10 +272,11 @@ def _auto_dtype(config: Mapping[str, Any]) -> tuple[str, str]:
     return "bfloat16", f"the checkpoint's {name}, which vLLM serves in bfloat16"
 
 
-def _check_dtypes(config: Mapping[str, Any]) -> None:
+def check_config_dtypes(config: Mapping[str, Any]) -> None:
     """Refuse a dtype ``hf_dtype`` refuses in any config transformers builds from the file: the one vLLM reads
     (a multimodal wrapper's own where it gives one, else its text config's: ``load_config``) and, for a
-    wrapper, each sub-config (``text_config``, ``vision_config``), which transformers loads with its own dtype."""
+    wrapper, each sub-config (``text_config``, ``vision_config``), which transformers loads with its own dtype.
+    transformers fails on such a name as it loads the config, before vLLM checks the RoPE parameters."""
     levels: list[tuple[tuple[str, ...], Any]] = [((), config)]
     if isinstance(config, FilledConfig) and config.home == ("text_config",):
         levels += [((key,), config.get(key)) for key in WRAPPER_SUB_CONFIGS]

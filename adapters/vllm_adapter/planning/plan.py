@@ -19,7 +19,7 @@ from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
 from .deepseek_v4_032 import check_v4_config_032
 from .field_kinds import check_field_kinds
-from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
+from .hf_config import Family, ModelSpecs, SpecSettings, check_config_dtypes, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
 from .quant_config import quantization
 from .max_len import check_max_model_len, check_rope_parameters, model_length
@@ -141,8 +141,8 @@ def make_plan(
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
-    the RoPE parameters, the keys 0.32's DeepSeek-V4 model needs and the quantization config (as it loads the
-    config), the model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it
+    a dtype name transformers cannot read, the RoPE parameters, the keys 0.32's DeepSeek-V4 model needs and the
+    quantization config (as it loads the config), the model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it
     resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
     quantization config and the model dtype its kernels take, then as a worker builds the model its embedding,
     layers, attention backend and KV quantization (``model_build``), the kinds of the other DeepSeek-V4 fields
@@ -150,6 +150,7 @@ def make_plan(
     budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
+    check_config_dtypes(config)
     check_rope_parameters(config)
     check_v4_config_032(config, engine_version)
     quantization(config, engine_version)
