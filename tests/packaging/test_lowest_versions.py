@@ -90,7 +90,8 @@ def test_the_folder_holds_each_dependency_at_its_lowest_declared_version(lowest:
     assert done.returncode == 0, done.stderr
     installed = json.loads(done.stdout)
     assert {n: Version(v) for n, v in installed.items()} == {n: Version(v) for n, v in wanted.items()}, installed
-    assert {"lark", "pydantic", "regex", "watchdog", "prometheus-client", "nvidia-ml-py", "cuda-python", "pygls"} <= set(wanted)
+    assert {"lark", "pydantic", "regex", "watchdog", "prometheus-client", "nvidia-ml-py", "cuda-python",
+            "pygls"} <= set(wanted)
 
 
 COMMANDS = {
@@ -101,7 +102,8 @@ COMMANDS = {
     "plan-vllm": ["plan", "--engine", "vllm", "--model-config", "tests/vllm/configs/qwen3-8b/config.json",
                   "--budget", "8GiB", "--max-model-len", "4096", "--vllm-version", "0.33.0", "--format", "json"],
     # A Quark checkpoint whose exclude patterns only the regex package reads so (as vLLM does): all layers excluded.
-    "plan-vllm-quark": ["plan", "--engine", "vllm", "--model-config", "tests/packaging/configs/qwen3-8b-quark/config.json",
+    "plan-vllm-quark": ["plan", "--engine", "vllm",
+                        "--model-config", "tests/packaging/configs/qwen3-8b-quark/config.json",
                         "--budget", "8GiB", "--max-model-len", "4096", "--kv-cache-dtype", "fp8_e5m2",
                         "--vllm-version", "0.33.0", "--format", "json"],
     "plan-sglang": ["plan", "--engine", "sglang", "--model-config", "policies/models/deepseek-v4-flash.json",

@@ -142,12 +142,12 @@ def make_plan(
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
     a dtype name transformers cannot read, the RoPE parameters, the keys 0.32's DeepSeek-V4 model needs and the
-    quantization config (as it loads the config), the model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it
-    resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
-    quantization config and the model dtype its kernels take, then as a worker builds the model its embedding,
-    layers, attention backend and KV quantization (``model_build``), the kinds of the other DeepSeek-V4 fields
-    (vLLM 0.33 checks them as it loads the config: where two faults meet, the plan names another first), the
-    budget."""
+    quantization config (as it loads the config), the model dtype, max_model_len, the quantization method (known,
+    not deprecated), the KV dtype (as it resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the
+    tensor parallel size and the heads, the quantization config and the model dtype its kernels take, then as a
+    worker builds the model its embedding, layers, attention backend and KV quantization (``model_build``), the
+    kinds of the other DeepSeek-V4 fields (vLLM 0.33 checks them as it loads the config: where two faults meet,
+    the plan names another first), the budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
     check_config_dtypes(config)
