@@ -42,6 +42,8 @@ from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from kvpolicy.diagnostics import Diagnostic
     from kvpolicy.document_codes import DocumentCode
     from kvpolicy.json_text import DocumentInvalid, JsonObjectFile
@@ -236,7 +238,6 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     """Read a ``config.json`` (full or trimmed) into a checked ``ModelGeometry``, keeping the file to place the
     problems found later; GeometryError with the diagnostics of each problem of the file."""
     from kvpolicy.json_text import DocumentInvalid
-    from kvpolicy.validation import describe
 
     path = Path(path)
     try:
@@ -251,66 +252,92 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         p = exc.problem
         raise GeometryError(f"{path}: {p.message}", DocumentInvalid([document.diagnostic(p.code, p.key, p.message,
                                                                                          p.hint)])) from None
+    # SGLang's order: the strict class it builds the config with first checks each field's kind, then reads the
+    # dtype; the classes' validators, any later class and SGLang's own reading (the fields given, the V4 layout,
+    # the context length) come after. The plan keeps that order for the dtype, its own after it.
+    geometry = _validated(fields)
+    first, *later = STRICT_CLASSES[fields.data["model_type"]]
+    _check_field_kinds(document, fields, [first], geometry)
+    _check_dtype(document, fields)
     missing = [key for key in FILE_REQUIRED if key not in fields.data]
     if missing:
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
                                                REQUIRED_HINT) for key in missing)
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
-    try:
-        geometry = ModelGeometry.model_validate({**FILE_DEFAULTS, **fields.data})
-    except ValidationError as exc:
-        hint_for = partial(_sglang_hint, defaulted=set(FILE_DEFAULTS) - set(fields.data))
-        raise GeometryError(f"{path}: not a DeepSeek-V4 config: {describe(exc, ModelGeometry)}",
-                            document.refusal(exc, ModelGeometry, locate=fields.path, hint_for=hint_for)) from None
+    if isinstance(geometry, ValidationError):
+        raise _not_v4(document, fields, geometry)
     config = GeometryConfig(geometry, document, fields)
     context = config.geometry.context_problems()
     if context:
         raise GeometryError(f"{path}: SGLang derives no context length it can start with from it: "
                             f"{'; '.join(p.message for p in context)}",
                             DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in context]))
-    _check_field_kinds(config)
-    _check_dtype(config)
+    _check_field_kinds(document, fields, later, geometry)
     return config
 
 
-STRICT_CLASSES: dict[str, tuple[tuple[str, dict[str, Kinds]], ...]] = {
+def _validated(fields: ConfigFields) -> ModelGeometry | ValidationError:
+    """The geometry of ``fields`` with SGLang's defaults for what they leave out, or why there is none."""
+    try:
+        return ModelGeometry.model_validate({**FILE_DEFAULTS, **fields.data})
+    except ValidationError as exc:
+        return exc
+
+
+def _not_v4(document: JsonObjectFile, fields: ConfigFields, invalid: ValidationError) -> GeometryError:
+    """The refusal of a config whose fields make no ``ModelGeometry``, each problem at its place."""
+    from kvpolicy.validation import describe
+
+    hint_for = partial(_sglang_hint, defaulted=set(FILE_DEFAULTS) - set(fields.data))
+    return GeometryError(f"{document.file}: not a DeepSeek-V4 config: {describe(invalid, ModelGeometry)}",
+                         document.refusal(invalid, ModelGeometry, locate=fields.path, hint_for=hint_for))
+
+
+StrictClass = tuple[str, dict[str, Kinds]]
+"""A strict config class's name and the kinds it takes (``hf_config_kinds``)."""
+STRICT_CLASSES: dict[str, tuple[StrictClass, ...]] = {
     V4_MODEL_TYPE: (("transformers' DeepseekV4Config", FIELD_KINDS["DeepseekV4Config"]),
                     ("DeepseekV3Config (SGLang's deepseek_v4 alias of it)", FIELD_KINDS["DeepseekV3Config"])),
     V41_MODEL_TYPE: (("DeepseekV3Config (SGLang's DeepseekV41Config is one)", FIELD_KINDS["DeepseekV3Config"]),),
 }
-"""The strict classes SGLang 0.5.23 loads a config.json of each model type with (``config_fields`` lets no other
-type through), and the kinds each takes."""
+"""The strict classes SGLang 0.5.23 loads a config.json of each model type with, in its order (``config_fields``
+lets no other type through), and the kinds each takes."""
 
 
-def _check_field_kinds(config: GeometryConfig) -> None:
-    """Refuse each field whose value a class of ``STRICT_CLASSES`` does not take, at its place (after the
-    geometry's own checks, which say more about the fields the plan reads)."""
+def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: Sequence[StrictClass],
+                       geometry: ModelGeometry | ValidationError) -> None:
+    """Refuse each field whose value one of ``classes`` does not take, at its place. Where the geometry refuses
+    one of those fields too, its refusal is the one given: it says more about the fields the plan reads."""
     from kvpolicy.document_codes import WRONG_TYPE
     from kvpolicy.validation import shown
 
-    found = []
-    for key, value in config.fields.data.items():
-        for name, table in STRICT_CLASSES[config.geometry.model_type]:
+    found: dict[str, str] = {}
+    for key, value in fields.data.items():
+        for name, table in classes:
             wanted = kinds_wanted(table, key, value)
             if wanted is not None:
-                message = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot load "
-                           "the config")
-                found.append(config.diagnostic(WRONG_TYPE, (key,), message,
-                                               "write the value as DeepSeek-V4's own config.json does"))
+                found[key] = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot "
+                              "load the config")
                 break
-    if found:
-        problems = refused(found)
-        raise GeometryError(f"{config.document.file}: {problems.diagnostics[0].message}", problems)
+    if not found:
+        return
+    if isinstance(geometry, ValidationError) and any(error["loc"][:1] and error["loc"][0] in found
+                                                     for error in geometry.errors()):
+        raise _not_v4(document, fields, geometry)
+    problems = refused(document.diagnostic(WRONG_TYPE, fields.path((key,)), message,
+                                           "write the value as DeepSeek-V4's own config.json does")
+                       for key, message in found.items())
+    raise GeometryError(f"{document.file}: {problems.diagnostics[0].message}", problems)
 
 
-def _check_dtype(config: GeometryConfig) -> None:
+def _check_dtype(document: JsonObjectFile, fields: ConfigFields) -> None:
     """Refuse a dtype that names no torch dtype (``hf_dtype``), at its place."""
     from kvpolicy.validation import shown
 
-    problem = dtype_problem(config.fields.data, shown)
+    problem = dtype_problem(fields.data, shown)
     if problem is not None:
-        diagnostic = config.diagnostic(problem.code, (problem.key,), problem.message, problem.hint)
-        raise GeometryError(f"{config.document.file}: {problem.message}", refused([diagnostic]))
+        diagnostic = document.diagnostic(problem.code, fields.path((problem.key,)), problem.message, problem.hint)
+        raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
 
 
 def _sglang_hint(problem: Problem, defaulted: set[str]) -> str | None:

@@ -1,0 +1,145 @@
+"""With a dtype transformers cannot read beside other faults, the SGLang plan names the dtype exactly where SGLang
+0.5.23 stops at it.
+
+SGLang meets a config's faults in stages: transformers' strict classes check each declared field's kind as they
+build the config (``StrictDataclassFieldValidationError``), then read its dtype (``getattr(torch, name)``); the
+classes' validators, the RoPE parameters' conversion and SGLang's own reading (the fields it requires, the V4
+layout, the context length) come after. Each example writes DeepSeek-V4-Flash's fields (a V4 config, or a V4.1
+one with them in ``text_config`` and the dtype at either level) with a dtype torch has no name for and one or two
+other faults: a random value for a field the classes declare, or one of the faults the plan refuses after the
+classes' checks. SGLang's own resolution (on the CPU) decides which it stops at, and the plan's first diagnostic
+must be the dtype's exactly then. A config's model type and nesting are outside this test: the plan reads no
+other layout, so it refuses one before anything else (docs/sglang.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable
+from itertools import count
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS
+from kvpolicy.adapters.hf_dtype import DTYPE_KEYS
+from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG
+from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError
+from tests.sglang.sglang_support import RANDOM_EXAMPLES, single_process_parallel
+from tests.sglang.test_sglang_config_nesting import FLASH, ours, sglangs
+
+pytestmark = pytest.mark.sglang
+
+V4 = {k: v for k, v in FLASH.items() if k not in DTYPE_KEYS}
+UNREADABLE_DTYPES = ("bf16", "Float16", "fp8", "float32 ")
+"""Names torch has no attribute of: transformers stops at each (``getattr``)."""
+
+Fault = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def without(key: str) -> Fault:
+    return lambda fields: {k: v for k, v in fields.items() if k != key}
+
+
+def setting(key: str, value: Any) -> Fault:
+    return lambda fields: {**fields, key: value}
+
+
+def ratios(fields: dict[str, Any]) -> list[Any]:
+    """The compress ratios of ``fields``, or Flash's where another fault took them."""
+    ratios = fields.get("compress_ratios")
+    return ratios if isinstance(ratios, list) else V4["compress_ratios"]
+
+
+LATER_FAULTS: dict[str, Fault] = {
+    "no compress_ratios": without("compress_ratios"),
+    "no index_head_dim": without("index_head_dim"),
+    "no sliding_window": without("sliding_window"),
+    "no architectures": without("architectures"),
+    "no layers": setting("num_hidden_layers", 0),
+    "negative layers": setting("num_hidden_layers", -1),
+    "head_dim 256": setting("head_dim", 256),
+    "qk_rope_head_dim 32": setting("qk_rope_head_dim", 32),
+    "too few compress ratios": lambda fields: {**fields, "compress_ratios": ratios(fields)[:3]},
+    "compress ratio 2": lambda fields: {**fields, "compress_ratios": [2, *ratios(fields)[1:]]},
+    "compress ratios a string": setting("compress_ratios", "abc"),
+    "compress ratio 1.5": lambda fields: {**fields, "compress_ratios": [1.5, *ratios(fields)[1:]]},
+    "rope_scaling a number": setting("rope_scaling", 5),
+    "rope_scaling a list": setting("rope_scaling", [1]),
+    "yarn without factor": setting("rope_scaling", {"type": "yarn"}),
+    "yarn factor 0.5": setting("rope_scaling", {"type": "yarn", "factor": 0.5,
+                                                "original_max_position_embeddings": 65536}),
+    "context length 1": setting("max_position_embeddings", 1),
+    "max_seq_len a string": setting("max_seq_len", "x"),
+    "max_seq_len 1": setting("max_seq_len", 1),
+    "kv_source_layer_ids 1.5": setting("kv_source_layer_ids", [1.5]),
+}
+"""Faults the plan refuses that SGLang meets after the strict classes' field checks (or never: a context length of
+1 it starts with, and fails at the first request; the plan refuses it)."""
+
+DECLARED = sorted(set(FIELD_KINDS["DeepseekV4Config"]) | set(FIELD_KINDS["DeepseekV3Config"]))
+ODD_VALUES = st.sampled_from(["x", "43", 1.5, 43.0, True, None, [1], {"a": 1}, 7])
+
+
+@st.composite
+def faults(draw: st.DrawFn) -> tuple[str, Fault]:
+    """One fault: a random value for a field the strict classes declare (often of a kind they refuse), or one of
+    ``LATER_FAULTS``."""
+    if draw(st.booleans()):
+        key, value = draw(st.sampled_from(DECLARED)), draw(ODD_VALUES)
+        return f"{key}={json.dumps(value)}", setting(key, value)
+    name = draw(st.sampled_from(sorted(LATER_FAULTS)))
+    return name, LATER_FAULTS[name]
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> dict[str, Any]:
+    """Flash's fields with one or two faults and an unreadable dtype, as a V4 config or a V4.1 one."""
+    fields = dict(V4)
+    for name, fault in draw(st.lists(faults(), min_size=1, max_size=2, unique_by=lambda f: f[0])):
+        fields = fault(fields)
+        event(name if name in LATER_FAULTS else "a declared field")
+    dtype = {draw(st.sampled_from(DTYPE_KEYS)): draw(st.sampled_from(UNREADABLE_DTYPES))}
+    if draw(st.booleans()):
+        return {**fields, **dtype}
+    top = {k: fields[k] for k in ("architectures",) if k in fields}
+    text = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+    inside = draw(st.booleans())
+    return {**top, "model_type": "deepseek_v41", TEXT_CONFIG: {**text, **dtype} if inside else text,
+            **({} if inside else dtype)}
+
+
+def sglang_stops_at_the_dtype(real: object) -> bool:
+    return isinstance(real, AttributeError) and "module 'torch' has no attribute" in str(real)
+
+
+def test_the_dtype_is_named_first_exactly_where_sglang_stops_at_it(tmp_path_factory, sglang_env):
+    root = tmp_path_factory.mktemp("order")
+    dirs = count()
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=RANDOM_EXAMPLES // 2, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(config=configs())
+    @example(config={**V4, "compress_ratios": V4["compress_ratios"][:3], "dtype": "bf16"})  # a class validator
+    @example(config={**V4, "rope_scaling": 5, "dtype": "bf16"})  # the RoPE parameters' conversion
+    @example(config={**V4, "num_hidden_layers": "43", "dtype": "bf16"})  # a field the plan reads
+    @example(config={**V4, "vocab_size": 1.5, "dtype": "bf16"})  # one it does not
+    @example(config={**V4, "vocab_size": 1.5, "compress_ratios": V4["compress_ratios"][:3], "dtype": "bf16"})
+    def check(config: dict[str, Any]) -> None:
+        model_dir = root / str(next(dirs))
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+        mine, real = ours(model_dir), sglangs(model_dir)
+        assert isinstance(mine, GeometryError), (config, mine)
+        first = mine.problems.diagnostics[0].message
+        at_dtype = sglang_stops_at_the_dtype(real)
+        assert first.startswith(DTYPE_KEYS) == at_dtype, (config, first, real)
+        seen["the dtype" if at_dtype else "another field"] += 1
+
+    with single_process_parallel():
+        check()
+    assert seen["the dtype"] and seen["another field"], seen
