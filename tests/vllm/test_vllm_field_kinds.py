@@ -219,3 +219,49 @@ def test_plan_places_the_refusal_at_the_value_for_0_33_and_for_0_32_as_it_loads(
         assert code == 0, err
     else:
         assert code == 1 and err.startswith(f"{path}:{line}:{col}: KVD007 error: {on_032}"), err
+
+
+def test_a_field_of_a_refused_kind_is_named_before_a_dtype_transformers_cannot_read(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A class checks each field's kind as the config loads, then its dtype: with ``"dtype": "bf16"`` (no torch
+    name) beside a random field value, the class's load stops at the field exactly where it refuses the value's
+    kind or range, else at the dtype, and the plan names the same one first."""
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+
+    seen = {"field": 0, "dtype": 0}
+
+    @settings(max_examples=EXAMPLES // 2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(field=FIELD, value=JSON_VALUES)
+    @example(field=("qwen3", "rms_norm_eps", ()), value=1)
+    @example(field=("qwen3", "rms_norm_eps", ()), value=1e-6)
+    @example(field=("gemma3", "hidden_activation", ()), value=None)  # in the wrapper's text config
+    @example(field=("gemma3", "mm_tokens_per_image", ("wrapper",)), value="256")  # the wrapper's own
+    @example(field=("llama", "initializer_range", ()), value=2.0)  # out of the class's range
+    def check(field: tuple[str, str, tuple[str, ...]], value: Any) -> None:
+        model_type, key, place = field
+        folder = tmp_path_factory.mktemp("kinds-dtype")
+        path = write_field(folder, model_type, key, value, place)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "dtype": "bf16"}))
+        try:
+            load_as_vllm(folder, model_type)
+            raise AssertionError(f"loaded with dtype bf16: {field}, {value!r}")
+        except StrictDataclassFieldValidationError as exc:
+            real = "field" if f"'{key}'" in str(exc) else "other"
+        except AttributeError as exc:
+            real = "dtype" if "'bf16'" in str(exc) else "other"
+        except Exception:  # noqa: BLE001 - a class's cross-field checks: no order to compare
+            real = "other"
+        if real == "other":
+            event("the class stops otherwise")
+            return
+        with pytest.raises(ModelSpecError) as refused:
+            make_plan(load_config(folder / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
+                      budget=1 << 30, platform="cpu")
+        assert refused.value.key == (path if real == "field" else ("dtype",)), (field, value, refused.value)
+        seen[real] += 1
+        event(f"named: the {real}")
+
+    check()
+    assert seen["field"] and seen["dtype"], seen
