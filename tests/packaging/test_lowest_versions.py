@@ -119,6 +119,15 @@ def test_each_command_prints_what_it_prints_at_the_highest_versions(lowest: Path
     assert low.returncode in (0, 1) and low.stdout
 
 
+def test_the_lowest_regex_reads_the_quark_exclusions_as_vllm_does(lowest: Path) -> None:
+    """Beyond printing what the newest versions print (both could refuse): with the oldest regex the plan reads
+    the exclusions (a POSIX class, a Unicode property) and plans the fp8 cache, 1 byte an element: 36 layers ×
+    16 tokens × 8 KV heads × 128 × K and V."""
+    low = kvpolicy(lowest, *COMMANDS["plan-vllm-quark"])
+    assert low.returncode == 0, low.stderr
+    assert json.loads(low.stdout)["bytes_per_block"] == 36 * 16 * 8 * 128 * 2, low.stdout
+
+
 @pytest.fixture
 def controller(lowest: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], Path, str]]:
     """``kvpolicy run`` at the lowest versions, serving its endpoints on a free loopback port."""
