@@ -254,7 +254,8 @@ def read_geometry(path: str | Path) -> GeometryConfig:
                                                                                          p.hint)])) from None
     # SGLang's order: the strict class it builds the config with first checks each field's kind, then reads the
     # dtype; the classes' validators, any later class and SGLang's own reading (the fields given, the V4 layout,
-    # the context length) come after. The plan keeps that order for the dtype, its own after it.
+    # the context length) come after. So the dtype is refused where SGLang refuses it; the plan's own checks of
+    # what comes after keep their order.
     geometry = _validated(fields)
     first, *later = STRICT_CLASSES[fields.data["model_type"]]
     _check_field_kinds(document, fields, [first], geometry)

@@ -17,8 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
-from .deepseek_v4_032 import check_v4_config_032
 from .config_values import ModelSpecError
+from .deepseek_v4_032 import check_v4_config_032
 from .field_kinds import check_field_kinds
 from .hf_config import Family, ModelSpecs, SpecSettings, check_config_dtypes, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
