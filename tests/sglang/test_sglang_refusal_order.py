@@ -50,8 +50,8 @@ def setting(key: str, value: Any) -> Fault:
 
 def ratios(fields: dict[str, Any]) -> list[Any]:
     """The compress ratios of ``fields``, or Flash's where another fault took them."""
-    ratios = fields.get("compress_ratios")
-    return ratios if isinstance(ratios, list) else V4["compress_ratios"]
+    given = fields.get("compress_ratios")
+    return given if isinstance(given, list) else V4["compress_ratios"]
 
 
 LATER_FAULTS: dict[str, Fault] = {
