@@ -223,30 +223,39 @@ def test_plan_places_the_refusal_at_the_value_for_0_33_and_for_0_32_as_it_loads(
 
 def test_a_field_of_a_refused_kind_is_named_before_a_dtype_transformers_cannot_read(
         tmp_path_factory: pytest.TempPathFactory) -> None:
-    """A class checks each field's kind as the config loads, then its dtype: with ``"dtype": "bf16"`` (no torch
-    name) beside a random field value, the class's load stops at the field exactly where it refuses the value's
-    kind or range, else at the dtype, and the plan names the same one first."""
+    """A class checks each field's kind as the config loads, then its dtype; a multimodal wrapper its own fields,
+    then its text config's (and its dtype), its vision config's (and its dtype), then its own dtype. With
+    ``"dtype": "bf16"`` (no torch name) at one of those levels beside a random field value, the plan names first
+    what the class's load stops at: the field where it refuses the value's kind or range, else the dtype."""
     from huggingface_hub.errors import StrictDataclassFieldValidationError
     from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
 
     seen = {"field": 0, "dtype": 0}
 
     @settings(max_examples=EXAMPLES // 2, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(field=FIELD, value=JSON_VALUES)
-    @example(field=("qwen3", "rms_norm_eps", ()), value=1)
-    @example(field=("qwen3", "rms_norm_eps", ()), value=1e-6)
-    @example(field=("gemma3", "hidden_activation", ()), value=None)  # in the wrapper's text config
-    @example(field=("gemma3", "mm_tokens_per_image", ("wrapper",)), value="256")  # the wrapper's own
-    @example(field=("llama", "initializer_range", ()), value=2.0)  # out of the class's range
-    def check(field: tuple[str, str, tuple[str, ...]], value: Any) -> None:
+    @given(field=FIELD, value=JSON_VALUES, level=st.sampled_from(["", "text_config", "vision_config"]))
+    @example(field=("qwen3", "rms_norm_eps", ()), value=1, level="")
+    @example(field=("qwen3", "rms_norm_eps", ()), value=1e-6, level="")
+    @example(field=("gemma3", "hidden_activation", ()), value=None, level="")  # in the wrapper's text config
+    @example(field=("gemma3", "mm_tokens_per_image", ("wrapper",)), value="256", level="")  # the wrapper's own
+    @example(field=("gemma3", "attention_dropout", ("wrapper", "vision_config")), value=None, level="text_config")
+    @example(field=("llama", "initializer_range", ()), value=2.0, level="")  # out of the class's range
+    def check(field: tuple[str, str, tuple[str, ...]], value: Any, level: str) -> None:
         model_type, key, place = field
         folder = tmp_path_factory.mktemp("kinds-dtype")
         path = write_field(folder, model_type, key, value, place)
         config = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps({**config, "dtype": "bf16"}))
+        if model_type == "gemma3" and level:
+            inner = config.get(level)
+            config[level] = {**(inner if isinstance(inner, dict) else {}), "dtype": "bf16"}
+            # the plan reads a text config's keys as the model's, unless the wrapper gives a dtype of its own
+            dtype_at = (level, "dtype") if level == "vision_config" or "dtype" in config else ("dtype",)
+        else:
+            config["dtype"], dtype_at = "bf16", ("dtype",)
+        (folder / "config.json").write_text(json.dumps(config))
         try:
             load_as_vllm(folder, model_type)
-            raise AssertionError(f"loaded with dtype bf16: {field}, {value!r}")
+            raise AssertionError(f"loaded with dtype bf16: {field}, {value!r}, {level}")
         except StrictDataclassFieldValidationError as exc:
             real = "field" if f"'{key}'" in str(exc) else "other"
         except AttributeError as exc:
@@ -259,9 +268,33 @@ def test_a_field_of_a_refused_kind_is_named_before_a_dtype_transformers_cannot_r
         with pytest.raises(ModelSpecError) as refused:
             make_plan(load_config(folder / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
                       budget=1 << 30, platform="cpu")
-        assert refused.value.key == (path if real == "field" else ("dtype",)), (field, value, refused.value)
+        assert refused.value.key == (path if real == "field" else dtype_at), (field, value, level, refused.value)
         seen[real] += 1
         event(f"named: the {real}")
 
     check()
     assert seen["field"] and seen["dtype"], seen
+
+
+@pytest.mark.parametrize(("earlier", "later", "key"), [
+    ("text_config", "", ("text_config", "dtype")),  # the wrapper's own is the one vLLM reads: the text's by name
+    ("text_config", "vision_config", ("dtype",)),  # without one of the wrapper's, the text's is the model's
+    ("vision_config", "", ("vision_config", "dtype")),
+])
+def test_a_wrappers_dtypes_are_refused_in_the_order_transformers_builds_its_configs(
+        tmp_path: Path, earlier: str, later: str, key: tuple[str, ...]) -> None:
+    """Gemma-3's wrapper builds its text config, then its vision config, then reads its own dtype (""): with two
+    of the three unreadable, transformers stops at the earlier, and the plan names it."""
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+
+    write(tmp_path, "gemma3", {}, text_type=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for level, name in ((earlier, "bf16a"), (later, "bf16b")):
+        (config.setdefault(level, {}) if level else config)["dtype"] = name
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(AttributeError, match="'bf16a'"):
+        load_as_vllm(tmp_path, "gemma3")
+    with pytest.raises(ModelSpecError) as refused:
+        make_plan(load_config(tmp_path / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
+                  budget=1 << 30, platform="cpu")
+    assert refused.value.key == key and "'bf16a'" in str(refused.value), refused.value

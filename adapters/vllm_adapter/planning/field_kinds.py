@@ -21,19 +21,30 @@ from .class_defaults import WRAPPER_CLASSES, class_default, config_class
 from .config_values import ModelSpecError
 
 
-def check_field_kinds(config: Mapping[str, Any], engine_version: str) -> None:
+def check_field_kinds(config: Mapping[str, Any], engine_version: str, part: str | None = None) -> None:
     """Refuse the first field, in the file's order, of a config whose value its config class does not take
     (ModelSpecError at the value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a
     field the class filled, a model type the plan knows no class of, or DeepSeek-V4 for vLLM 0.32, passes. A
     multimodal wrapper's text config is checked against its class, the wrapper's own fields against the
     wrapper's, and its vision config against that config's class (Gemma-3's; a field written both in the
-    wrapper and in its text config is the text config's)."""
+    wrapper and in its text config is the text config's). ``part``: only the fields of one of those configs
+    ("wrapper", "text_config", "vision_config"), as transformers checks them one config at a time."""
     cls = config_class(config)
     if cls is None or (config.get("model_type") == "deepseek_v4" and engine_version.startswith("0.32.")):
         return
     for fields, key, class_name, path in _fields_in_file_order(config, cls.name):
+        if part is not None and _part(class_name, cls.name, path) != part:
+            continue
         if class_default(fields, key) is None:
             _check(fields, key, class_name, path)
+
+
+def _part(class_name: str, text_class: str, path: tuple[str, ...]) -> str:
+    """Which config a field of ``_fields_in_file_order`` belongs to: the text config (the model's own, for a
+    config of one class), a config object the wrapper holds (its key), or the wrapper."""
+    if class_name == text_class:
+        return "text_config"
+    return path[0] if len(path) > 1 else "wrapper"
 
 
 Field = tuple[Mapping[str, Any], str, str, tuple[str, ...]]

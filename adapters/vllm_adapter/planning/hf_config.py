@@ -277,14 +277,31 @@ def check_config_dtypes(config: Mapping[str, Any]) -> None:
     (a multimodal wrapper's own where it gives one, else its text config's: ``load_config``) and, for a
     wrapper, each sub-config (``text_config``, ``vision_config``), which transformers loads with its own dtype.
     transformers fails on such a name as it loads the config, before vLLM checks the RoPE parameters."""
-    levels: list[tuple[tuple[str, ...], Any]] = [((), config)]
-    if isinstance(config, FilledConfig) and config.home == ("text_config",):
-        levels += [((key,), config.get(key)) for key in WRAPPER_SUB_CONFIGS]
-    for where, level in levels:
-        problem = dtype_problem(level, _shown) if isinstance(level, Mapping) else None
-        if problem is not None:
-            prefix = f"{where[0]}." if where else ""
-            raise ModelSpecError(prefix + problem.message, (*where, problem.key), problem.code, problem.hint)
+    for level in ("model", *WRAPPER_SUB_CONFIGS):
+        refusal = dtype_refusal(config, level)
+        if refusal is not None:
+            raise refusal
+
+
+def dtype_refusal(config: Mapping[str, Any], level: str) -> ModelSpecError | None:
+    """The refusal of the dtype of one config transformers builds from the file, None where it reads it:
+    ``"model"`` the one vLLM reads, or a multimodal wrapper's sub-config (``WRAPPER_SUB_CONFIGS``)."""
+    where: tuple[str, ...] = () if level == "model" else (level,)
+    if where and not (isinstance(config, FilledConfig) and config.home == ("text_config",)):
+        return None
+    values = config.get(level) if where else config
+    problem = dtype_problem(values, _shown) if isinstance(values, Mapping) else None
+    if problem is None:
+        return None
+    prefix = f"{where[0]}." if where else ""
+    return ModelSpecError(prefix + problem.message, (*where, problem.key), problem.code, problem.hint)
+
+
+def gives_own_dtype(config: Mapping[str, Any]) -> bool:
+    """Whether a multimodal wrapper's file gives a dtype of its own (the one vLLM reads, ``load_config``), not
+    its text config's lifted beside its fields."""
+    origins: Mapping[str, Any] = getattr(config, "origins", {})
+    return any(origins.get(key) == (key,) for key in DTYPE_KEYS if key in config)
 
 
 def model_dtype(config: Mapping[str, Any], dtype: str = "auto") -> str:

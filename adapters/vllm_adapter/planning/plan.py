@@ -17,11 +17,11 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from ..pools import PADDING_POOL
 from ..versions import NEWEST_VALIDATED_VLLM
-from .config_values import ModelSpecError
 from .deepseek_v4_032 import check_v4_config_032
 from .field_kinds import check_field_kinds
-from .hf_config import Family, ModelSpecs, SpecSettings, check_config_dtypes, model_dtype, model_family, model_specs
+from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
+from .load_order import check_dtypes_in_load_order
 from .quant_config import quantization
 from .max_len import check_max_model_len, check_rope_parameters, model_length
 from .quant_method import check_quant_method
@@ -142,7 +142,7 @@ def make_plan(
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
-    a dtype name transformers cannot read (after a field of a kind its config class refuses), the RoPE
+    a dtype name transformers cannot read (in the order it loads the config: ``load_order``), the RoPE
     parameters, the keys 0.32's DeepSeek-V4 model needs and the quantization config (as it loads the config), the
     model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it resolves
     ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
@@ -152,7 +152,7 @@ def make_plan(
     budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
-    _check_dtypes_after_kinds(config, engine_version)
+    check_dtypes_in_load_order(config, engine_version)
     check_rope_parameters(config)
     check_v4_config_032(config, engine_version)
     quantization(config, engine_version)
@@ -195,17 +195,6 @@ def make_plan(
         max_concurrency=concurrency,
         kv_cache_size_tokens=int(concurrency * settings.max_model_len),
     )
-
-
-def _check_dtypes_after_kinds(config: Mapping[str, Any], engine_version: str) -> None:
-    """``check_config_dtypes``, but where a field's kind is refused too, that field's refusal: transformers'
-    strict classes check each field's kind as the config loads, then its dtype. (Otherwise the kinds are checked
-    last, after the plan's own checks of the fields it reads, whose messages say more.)"""
-    try:
-        check_config_dtypes(config)
-    except ModelSpecError:
-        check_field_kinds(config, engine_version)
-        raise
 
 
 def _group_plan(g: Group, block_bytes: int, s: PlanSettings) -> GroupPlan:
