@@ -287,7 +287,7 @@ def dtype_refusal(config: Mapping[str, Any], level: str) -> ModelSpecError | Non
     """The refusal of the dtype of one config transformers builds from the file, None where it reads it:
     ``"model"`` the one vLLM reads, or a multimodal wrapper's sub-config (``WRAPPER_SUB_CONFIGS``)."""
     where: tuple[str, ...] = () if level == "model" else (level,)
-    if where and not (isinstance(config, FilledConfig) and config.home == ("text_config",)):
+    if where and not is_wrapper(config):
         return None
     values = config.get(level) if where else config
     problem = dtype_problem(values, _shown) if isinstance(values, Mapping) else None
@@ -295,6 +295,11 @@ def dtype_refusal(config: Mapping[str, Any], level: str) -> ModelSpecError | Non
         return None
     prefix = f"{where[0]}." if where else ""
     return ModelSpecError(prefix + problem.message, (*where, problem.key), problem.code, problem.hint)
+
+
+def is_wrapper(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is a multimodal wrapper read with its text config (``load_config``)."""
+    return isinstance(config, FilledConfig) and config.home == ("text_config",)
 
 
 def gives_own_dtype(config: Mapping[str, Any]) -> bool:

@@ -13,10 +13,9 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
-from .class_defaults import FilledConfig
 from .config_values import ModelSpecError
 from .field_kinds import check_field_kinds
-from .hf_config import WRAPPER_SUB_CONFIGS, check_config_dtypes, dtype_refusal, gives_own_dtype
+from .hf_config import WRAPPER_SUB_CONFIGS, check_config_dtypes, dtype_refusal, gives_own_dtype, is_wrapper
 
 
 def check_dtypes_in_load_order(config: Mapping[str, Any], engine_version: str) -> None:
@@ -32,7 +31,7 @@ def check_dtypes_in_load_order(config: Mapping[str, Any], engine_version: str) -
 
 def _load_order(config: Mapping[str, Any], engine_version: str) -> Iterator[Callable[[], None]]:
     """The checks of what transformers refuses as it loads ``config``, in its order; each raises ModelSpecError."""
-    if not (isinstance(config, FilledConfig) and config.home == ("text_config",)):
+    if not is_wrapper(config):
         yield partial(check_field_kinds, config, engine_version)
         yield partial(_raise_dtype, config, "model")
         return
