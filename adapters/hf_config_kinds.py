@@ -9,7 +9,7 @@ config loads, each field the class declares is checked against its declared type
 fails the load (``StrictDataclassFieldValidationError``), so the engine does not start. The checks are exact:
 an ``int`` field takes a JSON integer only (not ``true``, not ``3.0``), a ``float`` field a JSON float only
 (``10.0``, not ``10``), a ``float | int`` field either, and ``| None`` adds null. ``FIELD_KINDS`` holds the
-declared types of the classes the plans know, ``FIELD_RANGES`` the one field a validator bounds
+declared types of the classes the plans know, in their order, ``FIELD_RANGES`` the one field a validator bounds
 (tests/vllm/test_vllm_field_kinds.py compares them with the classes' annotations and validators, and with
 vLLM's loading over random values; tests/sglang/test_sglang_field_kinds.py with SGLang's). Pure data.
 """
@@ -36,151 +36,119 @@ NAMES_OR_NULL: Kinds = ("str list", "null")
 TOKEN_IDS: Kinds = ("int", "int list", "null")
 INT_OR_INTS: Kinds = ("int", "int list")
 
-
-def _table(groups: dict[Kinds, tuple[str, ...]]) -> dict[str, Kinds]:
-    """A class's fields by the kinds they take: ``{INT: ("vocab_size", ...)}`` → {"vocab_size": INT, ...}."""
-    return {key: kinds for kinds, keys in groups.items() for key in keys}
-
-
-_GEMMA = _table({
-    INT: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-        "num_key_value_heads", "head_dim", "max_position_embeddings", "query_pre_attn_scalar"),
-    STR: ("hidden_activation",),
-    FLOAT: ("initializer_range", "rms_norm_eps"),
-    BOOL: ("use_cache", "tie_word_embeddings", "attention_bias"),
-    INT_OR_NULL: ("pad_token_id", "bos_token_id", "sliding_window"),
-    TOKEN_IDS: ("eos_token_id",),
-    DICT_OR_NULL: ("rope_parameters",),
-    NUMBER_OR_NULL: ("attention_dropout",),
-    NAMES_OR_NULL: ("layer_types",),
-    FLOAT_OR_NULL: ("final_logit_softcapping", "attn_logit_softcapping"),
-    BOOL_OR_NULL: ("use_bidirectional_attention",),
-})
+_GEMMA: dict[str, Kinds] = {
+    "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT,
+    "num_attention_heads": INT, "num_key_value_heads": INT, "head_dim": INT, "hidden_activation": STR,
+    "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+    "pad_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS, "bos_token_id": INT_OR_NULL, "tie_word_embeddings": BOOL,
+    "rope_parameters": DICT_OR_NULL, "attention_bias": BOOL, "attention_dropout": NUMBER_OR_NULL,
+    "query_pre_attn_scalar": INT, "sliding_window": INT_OR_NULL, "layer_types": NAMES_OR_NULL,
+    "final_logit_softcapping": FLOAT_OR_NULL, "attn_logit_softcapping": FLOAT_OR_NULL,
+    "use_bidirectional_attention": BOOL_OR_NULL,
+}
 """Gemma-2's fields, and Gemma-3's text config's: the same."""
 
 FIELD_KINDS: dict[str, dict[str, Kinds]] = {
-    "LlamaConfig": _table({
-        INT: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "max_position_embeddings"),
-        INT_OR_NULL: ("num_key_value_heads", "pad_token_id", "bos_token_id", "pretraining_tp", "head_dim"),
-        STR: ("hidden_act",),
-        FLOAT: ("initializer_range", "rms_norm_eps"),
-        BOOL: ("use_cache", "tie_word_embeddings", "attention_bias", "mlp_bias"),
-        TOKEN_IDS: ("eos_token_id",),
-        DICT_OR_NULL: ("rope_parameters",),
-        NUMBER_OR_NULL: ("attention_dropout",),
-    }),
-    "MistralConfig": _table({
-        INT: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "max_position_embeddings"),
-        INT_OR_NULL: ("head_dim", "pad_token_id", "bos_token_id", "sliding_window"),
-        STR: ("hidden_act",),
-        FLOAT: ("initializer_range", "rms_norm_eps"),
-        BOOL: ("use_cache", "tie_word_embeddings"),
-        TOKEN_IDS: ("eos_token_id",),
-        DICT_OR_NULL: ("rope_parameters",),
-        NUMBER: ("attention_dropout",),
-    }),
-    "Qwen2Config": _table({
-        INT: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "max_position_embeddings", "max_window_layers"),
-        INT_OR_NULL: ("num_key_value_heads", "sliding_window", "pad_token_id", "bos_token_id"),
-        STR: ("hidden_act",),
-        FLOAT: ("initializer_range", "rms_norm_eps"),
-        BOOL: ("use_cache", "tie_word_embeddings", "use_sliding_window"),
-        DICT_OR_NULL: ("rope_parameters",),
-        NAMES_OR_NULL: ("layer_types",),
-        NUMBER: ("attention_dropout",),
-        TOKEN_IDS: ("eos_token_id",),
-    }),
-    "Qwen3Config": _table({
-        INT: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "head_dim", "max_position_embeddings", "max_window_layers"),
-        INT_OR_NULL: ("num_key_value_heads", "sliding_window", "pad_token_id", "bos_token_id"),
-        STR: ("hidden_act",),
-        FLOAT: ("initializer_range", "rms_norm_eps"),
-        BOOL: ("use_cache", "tie_word_embeddings", "attention_bias", "use_sliding_window"),
-        DICT_OR_NULL: ("rope_parameters",),
-        NAMES_OR_NULL: ("layer_types",),
-        NUMBER: ("attention_dropout",),
-        TOKEN_IDS: ("eos_token_id",),
-    }),
+    "LlamaConfig": {
+        "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT,
+        "num_attention_heads": INT, "num_key_value_heads": INT_OR_NULL, "hidden_act": STR,
+        "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+        "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS,
+        "pretraining_tp": INT_OR_NULL, "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL,
+        "attention_bias": BOOL, "attention_dropout": NUMBER_OR_NULL, "mlp_bias": BOOL, "head_dim": INT_OR_NULL,
+    },
+    "MistralConfig": {
+        "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT,
+        "num_attention_heads": INT, "num_key_value_heads": INT, "head_dim": INT_OR_NULL, "hidden_act": STR,
+        "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+        "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS,
+        "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL, "sliding_window": INT_OR_NULL,
+        "attention_dropout": NUMBER,
+    },
+    "Qwen2Config": {
+        "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT,
+        "num_attention_heads": INT, "num_key_value_heads": INT_OR_NULL, "hidden_act": STR,
+        "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+        "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL, "use_sliding_window": BOOL,
+        "sliding_window": INT_OR_NULL, "max_window_layers": INT, "layer_types": NAMES_OR_NULL,
+        "attention_dropout": NUMBER, "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL,
+        "eos_token_id": TOKEN_IDS,
+    },
+    "Qwen3Config": {
+        "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT,
+        "num_attention_heads": INT, "num_key_value_heads": INT_OR_NULL, "head_dim": INT, "hidden_act": STR,
+        "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+        "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL, "attention_bias": BOOL,
+        "use_sliding_window": BOOL, "sliding_window": INT_OR_NULL, "max_window_layers": INT,
+        "layer_types": NAMES_OR_NULL, "attention_dropout": NUMBER, "pad_token_id": INT_OR_NULL,
+        "bos_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS,
+    },
     "Gemma2Config": _GEMMA,
     "Gemma3TextConfig": _GEMMA,
-    "GptOssConfig": _table({
-        INT: ("num_hidden_layers", "num_local_experts", "vocab_size", "hidden_size", "intermediate_size", "head_dim",
-            "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "num_experts_per_tok"),
-        INT_OR_NULL: ("sliding_window", "pad_token_id", "bos_token_id"),
-        BOOL: ("tie_word_embeddings", "output_router_logits", "use_cache", "attention_bias"),
-        STR: ("hidden_act",),
-        FLOAT: ("initializer_range", "rms_norm_eps", "swiglu_alpha", "swiglu_limit", "router_aux_loss_coef"),
-        DICT_OR_NULL: ("rope_parameters",),
-        NUMBER: ("attention_dropout",),
-        NAMES_OR_NULL: ("layer_types",),
-        TOKEN_IDS: ("eos_token_id",),
-    }),
-    "DeepseekV2Config": _table({
-        INT: ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "max_position_embeddings", "first_k_dense_replace", "kv_lora_rank", "n_routed_experts",
-            "n_shared_experts", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "moe_intermediate_size"),
-        INT_OR_NULL: ("num_key_value_heads", "pad_token_id", "bos_token_id", "pretraining_tp", "head_dim",
-            "q_lora_rank", "n_group", "topk_group", "num_experts_per_tok"),
-        STR: ("hidden_act",),
-        FLOAT: ("initializer_range", "rms_norm_eps", "routed_scaling_factor"),
-        BOOL: ("use_cache", "tie_word_embeddings", "attention_bias", "mlp_bias", "output_router_logits"),
-        TOKEN_IDS: ("eos_token_id",),
-        DICT_OR_NULL: ("rope_parameters",),
-        FLOAT_OR_NULL: ("attention_dropout",),
-        STR_OR_NULL: ("topk_method",),
-        BOOL_OR_NULL: ("norm_topk_prob",),
-    }),
-    "DeepseekV3Config": _table({
-        INT: ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-            "num_attention_heads", "n_shared_experts", "n_routed_experts", "kv_lora_rank", "qk_rope_head_dim",
-            "qk_nope_head_dim", "max_position_embeddings", "num_mtp_layers"),
-        INT_OR_NULL: ("num_key_value_heads", "q_lora_rank", "v_head_dim", "n_group", "topk_group",
-            "num_experts_per_tok", "first_k_dense_replace", "pad_token_id", "bos_token_id", "pretraining_tp"),
-        BOOL: ("output_router_logits", "use_cache", "tie_word_embeddings", "attention_bias"),
-        FLOAT: ("routed_scaling_factor", "initializer_range", "rms_norm_eps"),
-        BOOL_OR_NULL: ("norm_topk_prob", "rope_interleave"),
-        STR: ("hidden_act",),
-        TOKEN_IDS: ("eos_token_id",),
-        DICT_OR_NULL: ("rope_parameters",),
-        NUMBER_OR_NULL: ("attention_dropout",),
-    }),
-    "DeepseekV4Config": _table({
-        INT: ("vocab_size", "hidden_size", "moe_intermediate_size", "num_hidden_layers", "num_attention_heads",
-            "num_key_value_heads", "head_dim", "q_lora_rank", "num_experts_per_tok", "n_routed_experts",
-            "n_shared_experts", "max_position_embeddings", "hc_mult", "hc_sinkhorn_iters", "sliding_window",
-            "o_groups", "o_lora_rank", "index_n_heads", "index_head_dim", "index_topk", "num_nextn_predict_layers"),
-        STR: ("scoring_func", "hidden_act"),
-        BOOL: ("norm_topk_prob", "output_router_logits", "use_cache", "tie_word_embeddings", "attention_bias",
-            "mlp_bias"),
-        FLOAT: ("routed_scaling_factor", "hc_eps", "swiglu_limit", "router_aux_loss_coef", "router_jitter_noise",
-            "initializer_range", "rms_norm_eps", "attention_dropout"),
-        NUMBER: ("rope_theta", "compress_rope_theta"),
-        NAMES_OR_NULL: ("layer_types", "mlp_layer_types"),
-        DICT_OR_NULL: ("compress_rates", "rope_parameters"),
-        INT_OR_NULL: ("pad_token_id", "bos_token_id"),
-        TOKEN_IDS: ("eos_token_id",),
-        FLOAT_OR_NULL: ("partial_rotary_factor",),
-    }),
+    "GptOssConfig": {
+        "num_hidden_layers": INT, "num_local_experts": INT, "vocab_size": INT, "hidden_size": INT,
+        "intermediate_size": INT, "head_dim": INT, "num_attention_heads": INT, "num_key_value_heads": INT,
+        "sliding_window": INT_OR_NULL, "tie_word_embeddings": BOOL, "hidden_act": STR, "initializer_range": FLOAT,
+        "max_position_embeddings": INT, "rms_norm_eps": FLOAT, "rope_parameters": DICT_OR_NULL,
+        "attention_dropout": NUMBER, "num_experts_per_tok": INT, "swiglu_alpha": FLOAT, "swiglu_limit": FLOAT,
+        "router_aux_loss_coef": FLOAT, "output_router_logits": BOOL, "use_cache": BOOL, "layer_types": NAMES_OR_NULL,
+        "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS, "attention_bias": BOOL,
+    },
+    "DeepseekV2Config": {
+        "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT,
+        "num_attention_heads": INT, "num_key_value_heads": INT_OR_NULL, "hidden_act": STR,
+        "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+        "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS,
+        "pretraining_tp": INT_OR_NULL, "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL,
+        "attention_bias": BOOL, "attention_dropout": FLOAT_OR_NULL, "mlp_bias": BOOL, "head_dim": INT_OR_NULL,
+        "first_k_dense_replace": INT, "kv_lora_rank": INT, "q_lora_rank": INT_OR_NULL, "n_group": INT_OR_NULL,
+        "n_routed_experts": INT, "output_router_logits": BOOL, "n_shared_experts": INT, "qk_nope_head_dim": INT,
+        "qk_rope_head_dim": INT, "routed_scaling_factor": FLOAT, "topk_group": INT_OR_NULL, "topk_method": STR_OR_NULL,
+        "norm_topk_prob": BOOL_OR_NULL, "v_head_dim": INT, "num_experts_per_tok": INT_OR_NULL,
+        "moe_intermediate_size": INT,
+    },
+    "DeepseekV3Config": {
+        "vocab_size": INT, "hidden_size": INT, "intermediate_size": INT, "moe_intermediate_size": INT,
+        "num_hidden_layers": INT, "num_attention_heads": INT, "num_key_value_heads": INT_OR_NULL,
+        "n_shared_experts": INT, "n_routed_experts": INT, "output_router_logits": BOOL, "routed_scaling_factor": FLOAT,
+        "kv_lora_rank": INT, "q_lora_rank": INT_OR_NULL, "qk_rope_head_dim": INT, "v_head_dim": INT_OR_NULL,
+        "qk_nope_head_dim": INT, "n_group": INT_OR_NULL, "topk_group": INT_OR_NULL, "num_experts_per_tok": INT_OR_NULL,
+        "first_k_dense_replace": INT_OR_NULL, "norm_topk_prob": BOOL_OR_NULL, "hidden_act": STR,
+        "max_position_embeddings": INT, "initializer_range": FLOAT, "rms_norm_eps": FLOAT, "use_cache": BOOL,
+        "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL, "eos_token_id": TOKEN_IDS,
+        "pretraining_tp": INT_OR_NULL, "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL,
+        "rope_interleave": BOOL_OR_NULL, "attention_bias": BOOL, "attention_dropout": NUMBER_OR_NULL,
+        "num_mtp_layers": INT,
+    },
+    "DeepseekV4Config": {
+        "vocab_size": INT, "hidden_size": INT, "moe_intermediate_size": INT, "num_hidden_layers": INT,
+        "num_attention_heads": INT, "num_key_value_heads": INT, "head_dim": INT, "q_lora_rank": INT,
+        "num_experts_per_tok": INT, "n_routed_experts": INT, "n_shared_experts": INT, "scoring_func": STR,
+        "norm_topk_prob": BOOL, "routed_scaling_factor": FLOAT, "max_position_embeddings": INT, "rope_theta": NUMBER,
+        "layer_types": NAMES_OR_NULL, "compress_rates": DICT_OR_NULL, "compress_rope_theta": NUMBER, "hc_mult": INT,
+        "hc_sinkhorn_iters": INT, "hc_eps": FLOAT, "mlp_layer_types": NAMES_OR_NULL, "swiglu_limit": FLOAT,
+        "sliding_window": INT, "o_groups": INT, "o_lora_rank": INT, "index_n_heads": INT, "index_head_dim": INT,
+        "index_topk": INT, "num_nextn_predict_layers": INT, "output_router_logits": BOOL,
+        "router_aux_loss_coef": FLOAT, "router_jitter_noise": FLOAT, "hidden_act": STR, "initializer_range": FLOAT,
+        "rms_norm_eps": FLOAT, "use_cache": BOOL, "pad_token_id": INT_OR_NULL, "bos_token_id": INT_OR_NULL,
+        "eos_token_id": TOKEN_IDS, "tie_word_embeddings": BOOL, "rope_parameters": DICT_OR_NULL,
+        "partial_rotary_factor": FLOAT_OR_NULL, "attention_bias": BOOL, "mlp_bias": BOOL, "attention_dropout": FLOAT,
+    },
     # The multimodal Gemma-3's wrapper: its own fields (its text config's are Gemma3TextConfig's, above)
-    "Gemma3Config": _table({
-        INT_OR_NULL: ("mm_tokens_per_image", "boi_token_index", "eoi_token_index", "image_token_index"),
-        FLOAT_OR_NULL: ("initializer_range",),
-        BOOL_OR_NULL: ("tie_word_embeddings",),
-        DICT_OR_NULL: ("text_config", "vision_config"),  # a config object or null (the class's defaults)
-    }),
-    "SiglipVisionConfig": _table({  # Gemma-3's vision config
-        INT: ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels"),
-        INT_OR_INTS: ("image_size", "patch_size"),
-        STR: ("hidden_act",),
-        FLOAT: ("layer_norm_eps",),
-        NUMBER: ("attention_dropout",),
-    }),
+    "Gemma3Config": {
+        "text_config": DICT_OR_NULL, "vision_config": DICT_OR_NULL,  # a config object or null (the defaults)
+        "mm_tokens_per_image": INT_OR_NULL, "boi_token_index": INT_OR_NULL, "eoi_token_index": INT_OR_NULL,
+        "image_token_index": INT_OR_NULL, "initializer_range": FLOAT_OR_NULL, "tie_word_embeddings": BOOL_OR_NULL,
+    },
+    "SiglipVisionConfig": {  # Gemma-3's vision config
+        "hidden_size": INT, "intermediate_size": INT, "num_hidden_layers": INT, "num_attention_heads": INT,
+        "num_channels": INT, "image_size": INT_OR_INTS, "patch_size": INT_OR_INTS, "hidden_act": STR,
+        "layer_norm_eps": FLOAT, "attention_dropout": NUMBER,
+    },
 }
-"""Config class (by name) → each field it declares → the kinds of JSON value it takes."""
+"""Config class (by name) → each field it declares, in the order it declares them → the kinds of JSON value it
+takes. The order is the class's own: it checks its fields in that order, whatever the file's, so of two fields it
+refuses, the earlier here is the one named."""
 
 SUB_CONFIGS: dict[str, dict[str, str]] = {"Gemma3Config": {"vision_config": "SiglipVisionConfig"}}
 """Wrapper class → its field that holds a config of another class, written as an object → that class, whichever

@@ -307,17 +307,20 @@ lets no other type through), and the kinds each takes."""
 
 def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: Sequence[StrictClass],
                        geometry: ModelGeometry | ValidationError) -> None:
-    """Refuse each field whose value one of ``classes`` does not take, at its place. Where the geometry refuses
-    one of those fields too, its refusal is the one given: it says more about the fields the plan reads."""
+    """Refuse each field whose value one of ``classes`` does not take, each at its place; the refusal's message
+    is the one SGLang stops at (each class in turn checks its fields in the order it declares them, whatever
+    the file's). Where the geometry refuses one of those fields too, its refusal is the one given: it says more
+    about the fields the plan reads."""
     from kvpolicy.document_codes import WRONG_TYPE
     from kvpolicy.validation import shown
 
-    found: dict[str, str] = {}
+    found: dict[str, tuple[tuple[int, int], str]] = {}  # key → (where SGLang checks it, the message)
     for key, value in fields.data.items():
-        for name, table in classes:
+        for rank, (name, table) in enumerate(classes):
             wanted = kinds_wanted(table, key, value)
             if wanted is not None:
-                found[key] = (f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot "
+                found[key] = ((rank, list(table).index(key)),
+                              f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot "
                               "load the config")
                 break
     if not found:
@@ -327,8 +330,9 @@ def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: 
         raise _not_v4(document, fields, geometry)
     problems = refused(document.diagnostic(WRONG_TYPE, fields.path((key,)), message,
                                            "write the value as DeepSeek-V4's own config.json does")
-                       for key, message in found.items())
-    raise GeometryError(f"{document.file}: {problems.diagnostics[0].message}", problems)
+                       for key, (_, message) in found.items())
+    _, first = min(found.values())
+    raise GeometryError(f"{document.file}: {first}", problems)
 
 
 def _check_dtype(document: JsonObjectFile, fields: ConfigFields) -> None:

@@ -1,5 +1,5 @@
 """With a dtype transformers cannot read beside other faults, the SGLang plan names the dtype exactly where SGLang
-0.5.23 stops at it.
+0.5.23 stops at it; of two fields of kinds the strict classes refuse, it names first the one SGLang stops at.
 
 SGLang meets a config's faults in stages: transformers' strict classes check each declared field's kind as they
 build the config (``StrictDataclassFieldValidationError``), then read its dtype (``getattr(torch, name)``); the
@@ -9,12 +9,14 @@ one with them in ``text_config`` and the dtype at either level) with a dtype tor
 other faults: a random value for a field the classes declare, or one of the faults the plan refuses after the
 classes' checks. SGLang's own resolution (on the CPU) decides which it stops at, and the plan's first diagnostic
 must be the dtype's exactly then. A config's model type and nesting are outside this test: the plan reads no
-other layout, so it refuses one before anything else (docs/sglang.md).
+other layout, so it refuses one before anything else (docs/sglang.md). The second test writes two random values
+at two declared fields instead, in either order.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Callable
 from itertools import count
@@ -143,3 +145,55 @@ def test_the_dtype_is_named_first_exactly_where_sglang_stops_at_it(tmp_path_fact
     with single_process_parallel():
         check()
     assert seen["the dtype"] and seen["another field"], seen
+
+
+@st.composite
+def two_field_configs(draw: st.DrawFn) -> tuple[dict[str, Any], list[str]]:
+    """Flash's fields with random values for two fields the strict classes declare, written in either order, as a
+    V4 config or a V4.1 one (in ``text_config``); and the two fields."""
+    keys = draw(st.lists(st.sampled_from(DECLARED), min_size=2, max_size=2, unique=True))
+    odd = {key: draw(ODD_VALUES) for key in keys}
+    fields = {**{k: v for k, v in FLASH.items() if k not in keys}, **odd}
+    if draw(st.booleans()):
+        return fields, keys
+    text = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+    return {"architectures": FLASH["architectures"], "model_type": "deepseek_v41", TEXT_CONFIG: text}, keys
+
+
+def test_of_two_refused_fields_the_plan_names_the_one_sglang_stops_at(tmp_path_factory, sglang_env):
+    """Each strict class checks its fields in the order it declares them, whatever the file's; SGLang builds
+    ``DeepseekV4Config`` before its ``DeepseekV3Config`` alias. Where SGLang stops at one of two fields of kinds a
+    class refuses, the plan's refusal names that field first (its diagnostics list both, in the file's order);
+    where the plan's own reading refuses one of them, its message, which is not compared here."""
+    root = tmp_path_factory.mktemp("two-kinds")
+    dirs = count()
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=RANDOM_EXAMPLES // 2, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(drawn=two_field_configs())
+    @example(drawn=({**FLASH, "swiglu_limit": 10, "vocab_size": 1.5}, ["swiglu_limit", "vocab_size"]))
+    @example(drawn=({**FLASH, "kv_lora_rank": 1.5, "hc_eps": 1}, ["kv_lora_rank", "hc_eps"]))  # V4's first
+    @example(drawn=({**FLASH, "rope_interleave": 7, "kv_lora_rank": 1.5}, ["rope_interleave", "kv_lora_rank"]))
+    def check(drawn: tuple[dict[str, Any], list[str]]) -> None:
+        config, keys = drawn
+        model_dir = root / str(next(dirs))
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+        real = sglangs(model_dir)
+        stopped = re.search(r"Validation error for field '(\w+)'", str(real)) if isinstance(real, Exception) else None
+        if stopped is None or stopped.group(1) not in keys:
+            event("SGLang stops otherwise, or starts")
+            return
+        mine = ours(model_dir)
+        assert isinstance(mine, GeometryError), (config, mine)
+        headline = str(mine).split(": ", 1)[1]
+        if "not a DeepSeek-V4 config" in headline:
+            event("the plan's own reading refuses a field first")
+            return
+        assert headline.startswith(f"{stopped.group(1)} "), (keys, headline, real)
+        seen[("the first written", "the second written")[keys.index(stopped.group(1))]] += 1
+
+    with single_process_parallel():
+        check()
+    assert seen["the first written"] and seen["the second written"], seen

@@ -2,11 +2,12 @@
 
 vLLM loads a config.json with transformers' class for its model type, a strict dataclass that checks every
 declared field's type as the config loads (``adapters/hf_config_kinds.py``). The tables must be the classes'
-annotations (and validators). Each example writes a config of a random model type the plan knows with one
-field (for a Gemma-3 wrapper, one of its own or one of its text config's) set to a random value of a random
-kind, and loads it with the class vLLM 0.33's ``get_config`` builds: the class refuses the value's type, or its
-range, exactly where ``planning/field_kinds.py`` refuses it, at that field (where the class fails on the value
-otherwise, the plan may have refused it already). For DeepSeek-V4 on vLLM 0.32, whose own class checks nothing, the plan does
+annotations (and validators), in the order the classes declare (and check) them. Each example writes a config
+of a random model type the plan knows with one field (for a Gemma-3 wrapper, one of its own or one of its text
+config's) set to a random value of a random kind, and loads it with the class vLLM 0.33's ``get_config``
+builds: the class refuses the value's type, or its range, exactly where ``planning/field_kinds.py`` refuses it,
+at that field (where the class fails on the value otherwise, the plan may have refused it already). With two
+such fields the plan names the one the class stops at; beside an unreadable dtype, what the class meets first. For DeepSeek-V4 on vLLM 0.32, whose own class checks nothing, the plan does
 not (tests/vllm_e2e/test_vllm_plan_v4_032.py checks what 0.32 takes instead).
 """
 
@@ -15,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS, FIELD_RANGES, SUB_CONFIGS
-from kvpolicy.adapters.vllm_adapter.planning.class_defaults import CONFIG_CLASSES, WRAPPER_CLASSES
+from kvpolicy.adapters.vllm_adapter.planning.class_defaults import CONFIG_CLASSES, WRAPPER_CLASSES, WRAPPER_SUB_CONFIGS
 from kvpolicy.adapters.vllm_adapter.planning.config_values import ModelSpecError
 from kvpolicy.adapters.vllm_adapter.planning.field_kinds import check_field_kinds
 from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
@@ -81,6 +83,7 @@ def test_the_tables_are_the_classes_own_fields() -> None:
         cls = DeepseekV4Config if name == "DeepseekV4Config" else getattr(transformers, name)
         declared = {key: declared_kinds(annotation) for key, annotation in cls.__annotations__.items()}
         assert {key: set(kinds) for key, kinds in table.items()} == declared, name
+        assert list(table) == [f.name for f in dataclasses.fields(cls) if f.name in table], name  # checked so
         validated = {f.name for f in dataclasses.fields(cls) if (f.metadata or {}).get("validator")}
         assert validated == set(FIELD_RANGES.get(name, {})), name
 
@@ -143,17 +146,24 @@ FIELD = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.sa
 """(model type, a field its class declares, where the field is: ``places``)."""
 
 
-def write_field(folder: Path, model_type: str, key: str, value: Any, place: tuple[str, ...]) -> tuple[str, ...]:
-    """Write a config of ``model_type`` with ``key`` set to ``value`` at ``place``; the value's path in the file
-    as the plan reads it (a text config's key without its text_config)."""
-    if not place:
-        write(folder, model_type, {key: value}, text_type=True)
-        return (key,)
+def write_fields(folder: Path, model_type: str, fields: Sequence[tuple[str, Any, tuple[str, ...]]]
+                 ) -> list[tuple[str, ...]]:
+    """Write a config of ``model_type`` with each (key, value, place) of ``fields`` set, in that order; each
+    value's path in the file as the plan reads it (a text config's key without its text_config)."""
     write(folder, model_type, {}, text_type=True)
     config = json.loads((folder / "config.json").read_text())
-    config |= {place[1]: {key: value}} if len(place) > 1 else {key: value}
+    for key, value, place in fields:
+        if not place:
+            holder = config["text_config"] if model_type in WRAPPER_CLASSES else config
+        else:
+            holder = config.setdefault(place[1], {}) if len(place) > 1 else config
+        holder[key] = value
     (folder / "config.json").write_text(json.dumps(config))
-    return (*place[1:], key)
+    return [(*place[1:], key) for key, _, place in fields]
+
+
+def write_field(folder: Path, model_type: str, key: str, value: Any, place: tuple[str, ...]) -> tuple[str, ...]:
+    return write_fields(folder, model_type, [(key, value, place)])[0]
 
 
 def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -191,6 +201,69 @@ def test_a_field_of_a_kind_the_class_refuses_is_refused_at_its_value(tmp_path_fa
 
     check()
     assert seen["refused"] and seen["taken"], seen
+
+
+def declared_at(model_type: str) -> list[tuple[str, tuple[str, ...]]]:
+    """Each (field, place) a class checks in a config of ``model_type``, but for a wrapper's sub-configs as
+    whole values (which would replace the config a field of the pair is written in)."""
+    return [(key, place) for place in places(model_type) for key in FIELD_KINDS[class_at(model_type, place)]
+            if not (place == ("wrapper",) and key in WRAPPER_SUB_CONFIGS)]
+
+
+TWO_FIELDS = st.sampled_from(sorted(CONFIG_CLASSES)).flatmap(lambda model_type: st.tuples(
+    st.just(model_type), st.lists(st.sampled_from(declared_at(model_type)), min_size=2, max_size=2,
+                                  unique_by=lambda field: field[0])))
+"""(model type, two fields of distinct names, each with its place), in the order they are written."""
+
+
+def stopped_at(folder: Path, model_type: str) -> str | None:
+    """The field whose type or range check the class's load of the folder's config stops at; "" where it
+    stops otherwise (its cross-field checks), None where it loads."""
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+
+    try:
+        load_as_vllm(folder, model_type)
+    except StrictDataclassFieldValidationError as exc:
+        named = re.search(r"Validation error for field '(\w+)'", str(exc))
+        return named.group(1) if named else ""
+    except Exception:  # noqa: BLE001 - a class's cross-field checks
+        return ""
+    return None
+
+
+def test_of_two_refused_fields_the_plan_names_the_one_the_class_checks_first(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A class checks its fields in the order it declares them, whatever the file's, and a Gemma-3 wrapper its
+    own fields before its text config's, before its vision config's. Two random values at two random fields,
+    written in either order: the plan names the field the class's load stops at, and nothing where it loads."""
+    seen = {"first": 0, "second": 0, "loads": 0}
+
+    @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(drawn=TWO_FIELDS, values=st.tuples(JSON_VALUES, JSON_VALUES))
+    @example(drawn=("qwen3", [("rms_norm_eps", ()), ("vocab_size", ())]), values=(1, "x"))  # declared: vocab first
+    @example(drawn=("gemma3", [("hidden_activation", ()), ("mm_tokens_per_image", ("wrapper",))]),
+             values=(None, "256"))  # the wrapper's own before its text config's, which the file has first
+    @example(drawn=("gemma3", [("image_size", ("wrapper", "vision_config")), ("rms_norm_eps", ())]),
+             values=("896", 1))  # the text config's before the vision config's
+    def check(drawn: tuple[str, list[tuple[str, tuple[str, ...]]]], values: tuple[Any, Any]) -> None:
+        model_type, fields = drawn
+        folder = tmp_path_factory.mktemp("two-kinds")
+        paths = write_fields(folder, model_type, [(key, value, place) for (key, place), value in zip(fields, values)])
+        stopped = stopped_at(folder, model_type)
+        keys = [key for key, _ in fields]
+        if stopped == "" or (stopped is not None and stopped not in keys):
+            event("the class stops otherwise")
+            return
+        try:
+            check_field_kinds(load_config(folder / "config.json"), "0.33.0")
+            named = None
+        except ModelSpecError as refused:
+            named = refused.key
+        assert named == (None if stopped is None else paths[keys.index(stopped)]), (drawn, values, stopped)
+        seen["loads" if stopped is None else ("first", "second")[keys.index(stopped)]] += 1
+
+    check()
+    assert seen["first"] and seen["second"], seen
 
 
 @pytest.mark.parametrize(("config", "key", "value", "says", "on_032"), [

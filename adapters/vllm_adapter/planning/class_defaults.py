@@ -194,6 +194,9 @@ max_position_embeddings, the same). A null the class turns into a default (a nul
 WRAPPER_CLASSES: dict[str, str] = {"gemma3": "Gemma3Config"}
 """Model type of a multimodal wrapper → the class of the wrapper itself, which checks its own fields (its text
 config is the class ``CONFIG_CLASSES`` names)."""
+WRAPPER_SUB_CONFIGS = ("text_config", "vision_config")
+"""The sub-configs of a multimodal wrapper (Gemma-3's) that transformers builds as configs of their own, in the
+order it builds them (after checking the wrapper's own fields)."""
 
 
 def config_class(config: Mapping[str, Any]) -> ConfigClass | None:

@@ -11,50 +11,67 @@ as the class would. vLLM 0.32 loads DeepSeek-V4 with a class of its own, which c
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from functools import partial
 from typing import Any
 
 from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.validation import shown
 
 from ...hf_config_kinds import FIELD_KINDS, SUB_CONFIGS, out_of_range, refused
-from .class_defaults import WRAPPER_CLASSES, class_default, config_class
+from .class_defaults import WRAPPER_CLASSES, WRAPPER_SUB_CONFIGS, class_default, config_class
 from .config_values import ModelSpecError
 
 
 def check_field_kinds(config: Mapping[str, Any], engine_version: str, part: str | None = None) -> None:
-    """Refuse the first field, in the file's order, of a config whose value its config class does not take
-    (ModelSpecError at the value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a
-    field the class filled, a model type the plan knows no class of, or DeepSeek-V4 for vLLM 0.32, passes. A
-    multimodal wrapper's text config is checked against its class, the wrapper's own fields against the
-    wrapper's, and its vision config against that config's class (Gemma-3's; a field written both in the
-    wrapper and in its text config is the text config's). ``part``: only the fields of one of those configs
-    ("wrapper", "text_config", "vision_config"), as transformers checks them one config at a time."""
+    """Refuse the first field of a config whose value its config class does not take (ModelSpecError at the
+    value: WRONG_TYPE for its kind, VALUE_NOT_ALLOWED outside a validator's range); a field the class filled, a
+    model type the plan knows no class of, or DeepSeek-V4 for vLLM 0.32, passes. A multimodal wrapper's text
+    config is checked against its class, the wrapper's own fields against the wrapper's, and its vision config
+    against that config's class (Gemma-3's; a field written both in the wrapper and in its text config is the
+    text config's). ``part``: only the fields of one of those configs ("wrapper", "text_config",
+    "vision_config"), as transformers checks them one config at a time.
+
+    First is transformers' first, whatever the file's order: the wrapper's own fields, then its text config's,
+    then its vision config's (the order it builds them in), and within one config the order its class declares
+    them in (``FIELD_KINDS``)."""
     cls = config_class(config)
     if cls is None or (config.get("model_type") == "deepseek_v4" and engine_version.startswith("0.32.")):
         return
-    for fields, key, class_name, path in _fields_in_file_order(config, cls.name):
-        if part is not None and _part(class_name, cls.name, path) != part:
-            continue
-        if class_default(fields, key) is None:
-            _check(fields, key, class_name, path)
+    fields = [field for field in _fields(config, cls.name) if part is None or _part(field, cls.name) == part]
+    for holder, key, class_name, path in sorted(fields, key=partial(_checked_at, text_class=cls.name)):
+        if class_default(holder, key) is None:
+            _check(holder, key, class_name, path)
 
 
-def _part(class_name: str, text_class: str, path: tuple[str, ...]) -> str:
-    """Which config a field of ``_fields_in_file_order`` belongs to: the text config (the model's own, for a
-    config of one class), a config object the wrapper holds (its key), or the wrapper."""
-    if class_name == text_class:
-        return "text_config"
-    return path[0] if len(path) > 1 else "wrapper"
+_PARTS = ("wrapper", *WRAPPER_SUB_CONFIGS)
+"""The configs of a multimodal wrapper in the order transformers checks them."""
 
 
 Field = tuple[Mapping[str, Any], str, str, tuple[str, ...]]
 """The object that holds a field, its key, the class that checks it, and its path as the plan reads it."""
 
 
-def _fields_in_file_order(config: Mapping[str, Any], text_class: str) -> Iterator[Field]:
-    """Each field of ``config`` in the file's order: a wrapper's own fields (and those of a config object it
-    holds) with the wrapper's classes, its text config's (at text_config's place) with ``text_class``. In a
-    config without a text config, a field only the wrapper's class declares is the wrapper's."""
+def _part(field: Field, text_class: str) -> str:
+    """Which config a field of ``_fields`` belongs to: the text config (the model's own, for a config of one
+    class), a config object the wrapper holds (its key), or the wrapper."""
+    _, _, class_name, path = field
+    if class_name == text_class:
+        return "text_config"
+    return path[0] if len(path) > 1 else "wrapper"
+
+
+def _checked_at(field: Field, text_class: str) -> tuple[int, int]:
+    """Where transformers checks ``field``: its config's place in ``_PARTS``, then the field's in its class's
+    declarations (a field the class does not declare, which nothing checks, last)."""
+    _, key, class_name, _ = field
+    declared = list(FIELD_KINDS[class_name])
+    return _PARTS.index(_part(field, text_class)), declared.index(key) if key in declared else len(declared)
+
+
+def _fields(config: Mapping[str, Any], text_class: str) -> Iterator[Field]:
+    """Each field of ``config``: a wrapper's own fields (and those of a config object it holds) with the
+    wrapper's classes, its text config's (at text_config's place) with ``text_class``. In a config without a
+    text config, a field only the wrapper's class declares is the wrapper's."""
     document = getattr(config, "document", None)
     model_type = (document.data if document is not None else config).get("model_type")
     wrapper = WRAPPER_CLASSES.get(model_type) if isinstance(model_type, str) else None

@@ -40,7 +40,14 @@ from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALL
 
 from ...common import read_config_json
 from ...hf_dtype import DTYPE_KEYS, dtype_key, dtype_problem
-from .class_defaults import MAX_LAYERS, FilledConfig, class_default, config_class, with_class_defaults
+from .class_defaults import (
+    MAX_LAYERS,
+    WRAPPER_SUB_CONFIGS,
+    FilledConfig,
+    class_default,
+    config_class,
+    with_class_defaults,
+)
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
 from .config_values import shown as _shown
@@ -60,8 +67,6 @@ from .sliding_window import check_window, layer_window, model_level_window
 Family = Literal["deepseek_v4", "mla", "standard"]
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "half": 2, "bfloat16": 2, "float": 4}
-WRAPPER_SUB_CONFIGS = ("text_config", "vision_config")
-"""The sub-configs of a multimodal wrapper (Gemma-3's) that transformers builds as configs of their own."""
 FLOAT16_REFUSED_MODEL_TYPES = frozenset({"gemma2", "gemma3", "gemma3_text", "glm4"})
 """Model types vLLM refuses float16 for (numerical instability): ``--dtype auto`` serves a float16 checkpoint of
 theirs in bfloat16, an explicit ``--dtype float16`` is a start-up error."""

@@ -14,8 +14,9 @@ from functools import partial
 from typing import Any
 
 from .config_values import ModelSpecError
+from .class_defaults import WRAPPER_SUB_CONFIGS
 from .field_kinds import check_field_kinds
-from .hf_config import WRAPPER_SUB_CONFIGS, check_config_dtypes, dtype_refusal, gives_own_dtype, is_wrapper
+from .hf_config import check_config_dtypes, dtype_refusal, gives_own_dtype, is_wrapper
 
 
 def check_dtypes_in_load_order(config: Mapping[str, Any], engine_version: str) -> None:
