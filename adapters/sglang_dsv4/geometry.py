@@ -26,6 +26,7 @@ from kvpolicy.json_text import CarriesProblems, refused
 from kvpolicy.validation import Conflict, Conflicts
 
 from ..common import read_config_json
+from ..hf_base_config import base_problem
 from ..hf_dtype import dtype_problem
 from ..hf_config_kinds import FIELD_KINDS, Kinds
 from ..hf_config_kinds import refused as kinds_wanted
@@ -253,13 +254,14 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         raise GeometryError(f"{path}: {p.message}", DocumentInvalid([document.diagnostic(p.code, p.key, p.message,
                                                                                          p.hint)])) from None
     # SGLang's order: the strict class it builds the config with first checks each field's kind, then reads the
-    # dtype; the classes' validators, any later class and SGLang's own reading (the fields given, the V4 layout,
-    # the context length) come after. So the dtype is refused where SGLang refuses it; the plan's own checks of
-    # what comes after keep their order.
+    # dtype and the keys every config class reads for itself; the classes' validators, any later class and
+    # SGLang's own reading (the fields given, the V4 layout, the context length) come after. So those are refused
+    # where SGLang refuses them; the plan's own checks of what comes after keep their order.
     geometry = _validated(fields)
     first, *later = STRICT_CLASSES[fields.data["model_type"]]
     _check_field_kinds(document, fields, [first], geometry)
     _check_dtype(document, fields)
+    _check_base(document, fields)
     missing = [key for key in FILE_REQUIRED if key not in fields.data]
     if missing:
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
@@ -342,6 +344,17 @@ def _check_dtype(document: JsonObjectFile, fields: ConfigFields) -> None:
     problem = dtype_problem(fields.data, shown)
     if problem is not None:
         diagnostic = document.diagnostic(problem.code, fields.path((problem.key,)), problem.message, problem.hint)
+        raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
+
+
+def _check_base(document: JsonObjectFile, fields: ConfigFields) -> None:
+    """Refuse a fault of the keys every transformers config class reads for itself (``hf_base_config``), at its
+    place."""
+    from kvpolicy.validation import shown
+
+    problem = base_problem(fields.data, shown)
+    if problem is not None:
+        diagnostic = document.diagnostic(problem.code, fields.path(problem.path), problem.message, problem.hint)
         raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
 
 

@@ -250,6 +250,11 @@ class FilledConfig(dict[str, Any]):
         return Source((*origin, *rest))
 
 
+def is_wrapper(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` is a multimodal wrapper read with its text config (``hf_config.load_config``)."""
+    return isinstance(config, FilledConfig) and config.home == ("text_config",)
+
+
 def with_class_defaults(config: Mapping[str, Any], home: ConfigKey = ()) -> FilledConfig:
     """``config`` with what its class adds: every key of the table it omits, and the fields the class recomputes;
     a model type the table does not know comes back as it is. ``home``: where ``config`` is in its file."""

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveInt
 from kvpolicy.document_codes import LAUNCH_REFUSED, MISSING_FIELD, VALUE_NOT_ALLOWED, WRONG_TYPE
 
 from ...common import read_config_json
+from ...hf_base_config import BASE_KEYS
 from ...hf_dtype import DTYPE_KEYS, dtype_key, dtype_problem
 from .class_defaults import (
     MAX_LAYERS,
@@ -46,6 +47,7 @@ from .class_defaults import (
     FilledConfig,
     class_default,
     config_class,
+    is_wrapper,
     with_class_defaults,
 )
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
@@ -154,6 +156,10 @@ def load_config(path: Path | str) -> FilledConfig:
             merged.pop(key, None)
             if key in data:
                 merged[key], origins[key] = data[key], (key,)
+    for key in BASE_KEYS:  # the wrapper's own, in its order, as transformers builds it (the text config's: under it)
+        merged.pop(key, None)
+    for key in (key for key in data if key in BASE_KEYS):
+        merged[key], origins[key] = data[key], (key,)
     filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document, inner.as_written)
     return _with_quant_file(filled, data, p)
 
@@ -300,11 +306,6 @@ def dtype_refusal(config: Mapping[str, Any], level: str) -> ModelSpecError | Non
         return None
     prefix = f"{where[0]}." if where else ""
     return ModelSpecError(prefix + problem.message, (*where, problem.key), problem.code, problem.hint)
-
-
-def is_wrapper(config: Mapping[str, Any]) -> bool:
-    """Whether ``config`` is a multimodal wrapper read with its text config (``load_config``)."""
-    return isinstance(config, FilledConfig) and config.home == ("text_config",)
 
 
 def gives_own_dtype(config: Mapping[str, Any]) -> bool:

@@ -1,10 +1,11 @@
-"""The order in which transformers meets a config's faults as vLLM loads it, for a config whose dtype it cannot
-read: which refusal vLLM stops at first.
+"""The order in which transformers meets a config's faults as vLLM loads it, for a config it cannot build (a
+dtype it cannot read, a fault of the keys every config class reads for itself): which refusal vLLM stops at.
 
-Each strict config class checks the kinds of the fields it declares, then reads its dtype. A multimodal wrapper
-(Gemma-3's) checks its own fields, then builds its text config (kinds, dtype) and its vision config (kinds,
-dtype), and reads its own dtype last. Where no dtype is refused, the plan keeps its own order (``make_plan``: the
-kinds after its checks of the fields it reads, whose messages say more). Pure code.
+Each strict config class checks the kinds of the fields it declares, then reads its dtype, then its base keys
+(``base_keys``). A multimodal wrapper (Gemma-3's) checks its own fields, then builds its text config (kinds,
+dtype, base keys) and its vision config (the same), and reads its own dtype and base keys last. Where nothing of
+this is refused, the plan keeps its own order (``make_plan``: the kinds after its checks of the fields it reads,
+whose messages say more). Pure code.
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from collections.abc import Callable, Iterator, Mapping
 from functools import partial
 from typing import Any
 
+from .base_keys import base_refusal, check_config_base
+from .class_defaults import WRAPPER_SUB_CONFIGS, is_wrapper
 from .config_values import ModelSpecError
-from .class_defaults import WRAPPER_SUB_CONFIGS
 from .field_kinds import check_field_kinds
-from .hf_config import check_config_dtypes, dtype_refusal, gives_own_dtype, is_wrapper
+from .hf_config import check_config_dtypes, dtype_refusal, gives_own_dtype
 
 
-def check_dtypes_in_load_order(config: Mapping[str, Any], engine_version: str) -> None:
-    """``check_config_dtypes``, but where a dtype is refused, the refusal transformers meets first (a field of a
-    kind its class does not take, or another config's dtype)."""
+def check_config_load(config: Mapping[str, Any], engine_version: str) -> None:
+    """``check_config_dtypes`` and ``check_config_base``, but where either refuses, the refusal transformers meets
+    first (a field of a kind its class does not take, another config's dtype or base keys)."""
     try:
         check_config_dtypes(config)
+        check_config_base(config)
     except ModelSpecError:
         for check in _load_order(config, engine_version):
             check()
@@ -34,19 +37,23 @@ def _load_order(config: Mapping[str, Any], engine_version: str) -> Iterator[Call
     """The checks of what transformers refuses as it loads ``config``, in its order; each raises ModelSpecError."""
     if not is_wrapper(config):
         yield partial(check_field_kinds, config, engine_version)
-        yield partial(_raise_dtype, config, "model")
+        yield partial(_raise, dtype_refusal, config, "model")
+        yield partial(_raise, base_refusal, config, "model")
         return
     own = gives_own_dtype(config)
     yield partial(check_field_kinds, config, engine_version, "wrapper")
     for sub in WRAPPER_SUB_CONFIGS:
         yield partial(check_field_kinds, config, engine_version, sub)
         # without a dtype of the wrapper's own, the text config's is the one vLLM reads: refused as the model's
-        yield partial(_raise_dtype, config, "model" if sub == "text_config" and not own else sub)
+        yield partial(_raise, dtype_refusal, config, "model" if sub == "text_config" and not own else sub)
+        yield partial(_raise, base_refusal, config, sub)
     if own:
-        yield partial(_raise_dtype, config, "model")
+        yield partial(_raise, dtype_refusal, config, "model")
+    yield partial(_raise, base_refusal, config, "model")
 
 
-def _raise_dtype(config: Mapping[str, Any], level: str) -> None:
-    refusal = dtype_refusal(config, level)
-    if refusal is not None:
-        raise refusal
+def _raise(refusal: Callable[[Mapping[str, Any], str], ModelSpecError | None], config: Mapping[str, Any],
+           level: str) -> None:
+    found = refusal(config, level)
+    if found is not None:
+        raise found

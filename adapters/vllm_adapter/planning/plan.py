@@ -21,7 +21,7 @@ from .deepseek_v4_032 import check_v4_config_032
 from .field_kinds import check_field_kinds
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
-from .load_order import check_dtypes_in_load_order
+from .load_order import check_config_load
 from .quant_config import quantization
 from .max_len import check_max_model_len, check_rope_parameters, model_length
 from .quant_method import check_quant_method
@@ -142,7 +142,8 @@ def make_plan(
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
-    a dtype name transformers cannot read (in the order it loads the config: ``load_order``), the RoPE
+    a dtype name transformers cannot read or a fault of the keys every config class reads for itself
+    (``base_keys``; both in the order it loads the config: ``load_order``), the RoPE
     parameters, the keys 0.32's DeepSeek-V4 model needs and the quantization config (as it loads the config), the
     model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it resolves
     ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
@@ -152,7 +153,7 @@ def make_plan(
     budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
-    check_dtypes_in_load_order(config, engine_version)
+    check_config_load(config, engine_version)
     check_rope_parameters(config)
     check_v4_config_032(config, engine_version)
     quantization(config, engine_version)

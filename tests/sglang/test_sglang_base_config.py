@@ -1,0 +1,81 @@
+"""The keys every transformers config class reads for itself (``adapters/hf_base_config.py``) are refused by the
+SGLang plan exactly where SGLang 0.5.23 stops at them.
+
+SGLang builds a DeepSeek-V4 config with transformers' strict classes, whose base reads ``id2label``,
+``num_labels`` and ``problem_type`` and cannot set the properties it derives. Each random example writes a few of
+those keys, with values drawn near the edges, into Flash's config (V4, or V4.1 with them at the top level or in
+``text_config``), and resolves it with SGLang's own code on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from itertools import count
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, event, example, given, settings
+from hypothesis import strategies as st
+
+from kvpolicy.adapters.hf_base_config import BASE_KEYS, SINGLE_LABEL
+from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG
+from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError
+from tests.sglang.sglang_support import RANDOM_EXAMPLES, single_process_parallel
+from tests.sglang.test_sglang_config_nesting import FLASH, ours, sglangs
+from tests.vllm.test_vllm_base_config import VALUES, refused_key
+
+pytestmark = pytest.mark.sglang
+
+KEYS = st.lists(st.sampled_from(BASE_KEYS), min_size=1, max_size=3, unique=True).flatmap(
+    lambda keys: st.fixed_dictionaries({key: VALUES[key] for key in keys}))
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> dict[str, Any]:
+    """Flash's config with a few base keys: a V4 config, or a V4.1 one (its fields in ``text_config``, the keys
+    there or at the top level)."""
+    keys = draw(KEYS)
+    layout = draw(st.sampled_from(["v4", "v41-top", "v41-text"]))
+    if layout == "v4":
+        return {**FLASH, **keys}
+    text = {k: v for k, v in FLASH.items() if k not in ("architectures", "model_type")}
+    top = {"architectures": FLASH["architectures"], "model_type": "deepseek_v41"}
+    if layout == "v41-top":
+        return {**top, **keys, TEXT_CONFIG: text}
+    return {**top, TEXT_CONFIG: {**text, **keys}}
+
+
+def test_the_plan_refuses_the_base_keys_exactly_where_sglang_does(tmp_path_factory, sglang_env):
+    root = tmp_path_factory.mktemp("base")
+    dirs = count()
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=RANDOM_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(config=configs())
+    @example(config={**FLASH, "id2label": 3})
+    @example(config={**FLASH, "num_labels": 1, "problem_type": SINGLE_LABEL})
+    @example(config={**FLASH, "id2label": {"0": "a", "1": "b"}, "num_labels": 2.0})  # equal to the count: not set
+    @example(config={**FLASH, "use_return_dict": True})
+    def check(config: dict[str, Any]) -> None:
+        model_dir = root / str(next(dirs))
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+        real = sglangs(model_dir)
+        stopped = refused_key(real) if isinstance(real, Exception) else None
+        if stopped == "":
+            event(f"SGLang stops otherwise: {type(real).__name__}")
+            return
+        mine = ours(model_dir)
+        if stopped is None:
+            assert not isinstance(mine, GeometryError), (config, mine)
+            seen["starts"] += 1
+            return
+        assert isinstance(mine, GeometryError), (config, real)
+        first = mine.problems.diagnostics[0].message
+        assert first.startswith(stopped), (config, first, real)
+        seen["refused"] += 1
+
+    with single_process_parallel():
+        check()
+    assert seen["refused"] and seen["starts"], seen
