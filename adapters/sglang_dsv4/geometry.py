@@ -262,6 +262,7 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     _check_field_kinds(document, fields, [first], geometry)
     _check_dtype(document, fields)
     _check_base(document, fields)
+    _check_uniform_layers(document, fields)
     missing = [key for key in FILE_REQUIRED if key not in fields.data]
     if missing:
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
@@ -356,6 +357,17 @@ def _check_base(document: JsonObjectFile, fields: ConfigFields) -> None:
     if problem is not None:
         diagnostic = document.diagnostic(problem.code, fields.path(problem.path), problem.message, problem.hint)
         raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
+
+
+def _check_uniform_layers(document: JsonObjectFile, fields: ConfigFields) -> None:
+    """Refuse transformers' per-layer configs (``per_layer_config`` but null or ``{}``, where no field varies):
+    the plan reads one value of each field for every layer, and SGLang reads a field that varies by layer not at
+    all (transformers raises on it)."""
+    if fields.data.get("per_layer_config") not in (None, {}):
+        message = "per_layer_config: a model whose layers differ (transformers' per-layer configs) is not planned"
+        diagnostic = document.diagnostic(VALUE_NOT_ALLOWED, fields.path(("per_layer_config",)), message,
+                                         "plan a config whose layers share their fields")
+        raise GeometryError(f"{document.file}: {message}", refused([diagnostic]))
 
 
 def _sglang_hint(problem: Problem, defaulted: set[str]) -> str | None:

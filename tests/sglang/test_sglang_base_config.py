@@ -79,3 +79,20 @@ def test_the_plan_refuses_the_base_keys_exactly_where_sglang_does(tmp_path_facto
     with single_process_parallel():
         check()
     assert seen["refused"] and seen["starts"], seen
+
+
+@pytest.mark.parametrize("per_layer", [{"0": {"head_dim": 256}}, {"0": {"moe_intermediate_size": 1024}}, {}, None])
+def test_a_config_whose_layers_differ_is_refused(tmp_path, sglang_env, per_layer: Any) -> None:
+    """transformers' per-layer configs (``per_layer_config``) make each field they name vary by layer, which
+    SGLang then cannot read (transformers raises on it, whichever field); the plan refuses any that names a field,
+    and plans null or ``{}`` as the config without it."""
+    (tmp_path / "config.json").write_text(json.dumps({**FLASH, "per_layer_config": per_layer}, indent=2))
+    real, mine = sglangs(tmp_path), ours(tmp_path)
+    if per_layer:
+        assert type(real).__name__ == "AmbiguousGlobalPerLayerAttributeError", real
+        assert isinstance(mine, GeometryError) and mine.problems.diagnostics[0].message.startswith(
+            "per_layer_config:"), mine
+    else:
+        assert not isinstance(real, Exception), real
+        (tmp_path / "config.json").write_text(json.dumps(FLASH, indent=2))
+        assert mine == ours(tmp_path)

@@ -153,3 +153,33 @@ def test_vllm_refuses_them_and_the_plan_places_each_at_its_value(
     start, _ = document.span_of(path)
     assert code == 1 and first["message"].startswith(says), first
     assert (first["line"], first["col"]) == (text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)), first
+
+
+def test_a_config_whose_layers_differ_is_refused_and_one_whose_do_not_is_planned(tmp_path: Path) -> None:
+    """transformers' per-layer configs (``per_layer_config``) give a layer its own values, from which vLLM 0.33
+    sizes that layer (its model-architecture convertor); the plan reads one value for every layer, so it refuses
+    a config where one varies, and plans an empty one (no field varies) as the config without it."""
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+    import vllm.config  # noqa: F401 - the convertor's module imports back into it
+    from vllm.transformers_utils.config import get_config
+    from vllm.transformers_utils.model_arch_config_convertor import ModelArchConfigConvertorBase
+
+    def planned(per_layer: Any) -> Any:
+        folder = tmp_path / json.dumps(per_layer).encode().hex()
+        folder.mkdir()
+        write(folder, "qwen3", {"num_hidden_layers": 2, "num_key_value_heads": 8, "per_layer_config": per_layer},
+              text_type=True)
+        hf = get_config(str(folder), trust_remote_code=False)
+        layers = ModelArchConfigConvertorBase(hf, hf.get_text_config()).get_per_layer_hf_configs()
+        heads = None if layers is None else [text.num_key_value_heads for _, text in layers]
+        try:
+            plan = make_plan(load_config(folder / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
+                             budget=1 << 30, platform="cpu")
+        except ModelSpecError as refused:
+            return heads, refused.key
+        return heads, plan.bytes_per_block
+
+    assert planned({"0": {"num_key_value_heads": 4}}) == ([4, 8], ("per_layer_config",))
+    uniform = planned(None)
+    assert uniform[0] is None and isinstance(uniform[1], int)
+    assert planned({}) == ([8, 8], uniform[1])

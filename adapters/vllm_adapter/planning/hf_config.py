@@ -25,7 +25,7 @@ A key the file omits is its config class's default (``class_defaults``, for the 
 kvpolicy knows), the KV cache dtype is ``--kv-cache-dtype`` as vLLM resolves it for the checkpoint's
 ``quantization_config`` (``kv_dtype``), and a launch vLLM refuses as it builds the model is refused in vLLM's
 order (``model_build``). Anything else (linear attention, Mamba, DeepSeek-V3.2's indexer,
-encoder-decoder) is refused with a message, never guessed.
+encoder-decoder, layers that differ by a ``per_layer_config``) is refused with a message, never guessed.
 """
 
 from __future__ import annotations
@@ -175,6 +175,12 @@ def _with_quant_file(config: FilledConfig, file: Mapping[str, Any], path: Path) 
 
 
 def model_family(config: Mapping[str, Any]) -> Family:
+    if config.get("per_layer_config") not in (None, {}):  # {}: no field varies, every layer is the same
+        raise ModelSpecError(
+            "per_layer_config: a model whose layers differ (transformers' per-layer configs, from which vLLM sizes "
+            "each layer) is not planned by kvpolicy", ("per_layer_config",), VALUE_NOT_ALLOWED,
+            "plan a config whose layers share their fields",
+        )
     if config.get("model_type") == "deepseek_v4" or "compress_ratios" in config:
         return "deepseek_v4"
     if config.get("model_type") in ("deepseek_v32", "glm_moe_dsa") or "index_topk" in config:
