@@ -48,6 +48,10 @@ class DtypeProblem:
     message: str
     hint: str = DTYPE_HINT
 
+    @property
+    def path(self) -> tuple[str]:
+        return (self.key,)
+
 
 def dtype_key(config: Mapping[str, Any]) -> str | None:
     """The key transformers takes the config's dtype from (``dtype`` first), None if neither gives one."""

@@ -6,10 +6,12 @@ and the wrapper itself, each from its own keys. Pure code.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from ...hf_base_config import base_problem
-from .class_defaults import WRAPPER_SUB_CONFIGS, is_wrapper
+from .class_defaults import WRAPPER_SUB_CONFIGS
+from .config_levels import refusal_at_level
 from .config_values import ModelSpecError
 from .config_values import shown as _shown
 
@@ -25,13 +27,5 @@ def check_config_base(config: Mapping[str, Any]) -> None:
 
 def base_refusal(config: Mapping[str, Any], level: str) -> ModelSpecError | None:
     """The refusal of the base keys of one config transformers builds from the file, None where it builds it:
-    ``"model"`` the model's (a wrapper's own), or a multimodal wrapper's sub-config (``WRAPPER_SUB_CONFIGS``)."""
-    where: tuple[str, ...] = () if level == "model" else (level,)
-    if where and not is_wrapper(config):
-        return None
-    values = config.get(level) if where else config
-    problem = base_problem(values, _shown) if isinstance(values, Mapping) else None
-    if problem is None:
-        return None
-    prefix = f"{where[0]}." if where else ""
-    return ModelSpecError(prefix + problem.message, (*where, *problem.path), problem.code, problem.hint)
+    ``"model"`` the model's (a wrapper's own), or a multimodal wrapper's sub-config (``config_levels``)."""
+    return refusal_at_level(config, level, partial(base_problem, shown=_shown))

@@ -31,6 +31,7 @@ encoder-decoder, layers that differ by a ``per_layer_config``) is refused with a
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -47,9 +48,9 @@ from .class_defaults import (
     FilledConfig,
     class_default,
     config_class,
-    is_wrapper,
     with_class_defaults,
 )
+from .config_levels import refusal_at_level
 from .config_values import ConfigInvalid, ConfigUnreadable, ModelSpecError, int_code, is_int
 from .config_values import config_int as _int
 from .config_values import shown as _shown
@@ -302,16 +303,8 @@ def check_config_dtypes(config: Mapping[str, Any]) -> None:
 
 def dtype_refusal(config: Mapping[str, Any], level: str) -> ModelSpecError | None:
     """The refusal of the dtype of one config transformers builds from the file, None where it reads it:
-    ``"model"`` the one vLLM reads, or a multimodal wrapper's sub-config (``WRAPPER_SUB_CONFIGS``)."""
-    where: tuple[str, ...] = () if level == "model" else (level,)
-    if where and not is_wrapper(config):
-        return None
-    values = config.get(level) if where else config
-    problem = dtype_problem(values, _shown) if isinstance(values, Mapping) else None
-    if problem is None:
-        return None
-    prefix = f"{where[0]}." if where else ""
-    return ModelSpecError(prefix + problem.message, (*where, problem.key), problem.code, problem.hint)
+    ``"model"`` the one vLLM reads, or a multimodal wrapper's sub-config (``config_levels``)."""
+    return refusal_at_level(config, level, partial(dtype_problem, shown=_shown))
 
 
 def gives_own_dtype(config: Mapping[str, Any]) -> bool:
