@@ -28,6 +28,7 @@ from kvpolicy.adapters.vllm_adapter.planning.hf_config import load_config
 from kvpolicy.adapters.vllm_adapter.planning.load_order import check_config_load
 from tests.support.json_values import JSON_VALUES
 from tests.vllm.test_vllm_class_defaults import write
+from tests.vllm.test_vllm_config_dtype import no_retry_sleep
 from tests.vllm.test_vllm_field_kinds import load_as_vllm
 
 pytestmark = pytest.mark.vllm
@@ -142,7 +143,7 @@ def test_vllm_refuses_them_and_the_plan_places_each_at_its_value(
     from vllm.transformers_utils.config import get_config
 
     write(tmp_path, "qwen3", keys, text_type=True)
-    with pytest.raises((AttributeError, TypeError, ValueError)):
+    with no_retry_sleep(), pytest.raises((AttributeError, TypeError, ValueError)):
         get_config(str(tmp_path), trust_remote_code=False)
     config = tmp_path / "config.json"
     code = main(["plan", "--engine", "vllm", "--model-config", str(config), "--budget", "40GiB", "--format", "json"])
