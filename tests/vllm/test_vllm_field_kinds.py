@@ -371,3 +371,59 @@ def test_a_wrappers_dtypes_are_refused_in_the_order_transformers_builds_its_conf
         make_plan(load_config(tmp_path / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
                   budget=1 << 30, platform="cpu")
     assert refused.value.key == key and "'bf16a'" in str(refused.value), refused.value
+
+
+def test_a_field_of_a_refused_kind_is_named_before_a_rope_fault(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """transformers checks each field's kind as it builds the config, and converts the RoPE parameters after
+    (vLLM checks them later still). A random value at a random field of a model's own config beside one of the
+    RoPE faults vLLM refuses: where vLLM's ``get_config`` stops at the field, the plan names it; where the field
+    alone loads, the plan names the RoPE parameters."""
+    from huggingface_hub.errors import StrictDataclassFieldValidationError
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+    from vllm.transformers_utils.config import get_config
+
+    from tests.vllm.test_vllm_config_dtype import ROPE_FAULTS, no_retry_sleep
+
+    seen = {"field": 0, "rope": 0}
+    own = st.sampled_from(sorted(t for t in CONFIG_CLASSES if t not in WRAPPER_CLASSES)).flatmap(
+        lambda model_type: st.tuples(st.just(model_type), st.sampled_from(sorted(FIELD_KINDS[class_at(model_type, ())]))))
+
+    def loads(folder: Path) -> Exception | None:
+        try:
+            with no_retry_sleep():
+                get_config(str(folder), trust_remote_code=False)
+        except Exception as exc:  # noqa: BLE001 - whatever it raises, vLLM does not start
+            return exc
+        return None
+
+    @settings(max_examples=EXAMPLES // 3, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(field=own, value=JSON_VALUES, fault=st.sampled_from(sorted(ROPE_FAULTS)))
+    @example(field=("qwen3", "rms_norm_eps"), value=1, fault="not a mapping")
+    @example(field=("llama", "vocab_size"), value="x", fault="rope_type and type conflict")
+    @example(field=("qwen3", "rms_norm_eps"), value=1e-6, fault="a list")
+    def check(field: tuple[str, str], value: Any, fault: str) -> None:
+        model_type, key = field
+        if key in ROPE_FAULTS[fault] or key == "rope_parameters":
+            return
+        folder = tmp_path_factory.mktemp("kinds-rope")
+        write(folder, model_type, {key: value}, text_type=True)
+        alone = loads(folder)
+        write(folder, model_type, {key: value, **ROPE_FAULTS[fault]}, text_type=True)
+        both = loads(folder)
+        if isinstance(both, StrictDataclassFieldValidationError) and f"'{key}'" in str(both):
+            expected = "field"
+        elif alone is None and both is not None:
+            expected = "rope"
+        else:
+            event("vLLM stops otherwise")
+            return
+        with pytest.raises(ModelSpecError) as refused:
+            make_plan(load_config(folder / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
+                      budget=1 << 30, platform="cpu")
+        named = refused.value.key
+        assert named is not None and named[0] == (key if expected == "field" else next(iter(ROPE_FAULTS[fault]))), (
+            field, value, fault, refused.value, both)
+        seen[expected] += 1
+
+    check()
+    assert seen["field"] and seen["rope"], seen

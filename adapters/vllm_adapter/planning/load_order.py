@@ -1,5 +1,6 @@
 """The order in which transformers meets a config's faults as vLLM loads it, for a config it cannot build (a
-dtype it cannot read, a fault of the keys every config class reads for itself): which refusal vLLM stops at.
+dtype it cannot read, a fault of the keys every config class reads for itself or of the RoPE parameters): which
+refusal vLLM stops at.
 
 Each strict config class checks the kinds of the fields it declares, then reads its dtype, then its base keys
 (``base_keys``). A multimodal wrapper (Gemma-3's) checks its own fields, then builds its text config (kinds,
@@ -19,14 +20,17 @@ from .class_defaults import WRAPPER_SUB_CONFIGS, is_wrapper
 from .config_values import ModelSpecError
 from .field_kinds import check_field_kinds
 from .hf_config import check_config_dtypes, dtype_refusal, gives_own_dtype
+from .max_len import check_rope_parameters
 
 
 def check_config_load(config: Mapping[str, Any], engine_version: str) -> None:
-    """``check_config_dtypes`` and ``check_config_base``, but where either refuses, the refusal transformers meets
-    first (a field of a kind its class does not take, another config's dtype or base keys)."""
+    """``check_config_dtypes``, ``check_config_base`` and the RoPE parameters (``check_rope_parameters``), but
+    where one refuses, the refusal transformers meets first (a field of a kind its class does not take, a
+    config's dtype or base keys; the RoPE parameters it converts after them, and vLLM checks them later)."""
     try:
         check_config_dtypes(config)
         check_config_base(config)
+        check_rope_parameters(config)
     except ModelSpecError:
         for check in _load_order(config, engine_version):
             check()

@@ -23,7 +23,7 @@ from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_fami
 from .kv_dtype import kv_dtype
 from .load_order import check_config_load
 from .quant_config import quantization
-from .max_len import check_max_model_len, check_rope_parameters, model_length
+from .max_len import check_max_model_len, model_length
 from .quant_method import check_quant_method
 from .platform import Platform, check_attention_backend, check_kv_cache_dtype
 from .kv_cache_planning import (
@@ -142,19 +142,18 @@ def make_plan(
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
-    a dtype name transformers cannot read or a fault of the keys every config class reads for itself
-    (``base_keys``; both in the order it loads the config: ``load_order``), the RoPE
-    parameters, the keys 0.32's DeepSeek-V4 model needs and the quantization config (as it loads the config), the
-    model dtype, max_model_len, the quantization method (known, not deprecated), the KV dtype (as it resolves
+    a dtype name transformers cannot read, a fault of the keys every config class reads for itself
+    (``base_keys``) and the RoPE parameters (all three in the order it loads the config: ``load_order``), the
+    keys 0.32's DeepSeek-V4 model needs and the quantization config (as it loads the config), the model dtype,
+    max_model_len, the quantization method (known, not deprecated), the KV dtype (as it resolves
     ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
     quantization config and the model dtype its kernels take, then as a worker builds the model its embedding,
     layers, attention backend and KV quantization (``model_build``), the kinds of the fields the config class
-    checks (as vLLM loads the config: beside another fault but the dtype, the plan names that first), the
-    budget."""
+    checks (as vLLM loads the config: beside one of the first three faults the plan names them first; beside
+    another, the plan's own check, whose message says more), the budget."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
     check_config_load(config, engine_version)
-    check_rope_parameters(config)
     check_v4_config_032(config, engine_version)
     quantization(config, engine_version)
     dtype = model_dtype(config, settings.dtype)
