@@ -191,6 +191,12 @@ def refused(table: dict[str, Kinds], key: str, value: object) -> str | None:
     return " or ".join(KIND_NAMES[kind] for kind in kinds)
 
 
+def declared_at(table: dict[str, Kinds], key: str) -> int:
+    """Where ``table``'s class declares ``key``, which is where it checks it (it checks its fields in that order);
+    past the last field for a key it does not declare, which it does not check."""
+    return next((index for index, declared in enumerate(table) if declared == key), len(table))
+
+
 def out_of_range(class_name: str, key: str, value: object) -> str | None:
     """The range ``class_name``'s validator holds ``key`` to ("from 0.0 to 1.0") where ``value`` (a number of a
     kind the class takes) is outside it; None where it is inside, or nothing bounds the field."""

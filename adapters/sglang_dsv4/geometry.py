@@ -28,7 +28,7 @@ from kvpolicy.validation import Conflict, Conflicts
 from ..common import read_config_json
 from ..hf_base_config import base_problem
 from ..hf_dtype import dtype_problem
-from ..hf_config_kinds import FIELD_KINDS, Kinds
+from ..hf_config_kinds import FIELD_KINDS, Kinds, declared_at
 from ..hf_config_kinds import refused as kinds_wanted
 from .config_fields import (
     V4_ARCHITECTURE,
@@ -322,7 +322,7 @@ def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: 
         for rank, (name, table) in enumerate(classes):
             wanted = kinds_wanted(table, key, value)
             if wanted is not None:
-                found[key] = ((rank, list(table).index(key)),
+                found[key] = ((rank, declared_at(table, key)),
                               f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot "
                               "load the config")
                 break

@@ -17,7 +17,7 @@ from typing import Any
 from kvpolicy.document_codes import VALUE_NOT_ALLOWED, WRONG_TYPE
 from kvpolicy.validation import shown
 
-from ...hf_config_kinds import FIELD_KINDS, SUB_CONFIGS, out_of_range, refused
+from ...hf_config_kinds import FIELD_KINDS, SUB_CONFIGS, declared_at, out_of_range, refused
 from .class_defaults import WRAPPER_CLASSES, WRAPPER_SUB_CONFIGS, class_default, config_class
 from .config_values import ModelSpecError
 
@@ -64,8 +64,7 @@ def _checked_at(field: Field, text_class: str) -> tuple[int, int]:
     """Where transformers checks ``field``: its config's place in ``_PARTS``, then the field's in its class's
     declarations (a field the class does not declare, which nothing checks, last)."""
     _, key, class_name, _ = field
-    declared = list(FIELD_KINDS[class_name])
-    return _PARTS.index(_part(field, text_class)), declared.index(key) if key in declared else len(declared)
+    return _PARTS.index(_part(field, text_class)), declared_at(FIELD_KINDS[class_name], key)
 
 
 def _fields(config: Mapping[str, Any], text_class: str) -> Iterator[Field]:

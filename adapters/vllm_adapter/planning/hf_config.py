@@ -45,6 +45,7 @@ from ...hf_dtype import DTYPE_KEYS, dtype_key, dtype_problem
 from .class_defaults import (
     MAX_LAYERS,
     WRAPPER_SUB_CONFIGS,
+    ConfigKey,
     FilledConfig,
     class_default,
     config_class,
@@ -153,16 +154,20 @@ def load_config(path: Path | str) -> FilledConfig:
         if key in data:
             merged[key], origins[key] = data[key], (key,)
     if dtype_key(data) is not None:  # the wrapper's dtype too: its keys alone, as transformers resolved them there
-        for key in DTYPE_KEYS:
-            merged.pop(key, None)
-            if key in data:
-                merged[key], origins[key] = data[key], (key,)
-    for key in BASE_KEYS:  # the wrapper's own, in its order, as transformers builds it (the text config's: under it)
-        merged.pop(key, None)
-    for key in (key for key in data if key in BASE_KEYS):
-        merged[key], origins[key] = data[key], (key,)
+        _wrappers_own(DTYPE_KEYS, data, merged, origins)
+    _wrappers_own(BASE_KEYS, data, merged, origins)  # as transformers builds the wrapper (the text config's: under it)
     filled = FilledConfig(merged, inner.class_defaults, origins, ("text_config",), document, inner.as_written)
     return _with_quant_file(filled, data, p)
+
+
+def _wrappers_own(keys: tuple[str, ...], data: Mapping[str, Any], merged: dict[str, Any],
+                  origins: dict[str, ConfigKey]) -> None:
+    """Only the wrapper's own values of ``keys`` (``data``, in its file's order) in ``merged``, none lifted from its
+    text config."""
+    for key in keys:
+        merged.pop(key, None)
+    for key in (key for key in data if key in keys):
+        merged[key], origins[key] = data[key], (key,)
 
 
 def _with_quant_file(config: FilledConfig, file: Mapping[str, Any], path: Path) -> FilledConfig:
