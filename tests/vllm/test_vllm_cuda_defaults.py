@@ -8,11 +8,12 @@ choice functions run here with the device faked:
   capability stood in for an H100, an H200 and a B200;
 - the attention backend and its block size: ``CudaPlatform.get_valid_backends`` for compute capability 9.0 and
   each model dtype (``--dtype``), each backend's own checks, then the chosen one's ``get_preferred_block_size``
-  from vLLM's default 16 (a float32 model runs on Triton; no MLA backend takes one). What
-  needs the CUDA build's kernels is stood in for as vLLM's CUDA wheels have them on Hopper: the extension
-  module the CUDA platform imports, FlashAttention 3's MLA support (``flash_attn_supports_mla``) and FlashMLA's
-  dense kernels (``is_flashmla_dense_supported``). FlashInfer is not installed here: a backend that cannot be
-  imported must not rank above the one chosen.
+  from vLLM's default 16 (a float32 model runs on Triton; no MLA backend takes one). What needs the CUDA
+  build's kernels is stood in for as vLLM's CUDA wheels have them on Hopper: the extension module the CUDA
+  platform imports, FlashAttention 3's extension (without which its package does not import, so whether a
+  backend imported depended on which test ran first) and MLA support (``flash_attn_supports_mla``), and
+  FlashMLA's dense kernels (``is_flashmla_dense_supported``). FlashInfer is not installed here: a backend that
+  cannot be imported must not rank above the one chosen.
 """
 
 from __future__ import annotations
@@ -57,11 +58,16 @@ def test_the_server_batch_defaults_are_vllms_for_the_gpu_class(monkeypatch: pyte
     assert pf.batched_tokens("cuda", "standard", None, False, 1 << 20, 1, gpu).value == gpu.batched_tokens
 
 
+FLASH_ATTN = ("vllm.vllm_flash_attn", "vllm.vllm_flash_attn.flash_attn_interface")
+"""vLLM's FlashAttention package, which imports only with its CUDA extensions (FA3's on Hopper)."""
+
+
 @pytest.fixture
 def cuda_backends(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """vLLM's CUDA platform class, importable on this CPU, with Hopper's kernels stood in for; the modules that
     import only with the stand-ins are forgotten afterwards (another test's import fails as it would)."""
-    stood_in = [m for m in ("vllm.platforms.cuda", "vllm.v1.attention.backends.mla.flashattn_mla")
+    stood_in = [m for m in ("vllm.platforms.cuda", "vllm.v1.attention.backends.mla.flashattn_mla",
+                            "vllm.v1.attention.backends.mla.flashattn_mla_sparse", *FLASH_ATTN)
                 if m not in sys.modules]
     yield _cuda_platform(monkeypatch)
     for name in stood_in:
@@ -73,6 +79,9 @@ def _cuda_platform(monkeypatch: pytest.MonkeyPatch) -> Any:
         importlib.import_module("vllm._C_stable_libtorch")
     except ImportError:  # the CUDA build's extension needs libcuda: its symbols are not used here
         monkeypatch.setitem(sys.modules, "vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    if FLASH_ATTN[0] not in sys.modules:  # its extensions need libcuda; a failed import may have left its interface
+        monkeypatch.delitem(sys.modules, FLASH_ATTN[1], raising=False)
+        monkeypatch.setitem(sys.modules, f"{FLASH_ATTN[0]}._vllm_fa3_C", types.ModuleType("_vllm_fa3_C"))
     from vllm.v1.attention.backends import fa_utils
 
     for kernel in ("flash_attn_varlen_func", "get_scheduler_metadata", "reshape_and_cache_flash"):
