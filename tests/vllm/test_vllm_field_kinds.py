@@ -235,7 +235,11 @@ def test_of_two_refused_fields_the_plan_names_the_one_the_class_checks_first(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """A class checks its fields in the order it declares them, whatever the file's, and a Gemma-3 wrapper its
     own fields before its text config's, before its vision config's. Two random values at two random fields,
-    written in either order: the plan names the field the class's load stops at, and nothing where it loads."""
+    written in either order: the kinds check names the field the class's load stops at, and nothing where it
+    loads; so does the whole plan, whose own checks of the fields it reads (vLLM's, after the load) may refuse
+    the other field first (``kinds_first``)."""
+    from kvpolicy.adapters.vllm_adapter.planning.plan import PlanSettings, make_plan
+
     seen = {"first": 0, "second": 0, "loads": 0}
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
@@ -245,6 +249,8 @@ def test_of_two_refused_fields_the_plan_names_the_one_the_class_checks_first(
              values=(None, "256"))  # the wrapper's own before its text config's, which the file has first
     @example(drawn=("gemma3", [("image_size", ("wrapper", "vision_config")), ("rms_norm_eps", ())]),
              values=("896", 1))  # the text config's before the vision config's
+    @example(drawn=("qwen3", [("num_attention_heads", ()), ("rms_norm_eps", ())]),
+             values=(-8, 1))  # the plan's own check of the heads refuses them, but the class stops at the float
     def check(drawn: tuple[str, list[tuple[str, tuple[str, ...]]]], values: tuple[Any, Any]) -> None:
         model_type, fields = drawn
         folder = tmp_path_factory.mktemp("two-kinds")
@@ -259,8 +265,14 @@ def test_of_two_refused_fields_the_plan_names_the_one_the_class_checks_first(
             named = None
         except ModelSpecError as refused:
             named = refused.key
-        assert named == (None if stopped is None else paths[keys.index(stopped)]), (drawn, values, stopped)
+        expected = None if stopped is None else paths[keys.index(stopped)]
+        assert named == expected, (drawn, values, stopped)
         seen["loads" if stopped is None else ("first", "second")[keys.index(stopped)]] += 1
+        if expected is not None:
+            with pytest.raises(ModelSpecError) as refused:
+                make_plan(load_config(folder / "config.json"), PlanSettings(max_model_len=4096, block_size=16),
+                          budget=1 << 30, platform="cpu")
+            assert refused.value.key == expected, (drawn, values, stopped, refused.value)
 
     check()
     assert seen["first"] and seen["second"], seen

@@ -5,13 +5,16 @@ refusal vLLM stops at.
 Each strict config class checks the kinds of the fields it declares, then reads its dtype, then its base keys
 (``base_keys``). A multimodal wrapper (Gemma-3's) checks its own fields, then builds its text config (kinds,
 dtype, base keys) and its vision config (the same), and reads its own dtype and base keys last. Where nothing of
-this is refused, the plan keeps its own order (``make_plan``: the kinds after its checks of the fields it reads,
-whose messages say more). Pure code.
+this is refused, the plan checks what vLLM reads of the loaded config, then the kinds of every field
+(``make_plan``); where one of its checks refuses, the first field of a refused kind is named instead, as
+transformers stops there first, but a refusal of that same field keeps the plan's message, which says more
+(``kinds_first``). Pure code.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -34,6 +37,23 @@ def check_config_load(config: Mapping[str, Any], engine_version: str) -> None:
     except ModelSpecError:
         for check in _load_order(config, engine_version):
             check()
+        raise
+
+
+@contextmanager
+def kinds_first(config: Mapping[str, Any], engine_version: str) -> Iterator[None]:
+    """Run the plan's checks of what vLLM reads once the config is loaded; where one refuses, name instead the
+    first field of a kind its config class refuses (``check_field_kinds``): transformers stops there as the
+    config loads. A refusal of that same field (or of a value in it) keeps the plan's own message, which says
+    more."""
+    try:
+        yield
+    except ModelSpecError as own:
+        try:
+            check_field_kinds(config, engine_version)
+        except ModelSpecError as first:
+            if first.key is not None and (own.key is None or own.key[:len(first.key)] != first.key):
+                raise first from None
         raise
 
 

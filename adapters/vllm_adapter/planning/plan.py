@@ -21,7 +21,7 @@ from .deepseek_v4_032 import check_v4_config_032
 from .field_kinds import check_field_kinds
 from .hf_config import Family, ModelSpecs, SpecSettings, model_dtype, model_family, model_specs
 from .kv_dtype import kv_dtype
-from .load_order import check_config_load
+from .load_order import check_config_load, kinds_first
 from .quant_config import quantization
 from .max_len import check_max_model_len, model_length
 from .quant_method import check_quant_method
@@ -142,29 +142,30 @@ def make_plan(
     """The plan for a budget in bytes (``kv_cache_memory_bytes``) or a block count
     (``num_gpu_blocks_override``); exactly one of them. Raises PlanError (the budget) or ModelSpecError (the
     config or a setting) when vLLM ``engine_version`` would refuse on ``platform``, in the order vLLM checks:
-    a dtype name transformers cannot read, a fault of the keys every config class reads for itself
-    (``base_keys``) and the RoPE parameters (all three in the order it loads the config: ``load_order``), the
-    keys 0.32's DeepSeek-V4 model needs and the quantization config (as it loads the config), the model dtype,
-    max_model_len, the quantization method (known, not deprecated), the KV dtype (as it resolves
-    ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and the heads, the
-    quantization config and the model dtype its kernels take, then as a worker builds the model its embedding,
-    layers, attention backend and KV quantization (``model_build``), the kinds of the fields the config class
-    checks (as vLLM loads the config: beside one of the first three faults the plan names them first; beside
-    another, the plan's own check, whose message says more), the budget."""
+    as transformers loads the config, a field of a kind its config class refuses, a dtype name it cannot read,
+    a fault of the keys every config class reads for itself (``base_keys``) and the RoPE parameters (in its
+    order: ``load_order``); then the keys 0.32's DeepSeek-V4 model needs and the quantization config (as it
+    loads the config), the model dtype, max_model_len, the quantization method (known, not deprecated), the KV
+    dtype (as it resolves ``--kv-cache-dtype`` for the checkpoint, ``kv_dtype``), the tensor parallel size and
+    the heads, the quantization config and the model dtype its kernels take, then as a worker builds the model
+    its embedding, layers, attention backend and KV quantization (``model_build``); the budget. The kinds of
+    the fields are checked after the plan's checks of what it reads, whose messages say more, but named first
+    wherever one of those refuses another field (``kinds_first``)."""
     if (budget is None) == (num_blocks is None):
         raise PlanError("give exactly one of a budget or a number of blocks")
     check_config_load(config, engine_version)
-    check_v4_config_032(config, engine_version)
-    quantization(config, engine_version)
-    dtype = model_dtype(config, settings.dtype)
-    check_max_model_len(model_length(config), settings.max_model_len, settings.allow_long_max_model_len)
-    check_quant_method(config, engine_version)
-    family = model_family(config)
-    kv = kv_dtype(config, settings.kv_cache_dtype, family)
-    check_kv_cache_dtype(config, kv.cache, engine_version, settings.dtype)
-    specs = model_specs(config, settings, on_attention=lambda: check_attention_backend(
-        platform, family, kv.layers, engine_version, dtype, kv))
-    check_field_kinds(config, engine_version)  # after the plan's own checks of the fields it reads
+    with kinds_first(config, engine_version):
+        check_v4_config_032(config, engine_version)
+        quantization(config, engine_version)
+        dtype = model_dtype(config, settings.dtype)
+        check_max_model_len(model_length(config), settings.max_model_len, settings.allow_long_max_model_len)
+        check_quant_method(config, engine_version)
+        family = model_family(config)
+        kv = kv_dtype(config, settings.kv_cache_dtype, family)
+        check_kv_cache_dtype(config, kv.cache, engine_version, settings.dtype)
+        specs = model_specs(config, settings, on_attention=lambda: check_attention_backend(
+            platform, family, kv.layers, engine_version, dtype, kv))
+    check_field_kinds(config, engine_version)
     layout = KVCacheLayout.from_name(settings.kv_cache_layout) if settings.kv_cache_layout else default_layout(specs)
     groups = kv_cache_groups(specs.layers, layout)
     validate_layout(groups, layout)
