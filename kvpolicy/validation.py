@@ -13,7 +13,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union
 
@@ -70,9 +70,12 @@ class Problem:
         return self.kind == "unknown-key"
 
 
-def describe(exc: ValidationError, model: type[BaseModel], limit: int = 5) -> str:
-    """The first ``limit`` problems of ``exc`` (raised validating ``model``), ``; ``-separated."""
-    unique = list(dict.fromkeys(p.inline for p in problems(exc, model)))
+def describe(exc: ValidationError, model: type[BaseModel], limit: int = 5, *,
+             order: Callable[[Problem], int] | None = None) -> str:
+    """The first ``limit`` problems of ``exc`` (raised validating ``model``), ``; ``-separated, in pydantic's
+    order or, given ``order``, by it (then pydantic's)."""
+    listed = problems(exc, model)
+    unique = list(dict.fromkeys(p.inline for p in (sorted(listed, key=order) if order else listed)))
     joined = "; ".join(unique[:limit])
     return joined + (f"; and {len(unique) - limit} more" if len(unique) > limit else "")
 

@@ -24,6 +24,7 @@ from pydantic import (
 from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED
 from kvpolicy.json_text import CarriesProblems, refused
 from kvpolicy.validation import Conflict, Conflicts
+from kvpolicy.validation import problems as problems_of
 
 from ..common import read_config_json
 from ..hf_base_config import base_problem
@@ -43,7 +44,7 @@ from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from kvpolicy.diagnostics import Diagnostic
     from kvpolicy.document_codes import DocumentCode
@@ -123,16 +124,17 @@ class ModelGeometry(BaseModel):
     @model_validator(mode="after")
     def _v4_shaped(self) -> ModelGeometry:
         """The fields V4's pools need of each other, each refused at its own place (``Conflicts``)."""
-        if len(self.compress_ratios) < self.num_hidden_layers:
-            raise Conflicts([Conflict(("compress_ratios",), (
-                f"{len(self.compress_ratios)} entries, fewer than "
-                f"num_hidden_layers={self.num_hidden_layers}"))])
+        # in DeepseekV4Config's order: it maps each ratio to a layer type, then compares their count with the layers
         unknown = sorted(set(self.stage_ratios) - SUPPORTED_RATIOS)
         if unknown:
             first = next(i for i, r in enumerate(self.stage_ratios) if r not in SUPPORTED_RATIOS)
             raise Conflicts([Conflict(("compress_ratios", first), (
                 f"compress ratios {unknown} are not DeepSeek-V4 ratios (0, 4, 128); "
                 "ratio-1/2 layers (V4.1) are not covered by these closed forms"))])
+        if len(self.compress_ratios) < self.num_hidden_layers:
+            raise Conflicts([Conflict(("compress_ratios",), (
+                f"{len(self.compress_ratios)} entries, fewer than "
+                f"num_hidden_layers={self.num_hidden_layers}"))])
         if (self.qk_nope_head_dim, self.qk_rope_head_dim) != (V4_NOPE_DIM, V4_ROPE_DIM):
             raise Conflicts([Conflict(("qk_rope_head_dim",) if self.qk_rope_head_dim != V4_ROPE_DIM else ("head_dim",), (
                 f"head_dim={self.head_dim}, qk_rope_head_dim={self.qk_rope_head_dim}: the V4 KV "
@@ -254,30 +256,85 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         raise GeometryError(f"{path}: {p.message}", DocumentInvalid([document.diagnostic(p.code, p.key, p.message,
                                                                                          p.hint)])) from None
     # SGLang's order: the strict class it builds the config with first checks each field's kind, then reads the
-    # dtype and the keys every config class reads for itself; the classes' validators, any later class and
-    # SGLang's own reading (the fields given, the V4 layout, the context length) come after. So those are refused
-    # where SGLang refuses them; the plan's own checks of what comes after keep their order.
+    # dtype and the keys every config class reads for itself, then checks the RoPE parameters written under their
+    # old name (``rope_scaling``) as the field they become; DeepseekV4Config then maps the compress ratios to
+    # layer types and checks their count against the layers (``_class_stage``), the RoPE parameters are
+    # converted, SGLang's alias class checks its fields' kinds, and SGLang's own reading (the fields given, the
+    # V4 layout, the context length) comes last. So each is refused where SGLang refuses it; the plan's own
+    # checks of that last reading keep their order.
     geometry = _validated(fields)
+    invalid = geometry if isinstance(geometry, ValidationError) else None
     first, *later = STRICT_CLASSES[fields.data["model_type"]]
     _check_field_kinds(document, fields, [first], geometry)
     _check_dtype(document, fields)
     _check_base(document, fields)
     _check_uniform_layers(document, fields)
+    _check_field_kinds(document, fields, [first], geometry, moved=True)
+    stage = partial(_class_stage, fields.data)
+    built = _as_the_class_builds(fields.data) if fields.data["model_type"] == V4_MODEL_TYPE else None
+    if built is not None and any(stage(problem) < LATER for problem in problems_of(built, ModelGeometry)):
+        raise _not_v4(document, fields, built, order=stage)
+    config = GeometryConfig(geometry, document, fields) if isinstance(geometry, ModelGeometry) else None
+    context = config.geometry.context_problems() if config is not None else []
+    if config is not None and context and context[0].key[:1] in ROPE_KEYS:
+        raise _no_context(config, context)
+    _check_field_kinds(document, fields, later, geometry)
     missing = [key for key in FILE_REQUIRED if key not in fields.data]
     if missing:
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
                                                REQUIRED_HINT) for key in missing)
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
-    if isinstance(geometry, ValidationError):
-        raise _not_v4(document, fields, geometry)
-    config = GeometryConfig(geometry, document, fields)
-    context = config.geometry.context_problems()
+    if invalid is not None:
+        raise _not_v4(document, fields, invalid)
+    assert config is not None
     if context:
-        raise GeometryError(f"{path}: SGLang derives no context length it can start with from it: "
-                            f"{'; '.join(p.message for p in context)}",
-                            DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in context]))
-    _check_field_kinds(document, fields, later, geometry)
+        raise _no_context(config, context)
     return config
+
+
+LATER = 2
+"""``_class_stage`` of what DeepseekV4Config does not check as it builds."""
+ROPE_KEYS = {("rope_scaling",), ("rope_parameters",)}
+"""Where the RoPE parameters are written (the key of a context problem that is theirs)."""
+
+
+def _as_the_class_builds(data: Mapping[str, Any]) -> ValidationError | None:
+    """The geometry's problems with the layer count and the compress ratios alone (every other field its
+    default, so that no other field's problem hides them), which DeepseekV4Config checks as it builds; None
+    where there are none, or the config leaves one of the two out."""
+    if "num_hidden_layers" not in data or "compress_ratios" not in data:
+        return None
+    try:
+        ModelGeometry.model_validate({"max_position_embeddings": FILE_DEFAULTS["max_position_embeddings"],
+                                      "num_hidden_layers": data["num_hidden_layers"],
+                                      "compress_ratios": data["compress_ratios"]})
+    except ValidationError as exc:
+        return exc
+    return None
+
+
+def _class_stage(data: Mapping[str, Any], problem: Problem) -> int:
+    """Where DeepseekV4Config meets a problem the geometry finds: 0 as it maps the compress ratios to layer types
+    (a ratio it has no type for, no list), 1 as its layer-type validator compares their count with the layers (a
+    negative layer count too), ``LATER`` not at all (SGLang's own reading meets it, later)."""
+    if problem.kind == "missing-field":
+        return LATER
+    if problem.path[:1] == ("compress_ratios",):
+        return 0 if len(problem.path) > 1 or problem.kind == "wrong-type" else 1
+    layers = data.get("num_hidden_layers")
+    if problem.path[:1] == ("num_hidden_layers",) and isinstance(layers, int) and layers < 0:
+        return 1
+    return LATER
+
+
+def _no_context(config: GeometryConfig, context: Sequence[ConfigProblem]) -> GeometryError:
+    """The refusal of a config SGLang derives no context length from that it starts with, each problem at its
+    place."""
+    from kvpolicy.json_text import DocumentInvalid
+
+    return GeometryError(f"{config.document.file}: SGLang derives no context length it can start with from it: "
+                         f"{'; '.join(p.message for p in context)}",
+                         DocumentInvalid([config.diagnostic(p.code, p.key, p.message, p.hint) for p in context]))
 
 
 def _validated(fields: ConfigFields) -> ModelGeometry | ValidationError:
@@ -288,13 +345,18 @@ def _validated(fields: ConfigFields) -> ModelGeometry | ValidationError:
         return exc
 
 
-def _not_v4(document: JsonObjectFile, fields: ConfigFields, invalid: ValidationError) -> GeometryError:
-    """The refusal of a config whose fields make no ``ModelGeometry``, each problem at its place."""
+def _not_v4(document: JsonObjectFile, fields: ConfigFields, invalid: ValidationError, *,
+            order: Callable[[Problem], int] | None = None, also: Sequence[Diagnostic] = ()) -> GeometryError:
+    """The refusal of a config whose fields make no ``ModelGeometry``, each problem at its place (and ``also``
+    those); the message names its problems in ``order`` (``kvpolicy.validation.describe``)."""
     from kvpolicy.validation import describe
 
     hint_for = partial(_sglang_hint, defaulted=set(FILE_DEFAULTS) - set(fields.data))
-    return GeometryError(f"{document.file}: not a DeepSeek-V4 config: {describe(invalid, ModelGeometry)}",
-                         document.refusal(invalid, ModelGeometry, locate=fields.path, hint_for=hint_for))
+    problems = document.refusal(invalid, ModelGeometry, locate=fields.path, hint_for=hint_for)
+    if also:
+        problems = refused([*problems.diagnostics, *also])
+    return GeometryError(f"{document.file}: not a DeepSeek-V4 config: {describe(invalid, ModelGeometry, order=order)}",
+                         problems)
 
 
 StrictClass = tuple[str, dict[str, Kinds]]
@@ -309,33 +371,48 @@ lets no other type through), and the kinds each takes."""
 
 
 def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: Sequence[StrictClass],
-                       geometry: ModelGeometry | ValidationError) -> None:
+                       geometry: ModelGeometry | ValidationError, *, moved: bool = False) -> None:
     """Refuse each field whose value one of ``classes`` does not take, each at its place; the refusal's message
     is the one SGLang stops at (each class in turn checks its fields in the order it declares them, whatever
-    the file's). Where the geometry refuses one of those fields too, its refusal is the one given: it says more
-    about the fields the plan reads."""
+    the file's). ``moved``: only the keys transformers moves to a field of another name (``rope_scaling``),
+    checked as that field. Where the geometry refuses one of those fields too, its problems are given for it,
+    and all of its others: they say more about the fields the plan reads."""
     from kvpolicy.document_codes import WRONG_TYPE
     from kvpolicy.validation import shown
 
     found: dict[str, tuple[tuple[int, int], str]] = {}  # key → (where SGLang checks it, the message)
     for key, value in fields.data.items():
+        if (key in _MOVED_TO) != moved or (moved and not value):  # a falsy one moves nothing (``_falsy_is_none``)
+            continue
         for rank, (name, table) in enumerate(classes):
-            wanted = kinds_wanted(table, key, value)
+            field = _MOVED_TO.get(key, key)
+            wanted = kinds_wanted(table, field, value)
             if wanted is not None:
-                found[key] = ((rank, declared_at(table, key)),
-                              f"{key} {shown(value, 200)}: {name} takes {wanted} only, so SGLang 0.5.23 cannot "
-                              "load the config")
+                found[key] = ((rank, declared_at(table, field)),
+                              f"{key} {shown(value, 200)}: {name} takes {wanted} only"
+                              f"{f' (as its {field})' if field != key else ''}, so SGLang 0.5.23 cannot load the "
+                              "config")
                 break
     if not found:
         return
-    if isinstance(geometry, ValidationError) and any(error["loc"][:1] and error["loc"][0] in found
-                                                     for error in geometry.errors()):
-        raise _not_v4(document, fields, geometry)
-    problems = refused(document.diagnostic(WRONG_TYPE, fields.path((key,)), message,
-                                           "write the value as DeepSeek-V4's own config.json does")
-                       for key, (_, message) in found.items())
-    _, first = min(found.values())
-    raise GeometryError(f"{document.file}: {first}", problems)
+    first = min(found, key=lambda key: found[key][0])
+    kinds = {key: document.diagnostic(WRONG_TYPE, fields.path((key,)), message,
+                                      "write the value as DeepSeek-V4's own config.json does")
+             for key, (_, message) in found.items()}
+    invalid = geometry if isinstance(geometry, ValidationError) else None
+    read = {error["loc"][0] for error in invalid.errors() if error["loc"]} & found.keys() if invalid else set()
+    if invalid is None or not read:
+        raise GeometryError(f"{document.file}: {found[first][1]}", refused(kinds.values()))
+    refusal = _not_v4(document, fields, invalid, order=lambda problem: problem.path[:1] != (first,),
+                      also=[diagnostic for key, diagnostic in kinds.items() if key not in read])
+    if first not in read:
+        refusal = GeometryError(f"{document.file}: {found[first][1]}", refusal.problems)
+    raise refusal
+
+
+_MOVED_TO = {"rope_scaling": "rope_parameters"}
+"""A key transformers moves to a field of another name, whose kind it checks once it has read the dtype and
+the base keys."""
 
 
 def _check_dtype(document: JsonObjectFile, fields: ConfigFields) -> None:

@@ -10,7 +10,8 @@ other faults: a random value for a field the classes declare, or one of the faul
 classes' checks. SGLang's own resolution (on the CPU) decides which it stops at, and the plan's first diagnostic
 must be the dtype's exactly then. A config's model type and nesting are outside this test: the plan reads no
 other layout, so it refuses one before anything else (docs/sglang.md). The second test writes two random values
-at two declared fields instead, in either order.
+at two declared fields instead, in either order; the third two faults of any stage, without the dtype, and
+compares the plan's refusal with what it says of the one SGLang stops at.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS
+from kvpolicy.adapters.hf_config_kinds import refused as kinds_wanted
 from kvpolicy.adapters.hf_dtype import DTYPE_KEYS
 from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG
 from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError
@@ -197,3 +199,101 @@ def test_of_two_refused_fields_the_plan_names_the_one_sglang_stops_at(tmp_path_f
     with single_process_parallel():
         check()
     assert seen["the first written"] and seen["the second written"], seen
+
+
+LATE = {"no compress_ratios", "no index_head_dim", "no sliding_window", "no architectures", "no layers", "head_dim 256",
+        "qk_rope_head_dim 32", "context length 1", "max_seq_len a string", "max_seq_len 1", "kv_source_layer_ids 1.5"}
+"""``LATER_FAULTS`` SGLang meets in its own reading of the config, after transformers' classes have built it."""
+ROPE = {"yarn without factor", "yarn factor 0.5"}
+LAYERS = {"no layers", "negative layers"}
+RATIOS = {"compress ratio 2", "compress ratio 1.5", "compress ratios a string", "too few compress ratios"}
+
+
+@st.composite
+def staged_faults(draw: st.DrawFn) -> tuple[str, Fault, bool]:
+    """One fault (``faults``), and whether SGLang meets it only in its own reading: a named one of ``LATE``, or a
+    random value both strict classes take."""
+    name, fault = draw(faults())
+    if name in LATER_FAULTS:
+        return name, fault, name in LATE
+    key, value = name.split("=", 1)
+    taken = all(kinds_wanted(FIELD_KINDS[c], key, json.loads(value)) is None
+                for c in ("DeepseekV4Config", "DeepseekV3Config"))
+    return name, fault, taken
+
+
+def modelled(a: tuple[str, Fault, bool], b: tuple[str, Fault, bool]) -> bool:
+    """Whether the plan models which of two faults SGLang meets first (docs/sglang.md): not two of its own
+    reading, whose order among them the plan does not follow; not a RoPE fault beside one the geometry refuses
+    (the plan reads the RoPE parameters of a geometry only); not a compress ratio beside a layer count the
+    geometry refuses, which hides it."""
+    names = {a[0], b[0]}
+    return not ((a[2] and b[2]) or (names & ROPE and (a[2] or b[2])) or (names & LAYERS and names & RATIOS))
+
+
+def lead(refusal: object) -> str | None:
+    """The first problem a refusal of the plan names (a missing field's name of a list of them), None for a plan."""
+    if not isinstance(refusal, Exception):
+        return None
+    headline = str(refusal).split(": ", 1)[-1]
+    for prefix in ("not a DeepSeek-V4 config: ", "SGLang derives no context length it can start with from it: "):
+        headline = headline.removeprefix(prefix)
+    first = headline.split("; ")[0]
+    missing = re.match(r"([\w.]+)(, [\w.]+)* not given", first)
+    return f"{missing.group(1)} not given" if missing else first
+
+
+def test_of_two_faults_the_plan_names_first_the_one_sglang_stops_at(tmp_path_factory, sglang_env):
+    """Two faults of a V4 config (a random value at a field the strict classes declare, or one of
+    ``LATER_FAULTS``): SGLang's own resolution of the config with each alone and with both says which it stops at
+    (what it raises with both is what it raises with that one alone), and the plan's refusal of both must name
+    first what it names for that one alone. SGLang meets them in stages: DeepseekV4Config checks the kinds of its
+    fields, reads the dtype and its base keys, checks ``rope_scaling`` as its ``rope_parameters``, maps the
+    compress ratios to layer types and compares their count with the layers; the RoPE parameters are converted,
+    its alias ``DeepseekV3Config`` checks its fields' kinds, and SGLang's own reading comes last."""
+    root = tmp_path_factory.mktemp("two-faults")
+    dirs = count()
+    seen: Counter[str] = Counter()
+    flash = {**V4, "torch_dtype": "bfloat16"}
+
+    def both(config: dict[str, Any]) -> tuple[str | None, str | None]:
+        model_dir = root / str(next(dirs))
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+        real = sglangs(model_dir)
+        if not isinstance(real, Exception):
+            return None, lead(ours(model_dir))
+        return f"{type(real).__name__}: {str(real).replace(str(model_dir), '')}", lead(ours(model_dir))
+
+    @settings(max_examples=RANDOM_EXAMPLES // 2, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(drawn=st.lists(staged_faults(), min_size=2, max_size=2, unique_by=lambda f: f[0]))
+    @example(drawn=[("num_key_value_heads={}", setting("num_key_value_heads", {}), False),
+                    ("sliding_window=null", setting("sliding_window", None), False)])  # one the plan reads
+    @example(drawn=[("rope_scaling a number", LATER_FAULTS["rope_scaling a number"], False),
+                    ("attention_bias=\"x\"", setting("attention_bias", "x"), False)])  # rope_scaling: after it
+    @example(drawn=[("too few compress ratios", LATER_FAULTS["too few compress ratios"], False),
+                    ("no index_head_dim", LATER_FAULTS["no index_head_dim"], True)])  # the class's validator
+    @example(drawn=[("yarn without factor", LATER_FAULTS["yarn without factor"], False),
+                    ("kv_lora_rank=1.5", setting("kv_lora_rank", 1.5), False)])  # the RoPE conversion, then V3's
+    @example(drawn=[("no architectures", LATER_FAULTS["no architectures"], True),
+                    ("topk_group=43.0", setting("topk_group", 43.0), False)])  # V3's kinds, then SGLang's reading
+    def check(drawn: list[tuple[str, Fault, bool]]) -> None:
+        (a, fault_a, _), (b, fault_b, _) = drawn
+        if not modelled(*drawn):
+            event("an order the plan does not model")
+            return
+        alone_a, alone_b = both(fault_a(dict(flash))), both(fault_b(dict(flash)))
+        paired = both(fault_b(fault_a(dict(flash))))
+        said = (alone_a[0], alone_b[0])
+        if None in (*said, paired[0]) or said[0] == said[1] or paired[0] not in said:
+            event("SGLang does not tell the two apart")
+            return
+        stopped, other = (alone_a, alone_b) if paired[0] == alone_a[0] else (alone_b, alone_a)
+        assert stopped[1] is not None, (a, b, stopped)
+        assert paired[1] == stopped[1], (a, b, paired, stopped, other)
+        seen["the first drawn" if stopped is alone_a else "the second drawn"] += 1
+
+    with single_process_parallel():
+        check()
+    assert seen["the first drawn"] and seen["the second drawn"], seen
