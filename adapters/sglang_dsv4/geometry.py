@@ -260,8 +260,7 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     # old name (``rope_scaling``) as the field they become; DeepseekV4Config then maps the compress ratios to
     # layer types and checks their count against the layers (``_class_stage``), the RoPE parameters are
     # converted, SGLang's alias class checks its fields' kinds, and SGLang's own reading (the fields given, the
-    # V4 layout, the context length) comes last. So each is refused where SGLang refuses it; the plan's own
-    # checks of that last reading keep their order.
+    # context length, the V4 layout: ``_reading_rank``) comes last. So each is refused where SGLang refuses it.
     geometry = _validated(fields)
     invalid = geometry if isinstance(geometry, ValidationError) else None
     first, *later = STRICT_CLASSES[fields.data["model_type"]]
@@ -271,60 +270,103 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     _check_uniform_layers(document, fields)
     _check_field_kinds(document, fields, [first], geometry, moved=True)
     stage = partial(_class_stage, fields.data)
-    built = _as_the_class_builds(fields.data) if fields.data["model_type"] == V4_MODEL_TYPE else None
-    if built is not None and any(stage(problem) < LATER for problem in problems_of(built, ModelGeometry)):
-        raise _not_v4(document, fields, built, order=stage)
+    built = _as_the_class_builds(fields.data) if fields.data["model_type"] == V4_MODEL_TYPE else []
+    earliest = min(((min(map(stage, problems_of(error, ModelGeometry))), index) for index, error in enumerate(built)),
+                   default=(LATER, -1))
+    if earliest[0] < LATER:
+        raise _not_v4(document, fields, built[earliest[1]], order=stage)
     config = GeometryConfig(geometry, document, fields) if isinstance(geometry, ModelGeometry) else None
     context = config.geometry.context_problems() if config is not None else []
     if config is not None and context and context[0].key[:1] in ROPE_KEYS:
         raise _no_context(config, context)
     _check_field_kinds(document, fields, later, geometry)
-    missing = [key for key in FILE_REQUIRED if key not in fields.data]
-    if missing:
+    missing = sorted((key for key in FILE_REQUIRED if key not in fields.data), key=_missing_rank)
+    found = [problem for problem in problems_of(invalid, ModelGeometry) if problem.kind != "missing-field"
+             ] if invalid is not None else []
+    reading = partial(_reading_rank, fields.data)
+    if missing and _missing_rank(missing[0]) <= min(map(reading, found), default=len(READING_ORDER)):
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
                                                REQUIRED_HINT) for key in missing)
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
     if invalid is not None:
-        raise _not_v4(document, fields, invalid)
+        raise _not_v4(document, fields, invalid, order=reading)
     assert config is not None
     if context:
         raise _no_context(config, context)
     return config
 
 
-LATER = 2
+LATER = 3
 """``_class_stage`` of what DeepseekV4Config does not check as it builds."""
 ROPE_KEYS = {("rope_scaling",), ("rope_parameters",)}
 """Where the RoPE parameters are written (the key of a context problem that is theirs)."""
 
 
-def _as_the_class_builds(data: Mapping[str, Any]) -> ValidationError | None:
-    """The geometry's problems with the layer count and the compress ratios alone (every other field its
-    default, so that no other field's problem hides them), which DeepseekV4Config checks as it builds; None
-    where there are none, or the config leaves one of the two out."""
-    if "num_hidden_layers" not in data or "compress_ratios" not in data:
-        return None
-    try:
-        ModelGeometry.model_validate({"max_position_embeddings": FILE_DEFAULTS["max_position_embeddings"],
-                                      "num_hidden_layers": data["num_hidden_layers"],
-                                      "compress_ratios": data["compress_ratios"]})
-    except ValidationError as exc:
-        return exc
-    return None
+def _as_the_class_builds(data: Mapping[str, Any]) -> list[ValidationError]:
+    """The geometry's problems with what DeepseekV4Config reads as it builds, each check alone (every other field
+    valid, so that no other field's problem hides them): the layer count with the compress ratios, and
+    ``qk_rope_head_dim``. A config that leaves one of them out is not checked for it."""
+    found = []
+    for read, others in _CLASS_CHECKS:
+        if read <= data.keys():
+            try:
+                ModelGeometry.model_validate({"max_position_embeddings": FILE_DEFAULTS["max_position_embeddings"],
+                                              **others, **{key: data[key] for key in read}})
+            except ValidationError as exc:
+                found.append(exc)
+    return found
+
+
+_CLASS_CHECKS: tuple[tuple[set[str], dict[str, Any]], ...] = (
+    ({"num_hidden_layers", "compress_ratios"}, {}),
+    ({"qk_rope_head_dim"}, {"num_hidden_layers": 1, "compress_ratios": [0]}),
+)
+"""``_as_the_class_builds``' checks: the fields of the config each reads, and valid values for the others the
+geometry requires."""
 
 
 def _class_stage(data: Mapping[str, Any], problem: Problem) -> int:
     """Where DeepseekV4Config meets a problem the geometry finds: 0 as it maps the compress ratios to layer types
-    (a ratio it has no type for, no list), 1 as its layer-type validator compares their count with the layers (a
-    negative layer count too), ``LATER`` not at all (SGLang's own reading meets it, later)."""
+    (a ratio it has no type for, no list), 1 as it divides by ``qk_rope_head_dim`` (no number), 2 as its
+    layer-type validator compares their count with the layers (a negative layer count too), ``LATER`` not at
+    all (SGLang's own reading meets it, later)."""
     if problem.kind == "missing-field":
         return LATER
     if problem.path[:1] == ("compress_ratios",):
-        return 0 if len(problem.path) > 1 or problem.kind == "wrong-type" else 1
+        return 0 if len(problem.path) > 1 or problem.kind == "wrong-type" else 2
+    if problem.path[:1] == ("qk_rope_head_dim",) and _undividable(data.get("qk_rope_head_dim")):
+        return 1
     layers = data.get("num_hidden_layers")
     if problem.path[:1] == ("num_hidden_layers",) and isinstance(layers, int) and layers < 0:
-        return 1
+        return 2
     return LATER
+
+
+def _undividable(value: object) -> bool:
+    """A value Python cannot divide (no number: ``true`` is 1)."""
+    return not isinstance(value, (int, float))
+
+
+READING_ORDER = ("qk_rope_head_dim no number", "architectures", *CONTEXT_LENGTH_KEYS[:-1], "sliding_window given",
+                 "index_head_dim given", "compress_ratios given", "max_position_embeddings", "num_hidden_layers",
+                 "head_dim", "qk_rope_head_dim", "index_head_dim")
+"""The order in which SGLang's own reading of the built config meets the geometry's problems (measured against
+its resolution: a ``qk_rope_head_dim`` it cannot divide, the architecture, the context length keys, the fields
+it requires, the context length, the layers it divides by, the V4 layout, the indexer's tensor); any other
+problem (a value it starts with, which the plan refuses) after them."""
+
+
+def _reading_rank(data: Mapping[str, Any], problem: Problem) -> int:
+    """``problem``'s place in ``READING_ORDER``."""
+    key = problem.path[0] if problem.path else ""
+    if key == "qk_rope_head_dim" and _undividable(data.get(key)):
+        key = "qk_rope_head_dim no number"
+    return READING_ORDER.index(key) if key in READING_ORDER else len(READING_ORDER)
+
+
+def _missing_rank(key: str) -> int:
+    """A required field's place in ``READING_ORDER`` where the config leaves it out."""
+    return READING_ORDER.index(key if key == "architectures" else f"{key} given")
 
 
 def _no_context(config: GeometryConfig, context: Sequence[ConfigProblem]) -> GeometryError:

@@ -223,12 +223,11 @@ def staged_faults(draw: st.DrawFn) -> tuple[str, Fault, bool]:
 
 
 def modelled(a: tuple[str, Fault, bool], b: tuple[str, Fault, bool]) -> bool:
-    """Whether the plan models which of two faults SGLang meets first (docs/sglang.md): not two of its own
-    reading, whose order among them the plan does not follow; not a RoPE fault beside one the geometry refuses
-    (the plan reads the RoPE parameters of a geometry only); not a compress ratio beside a layer count the
-    geometry refuses, which hides it."""
+    """Whether the plan models which of two faults SGLang meets first (docs/sglang.md): not a RoPE fault beside
+    one of SGLang's own reading (the plan reads the RoPE parameters of a geometry it could build), nor a compress
+    ratio beside a layer count the geometry refuses, which hides it."""
     names = {a[0], b[0]}
-    return not ((a[2] and b[2]) or (names & ROPE and (a[2] or b[2])) or (names & LAYERS and names & RATIOS))
+    return not ((names & ROPE and (a[2] or b[2])) or (names & LAYERS and names & RATIOS))
 
 
 def lead(refusal: object) -> str | None:
@@ -249,8 +248,9 @@ def test_of_two_faults_the_plan_names_first_the_one_sglang_stops_at(tmp_path_fac
     (what it raises with both is what it raises with that one alone), and the plan's refusal of both must name
     first what it names for that one alone. SGLang meets them in stages: DeepseekV4Config checks the kinds of its
     fields, reads the dtype and its base keys, checks ``rope_scaling`` as its ``rope_parameters``, maps the
-    compress ratios to layer types and compares their count with the layers; the RoPE parameters are converted,
-    its alias ``DeepseekV3Config`` checks its fields' kinds, and SGLang's own reading comes last."""
+    compress ratios to layer types, divides by ``qk_rope_head_dim`` and compares the ratios' count with the
+    layers; the RoPE parameters are converted, its alias ``DeepseekV3Config`` checks its fields' kinds, and
+    SGLang's own reading comes last, in its own order."""
     root = tmp_path_factory.mktemp("two-faults")
     dirs = count()
     seen: Counter[str] = Counter()
@@ -278,6 +278,10 @@ def test_of_two_faults_the_plan_names_first_the_one_sglang_stops_at(tmp_path_fac
                     ("kv_lora_rank=1.5", setting("kv_lora_rank", 1.5), False)])  # the RoPE conversion, then V3's
     @example(drawn=[("no architectures", LATER_FAULTS["no architectures"], True),
                     ("topk_group=43.0", setting("topk_group", 43.0), False)])  # V3's kinds, then SGLang's reading
+    @example(drawn=[("no sliding_window", LATER_FAULTS["no sliding_window"], True),
+                    ("max_seq_len a string", LATER_FAULTS["max_seq_len a string"], True)])  # the context length first
+    @example(drawn=[("no compress_ratios", LATER_FAULTS["no compress_ratios"], True),
+                    ("no index_head_dim", LATER_FAULTS["no index_head_dim"], True)])  # its own order of the fields
     def check(drawn: list[tuple[str, Fault, bool]]) -> None:
         (a, fault_a, _), (b, fault_b, _) = drawn
         if not modelled(*drawn):
