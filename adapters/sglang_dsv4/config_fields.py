@@ -43,6 +43,11 @@ V41_ARCHITECTURES = ["DeepseekV41ForCausalLM"]
 TEXT_CONFIG, VISION_CONFIG = "text_config", "vision_config"
 SUB_CONFIGS = ("thinker_config", "llm_config", "language_config", TEXT_CONFIG)
 """The keys SGLang 0.5.23's text-config lookup reads the language model from, in the order it tries them."""
+CONTEXT_LENGTH_KEYS = (
+    "max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"
+)
+"""Where SGLang looks for a model's context length, first match wins
+(sglang/srt/utils/hf_transformers/common.py, ``CONTEXT_LENGTH_KEYS``)."""
 ENDS_LOOKUP_WHEN_NULL = ("thinker_config", "language_config")
 """The sub-config keys whose null value sends the lookup to the top level (the others' null stops SGLang)."""
 FLAT_HINT = "write the language model's fields at the top level, or make the config a deepseek_v41 one"

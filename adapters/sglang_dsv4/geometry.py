@@ -32,6 +32,7 @@ from ..hf_dtype import dtype_problem
 from ..hf_config_kinds import FIELD_KINDS, Kinds, declared_at
 from ..hf_config_kinds import refused as kinds_wanted
 from .config_fields import (
+    CONTEXT_LENGTH_KEYS,
     V4_ARCHITECTURE,
     V4_MODEL_TYPE,
     V41_MODEL_TYPE,
@@ -40,6 +41,7 @@ from .config_fields import (
     ConfigShapeError,
     config_fields,
 )
+from .refusal_order import LATER, MOVED_TO, READING_ORDER, ROPE_KEYS, class_stage, missing_rank, reading_rank
 from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
 
@@ -56,11 +58,6 @@ if TYPE_CHECKING:
 V4_NOPE_DIM = 448
 V4_ROPE_DIM = 64
 SUPPORTED_RATIOS = frozenset({0, 4, 128})
-# Where SGLang looks for a model's context length, first match wins
-# (sglang/srt/utils/hf_transformers/common.py, CONTEXT_LENGTH_KEYS).
-CONTEXT_LENGTH_KEYS = (
-    "max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings"
-)
 
 # SGLang 0.5.23 loads a deepseek_v4 config through transformers' DeepseekV4Config and then its own
 # DeepseekV3Config alias (a deepseek_v41 one through the latter only), strict dataclasses (huggingface_hub):
@@ -258,9 +255,9 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     # SGLang's order: the strict class it builds the config with first checks each field's kind, then reads the
     # dtype and the keys every config class reads for itself, then checks the RoPE parameters written under their
     # old name (``rope_scaling``) as the field they become; DeepseekV4Config then maps the compress ratios to
-    # layer types and checks their count against the layers (``_class_stage``), the RoPE parameters are
+    # layer types and checks their count against the layers (``class_stage``), the RoPE parameters are
     # converted, SGLang's alias class checks its fields' kinds, and SGLang's own reading (the fields given, the
-    # context length, the V4 layout: ``_reading_rank``) comes last. So each is refused where SGLang refuses it.
+    # context length, the V4 layout: ``reading_rank``) comes last. So each is refused where SGLang refuses it.
     geometry = _validated(fields)
     invalid = geometry if isinstance(geometry, ValidationError) else None
     first, *later = STRICT_CLASSES[fields.data["model_type"]]
@@ -269,7 +266,7 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     _check_base(document, fields)
     _check_uniform_layers(document, fields)
     _check_field_kinds(document, fields, [first], geometry, moved=True)
-    stage = partial(_class_stage, fields.data)
+    stage = partial(class_stage, fields.data)
     built = _as_the_class_builds(fields.data) if fields.data["model_type"] == V4_MODEL_TYPE else []
     earliest = min(((min(map(stage, problems_of(error, ModelGeometry))), index) for index, error in enumerate(built)),
                    default=(LATER, -1))
@@ -280,11 +277,11 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     if config is not None and context and context[0].key[:1] in ROPE_KEYS:
         raise _no_context(config, context)
     _check_field_kinds(document, fields, later, geometry)
-    missing = sorted((key for key in FILE_REQUIRED if key not in fields.data), key=_missing_rank)
+    missing = sorted((key for key in FILE_REQUIRED if key not in fields.data), key=missing_rank)
     found = [problem for problem in problems_of(invalid, ModelGeometry) if problem.kind != "missing-field"
              ] if invalid is not None else []
-    reading = partial(_reading_rank, fields.data)
-    if missing and _missing_rank(missing[0]) <= min(map(reading, found), default=len(READING_ORDER)):
+    reading = partial(reading_rank, fields.data)
+    if missing and missing_rank(missing[0]) <= min(map(reading, found), default=len(READING_ORDER)):
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
                                                REQUIRED_HINT) for key in missing)
         raise GeometryError(f"{path}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
@@ -294,12 +291,6 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     if context:
         raise _no_context(config, context)
     return config
-
-
-LATER = 3
-"""``_class_stage`` of what DeepseekV4Config does not check as it builds."""
-ROPE_KEYS = {("rope_scaling",), ("rope_parameters",)}
-"""Where the RoPE parameters are written (the key of a context problem that is theirs)."""
 
 
 def _as_the_class_builds(data: Mapping[str, Any]) -> list[ValidationError]:
@@ -323,50 +314,6 @@ _CLASS_CHECKS: tuple[tuple[set[str], dict[str, Any]], ...] = (
 )
 """``_as_the_class_builds``' checks: the fields of the config each reads, and valid values for the others the
 geometry requires."""
-
-
-def _class_stage(data: Mapping[str, Any], problem: Problem) -> int:
-    """Where DeepseekV4Config meets a problem the geometry finds: 0 as it maps the compress ratios to layer types
-    (a ratio it has no type for, no list), 1 as it divides by ``qk_rope_head_dim`` (no number), 2 as its
-    layer-type validator compares their count with the layers (a negative layer count too), ``LATER`` not at
-    all (SGLang's own reading meets it, later)."""
-    if problem.kind == "missing-field":
-        return LATER
-    if problem.path[:1] == ("compress_ratios",):
-        return 0 if len(problem.path) > 1 or problem.kind == "wrong-type" else 2
-    if problem.path[:1] == ("qk_rope_head_dim",) and _undividable(data.get("qk_rope_head_dim")):
-        return 1
-    layers = data.get("num_hidden_layers")
-    if problem.path[:1] == ("num_hidden_layers",) and isinstance(layers, int) and layers < 0:
-        return 2
-    return LATER
-
-
-def _undividable(value: object) -> bool:
-    """A value Python cannot divide (no number: ``true`` is 1)."""
-    return not isinstance(value, (int, float))
-
-
-READING_ORDER = ("qk_rope_head_dim no number", "architectures", *CONTEXT_LENGTH_KEYS[:-1], "sliding_window given",
-                 "index_head_dim given", "compress_ratios given", "max_position_embeddings", "num_hidden_layers",
-                 "head_dim", "qk_rope_head_dim", "index_head_dim")
-"""The order in which SGLang's own reading of the built config meets the geometry's problems (measured against
-its resolution: a ``qk_rope_head_dim`` it cannot divide, the architecture, the context length keys, the fields
-it requires, the context length, the layers it divides by, the V4 layout, the indexer's tensor); any other
-problem (a value it starts with, which the plan refuses) after them."""
-
-
-def _reading_rank(data: Mapping[str, Any], problem: Problem) -> int:
-    """``problem``'s place in ``READING_ORDER``."""
-    key = problem.path[0] if problem.path else ""
-    if key == "qk_rope_head_dim" and _undividable(data.get(key)):
-        key = "qk_rope_head_dim no number"
-    return READING_ORDER.index(key) if key in READING_ORDER else len(READING_ORDER)
-
-
-def _missing_rank(key: str) -> int:
-    """A required field's place in ``READING_ORDER`` where the config leaves it out."""
-    return READING_ORDER.index(key if key == "architectures" else f"{key} given")
 
 
 def _no_context(config: GeometryConfig, context: Sequence[ConfigProblem]) -> GeometryError:
@@ -424,10 +371,10 @@ def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: 
 
     found: dict[str, tuple[tuple[int, int], str]] = {}  # key → (where SGLang checks it, the message)
     for key, value in fields.data.items():
-        if (key in _MOVED_TO) != moved or (moved and not value):  # a falsy one moves nothing (``_falsy_is_none``)
+        if (key in MOVED_TO) != moved or (moved and not value):  # a falsy one moves nothing (``_falsy_is_none``)
             continue
         for rank, (name, table) in enumerate(classes):
-            field = _MOVED_TO.get(key, key)
+            field = MOVED_TO.get(key, key)
             wanted = kinds_wanted(table, field, value)
             if wanted is not None:
                 found[key] = ((rank, declared_at(table, field)),
@@ -450,11 +397,6 @@ def _check_field_kinds(document: JsonObjectFile, fields: ConfigFields, classes: 
     if first not in read:
         refusal = GeometryError(f"{document.file}: {found[first][1]}", refusal.problems)
     raise refusal
-
-
-_MOVED_TO = {"rope_scaling": "rope_parameters"}
-"""A key transformers moves to a field of another name, whose kind it checks once it has read the dtype and
-the base keys."""
 
 
 def _check_dtype(document: JsonObjectFile, fields: ConfigFields) -> None:
