@@ -266,12 +266,8 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     _check_base(document, fields)
     _check_uniform_layers(document, fields)
     _check_field_kinds(document, fields, [first], geometry, moved=True)
-    stage = partial(class_stage, fields.data)
-    built = _as_the_class_builds(fields.data) if fields.data["model_type"] == V4_MODEL_TYPE else []
-    earliest = min(((min(map(stage, problems_of(error, ModelGeometry))), index) for index, error in enumerate(built)),
-                   default=(LATER, -1))
-    if earliest[0] < LATER:
-        raise _not_v4(document, fields, built[earliest[1]], order=stage)
+    if fields.data["model_type"] == V4_MODEL_TYPE:
+        _check_as_the_class_builds(document, fields)
     config = GeometryConfig(geometry, document, fields) if isinstance(geometry, ModelGeometry) else None
     context = config.geometry.context_problems() if config is not None else []
     if config is not None and context and context[0].key[:1] in ROPE_KEYS:
@@ -291,6 +287,18 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     if context:
         raise _no_context(config, context)
     return config
+
+
+def _check_as_the_class_builds(document: JsonObjectFile, fields: ConfigFields) -> None:
+    """Refuse what DeepseekV4Config stops at as it builds (``class_stage``), the earliest of its checks."""
+    stage = partial(class_stage, fields.data)
+
+    def first_stage(error: ValidationError) -> int:
+        return min(map(stage, problems_of(error, ModelGeometry)))
+
+    earliest = min(_as_the_class_builds(fields.data), key=first_stage, default=None)
+    if earliest is not None and first_stage(earliest) < LATER:
+        raise _not_v4(document, fields, earliest, order=stage)
 
 
 def _as_the_class_builds(data: Mapping[str, Any]) -> list[ValidationError]:
