@@ -11,6 +11,10 @@ class, so neither starts with these faults; the plans refuse them at their keys.
   has ``num_labels`` labels, 2 if it gives none; with one, as many as its distinct ids.
 - ``problem_type: "single_label_classification"`` needs two labels or more.
 - ``READ_ONLY``: keys the class derives and cannot set (``AttributeError``).
+- ``layer_types``, ``mlp_layer_types``, ``mtp_layer_types``: each class renames the legacy names of the first and
+  the last as it builds the config (``renamed_layer_types_problem``), then its validator requires every entry
+  of the first two to be a layer type transformers knows and one entry per layer (``layer_types_problem``; it
+  looks at ``mlp_layer_types`` only beside a ``layer_types``). A class may check them its own way instead.
 
 tests/vllm/test_vllm_base_config.py and tests/sglang/test_sglang_base_config.py hold the plans to the classes
 and to each engine. Pure code.
@@ -94,6 +98,79 @@ def _set_problem(config: Mapping[str, Any], labels: int, shown: Callable[[Any], 
         if key == "num_labels" and value != labels and not _is_whole(value):
             return _num_labels(value, shown)
     return None
+
+
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "window_attention",
+                         "indexed_attention", "compressed_sparse_attention", "heavily_compressed_attention",
+                         "minimax_m3_sparse", "conv", "moe", "hybrid", "hybrid_sliding", "linear_attention")
+"""transformers 5.19's ``ALLOWED_ATTN_LAYER_TYPES``: the entries a ``layer_types`` may hold."""
+MLP_LAYER_TYPES = ("sparse", "dense")
+"""transformers 5.19's ``ALLOWED_MLP_LAYER_TYPES``: the entries an ``mlp_layer_types`` may hold."""
+LEGACY_LAYER_TYPES = {"mamba": "linear_attention", "attention": "full_attention",
+                      "deepseek_sparse_attention": "indexed_attention", "qwen_sparse_attention": "indexed_attention"}
+"""The old names transformers renames in ``layer_types`` (and ``mtp_layer_types``) before it checks them."""
+
+
+def renamed_layer_types_problem(config: Mapping[str, Any], shown: Callable[[Any], str] = repr) -> BaseProblem | None:
+    """What stops transformers renaming the legacy names in ``layer_types`` and ``mtp_layer_types``, as every
+    class does while it builds a config: a value it cannot iterate, an entry it cannot look up; None if nothing."""
+    for key in ("layer_types", "mtp_layer_types"):
+        value = config.get(key)
+        if value is not None and (not _iterable(value) or not all(_hashable(entry) for entry in value)):
+            return _layer_types(key, value, shown)
+    return None
+
+
+def layer_types_problem(config: Mapping[str, Any], layers: int | None,
+                        shown: Callable[[Any], str] = repr) -> BaseProblem | None:
+    """What the base class's validator refuses in the layer types (after ``renamed_layer_types_problem``), None if
+    nothing: ``layer_types`` and, beside it, ``mlp_layer_types`` with an entry of no known type, or a count other
+    than ``layers`` (the config's ``num_hidden_layers``). A class may check them its own way instead."""
+    for key, allowed in (("layer_types", ATTENTION_LAYER_TYPES), ("mlp_layer_types", MLP_LAYER_TYPES)):
+        value = config.get(key)
+        if value is None:
+            return None  # the validator stops at the first list not given
+        if not _iterable(value):
+            return _layer_types(key, value, shown)
+        entries = renamed(value) if key == "layer_types" else list(value)
+        unknown = next((index for index, entry in enumerate(entries) if entry not in allowed), None)
+        if unknown is not None:
+            return unknown_layer_type(key, value, unknown, entries[unknown], allowed, shown)
+        if layers is not None and layers != len(entries):
+            return layer_count(key, len(entries), layers)
+    return None
+
+
+def renamed(value: Any) -> list[Any]:
+    """The entries of a layer types value with the legacy names renamed."""
+    return [LEGACY_LAYER_TYPES.get(entry, entry) for entry in value]
+
+
+def unknown_layer_type(key: str, value: object, index: int, entry: object, allowed: tuple[str, ...],
+                       shown: Callable[[Any], str]) -> BaseProblem:
+    return BaseProblem((key, str(index)) if isinstance(value, list) else (key,), VALUE_NOT_ALLOWED,
+                       f"{key} {shown(value)}: {shown(entry)} is no layer type transformers takes here "
+                       f"({', '.join(allowed)}), so it cannot build the config",
+                       "write one such layer type per layer, or leave the key out")
+
+
+def layer_count(key: str, count: int, layers: int) -> BaseProblem:
+    return BaseProblem((key,), VALUE_NOT_ALLOWED,
+                       f"{key}: {count} entries where num_hidden_layers is {layers}: transformers requires one per "
+                       "layer, so it cannot build the config", "write one layer type per layer, or leave the key out")
+
+
+def _layer_types(key: str, value: object, shown: Callable[[Any], str]) -> BaseProblem:
+    return BaseProblem((key,), WRONG_TYPE, f"{key} {shown(value)}: transformers reads a list of layer type names, so "
+                       "it cannot build the config", "write one layer type name per layer, or leave the key out")
+
+
+def _iterable(value: object) -> bool:
+    return isinstance(value, (list, str, Mapping))  # what a JSON value iterates: a string by letters, an object by keys
+
+
+def _hashable(value: object) -> bool:
+    return not isinstance(value, (list, Mapping))
 
 
 def _is_whole(value: object) -> bool:

@@ -16,10 +16,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from kvpolicy.document_codes import MISSING_FIELD, VALUE_NOT_ALLOWED
 from kvpolicy.json_text import CarriesProblems, refused
@@ -27,7 +29,7 @@ from kvpolicy.validation import Conflict, Conflicts
 from kvpolicy.validation import problems as problems_of
 
 from ..common import read_config_json
-from ..hf_base_config import base_problem
+from ..hf_base_config import BaseProblem, base_problem, layer_types_problem, renamed_layer_types_problem
 from ..hf_dtype import dtype_problem
 from ..hf_config_kinds import FIELD_KINDS, Kinds, declared_at
 from ..hf_config_kinds import refused as kinds_wanted
@@ -41,6 +43,7 @@ from .config_fields import (
     ConfigShapeError,
     config_fields,
 )
+from .layer_types import v4_layer_types_problem
 from .refusal_order import LATER, MOVED_TO, READING_ORDER, ROPE_KEYS, class_stage, missing_rank, reading_rank
 from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
@@ -81,6 +84,13 @@ ROPE_OBJECT_HINT = ("SGLang 0.5.23 (transformers' strict config) takes an object
                     "\"factor\": 16}, or none: leave the key out")
 
 
+def _a_number(value: Any) -> Any:
+    """A value Python compares with a number: any JSON number, and ``true`` or ``false``."""
+    if isinstance(value, (int, float)):
+        return value
+    raise PydanticCustomError("float_type", "Input should be a valid number")
+
+
 class ModelGeometry(BaseModel):
     """DeepSeek-V4 fields that matter for the KV pools (names as in ``config.json``).
 
@@ -111,6 +121,9 @@ class ModelGeometry(BaseModel):
     """Read as SGLang 0.5.23 reads it (``context_problems``); a falsy value is none, as transformers takes it."""
     rope_parameters: dict[str, Any] | None = None
     """transformers 5's name for it, read where ``rope_scaling`` is none."""
+    hc_mult: Annotated[Any, PlainValidator(_a_number)] = None
+    """SGLang compares it with 1 (``hc_mult <= 1``), so it must be a number (``true`` is 1): for a V4 config
+    DeepseekV4Config checks it first (a whole number); a V4.1 config's class does not declare it."""
 
     @field_validator("rope_scaling", mode="before")
     @classmethod
@@ -266,8 +279,11 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     _check_base(document, fields)
     _check_uniform_layers(document, fields)
     _check_field_kinds(document, fields, [first], geometry, moved=True)
-    if fields.data["model_type"] == V4_MODEL_TYPE:
+    v4 = fields.data["model_type"] == V4_MODEL_TYPE
+    _check_layer_types(document, fields, renamed_layer_types_problem)
+    if v4:
         _check_as_the_class_builds(document, fields)
+    _check_layer_types(document, fields, v4_layer_types_problem if v4 else _base_layer_types)
     config = GeometryConfig(geometry, document, fields) if isinstance(geometry, ModelGeometry) else None
     context = config.geometry.context_problems() if config is not None else []
     if config is not None and context and context[0].key[:1] in ROPE_KEYS:
@@ -304,15 +320,17 @@ def _check_as_the_class_builds(document: JsonObjectFile, fields: ConfigFields) -
 def _as_the_class_builds(data: Mapping[str, Any]) -> list[ValidationError]:
     """The geometry's problems with what DeepseekV4Config reads as it builds, each check alone (every other field
     valid, so that no other field's problem hides them): the layer count with the compress ratios, and
-    ``qk_rope_head_dim``. A config that leaves one of them out is not checked for it."""
+    ``qk_rope_head_dim``. A config that leaves one of them out is not checked for it, nor the compress ratios
+    beside layer types it gives."""
     found = []
     for read, others in _CLASS_CHECKS:
-        if read <= data.keys():
-            try:
-                ModelGeometry.model_validate({"max_position_embeddings": FILE_DEFAULTS["max_position_embeddings"],
-                                              **others, **{key: data[key] for key in read}})
-            except ValidationError as exc:
-                found.append(exc)
+        if not read <= data.keys() or ("compress_ratios" in read and data.get("layer_types") is not None):
+            continue  # with layer types given, the class maps no compress ratio
+        try:
+            ModelGeometry.model_validate({"max_position_embeddings": FILE_DEFAULTS["max_position_embeddings"],
+                                          **others, **{key: data[key] for key in read}})
+        except ValidationError as exc:
+            found.append(exc)
     return found
 
 
@@ -426,6 +444,24 @@ def _check_base(document: JsonObjectFile, fields: ConfigFields) -> None:
     if problem is not None:
         diagnostic = document.diagnostic(problem.code, fields.path(problem.path), problem.message, problem.hint)
         raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
+
+
+def _check_layer_types(document: JsonObjectFile, fields: ConfigFields,
+                       rule: Callable[[Mapping[str, Any], Callable[[Any], str]], BaseProblem | None]) -> None:
+    """Refuse what ``rule`` finds in the layer types (``hf_base_config``, ``layer_types``), at its place."""
+    from kvpolicy.validation import shown
+
+    problem = rule(fields.data, shown)
+    if problem is not None:
+        diagnostic = document.diagnostic(problem.code, fields.path(problem.path), problem.message, problem.hint)
+        raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
+
+
+def _base_layer_types(data: Mapping[str, Any], shown: Callable[[Any], str]) -> BaseProblem | None:
+    """The base class's validator of the layer types, counted against the layers of ``DeepseekV3Config``, which
+    SGLang builds a V4.1 config with."""
+    layers = data.get("num_hidden_layers", FILE_DEFAULTS["num_hidden_layers"])
+    return layer_types_problem(data, layers if isinstance(layers, int) else None, shown)
 
 
 def _check_uniform_layers(document: JsonObjectFile, fields: ConfigFields) -> None:

@@ -52,12 +52,12 @@ def _undividable(value: object) -> bool:
 
 
 READING_ORDER = ("qk_rope_head_dim no number", "architectures", *CONTEXT_LENGTH_KEYS[:-1], "sliding_window given",
-                 "index_head_dim given", "compress_ratios given", "max_position_embeddings", "num_hidden_layers",
-                 "head_dim", "qk_rope_head_dim", "index_head_dim")
+                 "index_head_dim given", "compress_ratios given", "hc_mult", "max_position_embeddings",
+                 "num_hidden_layers", "head_dim", "qk_rope_head_dim", "index_head_dim")
 """The order in which SGLang's own reading of the built config meets the geometry's problems (measured against
 its resolution: a ``qk_rope_head_dim`` it cannot divide, the architecture, the context length keys, the fields
-it requires, the context length, the layers it divides by, the V4 layout, the indexer's tensor); any other
-problem (a value it starts with, which the plan refuses) after them."""
+it requires, the ``hc_mult`` it compares, the context length, the layers it divides by, the V4 layout, the
+indexer's tensor); any other problem (a value it starts with, which the plan refuses) after them."""
 
 
 def reading_rank(data: Mapping[str, Any], problem: Problem) -> int:

@@ -18,7 +18,13 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from kvpolicy.adapters.hf_base_config import BASE_KEYS, SINGLE_LABEL
+from kvpolicy.adapters.hf_base_config import (
+    ATTENTION_LAYER_TYPES,
+    BASE_KEYS,
+    LEGACY_LAYER_TYPES,
+    MLP_LAYER_TYPES,
+    SINGLE_LABEL,
+)
 from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG
 from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError
 from tests.sglang.sglang_support import RANDOM_EXAMPLES, single_process_parallel
@@ -96,3 +102,63 @@ def test_a_config_whose_layers_differ_is_refused(tmp_path, sglang_env, per_layer
         assert not isinstance(real, Exception), real
         (tmp_path / "config.json").write_text(json.dumps(FLASH, indent=2))
         assert mine == ours(tmp_path)
+
+
+NAMES = st.sampled_from([*ATTENTION_LAYER_TYPES[:3], *LEGACY_LAYER_TYPES, *MLP_LAYER_TYPES, "x", 1, None, [1]])
+LAYER_TYPES = st.one_of(
+    st.integers(40, 45).flatmap(lambda n: st.lists(NAMES, min_size=n, max_size=n)),  # near Flash's 43 layers
+    st.lists(NAMES, max_size=3),
+    st.sampled_from(["x", "", 43, True, 1.5, {"full_attention": 1}]),
+    st.integers(41, 44).map(lambda n: ["sliding_attention"] * n),
+    st.integers(41, 44).map(lambda n: ["dense"] * n),
+)
+"""Values of ``layer_types`` and its siblings: lists of layer type names (known, legacy, of the MLP kind, or
+none) of about the model's layer count, short lists, and values that are no list."""
+
+
+@st.composite
+def layer_configs(draw: st.DrawFn) -> dict[str, Any]:
+    """Flash's config (V4, or V4.1 with its fields in ``text_config``) with some of ``layer_types``,
+    ``mlp_layer_types`` and ``mtp_layer_types``."""
+    keys = draw(st.lists(st.sampled_from(["layer_types", "mlp_layer_types", "mtp_layer_types"]), min_size=1,
+                         max_size=3, unique=True))
+    fields = {**FLASH, **{key: draw(LAYER_TYPES) for key in keys}}
+    if draw(st.booleans()):
+        return fields
+    text = {k: v for k, v in fields.items() if k not in ("architectures", "model_type")}
+    return {"architectures": FLASH["architectures"], "model_type": "deepseek_v41", TEXT_CONFIG: text}
+
+
+def test_the_plan_refuses_the_layer_types_exactly_where_sglang_does(tmp_path_factory, sglang_env):
+    """Each class renames legacy layer types and then requires one known type per layer in ``layer_types``
+    (and, beside it, in ``mlp_layer_types``); DeepseekV4Config also checks the kind of both. Random values of the
+    three keys, in a V4 config or a V4.1 one: the plan refuses exactly where SGLang's own resolution stops, naming
+    one of those keys first."""
+    root = tmp_path_factory.mktemp("layer-types")
+    dirs = count()
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=RANDOM_EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(config=layer_configs())
+    @example(config={**FLASH, "layer_types": ["full_attention"]})  # one entry for 43 layers
+    @example(config={**FLASH, "layer_types": ["attention"] * 43, "mlp_layer_types": ["x"] * 43})  # legacy: renamed
+    @example(config={**FLASH, "mlp_layer_types": ["x"]})  # not looked at without layer_types
+    @example(config={"architectures": FLASH["architectures"], "model_type": "deepseek_v41",
+                     TEXT_CONFIG: {**FLASH, "layer_types": "x"}})  # V4.1: no kind checked, a string by letters
+    def check(config: dict[str, Any]) -> None:
+        model_dir = root / str(next(dirs))
+        model_dir.mkdir()
+        (model_dir / "config.json").write_text(json.dumps(config, indent=2))
+        real, mine = sglangs(model_dir), ours(model_dir)
+        if not isinstance(real, Exception):
+            assert not isinstance(mine, GeometryError), (config, mine)
+            seen["starts"] += 1
+            return
+        assert isinstance(mine, GeometryError), (config, real)
+        first = mine.problems.diagnostics[0].message
+        assert first.startswith(("layer_types", "mlp_layer_types", "mtp_layer_types")), (config, first, real)
+        seen["refused"] += 1
+
+    with single_process_parallel():
+        check()
+    assert seen["refused"] and seen["starts"], seen

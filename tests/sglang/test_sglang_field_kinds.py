@@ -7,7 +7,8 @@ dataclasses that check each declared field's type as the config loads
 either class set to a random value of a random kind (for V4.1, at the top level or in ``text_config``, which
 SGLang lays out flat) and resolves it with SGLang's own ``prepare_server_args``
 (on the CPU): SGLang refuses the value's type exactly when ``kvpolicy plan --engine sglang`` refuses the config
-with KVD007 at that value (or SGLang's own code fails with the value before the classes see it).
+with KVD007 at that value (or SGLang's own code fails with the value before the classes see it), and wherever
+SGLang stops, for whatever reason, the plan refuses the config too.
 """
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def test_a_field_of_a_kind_sglang_refuses_is_refused_at_its_value(tmp_path_facto
     @example(field=("deepseek_v41", "hc_mult"), value=4.0, nested=False)  # V4.1: DeepseekV4Config's only, not checked
     @example(field=("deepseek_v41", "q_lora_rank"), value="1024", nested=False)
     @example(field=("deepseek_v41", "q_lora_rank"), value="1024", nested=True)  # in text_config, laid out flat
+    @example(field=("deepseek_v41", "hc_mult"), value="4", nested=False)  # SGLang compares it with 1
+    @example(field=("deepseek_v41", "layer_types"), value="x", nested=True)  # the base class's validator
+    @example(field=("deepseek_v4", "layer_types"), value=["sliding_attention"], nested=False)  # one per layer
     def check(field: tuple[str, str], value: Any, nested: bool) -> None:
         model_type, key = field
         model_dir = root / str(next(dirs))
@@ -108,6 +112,7 @@ def test_a_field_of_a_kind_sglang_refuses_is_refused_at_its_value(tmp_path_facto
         # The type checks are the classes': refused by them exactly where the plan refuses the kind. SGLang's
         # own code may refuse a value first (a string it divides), and may refuse values of a right kind.
         assert ours == (real == "type") or (ours and real == "other"), (key, value, real, at_key)
+        assert real is None or code == 1, (key, value, real)  # whatever stops SGLang, the plan refuses too
         if ours:
             (d,) = at_key
             assert_placed_at(text, path, value, d)
