@@ -17,7 +17,8 @@ class, so neither starts with these faults; the plans refuse them at their keys.
   looks at ``mlp_layer_types`` only beside a ``layer_types``). A class may check them its own way instead.
 
 tests/vllm/test_vllm_base_config.py and tests/sglang/test_sglang_base_config.py hold the plans to the classes
-and to each engine. Pure code.
+and to each engine (the layer types: the SGLang plan's only; the vLLM plan checks those of the models that
+read them its own way). Pure code.
 """
 
 from __future__ import annotations
