@@ -266,20 +266,19 @@ def read_geometry(path: str | Path) -> GeometryConfig:
         raise GeometryError(f"{path}: {p.message}", DocumentInvalid([document.diagnostic(p.code, p.key, p.message,
                                                                                          p.hint)])) from None
     # SGLang's order: the strict class it builds the config with first checks each field's kind, then reads the
-    # dtype and the keys every config class reads for itself, then checks the RoPE parameters written under their
-    # old name (``rope_scaling``) as the field they become; DeepseekV4Config then maps the compress ratios to
-    # layer types and checks their count against the layers (``class_stage``), the RoPE parameters are
-    # converted, SGLang's alias class checks its fields' kinds, and SGLang's own reading (the fields given, the
-    # context length, the V4 layout: ``reading_rank``) comes last. So each is refused where SGLang refuses it.
+    # dtype and the keys every config class reads for itself, checks the RoPE parameters written under their old
+    # name (``rope_scaling``) as the field they become and renames legacy layer types; DeepseekV4Config then maps
+    # the compress ratios to layer types (``class_stage``) and its validator checks them, as a V4.1 config's
+    # class checks its own; the RoPE parameters are converted, SGLang's alias class checks its fields' kinds, and
+    # SGLang's own reading comes last (``_check_reading``). So each is refused where SGLang refuses it.
     geometry = _validated(fields)
-    invalid = geometry if isinstance(geometry, ValidationError) else None
     first, *later = STRICT_CLASSES[fields.data["model_type"]]
+    v4 = fields.data["model_type"] == V4_MODEL_TYPE
     _check_field_kinds(document, fields, [first], geometry)
     _check_dtype(document, fields)
     _check_base(document, fields)
     _check_uniform_layers(document, fields)
     _check_field_kinds(document, fields, [first], geometry, moved=True)
-    v4 = fields.data["model_type"] == V4_MODEL_TYPE
     _check_layer_types(document, fields, renamed_layer_types_problem)
     if v4:
         _check_as_the_class_builds(document, fields)
@@ -289,20 +288,27 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     if config is not None and context and context[0].key[:1] in ROPE_KEYS:
         raise _no_context(config, context)
     _check_field_kinds(document, fields, later, geometry)
+    _check_reading(document, fields, geometry)
+    assert config is not None
+    if context:
+        raise _no_context(config, context)
+    return config
+
+
+def _check_reading(document: JsonObjectFile, fields: ConfigFields, geometry: ModelGeometry | ValidationError) -> None:
+    """Refuse what SGLang's own reading of the built config stops at first (``reading_rank``): the fields it
+    requires that the file leaves out, or the geometry's problems."""
     missing = sorted((key for key in FILE_REQUIRED if key not in fields.data), key=missing_rank)
+    invalid = geometry if isinstance(geometry, ValidationError) else None
     found = [problem for problem in problems_of(invalid, ModelGeometry) if problem.kind != "missing-field"
              ] if invalid is not None else []
     reading = partial(reading_rank, fields.data)
     if missing and missing_rank(missing[0]) <= min(map(reading, found), default=len(READING_ORDER)):
         problems = refused(document.diagnostic(MISSING_FIELD, fields.path((key,)), f"{key}: required, not given",
                                                REQUIRED_HINT) for key in missing)
-        raise GeometryError(f"{path}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
+        raise GeometryError(f"{document.file}: not a DeepSeek-V4 config: {', '.join(missing)} not given", problems)
     if invalid is not None:
         raise _not_v4(document, fields, invalid, order=reading)
-    assert config is not None
-    if context:
-        raise _no_context(config, context)
-    return config
 
 
 def _check_as_the_class_builds(document: JsonObjectFile, fields: ConfigFields) -> None:
