@@ -31,7 +31,7 @@ from kvpolicy.adapters.hf_config_kinds import FIELD_KINDS
 from kvpolicy.adapters.hf_config_kinds import refused as kinds_wanted
 from kvpolicy.adapters.hf_dtype import DTYPE_KEYS
 from kvpolicy.adapters.sglang_dsv4.config_fields import TEXT_CONFIG
-from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError
+from kvpolicy.adapters.sglang_dsv4.geometry import GeometryError, ModelGeometry
 from tests.sglang.sglang_support import RANDOM_EXAMPLES, single_process_parallel
 from tests.sglang.test_sglang_config_nesting import FLASH, ours, sglangs
 
@@ -209,22 +209,26 @@ LAYERS = {"no layers", "negative layers"}
 RATIOS = {"compress ratio 2", "compress ratio 1.5", "compress ratios a string", "too few compress ratios"}
 
 
+Staged = tuple[str, Fault, bool]
+"""A fault (``faults``), and whether the plan's geometry may refuse it: one SGLang meets only in its own reading
+(a named one of ``LATE``, or a random value both strict classes take), or a random value at a field the
+geometry reads."""
+
+
 @st.composite
-def staged_faults(draw: st.DrawFn) -> tuple[str, Fault, bool]:
-    """One fault (``faults``), and whether SGLang meets it only in its own reading: a named one of ``LATE``, or a
-    random value both strict classes take."""
+def staged_faults(draw: st.DrawFn) -> Staged:
     name, fault = draw(faults())
     if name in LATER_FAULTS:
         return name, fault, name in LATE
     key, value = name.split("=", 1)
     taken = all(kinds_wanted(FIELD_KINDS[c], key, json.loads(value)) is None
                 for c in ("DeepseekV4Config", "DeepseekV3Config"))
-    return name, fault, taken
+    return name, fault, taken or key in ModelGeometry.model_fields
 
 
-def modelled(a: tuple[str, Fault, bool], b: tuple[str, Fault, bool]) -> bool:
+def modelled(a: Staged, b: Staged) -> bool:
     """Whether the plan models which of two faults SGLang meets first (docs/sglang.md): not a RoPE fault beside
-    one of SGLang's own reading (the plan reads the RoPE parameters of a geometry it could build), nor a compress
+    one the geometry may refuse (the plan reads the RoPE parameters of a geometry it could build), nor a compress
     ratio beside a layer count the geometry refuses, which hides it."""
     names = {a[0], b[0]}
     return not ((names & ROPE and (a[2] or b[2])) or (names & LAYERS and names & RATIOS))
@@ -282,7 +286,7 @@ def test_of_two_faults_the_plan_names_first_the_one_sglang_stops_at(tmp_path_fac
                     ("max_seq_len a string", LATER_FAULTS["max_seq_len a string"], True)])  # the context length first
     @example(drawn=[("no compress_ratios", LATER_FAULTS["no compress_ratios"], True),
                     ("no index_head_dim", LATER_FAULTS["no index_head_dim"], True)])  # its own order of the fields
-    def check(drawn: list[tuple[str, Fault, bool]]) -> None:
+    def check(drawn: list[Staged]) -> None:
         (a, fault_a, _), (b, fault_b, _) = drawn
         if not modelled(*drawn):
             event("an order the plan does not model")
