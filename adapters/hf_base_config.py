@@ -23,7 +23,7 @@ read them its own way). Pure code.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -134,9 +134,9 @@ def layer_types_problem(config: Mapping[str, Any], layers: int | None,
         if not _iterable(value):
             return _layer_types(key, value, shown)
         entries = renamed(value) if key == "layer_types" else list(value)
-        unknown = next((index for index, entry in enumerate(entries) if entry not in allowed), None)
+        unknown = unknown_layer_type(key, value, entries, allowed, shown)
         if unknown is not None:
-            return unknown_layer_type(key, value, unknown, entries[unknown], allowed, shown)
+            return unknown
         if layers is not None and layers != len(entries):
             return layer_count(key, len(entries), layers)
     return None
@@ -147,10 +147,14 @@ def renamed(value: Any) -> list[Any]:
     return [LEGACY_LAYER_TYPES.get(entry, entry) for entry in value]
 
 
-def unknown_layer_type(key: str, value: object, index: int, entry: object, allowed: tuple[str, ...],
-                       shown: Callable[[Any], str]) -> BaseProblem:
+def unknown_layer_type(key: str, value: object, entries: Sequence[Any], allowed: tuple[str, ...],
+                       shown: Callable[[Any], str]) -> BaseProblem | None:
+    """The first of ``entries`` (``value``'s, as the class reads them) that is not ``allowed``, None if none."""
+    index = next((index for index, entry in enumerate(entries) if entry not in allowed), None)
+    if index is None:
+        return None
     return BaseProblem((key, str(index)) if isinstance(value, list) else (key,), VALUE_NOT_ALLOWED,
-                       f"{key} {shown(value)}: {shown(entry)} is no layer type transformers takes here "
+                       f"{key} {shown(value)}: {shown(entries[index])} is no layer type transformers takes here "
                        f"({', '.join(allowed)}), so it cannot build the config",
                        "write one such layer type per layer, or leave the key out")
 

@@ -44,7 +44,16 @@ from .config_fields import (
     config_fields,
 )
 from .layer_types import v4_layer_types_problem
-from .refusal_order import LATER, MOVED_TO, READING_ORDER, ROPE_KEYS, class_stage, missing_rank, reading_rank
+from .refusal_order import (
+    LATER,
+    MOVED_TO,
+    READING_ORDER,
+    ROPE_KEYS,
+    class_stage,
+    is_number,
+    missing_rank,
+    reading_rank,
+)
 from .rope import MIN_CONTEXT_LENGTH, NO_ROOM, scaled_length
 from .rope import problems as scaling_problems
 
@@ -86,7 +95,7 @@ ROPE_OBJECT_HINT = ("SGLang 0.5.23 (transformers' strict config) takes an object
 
 def _a_number(value: Any) -> Any:
     """A value Python compares with a number: any JSON number, and ``true`` or ``false``."""
-    if isinstance(value, (int, float)):
+    if is_number(value):
         return value
     raise PydanticCustomError("float_type", "Input should be a valid number")
 
@@ -279,10 +288,10 @@ def read_geometry(path: str | Path) -> GeometryConfig:
     _check_base(document, fields)
     _check_uniform_layers(document, fields)
     _check_field_kinds(document, fields, [first], geometry, moved=True)
-    _check_layer_types(document, fields, renamed_layer_types_problem)
+    _check_base(document, fields, renamed_layer_types_problem)
     if v4:
         _check_as_the_class_builds(document, fields)
-    _check_layer_types(document, fields, v4_layer_types_problem if v4 else _base_layer_types)
+    _check_base(document, fields, v4_layer_types_problem if v4 else _base_layer_types)
     config = GeometryConfig(geometry, document, fields) if isinstance(geometry, ModelGeometry) else None
     context = config.geometry.context_problems() if config is not None else []
     if config is not None and context and context[0].key[:1] in ROPE_KEYS:
@@ -441,20 +450,10 @@ def _check_dtype(document: JsonObjectFile, fields: ConfigFields) -> None:
         raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
 
 
-def _check_base(document: JsonObjectFile, fields: ConfigFields) -> None:
-    """Refuse a fault of the keys every transformers config class reads for itself (``hf_base_config``), at its
-    place."""
-    from kvpolicy.validation import shown
-
-    problem = base_problem(fields.data, shown)
-    if problem is not None:
-        diagnostic = document.diagnostic(problem.code, fields.path(problem.path), problem.message, problem.hint)
-        raise GeometryError(f"{document.file}: {problem.message}", refused([diagnostic]))
-
-
-def _check_layer_types(document: JsonObjectFile, fields: ConfigFields,
-                       rule: Callable[[Mapping[str, Any], Callable[[Any], str]], BaseProblem | None]) -> None:
-    """Refuse what ``rule`` finds in the layer types (``hf_base_config``, ``layer_types``), at its place."""
+def _check_base(document: JsonObjectFile, fields: ConfigFields,
+                rule: Callable[[Mapping[str, Any], Callable[[Any], str]], BaseProblem | None] = base_problem) -> None:
+    """Refuse what ``rule`` finds in the keys every transformers config class reads for itself (``hf_base_config``:
+    the labels and derived keys by default; the layer types), at its place."""
     from kvpolicy.validation import shown
 
     problem = rule(fields.data, shown)

@@ -39,7 +39,7 @@ def v4_layer_types_problem(config: Mapping[str, Any], shown: Callable[[Any], str
         entries = (renamed(value) if key == "layer_types" else value)[:layers]
         if len(entries) != layers:
             return layer_count(key, len(entries), layers)
-        unknown = next((index for index, entry in enumerate(entries) if entry not in allowed), None)
+        unknown = unknown_layer_type(key, value, entries, allowed, shown)
         if unknown is not None:
-            return unknown_layer_type(key, value, unknown, entries[unknown], allowed, shown)
+            return unknown
     return None

@@ -38,7 +38,7 @@ def class_stage(data: Mapping[str, Any], problem: Problem) -> int:
         return LATER
     if problem.path[:1] == ("compress_ratios",):
         return 0 if len(problem.path) > 1 or problem.kind == "wrong-type" else 2
-    if problem.path[:1] == ("qk_rope_head_dim",) and _undividable(data.get("qk_rope_head_dim")):
+    if problem.path[:1] == ("qk_rope_head_dim",) and not is_number(data.get("qk_rope_head_dim")):
         return 1
     layers = data.get("num_hidden_layers")
     if problem.path[:1] == ("num_hidden_layers",) and isinstance(layers, int) and layers < 0:
@@ -46,9 +46,9 @@ def class_stage(data: Mapping[str, Any], problem: Problem) -> int:
     return LATER
 
 
-def _undividable(value: object) -> bool:
-    """A value Python cannot divide (no number: ``true`` is 1)."""
-    return not isinstance(value, (int, float))
+def is_number(value: object) -> bool:
+    """A value Python divides and compares as a number: a JSON number, ``true`` (1) or ``false`` (0)."""
+    return isinstance(value, (int, float))
 
 
 READING_ORDER = ("qk_rope_head_dim no number", "architectures", *CONTEXT_LENGTH_KEYS[:-1], "sliding_window given",
@@ -63,7 +63,7 @@ indexer's tensor); any other problem (a value it starts with, which the plan ref
 def reading_rank(data: Mapping[str, Any], problem: Problem) -> int:
     """``problem``'s place in ``READING_ORDER``."""
     key = problem.path[0] if problem.path else ""
-    if key == "qk_rope_head_dim" and _undividable(data.get(key)):
+    if key == "qk_rope_head_dim" and not is_number(data.get(key)):
         key = "qk_rope_head_dim no number"
     return READING_ORDER.index(key) if key in READING_ORDER else len(READING_ORDER)
 
